@@ -1,0 +1,255 @@
+"""The seam between the engine and each database: one small module per dialect.
+
+A dialect module ``multimaster/dialects/<sqlalchemy dialect name>.py`` exposes ``DIALECT``, an
+instance of a :class:`Dialect` subclass, and its SQL lives in ``triggers/<name>/*.sql`` templates
+with ``$placeholders`` only (identifiers and column lists are built in Python, every identifier
+quoted). The engine never branches on a dialect's name: it calls these methods and reads the
+capabilities. See docs/adding-a-dialect.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy.engine import Connection, Engine
+
+from ..schema import TableInfo, names
+from ..versions import BASE_VER
+
+__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a database can do, each with the reason it matters to the engine."""
+
+    #: DDL runs inside a transaction and rolls back with it (init is then all-or-nothing per site).
+    transactional_ddl: bool
+    #: longest identifier; object names are checked against it at init.
+    max_identifier_length: int
+    #: parameter marker used with exec_driver_sql (DB-API paramstyle).
+    placeholder: str
+    #: one writer at a time: the apply transaction takes the write lock up front.
+    single_writer: bool
+
+
+def templates_dir(dialect: str) -> Path:
+    """Where the SQL templates of `dialect` are: inside the installed package (wheel), else the
+    repository's top-level triggers/ folder (editable checkout)."""
+    try:
+        pkg = importlib.resources.files("multimaster") / "triggers" / dialect
+        if pkg.is_dir():
+            return Path(str(pkg))
+    except (ModuleNotFoundError, FileNotFoundError):
+        pass
+    return Path(__file__).resolve().parent.parent.parent / "triggers" / dialect
+
+
+class Dialect:
+    name: str = ""
+    caps: Capabilities
+    #: INSERT that skips rows whose unique key exists ("INSERT OR IGNORE", "INSERT IGNORE", ...)
+    insert_ignore: str = "INSERT"
+    #: the two-argument maximum function ("max" in SQLite, "GREATEST" elsewhere)
+    greatest: str = "GREATEST"
+
+    def temp_rids(self, conn: Connection) -> str:
+        """Create (if needed) and name a connection-local table with one TEXT column `rid`."""
+        raise NotImplementedError
+
+    # ---- templates -------------------------------------------------------------------------
+    def render(self, template: str, **values: Any) -> list[str]:
+        """Render triggers/<dialect>/<template>.sql; statements are separated by a line '--'."""
+        text = (templates_dir(self.name) / f"{template}.sql").read_text()
+        stmts = []
+        for chunk in text.split("\n--\n"):
+            lines = [ln for ln in chunk.splitlines() if not ln.lstrip().startswith("--")]
+            sql = Template("\n".join(lines)).substitute(**values).strip()
+            if sql:
+                stmts.append(sql)
+        return stmts
+
+    def quote(self, ident: str) -> str:
+        return '"' + ident.replace('"', '""') + '"'
+
+    # ---- connections -----------------------------------------------------------------------
+    def prepare_engine(self, engine: Engine) -> None:
+        """Install connection event hooks (pragmas, transaction begin)."""
+
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        return {}
+
+    def begin_write(self, conn: Connection) -> None:
+        """Called first in every transaction that writes replicated data (takes locks early)."""
+
+    # ---- install ---------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        raise NotImplementedError
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        raise NotImplementedError
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        raise NotImplementedError
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        raise NotImplementedError
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        raise NotImplementedError
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        raise NotImplementedError
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        raise NotImplementedError
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        raise NotImplementedError
+
+    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
+        """Move existing keys: rows with low < key <= high get key + delta, in the user table and the
+        shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
+        raise NotImplementedError
+
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Dialect follow-ups after keys were assigned (move a sequence past the highest key)."""
+
+    # ---- bookkeeping shared by SQL dialects (plain SQL, overridable) -------------------------
+    def prepare_site(self, engine: Engine) -> None:
+        """One-time settings outside any transaction (SQLite: WAL journal)."""
+
+    def concat(self, *parts: str) -> str:
+        return " || ".join(parts)
+
+    def ensure_link(self, conn: Connection, peer: str, table: str) -> None:
+        p = self.caps.placeholder
+        if conn.exec_driver_sql(f"SELECT 1 FROM _mm_watermarks WHERE peer = {p} AND tbl = {p}", (peer, table)).first() is None:
+            conn.exec_driver_sql(f"INSERT INTO _mm_watermarks (peer, tbl, seq2) VALUES ({p}, {p}, 0)", (peer, table))
+        if conn.exec_driver_sql(f"SELECT 1 FROM _mm_links WHERE peer = {p}", (peer,)).first() is None:
+            conn.exec_driver_sql(f"INSERT INTO _mm_links (peer) VALUES ({p})", (peer,))
+
+    def register_table(self, conn: Connection, info: TableInfo) -> None:
+        """Record the table and give its base rows their identities (the common base)."""
+        import json
+
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        p = self.caps.placeholder
+        base_max = 0
+        if info.spec.renumber:
+            base_max = conn.exec_driver_sql(f"SELECT coalesce(max({key}), 0) FROM {q(info.name)}").scalar() or 0
+            rid = self.concat(f"'{BASE_VER}#'", self.cast_text(key))
+        else:
+            rid = self.concat("'k:'", self.cast_text(key))
+        conn.exec_driver_sql(f"INSERT INTO {o['shadow']} (rid, key) SELECT {rid}, {key} FROM {q(info.name)}")
+        conn.exec_driver_sql(
+            f"INSERT INTO _mm_tables (tbl, key_col, renumber, columns, base_max) VALUES ({self.ph(5)})",
+            (info.name, info.key.name, 1 if info.spec.renumber else 0, json.dumps(list(info.column_names)), int(base_max)),
+        )
+
+    def cast_text(self, expr: str) -> str:
+        return f"CAST({expr} AS TEXT)"
+
+    def base_max(self, conn: Connection, table: str) -> int:
+        p = self.caps.placeholder
+        return int(conn.exec_driver_sql(f"SELECT base_max FROM _mm_tables WHERE tbl = {p}", (table,)).scalar() or 0)
+
+    def watermark(self, conn: Connection, peer: str, table: str) -> int:
+        p = self.caps.placeholder
+        v = conn.exec_driver_sql(f"SELECT seq2 FROM _mm_watermarks WHERE peer = {p} AND tbl = {p}", (peer, table)).scalar()
+        return int(v or 0)
+
+    def link_stats(self, conn: Connection, peer: str, pulled: int, applied: int, conflicts: int, at: str) -> None:
+        p = self.caps.placeholder
+        conn.exec_driver_sql(
+            f"UPDATE _mm_links SET pulled = pulled + {p}, applied = applied + {p}, conflicts = conflicts + {p}, "
+            f"last_success_at = {p} WHERE peer = {p}",
+            (pulled, applied, conflicts, at, peer),
+        )
+
+    def link_error(self, conn: Connection, peer: str, message: str, at: str) -> None:
+        p = self.caps.placeholder
+        conn.exec_driver_sql(f"UPDATE _mm_links SET last_error = {p}, last_error_at = {p} WHERE peer = {p}", (message[:2000], at, peer))
+
+    def link_row(self, conn: Connection, peer: str) -> dict[str, Any]:
+        p = self.caps.placeholder
+        r = conn.exec_driver_sql(
+            f"SELECT last_success_at, last_error, last_error_at, pulled, applied, conflicts FROM _mm_links WHERE peer = {p}", (peer,)
+        ).first()
+        keys = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
+        return dict(zip(keys, r)) if r else dict.fromkeys(keys)
+
+    def unapplied(self, conn: Connection, table: str, peer: str) -> tuple[int, str | None]:
+        snap = self.obj(table, peer)["snap"]
+        r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {snap} WHERE applied <> 1").first()
+        return (int(r[0] or 0), r[1]) if r else (0, None)
+
+    def waiting(self, conn: Connection, table: str, watermark: int, puller: str) -> tuple[int, str | None]:
+        """Changes in this site's logs past `watermark` that `puller` has not pulled yet."""
+        o = self.obj(table)
+        p = self.caps.placeholder
+        r = conn.exec_driver_sql(
+            f"SELECT count(*), min(l.ver) FROM {o['log2']} l2 JOIN {o['log']} l ON l.seq = l2.seq "
+            f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
+            (watermark, puller),
+        ).first()
+        return (int(r[0] or 0), r[1]) if r else (0, None)
+
+    def site_status(self, conn: Connection, tables: list[str]) -> dict[str, Any]:
+        st = conn.exec_driver_sql("SELECT site, hlc FROM _mm_state").first()
+        out: dict[str, Any] = {"name": st[0] if st else None, "hlc": st[1] if st else None, "tables": {}}
+        out["conflicts"] = int(conn.exec_driver_sql("SELECT count(*) FROM _mm_conflicts").scalar() or 0)
+        for t in tables:
+            o = self.obj(t)
+            out["tables"][t] = {
+                "log": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0),
+                "log2": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0),
+                "tombstones": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['shadow']} WHERE deleted IS NOT NULL").scalar() or 0),
+                "rows": int(conn.exec_driver_sql(f"SELECT count(*) FROM {self.quote(t)}").scalar() or 0),
+            }
+        return out
+
+    def conflict_rows(self, conn: Connection, table: str | None, limit: int) -> list[Any]:
+        p = self.caps.placeholder
+        where = f"WHERE tbl = {p}" if table else ""
+        params = (table,) if table else ()
+        lim = f" LIMIT {int(limit)}" if limit else ""
+        return [
+            r._mapping
+            for r in conn.exec_driver_sql(
+                "SELECT id, detected_at, tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, "
+                f"remote_values, policy, decision FROM _mm_conflicts {where} ORDER BY id DESC{lim}",
+                params,
+            )
+        ]
+
+    # ---- helpers shared by SQL dialects ---------------------------------------------------
+    def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
+        return {k: self.quote(v) for k, v in names(table, peer).items()}
+
+    def ph(self, n: int) -> str:
+        return ", ".join([self.caps.placeholder] * n)
+
+
+_cache: dict[str, Dialect] = {}
+
+
+def get_dialect(name: str) -> Dialect:
+    """The dialect object for a SQLAlchemy dialect name ('sqlite', 'postgresql', 'mysql')."""
+    if name not in _cache:
+        try:
+            mod = importlib.import_module(f"multimaster.dialects.{name}")
+        except ModuleNotFoundError:
+            from ..errors import ConfigError
+
+            raise ConfigError([f"database '{name}' is not supported (supported: sqlite, postgresql, mysql)"]) from None
+        _cache[name] = mod.DIALECT
+    return _cache[name]

@@ -1,0 +1,224 @@
+"""SQLite: the embedded default. SQL lives in triggers/sqlite/*.sql."""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from ..schema import TableInfo, names
+from .base import Capabilities, Dialect
+
+_NOW_VER = "printf('%019d:%s', hlc, site)"
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    caps = Capabilities(
+        transactional_ddl=True,  # CREATE/DROP roll back with the transaction
+        max_identifier_length=1000,  # no practical limit
+        placeholder="?",
+        single_writer=True,  # one writer per file: BEGIN IMMEDIATE before applying
+    )
+
+    insert_ignore = "INSERT OR IGNORE"
+    greatest = "max"
+
+    def temp_rids(self, conn: Connection) -> str:
+        conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _mm_tmp_rids (rid TEXT PRIMARY KEY)")
+        return "temp._mm_tmp_rids"
+
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        # isolation_level=None: we emit BEGIN ourselves (pysqlite's own handling defers it).
+        return {"connect_args": {"timeout": 30, "isolation_level": None, "check_same_thread": False}}
+
+    def prepare_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout = 30000")
+            cur.execute("PRAGMA foreign_keys = ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = "IMMEDIATE" if conn.get_execution_options().get("mm_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    def prepare_site(self, engine: Engine) -> None:
+        raw = engine.raw_connection()
+        try:
+            raw.cursor().execute("PRAGMA journal_mode = WAL")
+        finally:
+            raw.close()
+
+    # ---- install ---------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        for sql in self.render("site"):
+            conn.exec_driver_sql(sql)
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,)
+        )
+
+    def _log_cols(self, info: TableInfo) -> str:
+        q = self.quote
+        parts = []
+        for c in info.columns:
+            t = f" {c.type_sql}" if c.type_sql else ""
+            parts.append(f",\n  {q('n_' + c.name)}{t},\n  {q('o_' + c.name)}{t}")
+        return "".join(parts)
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
+        for sql in self.render(
+            "table",
+            table=q(info.name),
+            keytype=info.key.type_sql,
+            logcols=self._log_cols(info),
+            slotcols=slotcols,
+            **self.obj(info.name),
+        ):
+            conn.exec_driver_sql(sql)
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        for sql in self.render(
+            "snapshot",
+            table=self.quote(info.name),
+            peer=peer,
+            keytype=info.key.type_sql,
+            logcols=self._log_cols(info),
+            **self.obj(info.name, peer),
+        ):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        spec = info.spec
+        cols = info.columns
+        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
+        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
+        newvals = "".join(f", NEW.{q(c.name)}" for c in cols)
+        oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
+        diff = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
+        anychanged = " OR ".join(diff) if diff else "0"
+        updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
+        updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
+        updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        stamps = []
+        for s in spec.slots:
+            cond = " OR ".join(diff[i] for i in s.columns)
+            vcol = q("v_" + s.name)
+            stamps.append(f"{vcol} = CASE WHEN {cond} THEN (SELECT {_NOW_VER} FROM _mm_state) ELSE {vcol} END")
+        slotstamp = ", ".join(stamps) if stamps else "rid = rid"
+        if spec.renumber:
+            renumber = self._join_renumber(info)
+            newkey = f"(SELECT coalesce(max(key), 0) + 1 FROM {o['shadow']})"
+            insrid = _NOW_VER
+            slotnames = ""
+            slotinit = ""
+        else:
+            renumber = ""
+            newkey = f"NEW.{key}"
+            insrid = f"'k:' || NEW.{key}"
+            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
+            slotinit = "".join(f", {_NOW_VER}" for _ in spec.slots)
+        stmts = self.render(
+            "capture",
+            table=q(info.name),
+            tablename=info.name.replace("'", ""),
+            keyname=info.key.name.replace("'", ""),
+            key=key,
+            renumber=renumber,
+            insrid=insrid,
+            newkey=newkey,
+            allmask=str(spec.all_mask),
+            ncols=ncols,
+            ocols=ocols,
+            newvals=newvals,
+            oldvals=oldvals,
+            anychanged=anychanged,
+            updmask=updmask,
+            updnew=updnew,
+            updold=updold,
+            slotstamp=slotstamp,
+            slotnames=slotnames,
+            slotinit=slotinit,
+            **o,
+        )
+        if not spec.renumber:
+            # a natural key may come back after a delete: revive its shadow row
+            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
+            stmts = [
+                s.replace(
+                    f"{slotinit} FROM _mm_state;\nEND",
+                    f"{slotinit} FROM _mm_state WHERE true ON CONFLICT(rid) DO UPDATE SET {sets};\nEND",
+                )
+                if s.startswith(f"CREATE TRIGGER IF NOT EXISTS {o['cap_i']}")
+                else s
+                for s in stmts
+            ]
+        for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def _join_renumber(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        text = (self._tdir() / "renumber.sql").read_text()
+        from string import Template
+
+        body = Template(text).substitute(key=self.quote(info.key.name), table=self.quote(info.name), shadow=o["shadow"])
+        return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
+
+    def _tdir(self):  # type: ignore[no-untyped-def]
+        from .base import templates_dir
+
+        return templates_dir(self.name)
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        if not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_mm_tables'").first():
+            return []
+        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        dropped: list[str] = []
+        rows = conn.exec_driver_sql(
+            "SELECT type, name FROM sqlite_master WHERE name LIKE '\\_mm\\_%' ESCAPE '\\' "
+            "AND type IN ('trigger', 'view', 'table') ORDER BY CASE type WHEN 'trigger' THEN 0 WHEN 'view' THEN 1 ELSE 2 END"
+        ).all()
+        for typ, name in rows:
+            if name == "sqlite_sequence":
+                continue
+            conn.exec_driver_sql(f"DROP {typ.upper()} IF EXISTS {self.quote(name)}")
+            dropped.append(f"{typ} {name}")
+        if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name='sqlite_sequence'").first():
+            conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name LIKE '\\_mm\\_%' ESCAPE '\\'")
+        return dropped
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        conn.exec_driver_sql("UPDATE _mm_state SET applying = ?", (1 if on else 0,))
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now')) "
+            "ON CONFLICT(peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
+            (peer, table, seq2),
+        )
+
+    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
+        q = self.quote
+        key = q(info.key.name)
+        shadow = q(names(info.name)["shadow"])
+        for tbl, col in ((q(info.name), key), (shadow, "key")):
+            for low, high, delta in shifts:
+                if high is None:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + ? WHERE {col} > ? AND {col} < ?", (delta + offset, low, offset))
+                else:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + ? WHERE {col} > ? AND {col} <= ?", (delta + offset, low, high))
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - ? WHERE {col} > ?", (offset, offset))
+
+
+DIALECT = SQLiteDialect()

@@ -1,0 +1,323 @@
+"""The engine's I/O: refresh (pull a peer's change log into a snapshot) and reconcile (apply it).
+
+Decisions are made by :mod:`multimaster.planner` on plain data; this module reads the inputs,
+executes the plan through the site's dialect, and keeps every batch in one local transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from sqlalchemy.engine import Connection
+
+from .errors import CorruptChange
+from .planner import Change, ConflictRecord, Plan, RowState, assign_keys, plan
+from .schema import TableInfo, names
+from .site import Site
+from .versions import ver_hlc
+
+__all__ = ["ReconcileResult", "RefreshResult", "reconcile_table", "pull_batch", "log_select_columns"]
+
+
+@dataclass
+class ReconcileResult:
+    table: str
+    applied: int = 0
+    duplicates: int = 0
+    parked: int = 0
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    renumbered: int = 0
+    conflicts: list[ConflictRecord] = field(default_factory=list)
+
+    def add(self, other: "ReconcileResult") -> None:
+        for f in ("applied", "duplicates", "parked", "inserted", "updated", "deleted", "renumbered"):
+            setattr(self, f, getattr(self, f) + getattr(other, f))
+        self.conflicts.extend(other.conflicts)
+
+
+@dataclass
+class RefreshResult:
+    site: str
+    peer: str
+    pulled: int = 0
+    batches: int = 0
+    seconds: float = 0.0
+    reconciled: dict[str, ReconcileResult] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def applied(self) -> int:
+        return sum(r.applied for r in self.reconciled.values())
+
+    @property
+    def conflicts(self) -> int:
+        return sum(len(r.conflicts) for r in self.reconciled.values())
+
+
+def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
+    q = site.dialect.quote
+    cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", f"{prefix}key", f"{prefix}mask"]
+    cols += [prefix + q("n_" + c) for c in info.column_names]
+    cols += [prefix + q("o_" + c) for c in info.column_names]
+    return cols
+
+
+def _json(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$hex": bytes(v).hex()}
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
+
+
+# ---------------------------------------------------------------------------------------------
+# pull
+
+
+def pull_batch(source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int) -> list[tuple[Any, ...]]:
+    """Read up to `limit` second-order log entries of `source` past `watermark`, joined with the
+    change log rows they reference. Returns rows (seq2, op2, seq, ver, origin, op, rid, key, mask,
+    n..., o...). Entries for changes that originated at `target` are kept (to advance the
+    watermark) but their change columns are None."""
+    o = source.dialect.obj(info.name)
+    q = source.dialect.quote
+    ph = source.dialect.caps.placeholder
+    cols = ", ".join(log_select_columns(source, info, "l."))
+    sql = (
+        f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
+        f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
+        f"WHERE l2.seq2 > {ph} ORDER BY l2.seq2 LIMIT {int(limit)}"
+    )
+    del q
+    with source.read() as sconn:
+        return [tuple(r) for r in sconn.exec_driver_sql(sql, (target.name, watermark))]
+
+
+def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]]) -> tuple[int, int]:
+    """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2)."""
+    d = site.dialect
+    o = d.obj(info.name, peer)
+    ncols = len(info.columns)
+    width = 6 + 2 * ncols
+    appended = []
+    purged = []
+    for r in rows:
+        seq2, op2, seq = r[0], r[1], r[2]
+        if op2 == "A":
+            if r[3] is None:
+                continue  # the change came from this site, or was purged already
+            vals = r[3:3 + width]
+            if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
+                raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
+            appended.append((seq, *vals))
+        elif op2 == "P":
+            purged.append((seq,))
+        else:
+            raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
+    if appended:
+        cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
+        conn.exec_driver_sql(
+            f"{d.insert_ignore} INTO {o['snap']} ({', '.join(cols)}) VALUES ({d.ph(len(cols))})",
+            appended,
+        )
+    if purged:
+        conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
+    last = rows[-1][0] if rows else 0
+    return len(appended), last
+
+
+# ---------------------------------------------------------------------------------------------
+# reconcile
+
+
+def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
+    n = len(info.columns)
+    ver, origin, op, rid, key, mask = r[0], r[1], r[2], r[3], r[4], r[5]
+    if op not in ("I", "U", "D") or not isinstance(ver, str) or mask is None or rid is None:
+        raise CorruptChange(info.name, peer, ver, f"malformed change (op={op!r}, mask={mask!r}, rid={rid!r})")
+    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6:6 + n]), tuple(r[6 + n:6 + 2 * n]))
+
+
+def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int) -> ReconcileResult:
+    """Apply every snapshot row not yet applied (from all `peers`) to the local table.
+
+    Runs inside the caller's write transaction; sets and resets the capture guard itself."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    res = ReconcileResult(info.name)
+    own = d.obj(info.name)
+    snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
+    # 1. changes already applied here (arrived over another route): mark done
+    for p, snap in snaps.items():
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
+        res.duplicates += conn.exec_driver_sql(
+            f"UPDATE {snap} SET applied = 1 WHERE applied = 0 AND EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = {snap}.ver)"
+        ).rowcount or 0
+    # 2. candidates in version order, one per version
+    cols = ", ".join(log_select_columns(site, info))
+    changes: dict[str, Change] = {}
+    for p, snap in snaps.items():
+        for r in conn.exec_driver_sql(f"SELECT {cols} FROM {snap} WHERE applied = 0"):
+            ch = _to_change(info, tuple(r), p)
+            if ch.ver not in changes:
+                changes[ch.ver] = ch
+            else:
+                res.duplicates += 1
+    if not changes:
+        return res
+    ordered = [changes[v] for v in sorted(changes)]
+    max_hlc = ver_hlc(ordered[-1].ver)
+    # 3. what this site holds for the identities they touch
+    states = _load_states(conn, site, info, {c.rid for c in ordered})
+    # 4. decide
+    p = plan(info.spec, ordered, states)
+    # 5. execute
+    d.set_applying(conn, True)
+    try:
+        _execute(conn, site, info, p, base_max, res)
+        if p.parked:
+            for snap in snaps.values():
+                conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
+        # relay: processed changes enter this site's change log with their own version and origin
+        lcols = ", ".join(log_select_columns(site, info))
+        union = " UNION ALL ".join(f"SELECT {lcols} FROM {snap} WHERE applied = 0" for snap in snaps.values())
+        conn.exec_driver_sql(f"{d.insert_ignore} INTO {own['log']} ({lcols}) SELECT * FROM ({union}) u ORDER BY ver")
+        for snap in snaps.values():
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
+        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {ph})", (max_hlc,))
+        d.after_apply(conn, info)
+    finally:
+        d.set_applying(conn, False)
+    res.applied = len(p.processed)
+    res.parked = len(p.parked)
+    res.conflicts = p.conflicts
+    del q
+    return res
+
+
+def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str]) -> dict[str, RowState]:
+    d = site.dialect
+    q = d.quote
+    o = d.obj(info.name)
+    tmp = d.temp_rids(conn)
+    conn.exec_driver_sql(f"INSERT INTO {tmp} (rid) VALUES ({d.caps.placeholder})", [(r,) for r in rids])
+    slots = [s.name for s in info.spec.slots]
+    vcols = "".join(f", s.{q('v_' + s)}" for s in slots)
+    ucols = "".join(f", t.{q(c)}" for c in info.column_names)
+    sql = (
+        f"SELECT s.rid, s.key, s.deleted, t.{q(info.key.name)} IS NOT NULL{vcols}{ucols} FROM {tmp} r "
+        f"JOIN {o['shadow']} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key"
+    )
+    out: dict[str, RowState] = {}
+    ns = len(slots)
+    for r in conn.exec_driver_sql(sql):
+        present = bool(r[3])
+        versions = {s: r[4 + i] for i, s in enumerate(slots)}
+        values = list(r[4 + ns:]) if present else None
+        out[r[0]] = RowState(r[0], r[1], r[2], versions, values)
+    conn.exec_driver_sql(f"DELETE FROM {tmp}")
+    return out
+
+
+def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int, res: ReconcileResult) -> None:
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    o = d.obj(info.name)
+    table = q(info.name)
+    keyc = q(info.key.name)
+    cols = info.column_names
+    spec = info.spec
+    new = p.new_rids
+    # keys of new identities, and shifts of the existing ones
+    if new and spec.renumber:
+        top = conn.exec_driver_sql(f"SELECT max(rid), max(key) FROM {o['shadow']}").first()
+        max_rid, max_key = (top[0], top[1]) if top else (None, None)
+        max_key = max_key if max_key is not None else base_max
+        if max_rid is None or new[0] > max_rid:
+            below = [max(0, max_key - base_max)] * len(new)
+        else:
+            below = []
+            for rid in new:
+                pk = conn.exec_driver_sql(
+                    f"SELECT key FROM {o['shadow']} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
+                ).scalar()
+                below.append(max(0, (pk if pk is not None else base_max) - base_max))
+        ka = assign_keys(new, below, base_max)
+        shifts = [s for s in ka.shifts if s[1] is None or s[1] > s[0]]
+        moving = [s for s in shifts if s[0] < max_key]
+        if moving:
+            offset = max_key + len(new) + 1
+            d.shift_keys(conn, info, moving, offset)
+            for st in p.rows.values():
+                if st.existed:
+                    for low, high, delta in moving:
+                        if st.key > low and (high is None or st.key <= high):
+                            st.key += delta
+                            res.renumbered += 1
+                            break
+        for rid in new:
+            p.rows[rid].key = ka.keys[rid]
+    # user table: deletes, inserts, updates
+    dels = [(st.key,) for st in p.rows.values() if st.existed and st.alive_before and st.values is None]
+    if dels:
+        conn.exec_driver_sql(f"DELETE FROM {table} WHERE {keyc} = {ph}", dels)
+    ins = [(st.key, *st.values) for st in p.rows.values() if st.values is not None and not st.alive_before]
+    if ins:
+        collist = ", ".join([keyc] + [q(c) for c in cols])
+        conn.exec_driver_sql(f"INSERT INTO {table} ({collist}) VALUES ({d.ph(len(cols) + 1)})", ins)
+    groups: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
+    for st in p.rows.values():
+        if st.alive_before and st.values is not None and st.changed:
+            idx = tuple(sorted(st.changed))
+            groups.setdefault(idx, []).append((*(st.values[i] for i in idx), st.key))
+    for idx, params in groups.items():
+        sets = ", ".join(f"{q(cols[i])} = {ph}" for i in idx)
+        conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {keyc} = {ph}", params)
+    # shadow
+    slots = [s.name for s in spec.slots]
+    new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
+    if new_rows:
+        collist = ", ".join(["rid", "key", "deleted"] + [q("v_" + s) for s in slots])
+        conn.exec_driver_sql(f"INSERT INTO {o['shadow']} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
+    sgroups: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
+    for st in p.rows.values():
+        if st.existed and (st.changed_slots or st.deleted_changed):
+            sl = tuple(sorted(st.changed_slots))
+            sgroups.setdefault((st.deleted_changed, sl), []).append(
+                ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
+            )
+    for (delc, sl), params in sgroups.items():
+        sets = (["deleted = " + ph] if delc else []) + [f"{q('v_' + s)} = {ph}" for s in sl]
+        conn.exec_driver_sql(f"UPDATE {o['shadow']} SET {', '.join(sets)} WHERE rid = {ph}", params)
+    # conflicts
+    if p.conflicts:
+        key_of = {rid: st.key for rid, st in p.rows.items()}
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_conflicts (tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, remote_values, policy, decision) "
+            f"VALUES ({d.ph(12)})",
+            [
+                (
+                    c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
+                    json.dumps(list(c.columns)), c.local_ver,
+                    None if c.local_values is None else json.dumps({k: _json(v) for k, v in c.local_values.items()}),
+                    c.remote_ver,
+                    None if c.remote_values is None else json.dumps({k: _json(v) for k, v in c.remote_values.items()}),
+                    c.policy, c.decision,
+                )
+                for c in p.conflicts
+            ],
+        )
+    res.inserted += len(ins)
+    res.deleted += len(dels)
+    res.updated += sum(len(v) for v in groups.values())
+
+
+def now_iso() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())

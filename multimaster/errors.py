@@ -1,0 +1,92 @@
+"""The error family of multimaster.
+
+Every error names the thing that is wrong and, where there is one, the fix. The CLI maps the
+family to exit codes (see docs/cli.md): ``ConfigError`` and ``SchemaError`` exit 2 (bad input,
+nothing touched), everything else under ``MultimasterError`` exits 1.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MultimasterError",
+    "ConfigError",
+    "SchemaError",
+    "SiteUnreachable",
+    "NotInstalled",
+    "BaseRowsDiffer",
+    "CorruptChange",
+    "ResolverError",
+]
+
+
+class MultimasterError(Exception):
+    """Base of every error multimaster raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(MultimasterError):
+    """The topology file is wrong. Carries one message per problem."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str], source: str | None = None):
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        lines = [f"{head}{len(self.problems)} problem(s) in the topology:"]
+        lines += [f"  - {p}" for p in self.problems]
+        super().__init__("\n".join(lines))
+
+
+class SchemaError(MultimasterError):
+    """A replicated table is missing, differs between sites, or has an unsupported shape."""
+
+    exit_code = 2
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__("\n".join(["schema check failed:"] + [f"  - {p}" for p in problems]))
+
+
+class SiteUnreachable(MultimasterError):
+    def __init__(self, site: str, url: str, reason: str):
+        self.site = site
+        super().__init__(
+            f"site '{site}' ({url}) cannot be reached: {reason}. "
+            "Check that the database is running and the URL in the topology file is right."
+        )
+
+
+class NotInstalled(MultimasterError):
+    def __init__(self, site: str, what: str = "multimaster objects"):
+        self.site = site
+        super().__init__(
+            f"site '{site}' has no {what}; run 'multimaster init -t TOPOLOGY' first"
+        )
+
+
+class BaseRowsDiffer(MultimasterError):
+    """`init` found sites whose existing rows are not the same common base."""
+
+    exit_code = 2
+
+    def __init__(self, table: str, site_a: str, site_b: str, detail: str):
+        super().__init__(
+            f"table '{table}': sites '{site_a}' and '{site_b}' hold different rows, so they cannot "
+            f"start as one cluster ({detail}). Make them equal, or empty all but one site and "
+            "init copies that site's rows to the others."
+        )
+
+
+class CorruptChange(MultimasterError):
+    def __init__(self, table: str, peer: str, seq: object, reason: str):
+        super().__init__(
+            f"change log of peer '{peer}', table '{table}', entry {seq}: {reason}. "
+            "Nothing from this batch was applied."
+        )
+
+
+class ResolverError(MultimasterError):
+    def __init__(self, path: str, reason: str):
+        super().__init__(f"conflict resolver '{path}': {reason}")

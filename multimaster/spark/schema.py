@@ -1,0 +1,181 @@
+"""What verify reads at each site: replicated columns, one canonical type per column, the read SQL.
+
+Reflection uses SQLAlchemy (no Spark). The canonical type of a column is decided from every site's
+declared type, so an INTEGER column at a SQLite site and a BIGINT at a PostgreSQL site hash alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sqlalchemy as sa
+from sqlalchemy import types as T
+
+from ..errors import SchemaError
+from .jdbc import JdbcSource
+
+__all__ = ["ColumnSpec", "TablePlan", "reflect_table", "read_sql", "canonical_kind"]
+
+# canonical kinds -> Spark SQL type names
+SPARK_TYPE = {
+    "long": "BIGINT",
+    "double": "DOUBLE",
+    "decimal": "DECIMAL(38,10)",
+    "boolean": "BOOLEAN",
+    "string": "STRING",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "binary": "BINARY",
+}
+# what the SQLite JDBC driver is asked for (customSchema) before the cast to the canonical kind
+SQLITE_READ = {
+    "long": "BIGINT",
+    "double": "DOUBLE",
+    "decimal": "STRING",
+    "boolean": "BIGINT",
+    "string": "STRING",
+    "date": "STRING",
+    "timestamp": "STRING",
+    "binary": "BINARY",
+}
+
+
+def canonical_kind(t: T.TypeEngine) -> str:
+    if isinstance(t, T.Boolean):
+        return "boolean"
+    if isinstance(t, T.Integer):
+        return "long"
+    if isinstance(t, T.Float):
+        return "double"
+    if isinstance(t, T.Numeric):
+        return "decimal" if getattr(t, "asdecimal", True) else "double"
+    if isinstance(t, T.DateTime):
+        return "timestamp"
+    if isinstance(t, T.Date):
+        return "date"
+    if isinstance(t, (T.LargeBinary, T._Binary)):
+        return "binary"
+    name = type(t).__name__.upper()
+    if name in ("DOUBLE", "DOUBLE_PRECISION", "REAL"):
+        return "double"
+    return "string"
+
+
+def _merge(kinds: list[str]) -> str:
+    s = set(kinds)
+    if len(s) == 1:
+        return kinds[0]
+    if s <= {"long", "boolean"}:
+        return "boolean"
+    if s <= {"long", "double", "decimal", "boolean"}:
+        return "double" if "double" in s else "decimal"
+    if s <= {"date", "timestamp"}:
+        return "timestamp"
+    return "string"
+
+
+@dataclass
+class ColumnSpec:
+    name: str
+    alias: str  # v0, v1 ... in every query, so user names never clash or need quoting in Spark
+    kind: str  # canonical kind
+
+
+@dataclass
+class TablePlan:
+    table: str
+    key: str
+    key_kind: str  # 'long' (numeric key: range partitions) or 'string'
+    columns: list[ColumnSpec]
+    shadow_columns: dict[str, list[str]]  # site -> shadow column names (for repair)
+
+    @property
+    def names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+
+def _pg_schema_kw(src: JdbcSource) -> dict:
+    return {"schema": src.mm_schema} if src.mm_schema else {}
+
+
+def reflect_table(table: str, key: str, exclude: list[str], engines: dict[str, sa.Engine], sources: dict[str, JdbcSource]) -> TablePlan:
+    """Reflect `table` and its shadow at every site; raise SchemaError listing every problem."""
+    problems: list[str] = []
+    cols_by_site: dict[str, dict[str, str]] = {}
+    shadow_cols: dict[str, list[str]] = {}
+    key_kinds: list[str] = []
+    for site, eng in engines.items():
+        insp = sa.inspect(eng)
+        try:
+            cols = insp.get_columns(table)
+        except sa.exc.NoSuchTableError:
+            problems.append(f"site '{site}': table '{table}' does not exist")
+            continue
+        try:
+            shadow = insp.get_columns(f"_mm_shadow_{table}", **_pg_schema_kw(sources[site]))
+        except sa.exc.NoSuchTableError:
+            problems.append(f"site '{site}': '_mm_shadow_{table}' does not exist (run 'multimaster init' first)")
+            continue
+        shadow_cols[site] = [c["name"] for c in shadow]
+        kinds = {c["name"]: canonical_kind(c["type"]) for c in cols}
+        if key not in kinds:
+            problems.append(f"site '{site}': table '{table}' has no key column '{key}'")
+            continue
+        key_kinds.append(kinds[key])
+        cols_by_site[site] = {n: k for n, k in kinds.items() if n != key and n not in exclude}
+    if problems:
+        raise SchemaError(problems)
+    sites = list(cols_by_site)
+    first = cols_by_site[sites[0]]
+    for site in sites[1:]:
+        a, b = set(first), set(cols_by_site[site])
+        if a != b:
+            problems.append(
+                f"table '{table}': replicated columns differ between '{sites[0]}' and '{site}' "
+                f"(only at {sites[0]}: {sorted(a - b)}, only at {site}: {sorted(b - a)})"
+            )
+    if problems:
+        raise SchemaError(problems)
+    columns = [
+        ColumnSpec(name, f"v{i}", _merge([cols_by_site[s][name] for s in sites]))
+        for i, name in enumerate(first)
+    ]
+    kk = _merge(key_kinds)
+    return TablePlan(table, key, "long" if kk == "long" else "string", columns, shadow_cols)
+
+
+def read_sql(src: JdbcSource, plan: TablePlan) -> str:
+    """The query each site is read with: one row per shadow identity (present, deleted or lost)
+    plus table rows that have no shadow row (identity '?key:<key>').
+
+    mm_st: 0 the row is in the table, 1 deleted (tombstone), 2 shadow row without a table row.
+    """
+    d = src.dialect
+    t = src.user(plan.table)
+    sh = src.mm(f"_mm_shadow_{plan.table}")
+    k = src.user(plan.key)
+    skey = src.user("key")
+    vals = ", ".join(f"t.{src.user(c.name)} AS {c.alias}" for c in plan.columns)
+    vals = (", " + vals) if vals else ""
+    if d == "mysql":
+        orphan_rid = f"CONCAT('?key:', CAST(t.{k} AS CHAR))"
+    elif d == "postgresql":
+        orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
+    else:
+        orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
+    return (
+        f"SELECT s.rid AS mm_rid, s.{skey} AS mm_key, "
+        f"CASE WHEN t.{k} IS NOT NULL THEN 0 WHEN s.deleted IS NOT NULL THEN 1 ELSE 2 END AS mm_st{vals} "
+        f"FROM {sh} s LEFT JOIN {t} t ON t.{k} = s.{skey} "
+        f"UNION ALL "
+        f"SELECT {orphan_rid} AS mm_rid, t.{k} AS mm_key, 0 AS mm_st{vals} "
+        f"FROM {t} t WHERE NOT EXISTS (SELECT 1 FROM {sh} s WHERE s.{skey} = t.{k})"
+    )
+
+
+def custom_schema(plan: TablePlan) -> str:
+    """customSchema for SQLite reads (the driver otherwise guesses types from the first row)."""
+    key = "BIGINT" if plan.key_kind == "long" else "STRING"
+    parts = ["mm_rid STRING", f"mm_key {key}", "mm_st INT"]
+    parts += [f"{c.alias} {SQLITE_READ[c.kind]}" for c in plan.columns]
+    return ", ".join(parts)

@@ -1,0 +1,96 @@
+"""Changes still on their way, per link and table (plain SQLAlchemy: these sets are small).
+
+For a link source -> target and table t:
+- unpulled: entries of source's `_mm_log2_<t>` past target's watermark (`_mm_watermarks.seq2` for
+  peer = source, tbl = t) that append a change not originating at target (the refresher skips those);
+- unapplied: rows of target's `_mm_snap_<t>__<source>` with applied 0 (new) or 2 (waiting for its row).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+from ..topology import Topology
+from .jdbc import dialect_of, quote
+from .result import Waiting
+
+__all__ = ["waiting_changes", "waiting_rids", "mm_name"]
+
+
+def mm_name(url: str, name: str) -> str:
+    d = dialect_of(url)
+    q = quote(d, name)
+    return f"{quote(d, '_mm')}.{q}" if d == "postgresql" else q
+
+
+def _watermark(conn: sa.Connection, url: str, source: str, table: str) -> int:
+    row = conn.execute(
+        sa.text(f"SELECT seq2 FROM {mm_name(url, '_mm_watermarks')} WHERE peer = :p AND tbl = :t"),
+        {"p": source, "t": table},
+    ).first()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -> list[Waiting]:
+    out: list[Waiting] = []
+    for ln in topo.links:
+        if ln.source not in engines or ln.target not in engines:
+            continue
+        s_url, t_url = topo.sites[ln.source].url, topo.sites[ln.target].url
+        try:
+            with engines[ln.target].connect() as tc:
+                wm = _watermark(tc, t_url, ln.source, table)
+                snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
+                try:
+                    unapplied = tc.execute(sa.text(f"SELECT count(*) FROM {snap} WHERE applied <> 1")).scalar_one()
+                except sa.exc.DBAPIError:
+                    tc.rollback()
+                    unapplied = 0  # no snapshot table yet: nothing pulled, nothing waiting there
+            with engines[ln.source].connect() as sc:
+                log2 = mm_name(s_url, f"_mm_log2_{table}")
+                log = mm_name(s_url, f"_mm_log_{table}")
+                try:
+                    unpulled = sc.execute(
+                        sa.text(
+                            f"SELECT count(*) FROM {log2} l2 JOIN {log} l ON l.seq = l2.seq "
+                            "WHERE l2.seq2 > :wm AND l2.op = 'A' AND l.origin <> :target"
+                        ),
+                        {"wm": wm, "target": ln.target},
+                    ).scalar_one()
+                except sa.exc.DBAPIError:
+                    sc.rollback()
+                    unpulled = sc.execute(sa.text(f"SELECT count(*) FROM {log2} WHERE seq2 > :wm"), {"wm": wm}).scalar_one()
+            out.append(Waiting(ln.source, ln.target, int(unpulled), int(unapplied)))
+        except sa.exc.DBAPIError as e:
+            out.append(Waiting(ln.source, ln.target, 0, 0, error=str(e.orig).splitlines()[0][:200]))
+    return out
+
+
+def waiting_rids(topo: Topology, table: str, engines: dict[str, sa.Engine], rids: list[str]) -> set[str]:
+    """Which of `rids` (a small sample) some waiting change touches, on any link."""
+    if not rids:
+        return set()
+    hit: set[str] = set()
+    for ln in topo.links:
+        if ln.source not in engines or ln.target not in engines:
+            continue
+        s_url, t_url = topo.sites[ln.source].url, topo.sites[ln.target].url
+        try:
+            with engines[ln.target].connect() as tc:
+                wm = _watermark(tc, t_url, ln.source, table)
+                try:
+                    snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
+                    q = sa.text(f"SELECT DISTINCT rid FROM {snap} WHERE applied <> 1 AND rid IN :rids").bindparams(sa.bindparam("rids", expanding=True))
+                    hit |= {r[0] for r in tc.execute(q, {"rids": rids})}
+                except sa.exc.DBAPIError:
+                    tc.rollback()
+            with engines[ln.source].connect() as sc:
+                log2, log = mm_name(s_url, f"_mm_log2_{table}"), mm_name(s_url, f"_mm_log_{table}")
+                q = sa.text(
+                    f"SELECT DISTINCT l.rid FROM {log2} l2 JOIN {log} l ON l.seq = l2.seq "
+                    "WHERE l2.seq2 > :wm AND l2.op = 'A' AND l.origin <> :target AND l.rid IN :rids"
+                ).bindparams(sa.bindparam("rids", expanding=True))
+                hit |= {r[0] for r in sc.execute(q, {"wm": wm, "target": ln.target, "rids": rids})}
+        except sa.exc.DBAPIError:
+            continue
+    return hit

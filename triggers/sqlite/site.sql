@@ -1,0 +1,52 @@
+-- multimaster: per-site objects (SQLite). Created once per site by `multimaster init`.
+CREATE TABLE IF NOT EXISTS _mm_state (
+  id INTEGER PRIMARY KEY CHECK (id = 1),
+  site TEXT NOT NULL,
+  applying INTEGER NOT NULL DEFAULT 0,
+  hlc INTEGER NOT NULL DEFAULT 0,
+  schema_version INTEGER NOT NULL DEFAULT 1,
+  installed_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now'))
+);
+--
+CREATE TABLE IF NOT EXISTS _mm_tables (
+  tbl TEXT PRIMARY KEY,
+  key_col TEXT NOT NULL,
+  renumber INTEGER NOT NULL,
+  columns TEXT NOT NULL,
+  base_max INTEGER NOT NULL DEFAULT 0
+);
+--
+CREATE TABLE IF NOT EXISTS _mm_watermarks (
+  peer TEXT NOT NULL,
+  tbl TEXT NOT NULL,
+  seq2 INTEGER NOT NULL DEFAULT 0,
+  pulled_at TEXT,
+  PRIMARY KEY (peer, tbl)
+);
+--
+CREATE TABLE IF NOT EXISTS _mm_links (
+  peer TEXT PRIMARY KEY,
+  last_success_at TEXT,
+  last_error TEXT,
+  last_error_at TEXT,
+  pulled INTEGER NOT NULL DEFAULT 0,
+  applied INTEGER NOT NULL DEFAULT 0,
+  conflicts INTEGER NOT NULL DEFAULT 0
+);
+--
+CREATE TABLE IF NOT EXISTS _mm_conflicts (
+  id INTEGER PRIMARY KEY,
+  detected_at TEXT NOT NULL DEFAULT (strftime('%Y-%m-%dT%H:%M:%fZ', 'now')),
+  tbl TEXT NOT NULL,
+  rid TEXT NOT NULL,
+  key TEXT,
+  kind TEXT NOT NULL,
+  slot TEXT,
+  columns TEXT NOT NULL,
+  local_ver TEXT,
+  local_values TEXT,
+  remote_ver TEXT NOT NULL,
+  remote_values TEXT,
+  policy TEXT NOT NULL,
+  decision TEXT NOT NULL
+);

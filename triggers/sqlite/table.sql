@@ -1,0 +1,36 @@
+-- multimaster: per-table objects (SQLite) for table $table.
+-- $logcols expands to one typed n_<col> / o_<col> pair per replicated column.
+CREATE TABLE IF NOT EXISTS $log (
+  seq INTEGER PRIMARY KEY,
+  ver TEXT NOT NULL UNIQUE,
+  origin TEXT NOT NULL,
+  op TEXT NOT NULL CHECK (op IN ('I', 'U', 'D')),
+  rid TEXT NOT NULL,
+  key $keytype,
+  mask INTEGER NOT NULL$logcols
+);
+--
+CREATE TABLE IF NOT EXISTS $log2 (
+  seq2 INTEGER PRIMARY KEY AUTOINCREMENT,
+  seq INTEGER NOT NULL,
+  op TEXT NOT NULL CHECK (op IN ('A', 'P'))
+);
+--
+CREATE TRIGGER IF NOT EXISTS $l2a AFTER INSERT ON $log
+BEGIN
+  INSERT INTO $log2 (seq, op) VALUES (NEW.seq, 'A');
+END;
+--
+CREATE TRIGGER IF NOT EXISTS $l2p AFTER DELETE ON $log
+BEGIN
+  INSERT INTO $log2 (seq, op) VALUES (OLD.seq, 'P');
+END;
+--
+CREATE TABLE IF NOT EXISTS $shadow (
+  rid TEXT PRIMARY KEY,
+  key $keytype NOT NULL UNIQUE,
+  deleted TEXT$slotcols
+);
+--
+CREATE VIEW IF NOT EXISTS $tombstones AS
+  SELECT rid, key, deleted FROM $shadow WHERE deleted IS NOT NULL;
