@@ -21,7 +21,7 @@ from .jdbc import JdbcSource
 from .result import Sample
 from .schema import SPARK_TYPE, TablePlan, custom_schema, read_sql
 
-__all__ = ["Bounds", "key_bounds", "SiteReader", "compare_full", "compare_checksum", "FullOutcome"]
+__all__ = ["Bounds", "key_bounds", "SiteReader", "grouped", "compare_full", "compare_checksum", "FullOutcome"]
 
 STATE = {0: "present", 1: "deleted", 2: "lost", None: "unknown"}
 
@@ -161,12 +161,11 @@ def _fp_hex(v: int | None) -> str:
     return f"{(v or 0) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]], plan: TablePlan, sample_limit: int) -> FullOutcome:
-    """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
-    from pyspark import StorageLevel
+def grouped(sites: list[str], readers: dict[str, Callable[[], Any]], plan: TablePlan):
+    """One row per identity over all sites: mm_rid, then st<i>, k<i>, h<i> per site i
+    (state, key, value hash; NULL where site i does not know the identity). One shuffle."""
     from pyspark.sql import functions as F
 
-    n = len(sites)
     h = _row_hash(plan)
     parts = []
     for i, s in enumerate(sites):
@@ -176,14 +175,23 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
     for p in parts[1:]:
         u = u.unionByName(p)
     aggs = []
-    for i in range(n):
+    for i in range(len(sites)):
         on = F.col("mm_site") == i
         aggs += [
             F.max(F.when(on, F.col("mm_st"))).alias(f"st{i}"),
             F.max(F.when(on, F.col("mm_key"))).alias(f"k{i}"),
             F.max(F.when(on, F.col("mm_h"))).alias(f"h{i}"),
         ]
-    g = u.groupBy("mm_rid").agg(*aggs)
+    return u.groupBy("mm_rid").agg(*aggs)
+
+
+def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]], plan: TablePlan, sample_limit: int) -> FullOutcome:
+    """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    n = len(sites)
+    g = grouped(sites, readers, plan)
     present = [F.coalesce(F.col(f"st{i}") == 0, F.lit(False)) for i in range(n)]
     dead = [F.coalesce(F.col(f"st{i}") == 1, F.lit(False)) for i in range(n)]
     npresent = sum((p.cast("int") for p in present[1:]), present[0].cast("int"))
@@ -195,7 +203,10 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
     derived.append(anydead.alias("anydead"))
 
     def agree(prefix: str, i: int):
-        terms = [(present[j] & (F.col(f"{prefix}{j}") == F.col(f"{prefix}{i}"))).cast("int") for j in range(n)]
+        terms = [
+            (present[j] if j == i else present[j] & (F.col(f"{prefix}{j}") == F.col(f"{prefix}{i}"))).cast("int")
+            for j in range(n)
+        ]
         return sum(terms[1:], terms[0])
 
     for i in range(n):

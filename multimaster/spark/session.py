@@ -69,6 +69,7 @@ def quiet_conf(jars: list[str], partitions: int = 2, warehouse: str | None = Non
         "spark.driver.extraJavaOptions": java_opt,
         "spark.executor.extraJavaOptions": java_opt,
         "spark.sql.adaptive.enabled": "true",
+        "spark.sql.debug.maxToStringFields": "1000",
     }
 
 
