@@ -1,0 +1,55 @@
+"""One quiet local SparkSession for the whole test run, and small SQLite clusters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'pyspark>=4')")
+
+from multimaster.spark.fixtures import make_sqlite_cluster  # noqa: E402
+from multimaster.spark.jdbc import MissingDependency, find_jars  # noqa: E402
+from multimaster.spark.session import check_java, quiet_conf  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark():
+    try:
+        check_java()
+        jars = find_jars({"sqlite", "postgresql", "mysql"})
+    except MissingDependency as e:
+        pytest.skip(str(e))
+    from pyspark.sql import SparkSession
+
+    wh = tempfile.mkdtemp(prefix="mm-spark-wh-")
+    b = SparkSession.builder.master("local[2]").appName("multimaster-tests")
+    for k, v in quiet_conf(jars, partitions=2, warehouse=wh).items():
+        b = b.config(k, v)
+    s = b.getOrCreate()
+    s.sparkContext.setLogLevel("WARN")
+    yield s
+    s.stop()
+    shutil.rmtree(wh, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Path:
+    """Three SQLite sites s1, s2, s3 (mesh) with the same 200 rows; returns the topology path."""
+    return make_sqlite_cluster(tmp_path / "sites", 3, 200)
+
+
+def require_server(kind: str, probe) -> None:
+    """Skip (or fail with MM_REQUIRE_SERVERS=1) when a database server does not answer."""
+    try:
+        probe()
+    except Exception as e:  # noqa: BLE001
+        msg = f"{kind} at 127.0.0.1 does not answer ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})"
+        if os.environ.get("MM_REQUIRE_SERVERS") == "1":
+            pytest.fail(msg + " and MM_REQUIRE_SERVERS=1")
+        pytest.skip(msg)
