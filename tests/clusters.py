@@ -1,0 +1,155 @@
+"""Test clusters over real databases, one backend class per database.
+
+A test asks for the `backend` fixture (parametrized in conftest.py) and builds a cluster with
+:func:`make_cluster`. Applications' writes go through plain DB-API clients (sqlite3, psycopg,
+PyMySQL) from :meth:`TestCluster.db`, never through multimaster.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from multimaster import api
+from multimaster.topology import Topology, load_topology
+
+# generic column types -> per-backend DDL
+SQLITE_TYPES = {"int": "INTEGER", "bigint": "INTEGER", "text": "TEXT", "real": "REAL", "decimal": "NUMERIC(12,2)", "bool": "BOOLEAN",
+                "blob": "BLOB", "date": "DATE", "timestamp": "TIMESTAMP"}
+
+
+class Backend:
+    name = ""
+
+    def new_site(self, tmp: Path, site: str) -> str:
+        """Create an empty database for `site`; return its SQLAlchemy URL."""
+        raise NotImplementedError
+
+    def create_table(self, url: str, table: str, key: str, columns: dict[str, str], auto: bool = True) -> None:
+        raise NotImplementedError
+
+    def connect(self, url: str) -> Any:
+        """A plain DB-API connection, as an application would open."""
+        raise NotImplementedError
+
+    def param(self) -> str:
+        return "?"
+
+    def cleanup(self) -> None:
+        pass
+
+
+class SQLiteBackend(Backend):
+    name = "sqlite"
+
+    def new_site(self, tmp: Path, site: str) -> str:
+        path = tmp / f"{site}.db"
+        sqlite3.connect(path).close()
+        return f"sqlite:///{path}"
+
+    def create_table(self, url: str, table: str, key: str, columns: dict[str, str], auto: bool = True) -> None:
+        cols = [f'"{key}" INTEGER PRIMARY KEY' if auto else f'"{key}" TEXT PRIMARY KEY']
+        cols += [f'"{c}" {SQLITE_TYPES.get(t, t)}' for c, t in columns.items()]
+        with self.connect(url) as c:
+            c.execute(f'CREATE TABLE "{table}" ({", ".join(cols)})')
+
+    def connect(self, url: str) -> Any:
+        c = sqlite3.connect(url.removeprefix("sqlite:///"), timeout=30)
+        c.execute("PRAGMA busy_timeout = 30000")
+        return c
+
+
+@dataclass
+class TestCluster:
+    backend: Backend
+    topo: Topology
+    urls: dict[str, str]
+    tables: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    __test__ = False
+
+    def db(self, site: str) -> Any:
+        return self.backend.connect(self.urls[site])
+
+    def execute(self, site: str, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """One application transaction at `site`."""
+        sql = sql.replace("?", self.backend.param())
+        c = self.db(site)
+        try:
+            cur = c.cursor()
+            cur.execute(sql, params)
+            c.commit()
+        finally:
+            c.close()
+
+    def rows(self, site: str, table: str, order: str | None = None) -> list[tuple[Any, ...]]:
+        key = self.tables[table]["key"]
+        cols = [key, *self.tables[table]["columns"]]
+        c = self.db(site)
+        try:
+            cur = c.cursor()
+            q = '"' if self.backend.name != "mysql" else "`"
+            cur.execute(f"SELECT {', '.join(q + x + q for x in cols)} FROM {q}{table}{q} ORDER BY {q}{order or key}{q}")
+            return [tuple(r) for r in cur.fetchall()]
+        finally:
+            c.close()
+
+    def refresh(self, site: str | None = None, peer: str | None = None, **kw: Any) -> list[Any]:
+        res = api.refresh(self.topo, site, peer, **kw)
+        errors = [r.error for r in res if r.error]
+        assert not errors, errors
+        return res
+
+    def refresh_until_quiet(self, rounds: int = 10) -> int:
+        with api.Cluster(self.topo) as cl:
+            for i in range(rounds):
+                res = api.refresh(cl)
+                errors = [r.error for r in res if r.error]
+                assert not errors, errors
+                if all(r.pulled == 0 for r in res):
+                    return i + 1
+        raise AssertionError("the cluster did not go quiet")
+
+    def assert_converged(self) -> None:
+        for tb in self.tables:
+            ref = self.rows(next(iter(self.urls)), tb)
+            for s in self.urls:
+                assert self.rows(s, tb) == ref, f"{tb} differs at {s}"
+
+
+def make_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str, dict[str, Any]], links: Any = "mesh",
+                 base: dict[str, list[tuple[Any, ...]]] | None = None, init: bool = True) -> TestCluster:
+    """tables: name -> {"key": "id", "columns": {"name": "text", ...}, "auto": True, "config": {...}}"""
+    urls = {s: backend.new_site(tmp, s) for s in sites}
+    for url in urls.values():
+        for tb, spec in tables.items():
+            backend.create_table(url, tb, spec["key"], spec["columns"], spec.get("auto", True))
+    topo_doc = {
+        "sites": {s: {"url": u} for s, u in urls.items()},
+        "tables": {tb: {"key": spec["key"], **spec.get("config", {})} for tb, spec in tables.items()},
+        "links": links,
+    }
+    path = tmp / "topology.yaml"
+    path.write_text(yaml.safe_dump(topo_doc, sort_keys=False))
+    cl = TestCluster(backend, load_topology(path), urls, tables)
+    for site, rows in (base or {}).items():
+        for tb_row in rows:
+            tb, row = tb_row[0], tb_row[1:]
+            cols = [tables[tb]["key"], *tables[tb]["columns"]]
+            q = '"' if backend.name != "mysql" else "`"
+            cl.execute(site, f"INSERT INTO {q}{tb}{q} ({', '.join(q + c + q for c in cols)}) VALUES ({', '.join('?' * len(cols))})", row)
+    if init:
+        api.init(cl.topo)
+    return cl
+
+
+ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}}}
+
+
+#: name -> factory. Server backends register here (their factories raise ConnectionError when the
+#: server does not answer, and conftest turns that into a skip, or a failure under CI).
+BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend}

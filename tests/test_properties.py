@@ -1,0 +1,131 @@
+"""Property tests: random histories at 2-5 sites, random topologies and random refresh schedules.
+
+After a final quiet round every site must hold the same rows and keys, equal to a reference model
+written here from the rules alone (it shares no code with the planner):
+- a row's identity is its insert's version; its key is base_max + rank of the identity among every
+  identity ever inserted (deleted ones included);
+- a delete removes the row for good;
+- each column under `latest` ends with the value of the change with the highest version that set it;
+- an `additive` column ends with its inserted value plus every update's (new - old).
+The model's input is what each site's capture triggers logged for the applications' own writes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from clusters import make_cluster
+
+SITE_NAMES = ["s1", "s2", "s3", "s4", "s5"]
+COLS = ["name", "price", "qty"]  # sorted: bit i of a mask is COLS[i]
+
+
+def table(additive: bool) -> dict:  # type: ignore[type-arg]
+    cfg = {"columns": {"qty": "additive"}} if additive else {}
+    return {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}, "config": cfg}}
+
+
+op = st.one_of(
+    st.tuples(st.just("ins"), st.integers(0, 4), st.sampled_from(["a", "b", "c", "ü", ""]), st.integers(-5, 50), st.integers(0, 9)),
+    st.tuples(st.just("upd"), st.integers(0, 4), st.integers(0, 50), st.sets(st.sampled_from(COLS), min_size=1),
+              st.sampled_from(["x", "y", "z"]), st.integers(-3, 3), st.integers(0, 9)),
+    st.tuples(st.just("del"), st.integers(0, 4), st.integers(0, 50)),
+    st.tuples(st.just("refresh"), st.integers(0, 40)),
+)
+
+
+def reference(cl, sites: list[str], base: list[tuple], additive: bool) -> list[tuple]:  # type: ignore[no-untyped-def, type-arg]
+    base_max = max((r[1] for r in base), default=0)
+    changes = []
+    for s in sites:
+        c = cl.db(s)
+        changes += c.execute(
+            "SELECT ver, op, rid, mask, n_name, n_price, n_qty, o_qty FROM _mm_log_items WHERE origin = ?", (s,)
+        ).fetchall()
+        c.close()
+    changes.sort()
+    rows: dict[str, dict] = {}  # type: ignore[type-arg]
+    for r in base:
+        rid = "0" * 19 + ":#" + str(r[1])
+        rows[rid] = {"key": r[1], "name": ["", r[2]], "price": ["", r[4]], "qty": ["", r[3]], "alive": True}
+    identities = set()
+    for ver, op_, rid, mask, n_name, n_price, n_qty, o_qty in changes:
+        if op_ == "I":
+            identities.add(rid)
+            rows.setdefault(rid, {"alive": True})
+            rows[rid].update({"name": [ver, n_name], "price": [ver, n_price], "qty": [ver, n_qty]})
+    for ver, op_, rid, mask, n_name, n_price, n_qty, o_qty in changes:
+        if op_ == "D":
+            rows[rid]["alive"] = False
+        elif op_ == "U":
+            row = rows[rid]
+            for i, (col, val) in enumerate((("name", n_name), ("price", n_price), ("qty", n_qty))):
+                if not mask >> i & 1:
+                    continue
+                if col == "qty" and additive:
+                    row["qty"][1] += val - o_qty
+                elif ver > row[col][0]:
+                    row[col] = [ver, val]
+    for i, rid in enumerate(sorted(identities)):
+        rows[rid]["key"] = base_max + i + 1
+    out = [(r["key"], r["name"][1], r["qty"][1], r["price"][1]) for r in rows.values() if r["alive"]]
+    return sorted(out)
+
+
+@settings(max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(
+    n_sites=st.integers(2, 5),
+    links=st.sampled_from(["mesh", "ring", "star", "chain"]),
+    base_n=st.integers(0, 3),
+    additive=st.booleans(),
+    ops=st.lists(op, min_size=1, max_size=30),
+)
+def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, additive, ops):  # type: ignore[no-untyped-def]
+    sites = SITE_NAMES[:n_sites]
+    link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
+    tmp = Path(tempfile.mkdtemp(prefix="mm-prop-"))
+    try:
+        base = [("items", k, f"base{k}", k, float(k)) for k in range(1, base_n + 1)]
+        cl = make_cluster(sqlite_backend, tmp, sites, table(additive), link_doc, base={s: base for s in sites})
+        link_list = list(cl.topo.links)
+        for o in ops:
+            kind = o[0]
+            if kind == "refresh":
+                ln = link_list[o[1] % len(link_list)]
+                cl.refresh(ln.target, ln.source)
+                continue
+            site = sites[o[1] % n_sites]
+            if kind == "ins":
+                cl.execute(site, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", (o[2], o[3], o[4] / 4))
+                continue
+            keys = [r[0] for r in cl.rows(site, "items")]
+            if not keys:
+                continue
+            key = keys[o[2] % len(keys)]
+            if kind == "del":
+                cl.execute(site, "DELETE FROM items WHERE id = ?", (key,))
+            else:
+                _, _, _, cols, name, dq, price = o
+                sets, params = [], []
+                if "name" in cols:
+                    sets.append("name = ?")
+                    params.append(name)
+                if "qty" in cols:
+                    sets.append("qty = qty + ?")
+                    params.append(dq)
+                if "price" in cols:
+                    sets.append("price = ?")
+                    params.append(price / 4)
+                cl.execute(site, f"UPDATE items SET {', '.join(sets)} WHERE id = ?", (*params, key))
+        cl.refresh_until_quiet()
+        expected = reference(cl, sites, base, additive)
+        for s in sites:
+            assert cl.rows(s, "items") == expected, f"site {s}"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
