@@ -4,6 +4,7 @@ checksum-only, the JSON/HTML outputs and the CLI exit codes."""
 from __future__ import annotations
 
 import json
+
 import pytest
 from typer.testing import CliRunner
 
