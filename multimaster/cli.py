@@ -270,11 +270,17 @@ def demo(directory: Path = typer.Option(Path("demo-sites"), "--dir", help="Where
 
 
 def _register_optional() -> None:
-    try:
-        from .spark.cli import verify_command  # noqa: F401 - PySpark is imported lazily inside
-    except ImportError:
-        return
-    app.command(name="verify")(verify_command)
+    """Commands that live in their own modules: operations (cli_ops), verify (spark/cli)."""
+    import importlib.util
+
+    if importlib.util.find_spec("multimaster.cli_ops") is not None:
+        from . import cli_ops
+
+        cli_ops.register(app)
+    if importlib.util.find_spec("multimaster.spark.cli") is not None:
+        from .spark.cli import verify_command  # PySpark itself is imported lazily inside
+
+        app.command(name="verify")(verify_command)
 
 
 _register_optional()

@@ -148,11 +148,12 @@ def make_policy(spec: Any) -> Policy:
     raise ValueError(f"unknown policy {spec!r}")
 
 
-def check_resolver(resolver: Callable[[Conflict], Candidate] | str, samples: list[tuple[Any, Any]] | None = None) -> list[str]:
+def check_resolver(resolver: Callable[[Conflict], Candidate] | str, samples: list[tuple[Any, Any]] | None = None,
+                   column: str = "value") -> list[str]:
     """Check that a custom resolver does not depend on arrival order.
 
     For every pair of sample values (and every pair of versions/origins) it asks the resolver with
-    the candidates as (local, remote) and swapped; the winner's version must be the same both ways,
+    the candidates as (local, remote) and swapped (the value under the name `column`); the winner's version must be the same both ways,
     and a deterministic result must come back on a repeated call. Returns the list of violations
     (empty when the resolver is order-independent on the samples).
     """
@@ -161,10 +162,10 @@ def check_resolver(resolver: Callable[[Conflict], Candidate] | str, samples: lis
     vers = [("0000001700000000000:s1", "s1"), ("0000001700000000001:s2", "s2"), ("0000001700000000001:s3", "s3")]
     problems = []
     for (va, vb), ((ver_a, oa), (ver_b, ob)) in itertools.product(samples, itertools.permutations(vers, 2)):
-        a = Candidate({"c": va}, ver_a, oa)
-        b = Candidate({"c": vb}, ver_b, ob)
-        w1 = fn(Conflict("t", 1, "r", ("c",), a, b))
-        w2 = fn(Conflict("t", 1, "r", ("c",), b, a))
+        a = Candidate({column: va}, ver_a, oa)
+        b = Candidate({column: vb}, ver_b, ob)
+        w1 = fn(Conflict("t", 1, "r", (column,), a, b))
+        w2 = fn(Conflict("t", 1, "r", (column,), b, a))
         if w1 not in (a, b) or w2 not in (a, b):
             problems.append(f"values {va!r}/{vb!r}: the resolver did not return one of the two candidates")
         elif w1.ver != w2.ver:

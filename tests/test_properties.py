@@ -26,8 +26,10 @@ SITE_NAMES = ["s1", "s2", "s3", "s4", "s5"]
 COLS = ["name", "price", "qty"]  # sorted: bit i of a mask is COLS[i]
 
 
-def table(additive: bool) -> dict:  # type: ignore[type-arg]
-    cfg = {"columns": {"qty": "additive"}} if additive else {}
+def table(additive: bool, grouped: bool = False) -> dict:  # type: ignore[type-arg]
+    cfg: dict = {"columns": {"qty": "additive"}} if additive else {}  # type: ignore[type-arg]
+    if grouped:  # name and price win together: the capture carries both, so the model needs no change
+        cfg["groups"] = {"pair": {"columns": ["name", "price"]}}
     return {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}, "config": cfg}}
 
 
@@ -84,15 +86,16 @@ def reference(cl, sites: list[str], base: list[tuple], additive: bool) -> list[t
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
     base_n=st.integers(0, 3),
     additive=st.booleans(),
+    grouped=st.booleans(),
     ops=st.lists(op, min_size=1, max_size=30),
 )
-def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, additive, ops):  # type: ignore[no-untyped-def]
+def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, additive, grouped, ops):  # type: ignore[no-untyped-def]
     sites = SITE_NAMES[:n_sites]
     link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
     tmp = Path(tempfile.mkdtemp(prefix="mm-prop-"))
     try:
         base = [("items", k, f"base{k}", k, float(k)) for k in range(1, base_n + 1)]
-        cl = make_cluster(sqlite_backend, tmp, sites, table(additive), link_doc, base={s: base for s in sites})
+        cl = make_cluster(sqlite_backend, tmp, sites, table(additive, grouped), link_doc, base={s: base for s in sites})
         link_list = list(cl.topo.links)
         for o in ops:
             kind = o[0]

@@ -103,14 +103,22 @@ class SQLiteDialect(Dialect):
         ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
         newvals = "".join(f", NEW.{q(c.name)}" for c in cols)
         oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
-        diff = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
-        anychanged = " OR ".join(diff) if diff else "0"
+        own = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
+        anychanged = " OR ".join(own) if own else "0"
+        # a column of a group counts as changed when any column of its group changed: the change
+        # then carries the whole group (old and new), which is what "win together" compares
+        diff = list(own)
+        for s in spec.slots:
+            if len(s.columns) > 1:
+                cond = "(" + " OR ".join(own[i] for i in s.columns) + ")"
+                for i in s.columns:
+                    diff[i] = cond
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
         updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
         stamps = []
         for s in spec.slots:
-            cond = " OR ".join(diff[i] for i in s.columns)
+            cond = diff[s.columns[0]]
             vcol = q("v_" + s.name)
             stamps.append(f"{vcol} = CASE WHEN {cond} THEN (SELECT {_NOW_VER} FROM _mm_state) ELSE {vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"

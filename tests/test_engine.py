@@ -1,0 +1,362 @@
+"""Engine behaviour through real databases, on every backend: capture, relay, redelivery, clock,
+renumbering, delete-wins, policies, natural keys, init and uninstall."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from clusters import ITEMS, make_cluster
+from multimaster import api
+from multimaster.errors import BaseRowsDiffer, SchemaError
+
+
+def log_rows(cl, site, origin=None):  # type: ignore[no-untyped-def]
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        ph = cl.backend.param()
+        sql = "SELECT op, origin, rid, mask FROM " + ("_mm." if cl.backend.name == "postgresql" else "") + "_mm_log_items"
+        if origin:
+            cur.execute(sql + f" WHERE origin = {ph} ORDER BY seq", (origin,))
+        else:
+            cur.execute(sql + " ORDER BY seq")
+        return cur.fetchall()
+    finally:
+        c.close()
+
+
+def test_every_kind_of_write_is_captured(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("a", 1, 1.0))
+    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
+    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")  # changes nothing: not a change
+    cl.execute("s1", "DELETE FROM items WHERE id = 1")
+    rows = log_rows(cl, "s1")
+    assert [r[0] for r in rows] == ["I", "U", "D"]
+    assert rows[1][3] == 1 << 2  # only qty (columns sorted: name, price, qty)
+    assert len({r[2] for r in rows}) == 1  # one identity for the three changes
+
+
+def test_applied_changes_relay_but_are_not_captured_again(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS, links={"chain": ["s1", "s2", "s3"]})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.execute("s1", "UPDATE items SET name = 'b' WHERE id = 1")
+    cl.refresh("s2", "s1")
+    # s2 relays s1's changes with their origin; none is logged as s2's own
+    assert [(r[0], r[1]) for r in log_rows(cl, "s2")] == [("I", "s1"), ("U", "s1")]
+    cl.refresh("s3", "s2")  # s3 only hears from s1 through s2
+    assert cl.rows("s3", "items") == [(1, "b", 1, 1.0)]
+    cl.refresh_until_quiet()
+    assert all(r[1] == "s1" for s in ("s1", "s2", "s3") for r in log_rows(cl, s))
+    cl.assert_converged()
+
+
+def test_redelivery_and_double_routes_apply_once(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"qty": "additive"}}}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 10, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET qty = qty - 1 WHERE id = 1")
+    cl.refresh("s2", "s1")
+    cl.refresh("s3", "s2")  # s3 gets it via s2 ...
+    cl.refresh("s3", "s1")  # ... and directly: applied once
+    assert cl.rows("s3", "items") == [(1, "a", 9, 1.0)]
+    # redelivery: rewind every watermark and pull everything again
+    from multimaster.site import Site
+
+    for s in ("s1", "s2", "s3"):
+        site = Site(s, cl.urls[s])
+        with site.write() as conn:
+            conn.exec_driver_sql(f"UPDATE {'_mm.' if backend.name == 'postgresql' else ''}_mm_watermarks SET seq2 = 0")
+        site.dispose()
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2", "s3"):
+        assert cl.rows(s, "items") == [(1, "a", 9, 1.0)]
+
+
+def test_concurrent_inserts_are_renumbered_to_global_insertion_order(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS)
+    order = []
+    for i in range(6):
+        s = ("s1", "s2", "s3")[i % 3]
+        cl.execute(s, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", (f"{s}-{i}", i, 0.0))
+        order.append(f"{s}-{i}")
+        time.sleep(0.002)
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2", "s3"):
+        assert [(r[0], r[1]) for r in cl.rows(s, "items")] == [(k + 1, n) for k, n in enumerate(order)]
+
+
+def test_deleted_rows_keep_their_place_so_keys_are_never_reused(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    for n in ("a", "b", "c"):
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, 0, 0)", (n,))
+    cl.execute("s1", "DELETE FROM items WHERE id = 3")
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('d', 0, 0)")
+    assert [r[:2] for r in cl.rows("s1", "items")] == [(1, "a"), (2, "b"), (4, "d")]
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_application_cannot_change_a_managed_key(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 0, 0)")
+    with pytest.raises(Exception, match="managed by replication"):
+        cl.execute("s1", "UPDATE items SET id = 50 WHERE id = 1")
+
+
+def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """s2's clock runs ten minutes ahead. s1 edits a row after seeing s2's edit: with wall clocks
+    s1's later edit would lose (its timestamp is smaller); the hybrid clock moved past s2's."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 0, 0)")
+    cl.refresh_until_quiet()
+    from multimaster.site import Site
+
+    fast = Site("s2", cl.urls["s2"])
+    ten_min = 10 * 60 * 1000
+    with fast.write() as conn:
+        conn.exec_driver_sql(
+            f"UPDATE {'_mm.' if backend.name == 'postgresql' else ''}_mm_state SET hlc = {(int(time.time() * 1000) + ten_min) << 16}"
+        )
+    fast.dispose()
+    cl.execute("s2", "UPDATE items SET name = 'from the fast site' WHERE id = 1")
+    cl.refresh("s1", "s2")
+    cl.execute("s1", "UPDATE items SET name = 'seen it, changed it' WHERE id = 1")
+    # a fresh insert at s1 now also sorts after everything s1 has seen
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('later', 0, 0)")
+    cl.execute("s3", "INSERT INTO items (name, qty, price) VALUES ('s3-before-sync', 0, 0)")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2", "s3"):
+        rows = cl.rows(s, "items")
+        assert rows[0][1] == "seen it, changed it"
+        assert [r[1] for r in rows[1:]] == ["s3-before-sync", "later"]
+
+
+def test_concurrent_edits_of_different_columns_both_survive(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET name = 'renamed' WHERE id = 1")
+    cl.execute("s2", "UPDATE items SET price = 9.5 WHERE id = 1")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "items") == [(1, "renamed", 1, 9.5)]
+
+
+def test_latest_timestamp_wins_and_the_conflict_is_logged(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s2", "UPDATE items SET name = 'first' WHERE id = 1")
+    time.sleep(0.003)
+    cl.execute("s1", "UPDATE items SET name = 'second' WHERE id = 1")
+    cl.refresh_until_quiet()
+    assert cl.rows("s2", "items")[0][1] == "second"
+    cl.assert_converged()
+    conf = api.conflicts(cl.topo, limit=0)
+    assert {(c["site"], c["decision"]) for c in conf} == {("s1", "local"), ("s2", "remote")}
+    c = next(c for c in conf if c["site"] == "s2")
+    assert c["local_values"] == {"name": "first"} and c["remote_values"] == {"name": "second"}
+    assert c["policy"] == "latest" and c["kind"] == "update_update"
+
+
+@pytest.mark.parametrize(
+    "policy, expected",
+    [("earliest", "from-s2"), ("maximum", "from-s2"), ("minimum", "from-s1"), ({"priority": ["s1", "s2"]}, "from-s1")],
+)
+def test_built_in_policies(backend, tmp_path, policy, expected):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"name": policy}}}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s2", "UPDATE items SET name = 'from-s2' WHERE id = 1")
+    time.sleep(0.003)
+    cl.execute("s1", "UPDATE items SET name = 'from-s1' WHERE id = 1")
+    cl.refresh("s3", "s1")  # s3 hears s1 first, s2 later: same result
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2", "s3"):
+        assert cl.rows(s, "items")[0][1] == expected
+
+
+def test_additive_seats_two_sites_each_sell_one(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": {"columns": {"qty": "additive"}}}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('flight', 10, 0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET qty = qty - 1 WHERE id = 1")
+    cl.execute("s2", "UPDATE items SET qty = qty - 1 WHERE id = 1")
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items")[0][2] == 8 and cl.rows("s2", "items")[0][2] == 8
+
+
+def test_column_group_wins_together(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cfg = {"groups": {"pair": {"columns": ["name", "price"]}}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": cfg}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET name = 'n-s1' WHERE id = 1")
+    time.sleep(0.003)
+    cl.execute("s2", "UPDATE items SET price = 7.5 WHERE id = 1")  # later: the group goes to s2
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "items")[0] == (1, "a", 1, 7.5)
+
+
+def test_custom_resolver(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    import sys
+    import types
+
+    mod = types.ModuleType("mm_test_resolvers")
+
+    def longest(conflict):  # type: ignore[no-untyped-def]
+        a, b = conflict.local, conflict.remote
+        la, lb = len(a.values["name"] or ""), len(b.values["name"] or "")
+        return (a if la > lb else b) if la != lb else (a if a.ver > b.ver else b)
+
+    mod.longest = longest  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "mm_test_resolvers", mod)
+    from multimaster.policies import check_resolver
+
+    assert check_resolver("mm_test_resolvers.longest", [("ab", "abc"), ("x", "y"), (None, "z")], column="name") == []
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": {"columns": {"name": {"custom": "mm_test_resolvers.longest"}}}}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET name = 'a much longer name' WHERE id = 1")
+    time.sleep(0.003)
+    cl.execute("s2", "UPDATE items SET name = 'short' WHERE id = 1")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "items")[0][1] == "a much longer name"
+
+
+def test_check_resolver_finds_an_order_dependent_resolver():  # type: ignore[no-untyped-def]
+    from multimaster.policies import check_resolver
+
+    problems = check_resolver(lambda c: c.local)  # "keep mine": depends on who is local
+    assert problems and "depends on which one arrived first" in problems[0]
+
+
+def test_natural_key_table_same_key_inserted_at_two_sites(backend, tmp_path):  # type: ignore[no-untyped-def]
+    tables = {"skus": {"key": "sku", "auto": False, "columns": {"name": "text", "stock": "int"}}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables)
+    cl.execute("s1", "INSERT INTO skus (sku, name, stock) VALUES ('A-1', 'from s1', 5)")
+    time.sleep(0.003)
+    cl.execute("s2", "INSERT INTO skus (sku, name, stock) VALUES ('A-1', 'from s2', 7)")
+    cl.execute("s2", "INSERT INTO skus (sku, name, stock) VALUES ('B-2', 'only s2', 1)")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "skus") == [("A-1", "from s2", 7), ("B-2", "only s2", 1)]
+    kinds = {c["kind"] for c in api.conflicts(cl.topo, limit=0)}
+    assert kinds == {"insert_insert"}
+    # delete then re-insert of a natural key: the later insert brings it back everywhere
+    cl.execute("s1", "DELETE FROM skus WHERE sku = 'B-2'")
+    cl.refresh_until_quiet()
+    time.sleep(0.003)
+    cl.execute("s2", "INSERT INTO skus (sku, name, stock) VALUES ('B-2', 'back', 2)")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "skus")[1] == ("B-2", "back", 2)
+
+
+def test_init_copies_the_only_non_empty_site_and_is_idempotent(backend, tmp_path):  # type: ignore[no-untyped-def]
+    base = [("items", 1, "a", 1, 1.0), ("items", 5, "b", 2, 2.0)]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS, base={"s2": base})
+    for s in ("s1", "s2", "s3"):
+        assert cl.rows(s, "items") == [(1, "a", 1, 1.0), (5, "b", 2, 2.0)]
+    rep = api.init(cl.topo)  # again: nothing new, nothing broken
+    assert rep.sites == {"s1": [], "s2": [], "s3": []}
+    cl.execute("s3", "INSERT INTO items (name, qty, price) VALUES ('c', 3, 3.0)")
+    cl.refresh_until_quiet()
+    for s in ("s1", "s2", "s3"):
+        assert cl.rows(s, "items")[-1] == (6, "c", 3, 3.0)  # keys continue from the base
+    assert log_rows(cl, "s1") == log_rows(cl, "s1", "s3")  # the copied base was not captured
+
+
+def test_init_refuses_sites_with_different_rows_and_touches_nothing(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, init=False,
+                      base={"s1": [("items", 1, "a", 1, 1.0)], "s2": [("items", 1, "a", 1, 2.0)]})
+    with pytest.raises(BaseRowsDiffer, match=r"key 1"):
+        api.init(cl.topo)
+    from multimaster.site import Site
+
+    for s in ("s1", "s2"):
+        site = Site(s, cl.urls[s])
+        with site.read() as conn:
+            assert site.installed_tables(conn) == []
+        site.dispose()
+
+
+def test_init_refuses_a_table_whose_columns_differ(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, init=False)
+    cl.execute("s2", "ALTER TABLE items ADD COLUMN extra TEXT")
+    with pytest.raises(SchemaError, match=r"only 's2' has \['extra'\]"):
+        api.init(cl.topo)
+
+
+def test_excluded_columns_stay_local(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": {"exclude": ["price"]}}})
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 5.0)")
+    cl.refresh_until_quiet()
+    assert cl.rows("s2", "items") == [(1, "a", 1, None)]
+    cl.execute("s2", "UPDATE items SET price = 1.0 WHERE id = 1")  # not a replicated change
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items") == [(1, "a", 1, 5.0)]
+
+
+def test_uninstall_leaves_user_data_intact(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    before = {s: cl.rows(s, "items") for s in ("s1", "s2")}
+    api.uninstall(cl.topo)
+    for s in ("s1", "s2"):
+        assert cl.rows(s, "items") == before[s]
+        cl.execute(s, "INSERT INTO items (name, qty, price) VALUES ('after', 0, 0)")  # no trigger left
+    from sqlalchemy import inspect
+
+    from multimaster.site import Site
+
+    site = Site("s1", cl.urls["s1"])
+    with site.read() as conn:
+        insp = inspect(conn)
+        left = [n for n in insp.get_table_names() + insp.get_view_names() if n.startswith("_mm")]
+    site.dispose()
+    assert left == []
+
+
+def test_interrupted_refresh_leaves_nothing_half_done(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    import multimaster.engine as eng
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    for i in range(30):
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, 0)", (f"r{i}", i))
+    calls = {"n": 0}
+    real = eng._execute
+
+    def crash_on_second_batch(*a, **k):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("power cut")
+        return real(*a, **k)
+
+    monkeypatch.setattr(eng, "_execute", crash_on_second_batch)
+    res = api.refresh(cl.topo, "s2", "s1", batch_size=10)
+    assert res[0].error and "power cut" in res[0].error
+    assert len(cl.rows("s2", "items")) == 10  # the first batch committed, the second rolled back whole
+    monkeypatch.setattr(eng, "_execute", real)
+    cl.refresh_until_quiet()
+    assert len(cl.rows("s2", "items")) == 30
+    cl.assert_converged()
+
+
+def test_backlog_pulls_in_bounded_batches(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    c = cl.db("s1")
+    cur = c.cursor()
+    ph = backend.param()
+    cur.executemany(f"INSERT INTO items (name, qty, price) VALUES ({ph}, {ph}, 0)", [(f"r{i}", i) for i in range(250)])
+    c.commit()
+    c.close()
+    res = cl.refresh("s2", "s1", batch_size=40)
+    assert res[0].batches == 7 and res[0].pulled == 250
+    cl.assert_converged()
