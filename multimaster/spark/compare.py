@@ -266,20 +266,34 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
             "key": F.col("keydiff"),
             "values": F.col("valdiff"),
         }
-        for kind, cond in kind_filters.items():
-            if sum(counts[kind].values()) == 0 or sample_limit <= 0:
-                continue
-            for r in diff.filter(cond).orderBy("mm_rid").limit(sample_limit).collect():
-                picked.append((kind, r))
+        # one job: the first `sample_limit` identities of every kind present
+        wanted = [
+            diff.filter(cond).orderBy("mm_rid").limit(sample_limit).withColumn("mm_kind", F.lit(kind))
+            for kind, cond in kind_filters.items()
+            if sum(counts[kind].values()) and sample_limit > 0
+        ]
+        if wanted:
+            sdf = wanted[0]
+            for w in wanted[1:]:
+                sdf = sdf.unionByName(w)
+            got = sdf.collect()
+            order = {k: i for i, k in enumerate(kind_filters)}
+            for r in sorted(got, key=lambda r: (order[r["mm_kind"]], r["mm_rid"])):
+                picked.append((r["mm_kind"], r))
                 seen.add(r["mm_rid"])
-        # values of the sampled identities, per site (filter pushed down to the JDBC query)
+        # values of the sampled identities at every site, one job (the rid filter reaches the JDBC query)
         rids = sorted(seen)
         values: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in sites}
         if rids and plan.columns:
-            for s in sites:
-                df = readers[s]().filter(F.col("mm_rid").isin(rids) & (F.col("mm_st") == 0))
-                for r in df.collect():
-                    values[s][r["mm_rid"]] = {c.name: _jsonable(r[c.alias]) for c in plan.columns}
+            vparts = [
+                readers[s]().filter(F.col("mm_rid").isin(rids) & (F.col("mm_st") == 0)).withColumn("mm_site", F.lit(i))
+                for i, s in enumerate(sites)
+            ]
+            vdf = vparts[0]
+            for v in vparts[1:]:
+                vdf = vdf.unionByName(v)
+            for r in vdf.collect():
+                values[sites[r["mm_site"]]][r["mm_rid"]] = {c.name: _jsonable(r[c.alias]) for c in plan.columns}
         for kind, r in picked:
             per: dict[str, dict[str, Any]] = {}
             odd: list[str] = []

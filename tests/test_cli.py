@@ -1,0 +1,162 @@
+"""The `multimaster` command run as a user runs it: a subprocess, real SQLite files written by the
+sqlite3 module, exit codes and JSON output checked."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLI = str(Path(sys.executable).parent / "multimaster")
+
+
+def mm(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200"}
+    return subprocess.run([CLI, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120)
+
+
+@pytest.fixture
+def sites(tmp_path):  # type: ignore[no-untyped-def]
+    for s in ("s1", "s2", "s3"):
+        with sqlite3.connect(tmp_path / f"{s}.db") as c:
+            c.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER)")
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(
+        "sites:\n"
+        '  s1: {url: "sqlite:///s1.db"}\n  s2: {url: "sqlite:///s2.db"}\n  s3: {url: "sqlite:///s3.db"}\n'
+        "tables:\n  items: {key: id, columns: {qty: additive}}\nlinks: mesh\n"
+    )
+    return tmp_path, topo
+
+
+def rows(path: Path) -> list[tuple]:  # type: ignore[type-arg]
+    with sqlite3.connect(path) as c:
+        return c.execute("SELECT * FROM items ORDER BY id").fetchall()
+
+
+def test_init_refresh_status_conflicts_uninstall(sites):  # type: ignore[no-untyped-def]
+    d, topo = sites
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 0, r.stderr
+    assert "installed items" in r.stdout
+    for s, n in (("s1", "a"), ("s2", "b"), ("s3", "c")):
+        with sqlite3.connect(d / f"{s}.db") as c:
+            c.execute("INSERT INTO items (name, qty) VALUES (?, 10)", (n,))
+    r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
+    assert r.returncode == 0, r.stderr
+    rounds = json.loads(r.stdout)
+    assert rounds[0]["links"] and all(link["error"] is None for rnd in rounds for link in rnd["links"])
+    assert rows(d / "s1.db") == rows(d / "s2.db") == rows(d / "s3.db") == [(1, "a", 10), (2, "b", 10), (3, "c", 10)]
+    # a conflict: two sites sell from the same stock
+    for s in ("s1", "s2"):
+        with sqlite3.connect(d / f"{s}.db") as c:
+            c.execute("UPDATE items SET qty = qty - 1 WHERE id = 1")
+    assert mm("refresh", "-t", str(topo), "--site", "s1", "--peer", "s2").returncode == 0
+    assert rows(d / "s1.db")[0] == (1, "a", 8)
+    r = mm("status", "-t", str(topo), "--json")
+    assert r.returncode == 0, r.stderr
+    st = json.loads(r.stdout)
+    assert st["sites"]["s1"]["conflicts"] == 1
+    link = next(ln for ln in st["links"] if ln["from"] == "s1" and ln["to"] == "s2")
+    assert link["waiting"] >= 1 and link["oldest_waiting_age_s"] is not None
+    assert mm("status", "-t", str(topo)).returncode == 0
+    r = mm("conflicts", "-t", str(topo), "--site", "s1", "--json")
+    conf = json.loads(r.stdout)
+    assert conf[0]["policy"] == "additive" and conf[0]["decision"] == "merged"
+    assert mm("refresh", "-t", str(topo), "--no-reconcile").returncode == 0
+    r = mm("reconcile", "-t", str(topo), "--json")
+    assert r.returncode == 0, r.stderr
+    assert rows(d / "s1.db") == rows(d / "s2.db") == rows(d / "s3.db")
+    r = mm("uninstall", "-t", str(topo))
+    assert r.returncode == 0 and rows(d / "s3.db")[0] == (1, "a", 8)
+
+
+def test_bad_topology_exits_2_and_names_the_problem(sites):  # type: ignore[no-untyped-def]
+    d, topo = sites
+    topo.write_text(topo.read_text().replace("links: mesh", "links: [{from: s1, to: nowhere}]"))
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 2
+    assert "site 'nowhere' is not defined under sites" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ("items: {key: id,", "has no column 'id'"),
+        ("items: {key: name,", "primary key"),
+        ("missing_table", "table 'missing_table' does not exist"),
+    ],
+)
+def test_schema_problems_exit_2_and_touch_nothing(sites, change, message):  # type: ignore[no-untyped-def]
+    d, topo = sites
+    text = topo.read_text()
+    if change == "missing_table":
+        text = text.replace("items:", "missing_table:")
+    elif "key: id" in change:
+        with sqlite3.connect(d / "s2.db") as c:
+            c.execute("DROP TABLE items")
+            c.execute("CREATE TABLE items (item_id INTEGER PRIMARY KEY, name TEXT, qty INTEGER)")
+    else:
+        text = text.replace("key: id", "key: name")
+    topo.write_text(text)
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr
+    for s in ("s1", "s2", "s3"):
+        with sqlite3.connect(d / f"{s}.db") as c:
+            assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()
+
+
+def test_unreachable_peer_fails_that_link_only(sites):  # type: ignore[no-untyped-def]
+    d, topo = sites
+    assert mm("init", "-t", str(topo)).returncode == 0
+    with sqlite3.connect(d / "s1.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('a', 1)")
+    shutil.move(d / "s3.db", d / "s3.db.away")
+    r = mm("refresh", "-t", str(topo), "--site", "s2")
+    assert r.returncode == 1
+    assert "s3" in r.stdout and "cannot be reached" in r.stdout
+    assert rows(d / "s2.db") == [(1, "a", 1)]  # the link from s1 still refreshed
+
+
+def test_every_command_is_documented():  # type: ignore[no-untyped-def]
+    from multimaster.cli import app
+
+    doc = (Path(__file__).parent.parent / "docs" / "cli.md").read_text()
+    import typer.main
+
+    group = typer.main.get_group(app)
+    for name in group.commands:
+        assert f"multimaster {name}" in doc, f"command '{name}' is not in docs/cli.md"
+
+
+def test_demo_converges(tmp_path):  # type: ignore[no-untyped-def]
+    r = mm("demo", "--dir", str(tmp_path / "demo"), "--size", "40", "--json")
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["converged"] is True
+    assert rep["last_seat"]["seats_left"] == -1 and rep["last_seat"]["overbooked"] is True
+    assert all(v["identical"] for v in rep["comparison"].values())
+    assert {c["kind"] for c in rep["conflicts"]} >= {"update_update", "delete_update"}
+    r = mm("demo", "--dir", str(tmp_path / "demo2"), "--size", "20")
+    assert r.returncode == 0 and "all three sites converged" in r.stdout
+
+
+def test_wheel_carries_the_trigger_templates(tmp_path):  # type: ignore[no-untyped-def]
+    import zipfile
+
+    root = Path(__file__).parent.parent
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(root)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    wheel = next(tmp_path.glob("multimaster-*.whl"))
+    names = zipfile.ZipFile(wheel).namelist()
+    for f in (root / "triggers").rglob("*.sql"):
+        assert f"multimaster/triggers/{f.relative_to(root / 'triggers')}" in names

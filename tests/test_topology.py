@@ -1,0 +1,102 @@
+"""The topology file: accepted forms, and one readable message per problem for broken files."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from multimaster.errors import ConfigError
+from multimaster.topology import load_topology
+
+
+def write(tmp_path, text):  # type: ignore[no-untyped-def]
+    p = tmp_path / "t.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+GOOD = """
+sites:
+  s1: {url: "sqlite:///s1.db"}
+  s2: {url: "sqlite:///s2.db"}
+  s3: {url: "sqlite:///sub/s3.db"}
+tables:
+  items: {key: id}
+links: mesh
+"""
+
+
+def test_the_documented_form_and_relative_paths(tmp_path):  # type: ignore[no-untyped-def]
+    t = load_topology(write(tmp_path, GOOD))
+    assert t.sites["s3"].url == f"sqlite:///{tmp_path}/sub/s3.db"
+    assert len(t.links) == 6
+    assert sorted(t.peers_of("s1")) == ["s2", "s3"]
+
+
+def test_shipped_example_topology_loads():  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    t = load_topology(Path(__file__).parent.parent / "topologies" / "three-sites.yaml")
+    assert set(t.sites) == {"s1", "s2", "s3"} and t.tables["items"].key == "id"
+
+
+@pytest.mark.parametrize(
+    "links, pairs",
+    [
+        ("ring", 6),
+        ({"star": "s1"}, 4),
+        ({"chain": ["s1", "s2", "s3"]}, 4),
+        ([{"from": "s1", "to": "s2", "interval": "5s"}, {"from": "s2", "to": "s3"}, {"from": "s3", "to": "s1", "cron": "*/5 * * * *"}], 3),
+    ],
+)
+def test_link_forms(tmp_path, links, pairs):  # type: ignore[no-untyped-def]
+    import yaml
+
+    doc = yaml.safe_load(GOOD)
+    doc["links"] = links
+    t = load_topology(write(tmp_path, yaml.safe_dump(doc)))
+    assert len(t.links) == pairs
+    if isinstance(links, list):
+        assert t.link("s1", "s2").interval == 5.0
+        assert t.link("s3", "s1").cron == "*/5 * * * *"
+
+
+def test_env_vars_in_urls(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv("MM_TEST_PW", "s3cret")
+    t = load_topology(write(tmp_path, GOOD.replace('"sqlite:///s1.db"', '"postgresql+psycopg://app:${MM_TEST_PW}@db1/app"')))
+    assert "s3cret" in t.sites["s1"].url
+    from multimaster.topology import hidden_url
+
+    assert "s3cret" not in hidden_url(t.sites["s1"].url)
+
+
+BAD = [
+    ("sites:\n  s1: {url: x}\n", "tables: required field is missing"),
+    (GOOD.replace("links: mesh", "links: [{from: s1, to: s9}]"), "site 's9' is not defined under sites"),
+    (GOOD.replace("items: {key: id}", "items: {}"), "tables.items.key: required field is missing"),
+    (GOOD.replace("items: {key: id}", "'my items': {key: id}"), "is not a plain SQL name"),
+    (GOOD.replace("s2: {url", "S1: {url"), "duplicate site name"),
+    (GOOD.replace("items: {key: id}", "items: {key: id, polcy: latest}"), "unknown field"),
+    (GOOD.replace("items: {key: id}", "items: {key: id, policy: newest}"), "tables.items.policy"),
+    (GOOD.replace("items: {key: id}", "items: {key: id, policy: {priority: [s1, s7]}}"), "site 's7' is not defined"),
+    (GOOD.replace("sqlite:///s1.db", "${MM_NOT_SET_ANYWHERE}"), "environment variable 'MM_NOT_SET_ANYWHERE' is not set"),
+    (GOOD.replace("links: mesh", "links: [{from: s1, to: s2}]"), "never receives changes"),
+    (GOOD.replace("items: {key: id}", "items: {key: id, exclude: [id]}"), "cannot be excluded"),
+    ("sites: [", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text, message", BAD, ids=[m for _, m in BAD])
+def test_broken_files_get_one_message_per_problem(tmp_path, text, message):  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, text))
+    assert message in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_several_problems_are_all_reported(tmp_path):  # type: ignore[no-untyped-def]
+    text = GOOD.replace("links: mesh", "links: [{from: s1, to: s9}, {from: s8, to: s1}]").replace("items: {key: id}", "'x y': {key: id}")
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, text))
+    assert len(e.value.problems) >= 3
