@@ -153,11 +153,15 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     res = ReconcileResult(info.name)
     own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
-    # 1. changes already applied here (arrived over another route): mark done
+    # 1. changes already applied here (arrived over another route): mark done. A change is
+    # applied iff its version is in the change log or, once purged from it, at most the highest
+    # version purged of its origin (_mm_origins; an origin's changes are applied in version order).
     for p, snap in snaps.items():
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
         res.duplicates += conn.exec_driver_sql(
-            f"UPDATE {snap} SET applied = 1 WHERE applied = 0 AND EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = {snap}.ver)"
+            f"UPDATE {snap} SET applied = 1 WHERE applied = 0 AND (EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = {snap}.ver) "
+            f"OR EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = {snap}.origin AND g.max_ver >= {snap}.ver))",
+            (info.name,),
         ).rowcount or 0
     # 2. candidates in version order, one per version
     cols = ", ".join(log_select_columns(site, info))
