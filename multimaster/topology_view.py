@@ -49,9 +49,32 @@ class TopologyView:
         }
 
 
+def _cron_gap(expr: str) -> float:
+    """The longest gap between two runs of a cron schedule (over its next 64 runs)."""
+    from datetime import datetime, timezone
+
+    from .daemon import cron_trigger
+
+    try:
+        trig = cron_trigger(expr)
+    except ValueError:
+        return 0.0
+    prev = None
+    now = datetime.now(timezone.utc)
+    gap = 0.0
+    for _ in range(64):
+        nxt = trig.get_next_fire_time(prev, now)
+        if nxt is None:
+            break
+        if prev is not None:
+            gap = max(gap, (nxt - prev).total_seconds())
+        prev, now = nxt, nxt
+    return gap
+
+
 def _worst(ln: Link) -> float:
-    """Longest a change can wait at `ln.source` before `ln.target` pulls it (cron: unknown, 0)."""
-    return 0.0 if ln.cron else ln.interval + ln.jitter
+    """Longest a change can wait at `ln.source` before `ln.target` pulls it."""
+    return (_cron_gap(ln.cron) if ln.cron else ln.interval) + ln.jitter
 
 
 def view(topo: Topology) -> TopologyView:
@@ -126,5 +149,5 @@ def render_text(v: TopologyView) -> str:
             cells.append(f"{'.' if a == b else ('x' if h is None else h):>{cw}}")
         lines.append(f"  {a:<{w}}" + " ".join(cells))
     lines += ["", f"longest path: {v.diameter} hop(s); worst delay by schedule: {_fmt_s(v.max_delay)}"
-              " (sum of interval + jitter along the fastest route; cron links count 0)"]
+              " (interval or longest cron gap, + jitter, summed along the fastest route)"]
     return "\n".join(lines)
