@@ -91,7 +91,8 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
         f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph} ORDER BY l2.seq2 LIMIT {int(limit)}"
+        f"WHERE l2.seq2 > {ph}{'' if source.dialect.log2_horizon is None else ' AND l2.seq2 < ' + source.dialect.log2_horizon} "
+        f"ORDER BY l2.seq2 LIMIT {int(limit)}"
     )
     del q
     with source.read() as sconn:
@@ -121,10 +122,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        conn.exec_driver_sql(
-            f"{d.insert_ignore} INTO {o['snap']} ({', '.join(cols)}) VALUES ({d.ph(len(cols))})",
-            appended,
-        )
+        conn.exec_driver_sql(d.insert_ignore_into(o['snap'], ", ".join(cols), f"VALUES ({d.ph(len(cols))})"), appended)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
@@ -153,6 +151,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     res = ReconcileResult(info.name)
     own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
+    d.lock_for_apply(conn, info)
     # 1. changes already applied here (arrived over another route): mark done. A change is
     # applied iff its version is in the change log or, once purged from it, at most the highest
     # version purged of its origin (_mm_origins; an origin's changes are applied in version order).
@@ -182,22 +181,21 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     # 4. decide
     p = plan(info.spec, ordered, states)
     # 5. execute
+    # on error the transaction rolls back, and the capture guard with it
     d.set_applying(conn, True)
-    try:
-        _execute(conn, site, info, p, base_max, res)
-        if p.parked:
-            for snap in snaps.values():
-                conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-        # relay: processed changes enter this site's change log with their own version and origin
-        lcols = ", ".join(log_select_columns(site, info))
-        union = " UNION ALL ".join(f"SELECT {lcols} FROM {snap} WHERE applied = 0" for snap in snaps.values())
-        conn.exec_driver_sql(f"{d.insert_ignore} INTO {own['log']} ({lcols}) SELECT * FROM ({union}) u ORDER BY ver")
+    _execute(conn, site, info, p, base_max, res)
+    if p.parked:
         for snap in snaps.values():
-            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
-        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {ph})", (max_hlc,))
-        d.after_apply(conn, info)
-    finally:
-        d.set_applying(conn, False)
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
+    # relay: processed changes enter this site's change log with their own version and origin
+    lcols = ", ".join(log_select_columns(site, info))
+    union = " UNION ALL ".join(f"SELECT {lcols} FROM {snap} WHERE applied = 0" for snap in snaps.values())
+    conn.exec_driver_sql(d.insert_ignore_into(own['log'], lcols, f"SELECT * FROM ({union}) u ORDER BY ver"))
+    for snap in snaps.values():
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
+    d.advance_clock(conn, max_hlc)
+    d.after_apply(conn, info)
+    d.set_applying(conn, False)
     res.applied = len(p.processed)
     res.parked = len(p.parked)
     res.conflicts = p.conflicts
@@ -211,6 +209,7 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str]) 
     o = d.obj(info.name)
     tmp = d.temp_rids(conn)
     conn.exec_driver_sql(f"INSERT INTO {tmp} (rid) VALUES ({d.caps.placeholder})", [(r,) for r in rids])
+    d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
     vcols = "".join(f", s.{q('v_' + s)}" for s in slots)
     ucols = "".join(f", t.{q(c)}" for c in info.column_names)
