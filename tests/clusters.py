@@ -273,4 +273,4 @@ class MySQLBackend(_ServerBackend):
 
 #: name -> factory. Server backends register here (their factories raise ConnectionError when the
 #: server does not answer, and conftest turns that into a skip, or a failure under CI).
-BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend}
+BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend, "mysql": MySQLBackend}
