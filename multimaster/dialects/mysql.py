@@ -36,6 +36,15 @@ def _lit(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "''") + "'"
 
 
+def _utc_timestamp(v: Any) -> Any:
+    import datetime as dt
+
+    import pymysql.converters as pc
+
+    d = pc.convert_datetime(v)
+    return d.replace(tzinfo=dt.timezone.utc) if isinstance(d, dt.datetime) else d
+
+
 @lru_cache(maxsize=4096)
 def quote_key(sql: str) -> str:
     """Backquote the bare lower-case word ``key`` (a column of multimaster's own tables) outside
@@ -78,7 +87,13 @@ class MySQLDialect(Dialect):
     def engine_kwargs(self, url: str) -> dict[str, Any]:
         # READ COMMITTED: each statement of the reconciler sees what was committed before it, after
         # the locks it waited for (InnoDB's default REPEATABLE READ would read an older snapshot)
-        return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True}
+        import pymysql.converters as pc
+        from pymysql.constants import FIELD_TYPE
+
+        # TIMESTAMP columns hold instants: read them as aware UTC datetimes (sessions run in UTC)
+        conv = dict(pc.conversions)
+        conv[FIELD_TYPE.TIMESTAMP] = _utc_timestamp
+        return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True, "connect_args": {"conv": conv}}
 
     def prepare_engine(self, engine: Engine) -> None:
         @event.listens_for(engine, "before_cursor_execute", retval=True)
@@ -100,6 +115,12 @@ class MySQLDialect(Dialect):
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        from . import types
+
+        table = {**types.NATIVE, "json": types._json_text}
+        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
@@ -241,8 +262,27 @@ class MySQLDialect(Dialect):
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("SET @mm_applying = %s", (1 if on else None,))
 
-    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """The rows first, then the table's clock row: an application's UPDATE locks its row and then,
+        in the capture trigger, the clock row; taking them in the same order cannot deadlock."""
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"ORDER BY t.{key} FOR UPDATE"
+        ).all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        # the table's clock row, which this transaction holds already (_mm_state stays unlocked for
+        # the capture triggers that read it)
+        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
+        return None if v is None else int(v)
 
     def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
         from ..engine import now_iso
