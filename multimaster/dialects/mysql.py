@@ -273,6 +273,16 @@ class MySQLDialect(Dialect):
             f"ORDER BY t.{key} FOR UPDATE"
         ).all()
         conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
+        if info.spec.renumber:
+            # rows whose key a new identity may shift: those with a later identity than the earliest new one
+            first_new = conn.exec_driver_sql(
+                f"SELECT r.rid FROM {tmp} r LEFT JOIN {o['shadow']} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
+            ).scalar()
+            if first_new is not None:
+                conn.exec_driver_sql(
+                    f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} WHERE s.rid > %s "
+                    f"ORDER BY t.{key} FOR UPDATE", (first_new,)
+                ).all()
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:

@@ -202,7 +202,10 @@ class PostgreSQLDialect(Dialect):
             onconflict=onconflict, **o, **fns,
         )
         if spec.renumber:
-            stmts += self.render("renumber", table=q(info.name), key=key, shadow=o["shadow"], **fns)
+            seq = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()
+            seqfix = (f"\n  IF NEW.{key} IS NULL OR NEW.{key} < k THEN\n    PERFORM setval({_lit(seq)}, k);\n  END IF;"
+                      if seq else "")
+            stmts += self.render("renumber", table=q(info.name), key=key, shadow=o["shadow"], seqfix=seqfix, **fns)
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {fns['rank']} ON {q(info.name)}"]
         for sql in stmts:

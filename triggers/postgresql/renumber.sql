@@ -3,7 +3,7 @@
 -- table take a transaction-level advisory lock (so do the reconciler's), held until COMMIT: a
 -- rolled-back insert never leaves a gap, and keys follow the order of identities. Rows of one
 -- statement reach the shadow only at the end of the statement; mm.k<oid> remembers the last key
--- given in this transaction.
+-- given in this transaction. The key column's own sequence is kept past every key given.
 CREATE OR REPLACE FUNCTION $fn_rank() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   k bigint;
@@ -11,7 +11,7 @@ BEGIN
   PERFORM pg_advisory_xact_lock(28013, TG_RELID::int);
   k := greatest((SELECT max(key) FROM $shadow),
                 nullif(current_setting('mm.k' || TG_RELID, true), '')::bigint, 0) + 1;
-  PERFORM set_config('mm.k' || TG_RELID, k::text, true);
+  PERFORM set_config('mm.k' || TG_RELID, k::text, true);$seqfix
   NEW.$key := k;
   RETURN NEW;
 END

@@ -1,0 +1,174 @@
+"""Many writers at one site while it replicates: out-of-order commits, renumbering under load,
+transient failures retried. Runs on every backend; SQLite's one-writer-at-a-time makes the
+interleavings impossible there, so those tests only run on server databases."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from clusters import ITEMS, make_cluster
+from multimaster import api
+from multimaster.site import Site
+
+BASE = [("items", k, f"base-{k}", k, float(k)) for k in (1, 2)]
+
+
+def _servers_only(backend) -> None:  # type: ignore[no-untyped-def]
+    if backend.name == "sqlite":
+        pytest.skip("SQLite has one writer at a time: there is no interleaving to force")
+
+
+def test_a_change_committed_after_later_ones_were_pulled_is_not_skipped(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Transaction A writes first and commits last; B writes and commits while A is open; s2 pulls
+    in between. The pull must not hand out anything that A could still precede."""
+    _servers_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, base={"s1": BASE, "s2": BASE})
+    p = backend.param()
+    a = cl.db("s1")
+    a.cursor().execute(f"UPDATE items SET name = {p} WHERE id = 1", ("from-A",))  # A: first change, not committed
+
+    def b() -> None:
+        cl.execute("s1", "UPDATE items SET name = ? WHERE id = 2", ("from-B",))  # B: commits first
+
+    tb = threading.Thread(target=b)
+    tb.start()
+    tb.join(timeout=1.0)  # PostgreSQL: B commits now; MariaDB: B waits for A's table clock row
+    res = cl.refresh("s2", "s1")  # pulls while A is still open
+    if backend.name == "postgresql":
+        assert not tb.is_alive()
+        assert res[0].pulled == 0, "B's change was handed out while A, which precedes it, was running"
+    a.commit()
+    a.close()
+    tb.join(timeout=30)
+    assert not tb.is_alive()
+    cl.refresh("s2", "s1")
+    names = {r[0]: r[1] for r in cl.rows("s2", "items")}
+    assert names == {1: "from-A", 2: "from-B"}
+
+
+def test_renumbering_while_applications_insert(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Writers insert at both sites while refreshers pull both ways: no duplicate key, no lost
+    row, every site ends with keys 1..N, and the table's sequence is past the highest key."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    for s in ("s1", "s2"):  # the applications update by name: index it, as an application would
+        cl.execute(s, "CREATE INDEX items_name ON items (name(40))" if backend.name == "mysql" else "CREATE INDEX items_name ON items (name)")
+    n_threads, n_rows = (1, 15) if backend.name == "sqlite" else (3, 15)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def app(site: str, sql: str, params: tuple) -> None:  # type: ignore[type-arg]
+        # as InnoDB asks of every application: re-issue a transaction chosen as a deadlock victim
+        # (an UPDATE that locked its row through a secondary index while the reconciler moves its key)
+        for attempt in range(20):
+            try:
+                return cl.execute(site, sql, params)
+            except Exception as e:  # noqa: BLE001
+                if "Deadlock" not in str(e) and "deadlock" not in str(e):
+                    raise
+                time.sleep(0.01 * (attempt + 1))
+        raise AssertionError("still deadlocking")
+
+    def writer(site: str, w: int) -> None:
+        try:
+            for i in range(n_rows):
+                app(site, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", (f"{site}-{w}-{i}", i, 0.5))
+                if i % 3 == 0:
+                    app(site, "UPDATE items SET qty = qty + 1 WHERE name = ?", (f"{site}-{w}-{i}",))
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def refresher() -> None:
+        try:
+            with api.Cluster(cl.topo) as c:
+                while not stop.is_set():
+                    for r in api.refresh(c):
+                        assert r.error is None, r.error
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(s, w)) for s in ("s1", "s2") for w in range(n_threads)]
+    rt = threading.Thread(target=refresher)
+    rt.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    rt.join()
+    assert not errors, errors
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    total = 2 * n_threads * n_rows
+    for s in ("s1", "s2"):
+        rows = cl.rows(s, "items")
+        assert [r[0] for r in rows] == list(range(1, total + 1)), s
+        assert sorted(r[1] for r in rows) == sorted(f"{x}-{w}-{i}" for x in ("s1", "s2") for w in range(n_threads) for i in range(n_rows))
+        assert all(r[2] == (int(r[1].rsplit("-", 1)[1]) + (1 if int(r[1].rsplit("-", 1)[1]) % 3 == 0 else 0)) for r in rows)
+        c = cl.db(s)
+        cur = c.cursor()
+        if backend.name == "postgresql":
+            cur.execute("SELECT last_value FROM items_id_seq")
+            assert cur.fetchone()[0] >= total, s
+        elif backend.name == "mysql":
+            cur.execute("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'items'")
+            assert cur.fetchone()[0] > total, s
+        c.close()
+
+
+def test_child_rows_follow_a_renumbered_key(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A local (not replicated) child table whose foreign key is ON UPDATE CASCADE follows its
+    parent when the reconciler moves the parent's key."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    q = "`" if backend.name == "mysql" else '"'
+    fk = f"REFERENCES items({q}id{q}) ON UPDATE CASCADE"
+    ddl = f"CREATE TABLE notes (nid INTEGER PRIMARY KEY, item_id INTEGER {fk}, note TEXT)"
+    if backend.name == "mysql":
+        ddl = f"CREATE TABLE notes (nid INT PRIMARY KEY, item_id INT, note TEXT, FOREIGN KEY (item_id) {fk}) ENGINE=InnoDB"
+    cl.execute("s2", ddl)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('first', 1, 1)")  # earlier identity
+    time.sleep(0.005)
+    cl.execute("s2", "INSERT INTO items (name, qty, price) VALUES ('second', 2, 2)")  # key 1 at s2 for now
+    cl.execute("s2", "INSERT INTO notes (nid, item_id, note) VALUES (1, 1, 'about second')")
+    cl.refresh("s2", "s1")  # 'first' takes key 1: 'second' moves to 2, and its note with it
+    assert [r[1] for r in cl.rows("s2", "items")] == ["first", "second"]
+    c = cl.db("s2")
+    cur = c.cursor()
+    cur.execute("SELECT item_id FROM notes WHERE nid = 1")
+    assert cur.fetchone()[0] == 2
+    c.close()
+
+
+def test_a_transient_failure_is_retried_and_leaves_nothing_half_done(backend, tmp_path):  # type: ignore[no-untyped-def]
+    _servers_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    if backend.name == "postgresql":
+        import psycopg
+
+        transient: BaseException = psycopg.errors.DeadlockDetected("deadlock detected")
+    else:
+        import pymysql
+
+        transient = pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock; try restarting transaction")
+    site = Site("s1", cl.urls["s1"])
+    calls = []
+
+    def batch(conn):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        conn.exec_driver_sql("INSERT INTO _mm_links (peer) VALUES ('marker-%s')" % len(calls))
+        if len(calls) < 3:
+            raise OperationalError("INSERT ...", {}, transient)
+        return len(calls)
+
+    try:
+        assert api.write_retrying(site, batch) == 3
+        with site.read() as conn:
+            marks = [r[0] for r in conn.exec_driver_sql("SELECT peer FROM _mm_links WHERE peer LIKE 'marker-%%'")]
+        assert marks == ["marker-3"]  # the failed attempts left nothing
+        with pytest.raises(DBAPIError):  # not transient: raised at once
+            api.write_retrying(site, lambda conn: conn.exec_driver_sql("SELECT * FROM no_such_table"))
+    finally:
+        site.dispose()
