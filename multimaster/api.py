@@ -237,6 +237,26 @@ def uninstall(topo: Topology | Cluster, site: str | None = None) -> dict[str, li
 # refresh / reconcile
 
 
+def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | None:
+    """Origins whose changes `site` must pass on (second-order records), None for all.
+
+    A change applied at X is pulled from X by every site that pulls from X. It is needed there only
+    if that site does not pull from the change's origin directly — unless the table depends on
+    causal delivery (policies other than latest/additive, natural keys): then every applied change
+    is relayed so that no site sees a change before one it depends on."""
+    causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
+    if causal:
+        return None
+    pullers = [ln.target for ln in topo.links if ln.source == site]
+    need = set()
+    for origin in topo.sites:
+        if origin == site:
+            continue
+        if any(p != origin and origin not in topo.peers_of(p) for p in pullers):
+            need.add(origin)
+    return sorted(need)
+
+
 def _base_max(conn: Connection, site: Site, table: str) -> int:
     return site.dialect.base_max(conn, table)
 
@@ -269,11 +289,12 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 with tgt.write() as conn:
                     if tgt.dialect.watermark(conn, source, tb) != wm:
                         continue  # another refresher moved it: read again
-                    stored, last = store_batch(conn, tgt, info, source, rows)
+                    stored, last = store_batch(conn, tgt, info, source, rows, applied=reconcile_)
                     tgt.dialect.upsert_watermark(conn, source, tb, last)
                     res.pulled += stored
                     if reconcile_:
-                        r = reconcile_table(conn, tgt, info, peers, base_max)
+                        fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
+                        r = reconcile_table(conn, tgt, info, peers, base_max, relay_origins(t, target, info), fresh)
                         rr.add(r)
                         tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
                     else:
@@ -333,7 +354,7 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
                 with s.write() as conn:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    out[n][tb] = reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb))
+                    out[n][tb] = reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
         return out
     finally:
         if own:

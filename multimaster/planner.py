@@ -223,6 +223,8 @@ def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list
             old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
             if kind == "insert_insert":
                 merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
+            elif _same(old_v, cur_v):
+                merged = new_v  # nothing concurrent: exactly the new value (no float drift)
             elif cur_v is None or old_v is None or new_v is None:
                 merged = new_v if ch.ver > local_ver else cur_v
             else:

@@ -58,6 +58,28 @@ class Dialect:
     #: the two-argument maximum function ("max" in SQLite, "GREATEST" elsewhere)
     greatest: str = "GREATEST"
 
+    #: null-safe equality operator
+    null_safe_eq: str = "IS NOT DISTINCT FROM"
+
+    def temp_name(self, name: str) -> str:
+        """The name to use for a connection-local scratch table."""
+        return self.quote(name)
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        """Create a connection-local table from a SELECT; `keys` becomes unique, `index` indexed."""
+        raise NotImplementedError
+
+    def drop_temp(self, conn: Connection, name: str) -> None:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+
+    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
+        """UPDATE target SET ... FROM from_clause WHERE where (the join condition)."""
+        conn.exec_driver_sql(f"UPDATE {target} SET {', '.join(sets)} FROM {from_clause} WHERE {where}")
+
+    def update_target_ref(self, target: str, column: str) -> str:
+        """How a SET expression of update_from refers to the target's current value."""
+        return f"{target}.{column}"
+
     def temp_rids(self, conn: Connection) -> str:
         """Create (if needed) and name a connection-local table with one TEXT column `rid`."""
         raise NotImplementedError

@@ -25,6 +25,22 @@ class SQLiteDialect(Dialect):
     insert_ignore = "INSERT OR IGNORE"
     greatest = "max"
 
+    null_safe_eq = "IS"
+
+    def temp_name(self, name: str) -> str:
+        return f"temp.{self.quote(name)}"
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE {name.removeprefix('temp.')} AS {select}")
+        base = name.removeprefix("temp.").strip('"')
+        if keys:
+            conn.exec_driver_sql(f'CREATE UNIQUE INDEX temp."{base}_k" ON {name.removeprefix("temp.")} ({keys})')
+        if index and index != keys:
+            cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA temp.table_info({name.removeprefix('temp.')})")]
+            if index in cols:
+                conn.exec_driver_sql(f'CREATE INDEX temp."{base}_i" ON {name.removeprefix("temp.")} ({index})')
+
     def temp_rids(self, conn: Connection) -> str:
         conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _mm_tmp_rids (rid TEXT PRIMARY KEY)")
         return "temp._mm_tmp_rids"

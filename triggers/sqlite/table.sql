@@ -16,7 +16,10 @@ CREATE TABLE IF NOT EXISTS $log2 (
   op TEXT NOT NULL CHECK (op IN ('A', 'P'))
 );
 --
+-- changes written by the applications' capture triggers; the reconciler adds the second-order
+-- records of the changes it relays itself, set-based, for those some peer needs (docs/concepts.md)
 CREATE TRIGGER IF NOT EXISTS $l2a AFTER INSERT ON $log
+WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
   INSERT INTO $log2 (seq, op) VALUES (NEW.seq, 'A');
 END;
