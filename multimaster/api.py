@@ -176,6 +176,7 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
             newly = []
             with s.write() as conn:
                 s.dialect.install_site(conn, n)
+                s.dialect.install_ops(conn)
                 for tb in t.tables:
                     info = infos[tb][n]
                     s.dialect.install_table(conn, info)
@@ -262,11 +263,13 @@ def _base_max(conn: Connection, site: Site, table: str) -> int:
 
 
 def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | None = None, reconcile_: bool = True,
-                 progress: Progress | None = None) -> RefreshResult:
+                 progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> RefreshResult:
     """Pull `source`'s change log into `target`'s snapshot and reconcile, batch by batch.
 
     Each batch is one transaction at `target`: snapshot rows, watermark and the applied changes
-    commit together, so an interrupted refresh leaves nothing half-done and resumes where it was."""
+    commit together, so an interrupted refresh leaves nothing half-done and resumes where it was.
+    `stop` is asked between batches (the daemon's shutdown): True ends the refresh there."""
+    from .purge import check_not_purged
     t = cl.topo
     tgt, src = cl.site(target), cl.site(source)
     batch = batch_size or t.refresh.batch_size
@@ -284,6 +287,7 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 with tgt.read() as conn:
                     wm = tgt.dialect.watermark(conn, source, tb)
                 rows = pull_batch(src, tgt, None, info, wm, batch)
+                check_not_purged(src, target, tb, wm)
                 if not rows:
                     break
                 with tgt.write() as conn:
@@ -302,9 +306,14 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 res.batches += 1
                 if progress:
                     progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
-                if len(rows) < batch:
+                if len(rows) < batch or (stop is not None and stop()):
                     break
             res.reconciled[tb] = rr
+            if stop is not None and stop():
+                break
+        if res.pulled == 0:
+            with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
+                tgt.dialect.link_stats(conn, source, 0, 0, 0, now_iso())
     except MultimasterError as e:
         res.error = str(e)
         _record_error(tgt, source, res.error)

@@ -174,7 +174,10 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         n_rows += conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         conn.exec_driver_sql(
             f"{d.insert_ignore} INTO {cand} ({', '.join(lcols)}) SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s "
-            f"WHERE ({new_rows}) AND NOT EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = s.ver)"
+            f"WHERE ({new_rows}) AND NOT EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = s.ver) "
+            # once purged from the change log, a version is known by its origin's purge mark
+            f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)",
+            (info.name,),
         )
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
     n_cand = conn.exec_driver_sql(f"SELECT count(*), max(ver) FROM {cand}").first()

@@ -253,6 +253,34 @@ class Dialect:
             )
         ]
 
+    # ---- operations: log purge and the daemon lock (multimaster/purge.py, daemon.py) ----------
+    #: SQL taking a session-level lock named by its one parameter without waiting, returning a
+    #: true value when taken (PostgreSQL: pg_try_advisory_lock(hashtext(%s)); MariaDB:
+    #: GET_LOCK(%s, 0)). None: the daemon locks a file next to the database (SQLite).
+    daemon_lock_sql: str | None = None
+
+    def install_ops(self, conn: Connection) -> None:
+        """The purge bookkeeping every site keeps (idempotent): `_mm_origins` (per table and
+        origin, the highest version purged: the dedupe record once its log entry is gone),
+        `_mm_purges` (per table, the highest second-order sequence purged: a puller whose
+        watermark is below it has missed changes) and `_mm_pullers` (the last watermark seen of
+        every site that pulls from this one)."""
+        for sql in (
+            "CREATE TABLE IF NOT EXISTS _mm_origins (tbl VARCHAR(64) NOT NULL, origin VARCHAR(64) NOT NULL, "
+            "max_ver VARCHAR(96) NOT NULL, PRIMARY KEY (tbl, origin))",
+            "CREATE TABLE IF NOT EXISTS _mm_purges (tbl VARCHAR(64) NOT NULL PRIMARY KEY, horizon BIGINT NOT NULL DEFAULT 0, "
+            "purged BIGINT NOT NULL DEFAULT 0, purged_at VARCHAR(32))",
+            "CREATE TABLE IF NOT EXISTS _mm_pullers (peer VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, "
+            "seq2 BIGINT NOT NULL DEFAULT 0, last_success_at VARCHAR(32), first_seen_at VARCHAR(32), checked_at VARCHAR(32), "
+            "PRIMARY KEY (peer, tbl))",
+        ):
+            conn.exec_driver_sql(sql)
+
+    def purge_horizon(self, conn: Connection, table: str) -> int:
+        """The highest second-order sequence number purged from this site's log of `table`."""
+        p = self.caps.placeholder
+        return int(conn.exec_driver_sql(f"SELECT horizon FROM _mm_purges WHERE tbl = {p}", (table,)).scalar() or 0)
+
     # ---- helpers shared by SQL dialects ---------------------------------------------------
     def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
         return {k: self.quote(v) for k, v in names(table, peer).items()}

@@ -1,0 +1,165 @@
+"""Log purge: bounded logs under a steady workload, nothing purged that a live peer still needs,
+late copies over another route stay duplicates after their log entry is gone, expired peers."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from clusters import make_cluster
+from multimaster import api
+from multimaster.purge import PurgePolicy, purge, purge_site
+
+STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
+NOW = PurgePolicy(min_age=0)  # tests purge everything that is safe, whatever its age
+
+
+def _log_sizes(cl):  # type: ignore[no-untyped-def]
+    st = api.status(cl.topo)
+    return {s: (d["tables"]["stock"]["log"], d["tables"]["stock"]["log2"]) for s, d in st["sites"].items()}
+
+
+def _snap_rows(cl, site):  # type: ignore[no-untyped-def]
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        n = 0
+        for p in cl.topo.peers_of(site):
+            cur.execute(f'SELECT count(*) FROM "_mm_snap_stock__{p}"' if cl.backend.name != "mysql" else f"SELECT count(*) FROM `_mm_snap_stock__{p}`")
+            n += cur.fetchone()[0]
+        return n
+    finally:
+        c.close()
+
+
+def test_log_stays_bounded_under_steady_workload(backend, tmp_path):  # type: ignore[no-untyped-def]
+    sites = ["s1", "s2", "s3"]
+    cl = make_cluster(backend, tmp_path, sites, STOCK, base={"s1": [("stock", 1, "bolts", 100)]})
+    per_round = 8
+    sizes = []
+    with api.Cluster(cl.topo) as c:
+        for rnd in range(12):
+            for i, s in enumerate(sites):
+                cl.execute(s, "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"r{rnd}-{s}", i))
+                cl.execute(s, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
+            for _ in range(2):
+                api.refresh(c)
+            purge(c, policy=NOW)
+            sizes.append(max(max(v) for v in _log_sizes(cl).values()))
+            assert all(_snap_rows(cl, s) <= 3 * per_round for s in sites)
+    # every round appends about the same number of entries everywhere; purge keeps the logs at
+    # the size of what is still in transit, whatever the number of rounds
+    assert max(sizes[3:]) <= 3 * per_round, sizes
+    assert sizes[-1] <= max(sizes[:4]) + per_round, sizes
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    # additive quantities: 100 + one per site and round, none lost or applied twice
+    assert cl.rows("s1", "stock")[0] == (1, "bolts", 100 + 12 * 3)
+    assert len(cl.rows("s2", "stock")) == 1 + 12 * 3
+
+
+def test_no_entry_purged_while_a_live_peer_needs_it(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    for i in range(5):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    cl.refresh("s2")  # s3 does not refresh: it still needs everything s1 logged
+    with api.Cluster(cl.topo) as c:
+        rep = purge_site(c, "s1", NOW)
+    assert rep.tables["stock"].purged == 0
+    assert "s3" in rep.tables["stock"].held_by
+    assert _log_sizes(cl)["s1"][0] == 5
+    # s3 catches up: now every entry but the newest may go
+    cl.refresh_until_quiet()
+    with api.Cluster(cl.topo) as c:
+        rep = purge_site(c, "s1", NOW)
+    assert rep.tables["stock"].purged == 4
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s3", "stock")) == 5
+
+
+def test_unreachable_peer_keeps_its_entries(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A puller that cannot be reached holds entries back with the last watermark recorded."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('a', 1)")
+    cl.refresh_until_quiet()
+    with api.Cluster(cl.topo) as c:
+        purge_site(c, "s1", NOW)  # records s3's watermark
+    for i in range(4):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"b{i}", i))
+    cl.refresh("s2")
+    path = tmp_path / "s3.db"
+    path.rename(tmp_path / "s3.away")
+    try:
+        with api.Cluster(cl.topo) as c:
+            rep = purge_site(c, "s1", NOW)
+        s3 = [p for p in rep.pullers if p.peer == "s3"][0]
+        assert not s3.reachable and not s3.expired
+        assert rep.tables["stock"].held_by == ["s3"]
+        assert rep.tables["stock"].purged <= 1  # at most the entry s3 already had
+    finally:
+        (tmp_path / "s3.away").rename(path)
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s3", "stock")) == 5
+
+
+def test_late_copy_after_purge_is_still_a_duplicate(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """s3 gets s1's change through s2, purges it, then the copy from s1 arrives: applied once."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK, base={"s1": [("stock", 1, "bolts", 10)]})
+    cl.execute("s1", "UPDATE stock SET qty = qty + 5 WHERE id = 1")
+    cl.refresh("s2", "s1")
+    cl.refresh("s3", "s2")
+    cl.refresh("s1", "s3")
+    cl.refresh("s2", "s3")
+    with api.Cluster(cl.topo) as c:
+        rep = purge_site(c, "s3", NOW)
+    assert rep.tables["stock"].purged == 0  # the newest entry always stays
+    cl.execute("s2", "INSERT INTO stock (name, qty) VALUES ('nuts', 1)")  # a newer entry at s3 after the next pull
+    cl.refresh("s3", "s2")
+    cl.refresh("s1", "s3")
+    cl.refresh("s2", "s3")
+    with api.Cluster(cl.topo) as c:
+        rep = purge_site(c, "s3", NOW)
+    assert rep.tables["stock"].purged >= 1
+    cl.refresh("s3", "s1")  # the late copy of s1's +5
+    assert cl.rows("s3", "stock")[0] == (1, "bolts", 15)
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert cl.rows("s1", "stock")[0] == (1, "bolts", 15)
+
+
+def test_expired_peer_is_reported_and_refused(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(3):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    policy = PurgePolicy(retention=60, min_age=0)
+    with api.Cluster(cl.topo) as c:
+        rep = purge_site(c, "s1", policy)
+        assert rep.expired == [] and rep.tables["stock"].purged == 0
+        # an hour later s2 has still not refreshed: it is expired and no longer holds entries
+        rep = purge_site(c, "s1", policy, now=time.time() + 3600)
+    assert rep.expired == ["s2"]
+    assert rep.tables["stock"].purged == 2
+    res = api.refresh(cl.topo, "s2", "s1")
+    assert res[0].error and "purged changes" in res[0].error and "add-site" in res[0].error
+
+
+def test_dry_run_changes_nothing(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(4):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    cl.refresh_until_quiet()
+    before = _log_sizes(cl)
+    reps = purge(cl.topo, policy=NOW, dry_run=True)
+    assert reps[0].purged == 3
+    assert _log_sizes(cl) == before
+
+
+def test_policy_parse_rejects_bad_durations():  # type: ignore[no-untyped-def]
+    from multimaster.errors import ConfigError
+
+    assert PurgePolicy.parse("2d", "10m").retention == 2 * 86400
+    with pytest.raises(ConfigError, match="--min-age"):
+        PurgePolicy.parse("1d", "soon")
