@@ -10,7 +10,9 @@ from sqlalchemy.engine import Connection, Engine
 from ..schema import TableInfo, names
 from .base import Capabilities, Dialect
 
-_NOW_VER = "printf('%019d:%s', hlc, site)"
+_NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
+_HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
 
 
 class SQLiteDialect(Dialect):
@@ -88,8 +90,12 @@ class SQLiteDialect(Dialect):
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
+        # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert)
+        shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
+                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL UNIQUE")
         for sql in self.render(
             "table",
+            shadowkeys=shadowkeys,
             table=q(info.name),
             keytype=info.key.type_sql,
             logcols=self._log_cols(info),
@@ -132,16 +138,17 @@ class SQLiteDialect(Dialect):
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
         updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        now_ver = _NOW_VER.format(log=o["log"])
         stamps = []
         for s in spec.slots:
             cond = diff[s.columns[0]]
             vcol = q("v_" + s.name)
-            stamps.append(f"{vcol} = CASE WHEN {cond} THEN (SELECT {_NOW_VER} FROM _mm_state) ELSE {vcol} END")
+            stamps.append(f"{vcol} = CASE WHEN {cond} THEN {now_ver} ELSE {vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
             newkey = f"(SELECT coalesce(max(key), 0) + 1 FROM {o['shadow']})"
-            insrid = _NOW_VER
+            insrid = "v"
             slotnames = ""
             slotinit = ""
         else:
@@ -149,7 +156,7 @@ class SQLiteDialect(Dialect):
             newkey = f"NEW.{key}"
             insrid = f"'k:' || NEW.{key}"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
-            slotinit = "".join(f", {_NOW_VER}" for _ in spec.slots)
+            slotinit = "".join(", ver" for _ in spec.slots)
         stmts = self.render(
             "capture",
             table=q(info.name),
@@ -169,6 +176,7 @@ class SQLiteDialect(Dialect):
             updnew=updnew,
             updold=updold,
             slotstamp=slotstamp,
+            hlc=_HLC.format(log=o["log"]),
             slotnames=slotnames,
             slotinit=slotinit,
             **o,
@@ -178,8 +186,8 @@ class SQLiteDialect(Dialect):
             sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
             stmts = [
                 s.replace(
-                    f"{slotinit} FROM _mm_state;\nEND",
-                    f"{slotinit} FROM _mm_state WHERE true ON CONFLICT(rid) DO UPDATE SET {sets};\nEND",
+                    f"{slotinit} FROM {o['log']} ORDER BY seq DESC LIMIT 1;\nEND",
+                    f"{slotinit} FROM {o['log']} ORDER BY seq DESC LIMIT 1 ON CONFLICT(rid) DO UPDATE SET {sets};\nEND",
                 )
                 if s.startswith(f"CREATE TRIGGER IF NOT EXISTS {o['cap_i']}")
                 else s

@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS $log (
 );
 --
 CREATE TABLE IF NOT EXISTS $log2 (
-  seq2 INTEGER PRIMARY KEY AUTOINCREMENT,
+  seq2 INTEGER PRIMARY KEY,  -- no AUTOINCREMENT: purge always keeps the newest entry, so no reuse
   seq INTEGER NOT NULL,
   op TEXT NOT NULL CHECK (op IN ('A', 'P'))
 );
@@ -30,8 +30,7 @@ BEGIN
 END;
 --
 CREATE TABLE IF NOT EXISTS $shadow (
-  rid TEXT PRIMARY KEY,
-  key $keytype NOT NULL UNIQUE,
+  $shadowkeys,
   deleted TEXT$slotcols
 );
 --
