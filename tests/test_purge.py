@@ -21,16 +21,9 @@ def _log_sizes(cl):  # type: ignore[no-untyped-def]
 
 
 def _snap_rows(cl, site):  # type: ignore[no-untyped-def]
-    c = cl.db(site)
-    try:
-        cur = c.cursor()
-        n = 0
-        for p in cl.topo.peers_of(site):
-            cur.execute(f'SELECT count(*) FROM "_mm_snap_stock__{p}"' if cl.backend.name != "mysql" else f"SELECT count(*) FROM `_mm_snap_stock__{p}`")
-            n += cur.fetchone()[0]
-        return n
-    finally:
-        c.close()
+    from multimaster.metrics import health
+
+    return health(cl.topo, [site])["sites"][site]["tables"]["stock"]["snapshot_rows"]
 
 
 def test_log_stays_bounded_under_steady_workload(backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -24,6 +24,10 @@ def _engines(topo: Topology, sites: list[str]) -> dict[str, sa.Engine]:
     engines = {}
     for s in sites:
         url = topo.sites[s].url
+        if dialect_of(url) == "sqlite":
+            db = sa.engine.make_url(url).database or ""
+            if not Path(db).exists():  # connecting would create an empty file
+                raise SiteUnreachable(s, hidden_url(url), f"the SQLite file {db} does not exist")
         eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
         try:
             with eng.connect() as c:
@@ -31,8 +35,6 @@ def _engines(topo: Topology, sites: list[str]) -> dict[str, sa.Engine]:
         except Exception as e:  # noqa: BLE001 - any driver error means unreachable here
             reason = str(getattr(e, "orig", e)).splitlines()[0][:300] if str(e) else type(e).__name__
             raise SiteUnreachable(s, hidden_url(url), reason) from None
-        if dialect_of(url) == "sqlite" and not Path(eng.url.database or "").exists():
-            raise SiteUnreachable(s, hidden_url(url), "the SQLite file does not exist")
         engines[s] = eng
     return engines
 

@@ -153,3 +153,14 @@ def test_cli_errors_exit_2(spark, cluster, tmp_path, monkeypatch):
     monkeypatch.setenv("MM_JDBC_JARS", str(tmp_path / "sqlite-jdbc.jar"))
     r = runner.invoke(app, ["verify", "-t", str(cluster)])
     assert r.exit_code == 2 and "libxerial-sqlite-jdbc-java" in r.output
+
+
+def test_missing_sqlite_file_is_an_error_not_a_new_file(spark, cluster, tmp_path):
+    topo = load_topology(cluster)
+    gone = topo.sites["s3"].url.replace("sqlite:///", "")
+    import os
+
+    os.remove(gone)
+    r = CliRunner().invoke(app, ["verify", "-t", str(cluster)])
+    assert r.exit_code == 2 and "does not exist" in r.output
+    assert not os.path.exists(gone)

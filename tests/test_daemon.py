@@ -1,0 +1,237 @@
+"""The refresher daemon, run as a subprocess like a user would: refreshes on schedule, survives a
+peer going away and coming back, stops cleanly on SIGTERM in the middle of a refresh, refuses a
+second daemon for the same site. Waits poll for a state with a generous deadline; no assertion
+depends on how long anything took."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from clusters import make_cluster
+from multimaster import api
+from multimaster.daemon import Daemon, DaemonAlreadyRunning, cron_trigger
+
+STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
+DEADLINE = 60.0
+
+
+def fast_links(sites: list[str], interval: str = "100ms") -> list[dict[str, Any]]:
+    return [{"from": a, "to": b, "interval": interval, "jitter": 0} for a in sites for b in sites if a != b]
+
+
+def wait_for(cond: Callable[[], Any], what: str, deadline: float = DEADLINE) -> Any:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Proc:
+    def __init__(self, tmp: Path, topo: Path, *args: str):
+        self.log = tmp / f"daemon-{time.monotonic_ns()}.log"
+        self.fh = open(self.log, "w")
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.p = subprocess.Popen([sys.executable, "-c", "from multimaster.cli import main; main()", "run", "-t", str(topo), "--log-format", "json", *args],
+                                  stdout=self.fh, stderr=subprocess.STDOUT, env=env)
+
+    def events(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                out.append({"event": "text", "line": line})
+        return out
+
+    def has(self, event: str, **match: Any) -> bool:
+        if event == "started" and self.p.poll() is not None:
+            raise AssertionError(f"the daemon exited with {self.p.returncode}:\n{self.log.read_text()}")
+        return any(e.get("event") == event and all(e.get(k) == v for k, v in match.items()) for e in self.events())
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.p.poll() is None:
+            self.p.send_signal(sig)
+        try:
+            return self.p.wait(DEADLINE)
+        finally:
+            self.fh.close()
+
+    def kill(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+            self.p.wait()
+        self.fh.close()
+
+
+@pytest.fixture
+def procs():  # type: ignore[no-untyped-def]
+    started: list[Proc] = []
+    yield started
+    for p in started:
+        p.kill()
+
+
+def count(cl, site: str) -> int:  # type: ignore[no-untyped-def]
+    return len(cl.rows(site, "stock"))
+
+
+def test_daemon_refreshes_on_schedule_and_stops_on_sigterm(backend, tmp_path, procs):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"]))
+    d = Proc(tmp_path, cl.topo.path, "--site", "s2", "-v")
+    procs.append(d)
+    wait_for(lambda: d.has("started"), "the daemon to start")
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('bolts', 5)")
+    wait_for(lambda: count(cl, "s2") == 1, "s2 to receive s1's insert")
+    cl.execute("s1", "UPDATE stock SET qty = qty + 2 WHERE id = 1")
+    wait_for(lambda: cl.rows("s2", "stock") == [(1, "bolts", 7)], "s2 to receive s1's update")
+    refreshes = [e for e in d.events() if e.get("event") == "refresh" and e.get("pulled")]
+    assert refreshes and all(e["link"] == "s1->s2" for e in refreshes)
+    assert {"pulled", "applied", "conflicts", "seconds"} <= set(refreshes[0])
+    assert d.stop() == 0
+    assert d.has("stopped")
+
+
+def test_second_daemon_for_a_site_is_refused(sqlite_backend, tmp_path, procs):  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"]))
+    first = Proc(tmp_path, cl.topo.path, "--site", "s2")
+    procs.append(first)
+    wait_for(lambda: first.has("started"), "the first daemon to start")
+    second = Proc(tmp_path, cl.topo.path, "--site", "s2")
+    procs.append(second)
+    assert second.p.wait(DEADLINE) == 1
+    assert "already running" in second.log.read_text()
+    # another site is fine
+    other = Proc(tmp_path, cl.topo.path, "--site", "s1")
+    procs.append(other)
+    wait_for(lambda: other.has("started"), "the s1 daemon to start")
+    assert other.stop() == 0 and first.stop() == 0
+    # once the first is gone, a new one starts
+    again = Proc(tmp_path, cl.topo.path, "--site", "s2")
+    procs.append(again)
+    wait_for(lambda: again.has("started"), "a new daemon after the first stopped")
+    assert again.stop() == 0
+
+
+def test_peer_going_away_and_coming_back(sqlite_backend, tmp_path, procs):  # type: ignore[no-untyped-def]
+    sites = ["s1", "s2", "s3"]
+    cl = make_cluster(sqlite_backend, tmp_path, sites, STOCK, links=fast_links(sites))
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('from-s1-before', 1)")
+    away = tmp_path / "away"
+    away.mkdir()
+    files = [f for f in tmp_path.glob("s1.db*")]
+    for f in files:
+        f.rename(away / f.name)
+    d = Proc(tmp_path, cl.topo.path, "--site", "s3", "--max-backoff", "1s")
+    procs.append(d)
+    wait_for(lambda: d.has("started"), "the daemon to start")
+    # s1 is away: its link fails and backs off, the link from s2 keeps working
+    wait_for(lambda: any(e.get("link") == "s1->s3" and e.get("error") and e.get("retry_in_s") for e in d.events()),
+             "the s1 link to fail and back off")
+    cl.execute("s2", "INSERT INTO stock (name, qty) VALUES ('from-s2', 2)")
+    wait_for(lambda: count(cl, "s3") == 1, "s3 to receive s2's insert while s1 is away")
+    for f in away.iterdir():
+        f.rename(tmp_path / f.name)
+    wait_for(lambda: count(cl, "s3") == 2, "s3 to receive s1's change once s1 is back")
+    cl.execute("s1", "UPDATE stock SET qty = qty + 10 WHERE name = 'from-s1-before'")
+    wait_for(lambda: (1, "from-s1-before", 11) in cl.rows("s3", "stock"), "s3 to receive s1's update")
+    assert d.stop() == 0
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_sigterm_in_the_middle_of_a_refresh_leaves_nothing_half_applied(sqlite_backend, tmp_path, procs):  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"]))
+    n = 6000
+    c = cl.db("s1")
+    c.executemany("INSERT INTO stock (name, qty) VALUES (?, ?)", [(f"item-{i}", i) for i in range(n)])
+    c.commit()
+    c.close()
+    d = Proc(tmp_path, cl.topo.path, "--site", "s2", "--batch-size", "10")
+    procs.append(d)
+    wait_for(lambda: count(cl, "s2") > 0, "the first batches to be applied at s2")
+    assert d.stop(signal.SIGTERM) == 0
+    assert d.has("stopping") and d.has("stopped")
+    # what was applied is exactly what the watermark covers: every pulled change applied, each once
+    c = cl.db("s2")
+    try:
+        unapplied = c.execute('SELECT count(*) FROM "_mm_snap_stock__s1" WHERE applied <> 1').fetchone()[0]
+        logged = c.execute("SELECT count(*) FROM _mm_log_stock WHERE origin = 's1'").fetchone()[0]
+        rows = c.execute("SELECT count(*), count(DISTINCT name) FROM stock").fetchone()
+        wm = c.execute("SELECT seq2 FROM _mm_watermarks WHERE peer = 's1' AND tbl = 'stock'").fetchone()[0]
+    finally:
+        c.close()
+    assert unapplied == 0
+    assert rows[0] == rows[1] == logged == wm
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert count(cl, "s2") == n
+
+
+# ---- in-process: schedules, backoff, metrics --------------------------------------------------
+
+
+def test_cron_links_and_backoff(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    links = [{"from": "s1", "to": "s2", "cron": "*/5 * * * *", "jitter": "2s"}, {"from": "s2", "to": "s1", "interval": "30s"}]
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, links=links)
+    trig = cron_trigger("*/5 * * * *", 2.0)
+    assert trig.jitter == 2.0
+    assert "second='0'" in str(cron_trigger("0 */5 * * * *")) or "second" in repr(cron_trigger("0 */5 * * * *"))
+    with pytest.raises(ValueError, match="5 fields"):
+        cron_trigger("* *")
+    d = Daemon(cl.topo, ["s1"], max_backoff=300)
+    st = d.stats.links["s2->s1"]
+    assert [d.backoff(_fail(st, k)) for k in (1, 2, 3, 4, 5, 6)] == [30, 60, 120, 240, 300, 300]
+    d.cluster.close()
+
+
+def _fail(st, k):  # type: ignore[no-untyped-def]
+    st.failures = k
+    return st
+
+
+def test_two_daemons_in_one_process_are_refused_too(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"], "1h"))
+    a = Daemon(cl.topo, ["s1"])
+    a.start()
+    try:
+        b = Daemon(cl.topo, ["s1", "s2"])
+        with pytest.raises(DaemonAlreadyRunning, match="'s1'"):
+            b.start()
+        b.cluster.close()
+    finally:
+        a.stop()
+
+
+def test_metrics_endpoint(backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"], "100ms"))
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('bolts', 5)")
+    d = Daemon(cl.topo, ["s2"], metrics_port=0, purge_every=0.2)
+    d.start()
+    try:
+        wait_for(lambda: count(cl, "s2") == 1, "the daemon to refresh s2")
+        wait_for(lambda: d.stats.purged, "the purge job to run")
+        port = d._metrics.port
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
+    finally:
+        d.stop()
+    for name in ("multimaster_link_waiting_changes", "multimaster_link_visibility_delay_seconds",
+                 "multimaster_link_last_success_timestamp_seconds", "multimaster_change_log_entries",
+                 "multimaster_site_conflicts_total", "multimaster_daemon_refreshes_total", "multimaster_puller_expired"):
+        assert f"# TYPE {name} " in text, name
+    assert 'multimaster_link_waiting_changes{source="s1",target="s2"} 0' in text
+    assert 'site="s1"' not in text.split("multimaster_change_log_entries")[1].split("# HELP")[0]  # only the daemon's site
+    st = api.status(cl.topo)
+    assert st["converging"]
