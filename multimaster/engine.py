@@ -152,8 +152,11 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
                     relay: Sequence[str] | None = None, fresh: dict[str, int] | None = None) -> ReconcileResult:
     """Apply every snapshot row not yet applied (from all `peers`) to the local table.
 
-    Every applied change enters the local change log (its version is then known here for good);
-    it gets a second-order record, so peers pull it, when its origin is in `relay` (None: all).
+    Duplicates are recognised by `_mm_origins`: per origin, the highest version applied here (every
+    route delivers an origin's changes in version order, and a change that must wait for its row
+    holds back the later changes of its origin). Applied changes whose origin is in `relay` (None:
+    all) enter the local change log with their own version and origin and a second-order record,
+    so the peers of this site pull them.
 
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
@@ -162,6 +165,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     res = ReconcileResult(info.name)
     own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
+    # 0. the shadow knows every local row (capture may write it lazily)
+    d.catch_up(conn, info)
     # 1. candidates, one per version: rows not applied yet (or pulled in this transaction, `fresh`:
     # peer -> lowest pseq stored), less those already applied here (arrived over another route)
     cand = d.temp_name("_mm_tmp_cand")
@@ -174,8 +179,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         n_rows += conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         conn.exec_driver_sql(
             f"{d.insert_ignore} INTO {cand} ({', '.join(lcols)}) SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s "
-            f"WHERE ({new_rows}) AND NOT EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = s.ver) "
-            # once purged from the change log, a version is known by its origin's purge mark
+            f"WHERE ({new_rows}) "
             f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)",
             (info.name,),
         )
@@ -193,7 +197,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         new_keys = None
         rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
         fr = fastpath.FastResult()
-        if fastpath.enabled():
+        if fastpath.enabled() and not fastpath.has_waiting(conn, site, info, cand):
             fr = fastpath.apply_fast(conn, site, info, cand, base_max)
             res.inserted += fr.inserted
             res.updated += fr.updated
@@ -213,24 +217,20 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         if p.parked:
             for snap in snaps.values():
                 conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-        # 5. relay: processed changes enter this site's change log with their own version and origin
-        before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
         if p.parked:
             conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-        # Changes no peer will pull from here (relay) are kept without their values: the entry only
-        # records that this version was applied (duplicate detection, the clock).
-        if relay is None:
-            conn.exec_driver_sql(f"{d.insert_ignore} INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver")
-        else:
-            inn = f"origin IN ({', '.join([ph] * len(relay))})" if relay else "1 = 0"
-            conn.exec_driver_sql(f"{d.insert_ignore} INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand} WHERE {inn} ORDER BY ver", tuple(relay))
-            conn.exec_driver_sql(f"{d.insert_ignore} INTO {own['log']} ({', '.join(lcols[:6])}) SELECT {', '.join(lcols[:6])} FROM {cand} WHERE NOT ({inn}) ORDER BY ver", tuple(relay))
+        # 5. what is applied is known for good: the highest version per origin
+        for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
+            d.mark_applied(conn, info.name, origin, top)
+        # 6. relay: changes some peer of this site needs enter the change log with their own version
+        # and origin, and their second-order records (set-based: the log trigger is guarded)
         if relay is None or relay:
-            only = "" if relay is None else f" AND origin IN ({', '.join([ph] * len(relay))})"
+            before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
+            inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
             conn.exec_driver_sql(
-                f"INSERT INTO {own['log2']} (seq, op) SELECT seq, 'A' FROM {own['log']} WHERE seq > {ph}{only} ORDER BY seq",
-                (before, *(relay or ())),
-            )
+                f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
+            conn.exec_driver_sql(
+                f"INSERT INTO {own['log2']} (seq, op) SELECT seq, 'A' FROM {own['log']} WHERE seq > {ph} ORDER BY seq", (before,))
         conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {ph})", (max_hlc,))
         d.after_apply(conn, info)
     finally:

@@ -24,7 +24,7 @@ from .schema import TableInfo
 from .site import Site
 from .versions import BASE_VER
 
-__all__ = ["FastResult", "apply_fast", "enabled"]
+__all__ = ["FastResult", "apply_fast", "enabled", "has_waiting"]
 
 
 def enabled() -> bool:
@@ -38,6 +38,17 @@ class FastResult:
     deleted: int = 0
     keyed: str | None = None  # table (rid, key) of every new identity's key, when no shifts are needed
     done: str | None = None  # table (ver) of the changes applied here
+
+
+def has_waiting(conn: Connection, site: Site, info: TableInfo, cand: str) -> bool:
+    """Is there an update or delete for an identity this site does not know and the batch does not
+    insert? The planner then holds it back with the later changes of its origin (in order), so the
+    whole batch goes to the planner."""
+    shadow = site.dialect.obj(info.name)["shadow"]
+    return conn.exec_driver_sql(
+        f"SELECT 1 FROM {cand} c WHERE c.op = 'U' AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) "
+        f"AND NOT EXISTS (SELECT 1 FROM {cand} i WHERE i.rid = c.rid AND i.op = 'I') LIMIT 1"
+    ).first() is not None
 
 
 def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_max: int) -> FastResult:

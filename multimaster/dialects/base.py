@@ -143,6 +143,24 @@ class Dialect:
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """Dialect follow-ups after keys were assigned (move a sequence past the highest key)."""
 
+    def mark_applied(self, conn: Connection, table: str, origin: str, ver: str) -> None:
+        """Raise `_mm_origins.max_ver` of (table, origin) to at least `ver`."""
+        p = self.caps.placeholder
+        cur = conn.exec_driver_sql(f"SELECT max_ver FROM _mm_origins WHERE tbl = {p} AND origin = {p}", (table, origin)).first()
+        if cur is None:
+            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({p}, {p}, {p})", (table, origin, ver))
+        elif cur[0] < ver:
+            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
+        return []
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        """Bring the shadow of `info` up to date with this site's own changes, for dialects whose
+        capture triggers write the shadow lazily (SQLite, renumbered tables). Inside a write
+        transaction; a no-op where the shadow is kept eagerly."""
+
     # ---- bookkeeping shared by SQL dialects (plain SQL, overridable) -------------------------
     def prepare_site(self, engine: Engine) -> None:
         """One-time settings outside any transaction (SQLite: WAL journal)."""

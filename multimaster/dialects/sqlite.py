@@ -147,16 +147,21 @@ class SQLiteDialect(Dialect):
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
-            newkey = f"(SELECT coalesce(max(key), 0) + 1 FROM {o['shadow']})"
+            newkey = f"(SELECT max({key}) FROM {q(info.name)})"
             insrid = "v"
-            slotnames = ""
-            slotinit = ""
+            shadowinsert = ""
         else:
             renumber = ""
             newkey = f"NEW.{key}"
             insrid = f"'k:' || NEW.{key}"
-            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
-            slotinit = "".join(", ver" for _ in spec.slots)
+            # a natural key may come back after a delete: revive its shadow row
+            slots = [q("v_" + s.name) for s in spec.slots]
+            sets = ", ".join(["deleted = NULL"] + [f"{v} = excluded.{v}" for v in slots])
+            shadowinsert = (
+                f"  INSERT INTO {o['shadow']} (rid, key{''.join(', ' + v for v in slots)})\n"
+                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1\n"
+                f"    ON CONFLICT(rid) DO UPDATE SET {sets};"
+            )
         stmts = self.render(
             "capture",
             table=q(info.name),
@@ -177,32 +182,50 @@ class SQLiteDialect(Dialect):
             updold=updold,
             slotstamp=slotstamp,
             hlc=_HLC.format(log=o["log"]),
-            slotnames=slotnames,
-            slotinit=slotinit,
+            shadowinsert=shadowinsert,
             **o,
         )
-        if not spec.renumber:
-            # a natural key may come back after a delete: revive its shadow row
-            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
-            stmts = [
-                s.replace(
-                    f"{slotinit} FROM {o['log']} ORDER BY seq DESC LIMIT 1;\nEND",
-                    f"{slotinit} FROM {o['log']} ORDER BY seq DESC LIMIT 1 ON CONFLICT(rid) DO UPDATE SET {sets};\nEND",
-                )
-                if s.startswith(f"CREATE TRIGGER IF NOT EXISTS {o['cap_i']}")
-                else s
-                for s in stmts
-            ]
+        if spec.renumber:
+            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info), **o)
         for sql in stmts:
             conn.exec_driver_sql(sql)
 
     def _join_renumber(self, info: TableInfo) -> str:
         o = self.obj(info.name)
+        q = self.quote
+        key, table = q(info.key.name), q(info.name)
+        others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
+                  f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
+                  f"ELSE (SELECT max({key}) FROM {table}) END")
+        nextkey = f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
         text = (self._tdir() / "renumber.sql").read_text()
         from string import Template
 
-        body = Template(text).substitute(key=self.quote(info.key.name), table=self.quote(info.name), shadow=o["shadow"])
+        body = Template(text).substitute(key=key, table=table, shadow=o["shadow"], nextkey=nextkey)
         return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
+
+    def _catchup_sql(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        name = info.name.replace("'", "''")
+        return (
+            f"INSERT INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
+            f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
+            f"AND origin = (SELECT site FROM _mm_state);\n"
+            f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
+        )
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        if not info.spec.renumber:
+            return []
+        o = self.obj(info.name)
+        return [tuple(r) for r in conn.exec_driver_sql(
+            f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = ?) "
+            "AND op = 'I' AND origin = (SELECT site FROM _mm_state) ORDER BY seq", (info.name,))]
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        if info.spec.renumber:
+            for stmt in self._catchup_sql(info).split(";\n"):
+                conn.exec_driver_sql(stmt.strip().rstrip(";"))
 
     def _tdir(self):  # type: ignore[no-untyped-def]
         from .base import templates_dir

@@ -3,14 +3,15 @@
 -- The clock (docs/clock.md): a change's version takes max(wall-clock ms * 65536, the last change
 -- log entry's clock + 1, the site's floor _mm_state.hlc + 1), so it never goes backwards and sorts
 -- after everything this site has seen; reading the last entry costs no write.
+-- Renumbered tables keep the shadow row of a new local row for later (catchup.sql): an insert then
+-- writes only the change log and its second-order record.
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
 $renumber
   INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
     SELECT v, site, 'I', $insrid, $newkey, $allmask$newvals FROM (SELECT printf('%019d:%s', $hlc, site) AS v, site FROM _mm_state);
-  INSERT INTO $shadow (rid, key$slotnames)
-    SELECT rid, key$slotinit FROM $log ORDER BY seq DESC LIMIT 1;
+$shadowinsert
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table

@@ -2,7 +2,7 @@
 -- $logcols expands to one typed n_<col> / o_<col> pair per replicated column.
 CREATE TABLE IF NOT EXISTS $log (
   seq INTEGER PRIMARY KEY,
-  ver TEXT NOT NULL UNIQUE,
+  ver TEXT NOT NULL,
   origin TEXT NOT NULL,
   op TEXT NOT NULL CHECK (op IN ('I', 'U', 'D')),
   rid TEXT NOT NULL,
