@@ -92,7 +92,8 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
         f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph} ORDER BY l2.seq2 LIMIT {int(limit)}"
+        f"WHERE l2.seq2 > {ph}{'' if source.dialect.log2_horizon is None else ' AND l2.seq2 < ' + source.dialect.log2_horizon} "
+        f"ORDER BY l2.seq2 LIMIT {int(limit)}"
     )
     del q
     with source.read() as sconn:
@@ -127,9 +128,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
         conn.exec_driver_sql(
-            f"{d.insert_ignore} INTO {o['snap']} ({', '.join(cols)}, applied) VALUES ({d.ph(len(cols))}, {1 if applied else 0})",
-            appended,
-        )
+            d.insert_ignore_into(o['snap'], ", ".join(cols) + ", applied", f"VALUES ({d.ph(len(cols))}, {1 if applied else 0})"), appended)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
@@ -165,6 +164,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     res = ReconcileResult(info.name)
     own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
+    d.lock_for_apply(conn, info)
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)
     # 1. candidates, one per version: rows not applied yet (or pulled in this transaction, `fresh`:
@@ -178,9 +178,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
         n_rows += conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         conn.exec_driver_sql(
-            f"{d.insert_ignore} INTO {cand} ({', '.join(lcols)}) SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s "
-            f"WHERE ({new_rows}) "
-            f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)",
+            d.insert_ignore_into(cand, ", ".join(lcols), f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) "
+                                 f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)"),
             (info.name,),
         )
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
@@ -191,51 +190,52 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     res.duplicates += max(0, n_rows - int(n_cand[0]))
     total = int(n_cand[0])
     max_hlc = ver_hlc(n_cand[1])
+    # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
-    try:
-        # 3. the plain changes, set-based
-        new_keys = None
-        rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
-        fr = fastpath.FastResult()
-        if fastpath.enabled() and not fastpath.has_waiting(conn, site, info, cand):
-            fr = fastpath.apply_fast(conn, site, info, cand, base_max)
-            res.inserted += fr.inserted
-            res.updated += fr.updated
-            res.deleted += fr.deleted
-            if fr.done:
-                rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
-        # 4. the rest: the planner decides, in version order
-        ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)]
-        p = plan(info.spec, ordered, _load_states(conn, site, info, {c.rid for c in ordered}) if ordered else {})
-        if fr.keyed and p.new_rids:
-            new_keys = dict(conn.exec_driver_sql(
-                f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
-        for name in (fr.keyed, fr.done):
-            if name:
-                d.drop_temp(conn, name)
-        _execute(conn, site, info, p, base_max, res, new_keys)
-        if p.parked:
-            for snap in snaps.values():
-                conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-        if p.parked:
-            conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-        # 5. what is applied is known for good: the highest version per origin
-        for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
-            d.mark_applied(conn, info.name, origin, top)
-        # 6. relay: changes some peer of this site needs enter the change log with their own version
-        # and origin, and their second-order records (set-based: the log trigger is guarded)
-        if relay is None or relay:
-            before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
-            inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
-            conn.exec_driver_sql(
-                f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
-            conn.exec_driver_sql(
-                f"INSERT INTO {own['log2']} (seq, op) SELECT seq, 'A' FROM {own['log']} WHERE seq > {ph} ORDER BY seq", (before,))
-        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {ph})", (max_hlc,))
-        d.after_apply(conn, info)
-    finally:
-        d.set_applying(conn, False)
-        d.drop_temp(conn, cand)
+    # 3. the plain changes, set-based
+    new_keys = None
+    rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
+    fr = fastpath.FastResult()
+    # set-based apply reads and then writes rows without locking them: only where this transaction
+    # is the only writer (SQLite's BEGIN IMMEDIATE); servers take the planner's locked path
+    if fastpath.enabled() and d.caps.single_writer and not fastpath.has_waiting(conn, site, info, cand):
+        fr = fastpath.apply_fast(conn, site, info, cand, base_max)
+        res.inserted += fr.inserted
+        res.updated += fr.updated
+        res.deleted += fr.deleted
+        if fr.done:
+            rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
+    # 4. the rest: the planner decides, in version order
+    ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)]
+    p = plan(info.spec, ordered, _load_states(conn, site, info, {c.rid for c in ordered}) if ordered else {})
+    if fr.keyed and p.new_rids:
+        new_keys = dict(conn.exec_driver_sql(
+            f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
+    for name in (fr.keyed, fr.done):
+        if name:
+            d.drop_temp(conn, name)
+    _execute(conn, site, info, p, base_max, res, new_keys)
+    if p.parked:
+        for snap in snaps.values():
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
+    if p.parked:
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
+    # 5. what is applied is known for good: the highest version per origin
+    for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
+        d.mark_applied(conn, info.name, origin, top)
+    # 6. relay: changes some peer of this site needs enter the change log with their own version
+    # and origin, and their second-order records (set-based: the log trigger is guarded)
+    if relay is None or relay:
+        before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
+        inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
+        conn.exec_driver_sql(
+            f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
+        conn.exec_driver_sql(
+            f"INSERT INTO {own['log2']} (seq, op) SELECT seq, 'A' FROM {own['log']} WHERE seq > {ph} ORDER BY seq", (before,))
+    d.advance_clock(conn, max_hlc)
+    d.after_apply(conn, info)
+    d.set_applying(conn, False)
+    d.drop_temp(conn, cand)
     res.applied = total - len(p.parked)
     res.parked = len(p.parked)
     res.conflicts = p.conflicts
@@ -249,6 +249,7 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str]) 
     o = d.obj(info.name)
     tmp = d.temp_rids(conn)
     conn.exec_driver_sql(f"INSERT INTO {tmp} (rid) VALUES ({d.caps.placeholder})", [(r,) for r in rids])
+    d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
     vcols = "".join(f", s.{q('v_' + s)}" for s in slots)
     ucols = "".join(f", t.{q(c)}" for c in info.column_names)

@@ -150,6 +150,127 @@ def make_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str
 ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}}}
 
 
+PG_TYPES = {"int": "INTEGER", "bigint": "BIGINT", "text": "TEXT", "real": "DOUBLE PRECISION", "decimal": "NUMERIC(12,2)", "bool": "BOOLEAN",
+            "blob": "BYTEA", "date": "DATE", "timestamp": "TIMESTAMP", "timestamptz": "TIMESTAMPTZ"}
+MYSQL_TYPES = {"int": "INT", "bigint": "BIGINT", "text": "TEXT", "real": "DOUBLE", "decimal": "DECIMAL(12,2)", "bool": "BOOLEAN",
+               "blob": "LONGBLOB", "date": "DATE", "timestamp": "DATETIME(6)", "timestamptz": "TIMESTAMP(6)"}
+
+
+class _ServerBackend(Backend):
+    """A server database: one uniquely named database per site, dropped in cleanup()."""
+
+    env = ""
+    default = ""
+
+    def __init__(self) -> None:
+        import os
+        import uuid
+
+        from sqlalchemy.engine import make_url
+
+        self.server = make_url(os.environ.get(self.env) or self.default)
+        self.prefix = "mm_" + uuid.uuid4().hex[:10]
+        self.databases: list[str] = []
+        try:
+            self._admin("SELECT 1")
+        except Exception as e:  # noqa: BLE001 - any failure to talk to the server means: not available
+            raise ConnectionError(f"{self.server.render_as_string(hide_password=True)}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+
+    def url(self, db: str) -> str:
+        return self.server.set(database=db).render_as_string(hide_password=False)
+
+    def new_site(self, tmp: Path, site: str) -> str:
+        db = f"{self.prefix}_{site}".lower()
+        self._admin(f"CREATE DATABASE {db}")
+        self.databases.append(db)
+        return self.url(db)
+
+    def cleanup(self) -> None:
+        for db in self.databases:
+            try:
+                self._drop(db)
+            except Exception:  # noqa: BLE001 - best effort
+                pass
+
+    def param(self) -> str:
+        return "%s"
+
+
+class PostgresBackend(_ServerBackend):
+    name = "postgresql"
+    env = "MM_POSTGRESQL_URL"
+    default = "postgresql+psycopg://postgres@127.0.0.1:5432/"
+
+    def _dsn(self, db: str | None) -> dict[str, Any]:
+        u = self.server
+        return {"host": u.host or "127.0.0.1", "port": u.port or 5432, "user": u.username or "postgres",
+                "password": u.password or None, "dbname": db or "postgres", "connect_timeout": 3}
+
+    def _admin(self, sql: str) -> None:
+        import psycopg
+
+        with psycopg.connect(**self._dsn(None), autocommit=True) as c:
+            c.execute(sql)
+
+    def _drop(self, db: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)")
+
+    def create_table(self, url: str, table: str, key: str, columns: dict[str, str], auto: bool = True) -> None:
+        cols = [f'"{key}" SERIAL PRIMARY KEY' if auto else f'"{key}" TEXT PRIMARY KEY']
+        cols += [f'"{c}" {PG_TYPES.get(t, t)}' for c, t in columns.items()]
+        with self.connect(url) as c:
+            c.execute(f'CREATE TABLE "{table}" ({", ".join(cols)})')
+            c.commit()
+
+    def connect(self, url: str) -> Any:
+        import psycopg
+        from sqlalchemy.engine import make_url
+
+        return psycopg.connect(**self._dsn(make_url(url).database))
+
+
+class MySQLBackend(_ServerBackend):
+    name = "mysql"
+    env = "MM_MYSQL_URL"
+    default = "mysql+pymysql://root@127.0.0.1:3306/"
+
+    def _kw(self, db: str | None) -> dict[str, Any]:
+        u = self.server
+        kw: dict[str, Any] = {"host": u.host or "127.0.0.1", "port": u.port or 3306, "user": u.username or "root",
+                              "password": u.password or "", "charset": "utf8mb4", "connect_timeout": 3}
+        if db:
+            kw["database"] = db
+        return kw
+
+    def _admin(self, sql: str) -> None:
+        import pymysql
+
+        c = pymysql.connect(**self._kw(None), autocommit=True)
+        try:
+            c.cursor().execute(sql)
+        finally:
+            c.close()
+
+    def _drop(self, db: str) -> None:
+        self._admin(f"DROP DATABASE IF EXISTS {db}")
+
+    def new_site(self, tmp: Path, site: str) -> str:
+        return super().new_site(tmp, site) + "?charset=utf8mb4"
+
+    def create_table(self, url: str, table: str, key: str, columns: dict[str, str], auto: bool = True) -> None:
+        cols = [f"`{key}` INT AUTO_INCREMENT PRIMARY KEY" if auto else f"`{key}` VARCHAR(191) PRIMARY KEY"]
+        cols += [f"`{c}` {MYSQL_TYPES.get(t, t)}" for c, t in columns.items()]
+        with self.connect(url) as c:
+            c.cursor().execute(f"CREATE TABLE `{table}` ({', '.join(cols)})")
+            c.commit()
+
+    def connect(self, url: str) -> Any:
+        import pymysql
+        from sqlalchemy.engine import make_url
+
+        return pymysql.connect(**self._kw(make_url(url).database))
+
+
 #: name -> factory. Server backends register here (their factories raise ConnectionError when the
 #: server does not answer, and conftest turns that into a skip, or a failure under CI).
-BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend}
+BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend}

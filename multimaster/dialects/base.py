@@ -58,6 +58,11 @@ class Dialect:
     #: the two-argument maximum function ("max" in SQLite, "GREATEST" elsewhere)
     greatest: str = "GREATEST"
 
+    #: SQL expression: exclusive upper bound of the second-order log `seq2` a peer may read now,
+    #: so an entry committed later can never land below a watermark already handed out (None: every
+    #: committed entry is final, as with SQLite's single writer).
+    log2_horizon: str | None = None
+
     #: null-safe equality operator
     null_safe_eq: str = "IS NOT DISTINCT FROM"
 
@@ -66,8 +71,15 @@ class Dialect:
         return self.quote(name)
 
     def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
-        """Create a connection-local table from a SELECT; `keys` becomes unique, `index` indexed."""
-        raise NotImplementedError
+        """Create a connection-local table from a SELECT; `keys` becomes unique, `index` indexed
+        (when the SELECT has such a column)."""
+        base = name.strip('"').strip("`")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} AS {select}")
+        if keys:
+            conn.exec_driver_sql(f"CREATE UNIQUE INDEX {self.quote(base + '_k')} ON {name} ({keys})")
+        if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
+            conn.exec_driver_sql(f"CREATE INDEX {self.quote(base + '_i')} ON {name} ({index})")
 
     def drop_temp(self, conn: Connection, name: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
@@ -83,6 +95,15 @@ class Dialect:
     def temp_rids(self, conn: Connection) -> str:
         """Create (if needed) and name a connection-local table with one TEXT column `rid`."""
         raise NotImplementedError
+
+    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
+        """INSERT of `source` (``VALUES (...)`` or a SELECT) into `table` (`cols`), skipping rows whose
+        unique key already exists."""
+        return f"{self.insert_ignore} INTO {table} ({cols}) {source}"
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
+        return "database is locked" in str(getattr(exc, "orig", exc))
 
     # ---- templates -------------------------------------------------------------------------
     def render(self, template: str, **values: Any) -> list[str]:
@@ -142,6 +163,22 @@ class Dialect:
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """Dialect follow-ups after keys were assigned (move a sequence past the highest key)."""
+
+    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Called first when reconciling `info` at this site: take whatever lock the capture
+        triggers take to give keys and versions (SQLite: none, BEGIN IMMEDIATE already holds it)."""
+
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
+        read, so an application's concurrent update waits instead of being overwritten."""
+
+    def advance_clock(self, conn: Connection, hlc: int) -> None:
+        """Move this site's clock to at least `hlc` (a version received from a peer)."""
+        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {self.greatest}(hlc, {self.caps.placeholder})", (hlc,))
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
+        return None if v is None else int(v)
 
     def mark_applied(self, conn: Connection, table: str, origin: str, ver: str) -> None:
         """Raise `_mm_origins.max_ver` of (table, origin) to at least `ver`."""
@@ -244,8 +281,8 @@ class Dialect:
         return (int(r[0] or 0), r[1]) if r else (0, None)
 
     def site_status(self, conn: Connection, tables: list[str]) -> dict[str, Any]:
-        st = conn.exec_driver_sql("SELECT site, hlc FROM _mm_state").first()
-        out: dict[str, Any] = {"name": st[0] if st else None, "hlc": st[1] if st else None, "tables": {}}
+        st = conn.exec_driver_sql("SELECT site FROM _mm_state").first()
+        out: dict[str, Any] = {"name": st[0] if st else None, "hlc": self.read_clock(conn) if st else None, "tables": {}}
         out["conflicts"] = int(conn.exec_driver_sql("SELECT count(*) FROM _mm_conflicts").scalar() or 0)
         for t in tables:
             o = self.obj(t)
@@ -305,6 +342,19 @@ class Dialect:
 
     def ph(self, n: int) -> str:
         return ", ".join([self.caps.placeholder] * n)
+
+
+def group_diffs(own: list[str], spec: Any) -> list[str]:
+    """Per column, the SQL condition under which a captured update carries it: its own change, or
+    for a column of a group any change in the group (the change then carries the whole group, old
+    and new, which is what "win together" compares)."""
+    diff = list(own)
+    for s in spec.slots:
+        if len(s.columns) > 1:
+            cond = "(" + " OR ".join(own[i] for i in s.columns) + ")"
+            for i in s.columns:
+                diff[i] = cond
+    return diff
 
 
 _cache: dict[str, Dialect] = {}

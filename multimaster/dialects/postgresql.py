@@ -1,0 +1,286 @@
+"""PostgreSQL 12+: objects in the schema ``_mm``, PL/pgSQL capture, concurrent writers.
+
+SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/postgresql.md):
+
+- many writers at once: the clock is a sequence (`_mm._mm_tick`), not a row every writer would
+  queue on; inserts into a renumbered table take a per-table transaction-level advisory lock (the
+  rank of a new identity needs every earlier one committed), updates and deletes take none;
+- a peer reads the second-order log only below the oldest running transaction
+  (``log2_horizon``), because entries commit out of order;
+- the echo guard is ``SET LOCAL mm.applying = 'on'``, invisible to every other session.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import SchemaError
+from ..schema import TableInfo, names
+from .base import Capabilities, Dialect, group_diffs, templates_dir
+
+SCHEMA = "_mm"
+#: first key of every advisory lock multimaster takes ('mm'); the second is the table's oid (0: clock)
+LOCK_CLASS = 28013
+_TABLES = ("log", "log2", "shadow", "tombstones", "snap")
+#: sqlstates worth a retry: serialization_failure, deadlock_detected, lock_not_available
+_RETRY_STATES = {"40001", "40P01", "55P03"}
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+class PostgreSQLDialect(Dialect):
+    name = "postgresql"
+    caps = Capabilities(
+        transactional_ddl=True,  # CREATE/DROP roll back with the transaction: init is all-or-nothing
+        max_identifier_length=63,  # NAMEDATALEN - 1: longer names are silently truncated, so refuse them
+        placeholder="%s",  # psycopg
+        single_writer=False,  # many writers: capture locks per table (inserts) and per row only
+    )
+    insert_ignore = "INSERT"
+    greatest = "GREATEST"
+    #: an entry may be handed out once no transaction that could still write below it is running:
+    #: the oldest transaction in progress in this snapshot, not counting those of other databases
+    #: of the server or of autovacuum (they never write here), else the snapshot's xmax
+    log2_horizon = (
+        "((SELECT coalesce(min(x.x), txid_snapshot_xmax(txid_current_snapshot())) "
+        "FROM txid_snapshot_xip(txid_current_snapshot()) x(x) WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "
+        "WHERE a.backend_xid::text::bigint = mod(x.x, 4294967296) AND (a.datname IS DISTINCT FROM current_database() "
+        "OR a.backend_type = 'autovacuum worker'))) << 24)"
+    )
+    daemon_lock_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
+
+    # ---- names -----------------------------------------------------------------------------
+    def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
+        out = {}
+        for k, v in names(table, peer).items():
+            out[k] = f"{SCHEMA}.{self.quote(v)}" if k in _TABLES else self.quote(v)
+        return out
+
+    def _fn(self, table: str) -> dict[str, str]:
+        """Names of the per-table trigger functions (in _mm, named like their triggers)."""
+        n = names(table)
+        out = {f"fn_{k}": f"{SCHEMA}.{self.quote(n[k])}" for k in ("cap_i", "cap_u", "cap_d", "l2a", "l2p")}
+        out["fn_rank"] = f"{SCHEMA}.{self.quote('_mm_rank_' + table)}"
+        out["rank"] = self.quote("_mm_rank_" + table)
+        return out
+
+    def render(self, template: str, **values: Any) -> list[str]:
+        """Like the base, but ``$$`` (PL/pgSQL dollar quoting) passes through unchanged."""
+        from string import Template
+
+        text = (templates_dir(self.name) / f"{template}.sql").read_text().replace("$$", "\x00")
+        stmts = []
+        for chunk in text.split("\n--\n"):
+            lines = [ln for ln in chunk.splitlines() if not ln.lstrip().startswith("--")]
+            sql = Template("\n".join(lines)).substitute(**values).strip().replace("\x00", "$$")
+            if sql:
+                stmts.append(sql.replace("%", "%%"))  # run through the driver's paramstyle
+        return stmts
+
+    # ---- connections -----------------------------------------------------------------------
+    def prepare_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            # _mm last: user tables keep resolving (and reflecting) in the URL's default schema
+            prev = dbapi_conn.autocommit
+            dbapi_conn.autocommit = True
+            with dbapi_conn.cursor() as cur:
+                cur.execute("SELECT set_config('search_path', current_setting('search_path') || ', _mm', false)")
+            dbapi_conn.autocommit = prev
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        return getattr(orig, "sqlstate", None) in _RETRY_STATES
+
+    def temp_rids(self, conn: Connection) -> str:
+        if conn.exec_driver_sql("SELECT to_regclass('pg_temp._mm_tmp_rids')").scalar() is None:
+            conn.exec_driver_sql('CREATE TEMP TABLE _mm_tmp_rids (rid text COLLATE "C" PRIMARY KEY)')
+        return "pg_temp._mm_tmp_rids"
+
+    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
+        return f"INSERT INTO {table} ({cols}) {source} ON CONFLICT DO NOTHING"
+
+    def cast_text(self, expr: str) -> str:
+        return f"CAST({expr} AS text)"
+
+    # ---- install ---------------------------------------------------------------------------
+    def _site_name(self, conn: Connection) -> str:
+        return str(conn.exec_driver_sql(f"SELECT site FROM {SCHEMA}._mm_state").scalar())
+
+    def install_site(self, conn: Connection, site: str) -> None:
+        for sql in self.render("site", site_lit=_lit(site)):
+            conn.exec_driver_sql(sql)
+        conn.exec_driver_sql(f"INSERT INTO {SCHEMA}._mm_state (id, site) VALUES (1, %s) ON CONFLICT (id) DO NOTHING", (site,))
+
+    def install_ops(self, conn: Connection) -> None:
+        # the base creates its tables unqualified: let them land in _mm for this one call
+        prev = conn.exec_driver_sql("SELECT current_setting('search_path')").scalar()
+        conn.exec_driver_sql(f"SELECT set_config('search_path', '{SCHEMA}', true)")
+        try:
+            super().install_ops(conn)
+        finally:
+            conn.exec_driver_sql("SELECT set_config('search_path', %s, true)", (prev,))
+
+    def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
+        long = [v for p in (None, *peers) for v in names(info.name, p).values() if len(v.encode()) > self.caps.max_identifier_length]
+        long += [n for n in ("_mm_rank_" + info.name,) if len(n.encode()) > self.caps.max_identifier_length]
+        if long:
+            raise SchemaError([
+                f"table '{info.name}': object name '{n}' is longer than PostgreSQL's {self.caps.max_identifier_length} "
+                "bytes; use a shorter table or site name" for n in sorted(set(long))
+            ])
+
+    def _log_cols(self, info: TableInfo) -> str:
+        q = self.quote
+        return "".join(f",\n  {q('n_' + c.name)} {c.type_sql},\n  {q('o_' + c.name)} {c.type_sql}" for c in info.columns)
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        self._check_names(info)
+        q = self.quote
+        slotcols = "".join(f",\n  {q('v_' + s.name)} text COLLATE \"C\"" for s in info.spec.slots)
+        for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
+                               slotcols=slotcols, **self.obj(info.name), **self._fn(info.name)):
+            conn.exec_driver_sql(sql)
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        self._check_names(info, [peer])
+        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=info.key.type_sql,
+                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        spec = info.spec
+        cols = info.columns
+        site = _lit(self._site_name(conn))
+        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
+        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
+        newvals = "".join(f", n.{q(c.name)}" for c in cols)
+        oldvals = "".join(f", o.{q(c.name)}" for c in cols)
+        own = [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols]
+        anychanged = " OR ".join(own) if own else "false"
+        diff = group_diffs(own, spec)
+        updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(diff)) if diff else "0"
+        updnew = "".join(f", CASE WHEN {d} THEN n.{q(c.name)} END" for d, c in zip(diff, cols))
+        updold = "".join(f", CASE WHEN {d} THEN o.{q(c.name)} END" for d, c in zip(diff, cols))
+        stamps = []
+        for s in spec.slots:
+            smask = sum(1 << i for i in s.columns)
+            vcol = q("v_" + s.name)
+            stamps.append(f"{vcol} = CASE WHEN l.mask & {smask} <> 0 THEN l.ver ELSE s.{vcol} END")
+        slotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
+        fns = self._fn(info.name)
+        if spec.renumber:
+            insrid, slotnames, slotinit, onconflict = "n.mm_v", "", "", ""
+        else:
+            insrid = f"'k:' || CAST(n.{key} AS text)"
+            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
+            slotinit = "".join(", ver" for _ in spec.slots)
+            # a natural key may come back after a delete: revive its shadow row
+            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
+            onconflict = f"\n    ON CONFLICT (rid) DO UPDATE SET {sets}"
+        stmts = self.render(
+            "capture", table=q(info.name), key=key, keyname_lit=_lit(info.key.name), site_lit=site, insrid=insrid,
+            allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
+            updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
+            onconflict=onconflict, **o, **fns,
+        )
+        if spec.renumber:
+            stmts += self.render("renumber", table=q(info.name), key=key, shadow=o["shadow"], **fns)
+        else:
+            stmts += [f"DROP TRIGGER IF EXISTS {fns['rank']} ON {q(info.name)}"]
+        for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        if conn.exec_driver_sql(f"SELECT to_regclass('{SCHEMA}._mm_tables')").scalar() is None:
+            return []
+        return [r[0] for r in conn.exec_driver_sql(f"SELECT tbl FROM {SCHEMA}._mm_tables ORDER BY tbl")]
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        if conn.exec_driver_sql(f"SELECT to_regnamespace('{SCHEMA}')").scalar() is None:
+            return []
+        dropped = [
+            f"trigger {r[0]}"
+            for r in conn.exec_driver_sql(
+                "SELECT t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_namespace n ON n.oid = p.pronamespace "
+                "WHERE n.nspname = %s AND NOT t.tgisinternal ORDER BY 1",
+                (SCHEMA,),
+            )
+        ]
+        kinds = {"r": "table", "v": "view", "S": "sequence", "i": None, "t": None}
+        for name, kind in conn.exec_driver_sql(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s ORDER BY 1",
+            (SCHEMA,),
+        ):
+            if kinds.get(kind):
+                dropped.append(f"{kinds[kind]} {name}")
+        dropped += [f"function {r[0]}" for r in conn.exec_driver_sql(
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1", (SCHEMA,))]
+        # the triggers on user tables depend on functions in _mm: CASCADE drops them with the schema
+        conn.exec_driver_sql(f"DROP SCHEMA {SCHEMA} CASCADE")
+        dropped.append(f"schema {SCHEMA}")
+        return dropped
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        conn.exec_driver_sql("SELECT set_config('mm.applying', %s, true)", ("on" if on else "off",))
+
+    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+        conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
+
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.key = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"ORDER BY t.{key} FOR UPDATE OF t"
+        ).all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.key FOR UPDATE OF s").all()
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql(f"SELECT GREATEST(c.last_value, s.hlc) FROM {SCHEMA}._mm_clock c, {SCHEMA}._mm_state s").scalar()
+        return None if v is None else int(v)
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        conn.exec_driver_sql(
+            f"INSERT INTO {SCHEMA}._mm_watermarks (peer, tbl, seq2, pulled_at) "
+            "VALUES (%s, %s, %s, to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')) "
+            "ON CONFLICT (peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
+            (peer, table, seq2),
+        )
+
+    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
+        q = self.quote
+        key = q(info.key.name)
+        shadow = self.obj(info.name)["shadow"]
+        for tbl, col in ((q(info.name), key), (shadow, "key")):
+            for low, high, delta in shifts:
+                if high is None:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} < %s", (delta + offset, low, offset))
+                else:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} <= %s", (delta + offset, low, high))
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - %s WHERE {col} > %s", (offset, offset))
+
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Move the key column's sequence (serial or identity) past the highest key, so a plain
+        INSERT never collides even with the capture triggers disabled or removed."""
+        q = self.quote
+        seq = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()
+        if seq:
+            conn.exec_driver_sql(
+                f"SELECT setval(%s, GREATEST((SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)}), "
+                "(SELECT coalesce(max(key), 0) FROM " + self.obj(info.name)["shadow"] + "), 1))",
+                (seq,),
+            )
+
+
+DIALECT = PostgreSQLDialect()

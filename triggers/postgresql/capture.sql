@@ -1,0 +1,62 @@
+-- multimaster: capture triggers (PostgreSQL) on $table. Statement-level AFTER triggers read the
+-- transition tables, so a multi-row statement is captured with a few set-based statements.
+-- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
+-- own transaction, which no other session ever sees.
+CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  WITH l AS (
+    INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
+      SELECT n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask$newvals
+      FROM (SELECT _mm._mm_ver() AS mm_v, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) n
+      RETURNING rid, key, ver)
+  INSERT INTO $shadow (rid, key$slotnames)
+    SELECT rid, key$slotinit FROM l$onconflict;
+  RETURN NULL;
+END
+$$;
+--
+CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  WITH l AS (
+    INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
+      SELECT _mm._mm_ver(), $site_lit, 'U', s.rid, n.$key, $updmask$updnew$updold
+      FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key
+      WHERE $anychanged
+      RETURNING key, ver, mask)
+  UPDATE $shadow s SET $slotstamp FROM l WHERE s.key = l.key;
+  RETURN NULL;
+END
+$$;
+--
+CREATE OR REPLACE FUNCTION $fn_cap_d() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  WITH l AS (
+    INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
+      SELECT _mm._mm_ver(), $site_lit, 'D', s.rid, o.$key, $allmask$oldvals
+      FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key
+      RETURNING key, ver)
+  UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key;
+  RETURN NULL;
+END
+$$;
+--
+DROP TRIGGER IF EXISTS $cap_i ON $table;
+--
+CREATE TRIGGER $cap_i AFTER INSERT ON $table REFERENCING NEW TABLE AS mm_new FOR EACH STATEMENT
+  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_cap_i();
+--
+DROP TRIGGER IF EXISTS $cap_u ON $table;
+--
+CREATE TRIGGER $cap_u AFTER UPDATE ON $table REFERENCING OLD TABLE AS mm_old NEW TABLE AS mm_new FOR EACH STATEMENT
+  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_cap_u();
+--
+DROP TRIGGER IF EXISTS $cap_d ON $table;
+--
+CREATE TRIGGER $cap_d AFTER DELETE ON $table REFERENCING OLD TABLE AS mm_old FOR EACH STATEMENT
+  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_cap_d();
+--
+DROP TRIGGER IF EXISTS $keyguard ON $table;
+--
+CREATE TRIGGER $keyguard BEFORE UPDATE OF $key ON $table FOR EACH ROW
+  WHEN (OLD.$key IS DISTINCT FROM NEW.$key AND current_setting('mm.applying', true) IS DISTINCT FROM 'on')
+  EXECUTE FUNCTION _mm._mm_keyguard($keyname_lit);

@@ -1,0 +1,13 @@
+-- multimaster: snapshot at this site of peer $peer's change log of table $table.
+CREATE TABLE IF NOT EXISTS $snap (
+  pseq bigint PRIMARY KEY,
+  ver text COLLATE "C" NOT NULL,
+  origin text NOT NULL,
+  op char(1) NOT NULL,
+  rid text COLLATE "C" NOT NULL,
+  key $keytype,
+  mask bigint NOT NULL$logcols,
+  applied smallint NOT NULL DEFAULT 0
+);
+--
+CREATE INDEX IF NOT EXISTS $snap_idx ON $snap (applied) WHERE applied <> 1;
