@@ -224,14 +224,13 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
         d.mark_applied(conn, info.name, origin, top)
     # 6. relay: changes some peer of this site needs enter the change log with their own version
-    # and origin, and their second-order records (set-based: the log trigger is guarded)
+    # and origin, and get their second-order records
     if relay is None or relay:
         before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
         inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
         conn.exec_driver_sql(
             f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
-        conn.exec_driver_sql(
-            f"INSERT INTO {own['log2']} (seq, op) SELECT seq, 'A' FROM {own['log']} WHERE seq > {ph} ORDER BY seq", (before,))
+        d.record_relayed(conn, info, before)
     d.advance_clock(conn, max_hlc)
     d.after_apply(conn, info)
     d.set_applying(conn, False)

@@ -189,6 +189,10 @@ class Dialect:
         elif cur[0] < ver:
             conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
 
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Second-order records for the change-log entries the reconciler just relayed (seq >
+        `after_seq`). Default: nothing, the trigger on the change log writes them."""
+
     def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
         """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
         return []

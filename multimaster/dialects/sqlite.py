@@ -214,6 +214,11 @@ class SQLiteDialect(Dialect):
             f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
         )
 
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        # the change log's trigger skips the reconciler's inserts: one set-based insert instead
+        o = self.obj(info.name)
+        conn.exec_driver_sql(f"INSERT INTO {o['log2']} (seq, op) SELECT seq, 'A' FROM {o['log']} WHERE seq > ? ORDER BY seq", (after_seq,))
+
     def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
         if not info.spec.renumber:
             return []
