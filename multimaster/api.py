@@ -10,11 +10,13 @@
 from __future__ import annotations
 
 import json
+import random
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from .engine import RefreshResult, ReconcileResult, now_iso, pull_batch, reconcile_table, store_batch
 from .errors import BaseRowsDiffer, ConfigError, MultimasterError, SchemaError
@@ -36,6 +38,7 @@ __all__ = [
 ]
 
 Progress = Callable[[str], None]
+T = TypeVar("T")
 
 
 class Cluster:
@@ -206,8 +209,9 @@ def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, inf
     n = 0
     with src.read() as sconn:
         batch: list[tuple[Any, ...]] = []
+        adapters = dst.dialect.value_adapters(info_dst)  # values as the target's driver stores them exactly
         for row in _rows_sorted(sconn, src, info_src):
-            batch.append(row)
+            batch.append((row[0], *(v if f is None else f(v) for f, v in zip(adapters, row[1:]))))
             if len(batch) >= 10_000:
                 dconn.exec_driver_sql(sql, batch)
                 n += len(batch)
@@ -290,19 +294,25 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 check_not_purged(src, target, tb, wm)
                 if not rows:
                     break
-                with tgt.write() as conn:
+                def apply_batch(conn: Connection) -> tuple[int, ReconcileResult | None] | None:
                     if tgt.dialect.watermark(conn, source, tb) != wm:
-                        continue  # another refresher moved it: read again
+                        return None  # another refresher moved it: read again
                     stored, last = store_batch(conn, tgt, info, source, rows, applied=reconcile_)
                     tgt.dialect.upsert_watermark(conn, source, tb, last)
-                    res.pulled += stored
                     if reconcile_:
                         fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
                         r = reconcile_table(conn, tgt, info, peers, base_max, relay_origins(t, target, info), fresh)
-                        rr.add(r)
                         tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
-                    else:
-                        tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
+                        return stored, r
+                    tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
+                    return stored, None
+
+                done = write_retrying(tgt, apply_batch)
+                if done is None:
+                    continue
+                res.pulled += done[0]
+                if done[1] is not None:
+                    rr.add(done[1])
                 res.batches += 1
                 if progress:
                     progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
@@ -322,6 +332,27 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+#: attempts of one write transaction that failed transiently (deadlock, serialization failure, lock timeout)
+RETRIES = 10
+
+
+def write_retrying(site: Site, fn: Callable[[Connection], T]) -> T:
+    """Run `fn` in one write transaction at `site`. A transient failure rolls the whole transaction
+    back (nothing of the batch stays) and runs it again after a jittered exponential backoff
+    (10 ms doubling to 1 s); after RETRIES attempts, or on any other error, it raises."""
+    delay = 0.01
+    for attempt in range(RETRIES):
+        try:
+            with site.write() as conn:
+                return fn(conn)
+        except DBAPIError as e:
+            if attempt == RETRIES - 1 or not site.dialect.is_retryable(e):
+                raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
 
 
 def _record_error(tgt: Site, source: str, msg: str) -> None:
@@ -360,10 +391,12 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
             s = cl.site(n)
             out[n] = {}
             for tb in t.tables:
-                with s.write() as conn:
+                def apply(conn: Connection, tb: str = tb) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    out[n][tb] = reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
+                    return reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
+
+                out[n][tb] = write_retrying(s, apply)
         return out
     finally:
         if own:

@@ -112,6 +112,8 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
     width = 6 + 2 * ncols
     appended = []
     purged = []
+    adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
+    conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     for r in rows:
         seq2, op2, seq = r[0], r[1], r[2]
         if op2 == "A":
@@ -120,6 +122,10 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             vals = r[3:3 + width]
             if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
                 raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
+            if conv:  # values as this site's driver stores them exactly (dialects/types.py)
+                vals = list(vals)
+                for i, f in conv:
+                    vals[i] = f(vals[i])
             appended.append((seq, *vals))
         elif op2 == "P":
             purged.append((seq,))
@@ -231,7 +237,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         conn.exec_driver_sql(
             f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
         d.record_relayed(conn, info, before)
-    d.advance_clock(conn, max_hlc)
+    d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)
     d.set_applying(conn, False)
     d.drop_temp(conn, cand)

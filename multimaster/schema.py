@@ -133,8 +133,11 @@ def _norm_type(t: str) -> str:
 
 
 def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[str, str]) -> list[str]:
-    """Problems where a replicated table differs between sites (column names; types on one dialect)."""
-    problems: list[str] = []
+    """Problems where a replicated table differs between sites (column names; types on one dialect;
+    across dialects, columns whose values cannot be carried exactly: dialects/types.py)."""
+    from .dialects.types import carry_problems
+
+    problems: list[str] = carry_problems(table, infos, same_dialect)
     items = list(infos.items())
     if not items:
         return problems

@@ -161,6 +161,7 @@ class _ServerBackend(Backend):
 
     env = ""
     default = ""
+    create_options = ""
 
     def __init__(self) -> None:
         import os
@@ -181,7 +182,7 @@ class _ServerBackend(Backend):
 
     def new_site(self, tmp: Path, site: str) -> str:
         db = f"{self.prefix}_{site}".lower()
-        self._admin(f"CREATE DATABASE {db}")
+        self._admin(f"CREATE DATABASE {db}{self.create_options}")
         self.databases.append(db)
         return self.url(db)
 
@@ -233,6 +234,7 @@ class MySQLBackend(_ServerBackend):
     name = "mysql"
     env = "MM_MYSQL_URL"
     default = "mysql+pymysql://root@127.0.0.1:3306/"
+    create_options = " CHARACTER SET utf8mb4"
 
     def _kw(self, db: str | None) -> dict[str, Any]:
         u = self.server
@@ -273,4 +275,4 @@ class MySQLBackend(_ServerBackend):
 
 #: name -> factory. Server backends register here (their factories raise ConnectionError when the
 #: server does not answer, and conftest turns that into a skip, or a failure under CI).
-BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend}
+BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend, "mysql": MySQLBackend}

@@ -101,6 +101,14 @@ class Dialect:
         unique key already exists."""
         return f"{self.insert_ignore} INTO {table} ({cols}) {source}"
 
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        """Per replicated column of `info` at this site, a converter from a value as any peer's
+        driver returned it to one this site's driver stores exactly, or None (dialects/types.py).
+        The default is SQLite's (ISO-8601 text for dates and times, decimals as exact text)."""
+        from . import types
+
+        return [types.adapter(types.SQLITE, types.kind_of(self.name, c)) for c in info.columns]
+
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
         return "database is locked" in str(getattr(exc, "orig", exc))
@@ -172,8 +180,8 @@ class Dialect:
         """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
         read, so an application's concurrent update waits instead of being overwritten."""
 
-    def advance_clock(self, conn: Connection, hlc: int) -> None:
-        """Move this site's clock to at least `hlc` (a version received from a peer)."""
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        """Move this site's clock to at least `hlc` (a version of `table` received from a peer)."""
         conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {self.greatest}(hlc, {self.caps.placeholder})", (hlc,))
 
     def read_clock(self, conn: Connection) -> int | None:

@@ -91,7 +91,16 @@ class PostgreSQLDialect(Dialect):
             dbapi_conn.autocommit = True
             with dbapi_conn.cursor() as cur:
                 cur.execute("SELECT set_config('search_path', current_setting('search_path') || ', _mm', false)")
+                cur.execute("SET TIME ZONE 'UTC'")  # timestamptz values come back in UTC
             dbapi_conn.autocommit = prev
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        from psycopg.types.json import Jsonb
+
+        from . import types
+
+        table = {**types.NATIVE, "json": lambda v: Jsonb(types._json_obj(v))}
+        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)

@@ -1,0 +1,314 @@
+"""MariaDB 10.6+ / MySQL 8: objects named ``_mm_*`` in the site's database, row triggers.
+
+SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql.md):
+
+- no sequences in MySQL and no transaction ids a reader can compare: every captured write of a
+  table locks that table's ``_mm_clock`` row until COMMIT, so versions, ranks and the second-order
+  log's AUTO_INCREMENT are given in commit order and a peer can read everything committed;
+  writers to *different* tables never wait for each other;
+- the echo guard is the session variable ``@mm_applying``;
+- ``key`` is a reserved word: the engine's own SQL names a column ``key``, so statements sent
+  through multimaster's connections have that bare word quoted on the way (:func:`quote_key`);
+- DDL commits implicitly: ``init`` is not all-or-nothing per site (it is idempotent: rerun it).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from ..errors import SchemaError
+from ..schema import TableInfo, names
+from .base import Capabilities, Dialect, group_diffs
+
+#: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
+_RETRY_CODES = {1213, 1205, 1020, 1412}
+_TEXTLIKE = ("CHAR", "TEXT", "ENUM", "SET", "JSON")
+_QUOTED = re.compile(r"('(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"\\]|\\.)*\")", re.S)
+_BARE_KEY = re.compile(r"(?<![\w$@])key(?![\w$(])")
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _utc_timestamp(v: Any) -> Any:
+    import datetime as dt
+
+    import pymysql.converters as pc
+
+    d = pc.convert_datetime(v)
+    return d.replace(tzinfo=dt.timezone.utc) if isinstance(d, dt.datetime) else d
+
+
+@lru_cache(maxsize=4096)
+def quote_key(sql: str) -> str:
+    """Backquote the bare lower-case word ``key`` (a column of multimaster's own tables) outside
+    string literals and quoted identifiers; keywords (``PRIMARY KEY``) are upper case."""
+    if "key" not in sql:
+        return sql
+    parts = _QUOTED.split(sql)
+    for i in range(0, len(parts), 2):
+        parts[i] = _BARE_KEY.sub("`key`", parts[i])
+    return "".join(parts)
+
+
+class MySQLDialect(Dialect):
+    name = "mysql"
+    caps = Capabilities(
+        transactional_ddl=False,  # CREATE/DROP commit implicitly: init is idempotent instead
+        max_identifier_length=64,
+        placeholder="%s",  # PyMySQL / mysqlclient
+        single_writer=False,  # writers of one table queue on its _mm_clock row, other tables are free
+    )
+    insert_ignore = "INSERT IGNORE"
+    greatest = "GREATEST"
+    log2_horizon = None  # entries are numbered in commit order (see the module docstring)
+    daemon_lock_sql = "SELECT GET_LOCK(%s, 0)"
+
+    def quote(self, ident: str) -> str:
+        return "`" + ident.replace("`", "``") + "`"
+
+    def concat(self, *parts: str) -> str:
+        return "CONCAT(" + ", ".join(parts) + ")"
+
+    def cast_text(self, expr: str) -> str:
+        return f"CAST({expr} AS CHAR)"
+
+    def render(self, template: str, **values: Any) -> list[str]:
+        # statements run through the driver's paramstyle: a literal % is written %%
+        return [s.replace("%", "%%") for s in super().render(template, **values)]
+
+    # ---- connections -----------------------------------------------------------------------
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        # READ COMMITTED: each statement of the reconciler sees what was committed before it, after
+        # the locks it waited for (InnoDB's default REPEATABLE READ would read an older snapshot)
+        import pymysql.converters as pc
+        from pymysql.constants import FIELD_TYPE
+
+        # TIMESTAMP columns hold instants: read them as aware UTC datetimes (sessions run in UTC)
+        conv = dict(pc.conversions)
+        conv[FIELD_TYPE.TIMESTAMP] = _utc_timestamp
+        return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True, "connect_args": {"conv": conv}}
+
+    def prepare_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "before_cursor_execute", retval=True)
+        def _quote_key(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> Any:
+            return quote_key(statement), parameters
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("SET SESSION time_zone = '+00:00', @mm_applying = NULL")
+            cur.close()
+
+        @event.listens_for(engine, "reset")
+        def _on_reset(dbapi_conn: Any, _rec: Any, _state: Any = None) -> None:
+            # a connection going back to the pool never keeps the capture guard set
+            try:
+                cur = dbapi_conn.cursor()
+                cur.execute("SET @mm_applying = NULL")
+                cur.close()
+            except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
+                pass
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        from . import types
+
+        table = {**types.NATIVE, "json": types._json_text}
+        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        args = getattr(orig, "args", ())
+        return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
+
+    def temp_rids(self, conn: Connection) -> str:
+        conn.exec_driver_sql(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS _mm_tmp_rids (rid VARCHAR(255) PRIMARY KEY) "
+            "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        return "_mm_tmp_rids"
+
+    # ---- install ---------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        for sql in self.render("site"):
+            conn.exec_driver_sql(sql)
+        conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
+
+    def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
+        long = sorted({v for p in (None, *peers) for v in [*names(info.name, p).values(), "_mm_rank_" + info.name]
+                       if len(v) > self.caps.max_identifier_length})
+        if long:
+            raise SchemaError([
+                f"table '{info.name}': object name '{n}' is longer than MySQL's {self.caps.max_identifier_length} "
+                "characters; use a shorter table or site name" for n in long
+            ])
+
+    def _log_cols(self, info: TableInfo) -> str:
+        q = self.quote
+        return "".join(f",\n  {q('n_' + c.name)} {c.type_sql},\n  {q('o_' + c.name)} {c.type_sql}" for c in info.columns)
+
+    def _keytype(self, info: TableInfo) -> str:
+        t = info.key.type_sql
+        # a TEXT key cannot be indexed without a length: the shadow keeps it as VARCHAR
+        return "VARCHAR(255)" if t.upper().endswith("TEXT") else t
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        self._check_names(info)
+        q = self.quote
+        slotcols = "".join(f",\n  {q('v_' + s.name)} VARCHAR(255)" for s in info.spec.slots)
+        for sql in self.render("table", table=q(info.name), tbl_lit=_lit(info.name), keytype=self._keytype(info),
+                               logcols=self._log_cols(info), slotcols=slotcols, **self.obj(info.name)):
+            conn.exec_driver_sql(sql)
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        self._check_names(info, [peer])
+        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
+                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        spec = info.spec
+        cols = info.columns
+        site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
+        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
+        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
+        newvals = "".join(f", NEW.{q(c.name)}" for c in cols)
+        oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
+
+        def differs(c: Any) -> str:
+            # strings compare as bytes: a case-insensitive collation must not hide a change
+            b = "BINARY " if any(t in c.type_sql.upper() for t in _TEXTLIKE) else ""
+            return f"NOT ({b}OLD.{q(c.name)} <=> {b}NEW.{q(c.name)})"
+
+        own = [differs(c) for c in cols]
+        anychanged = " OR ".join(own) if own else "FALSE"
+        diff = group_diffs(own, spec)
+        updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END) << {i})" for i, d in enumerate(diff)) if diff else "0"
+        updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
+        updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        stamps = []
+        for s in spec.slots:
+            vcol = q("v_" + s.name)
+            stamps.append(f"{vcol} = CASE WHEN {diff[s.columns[0]]} THEN mm_v ELSE {vcol} END")
+        slotstamp = ", ".join(stamps) if stamps else "rid = rid"
+        if spec.renumber:
+            insrid, slotnames, slotinit, onconflict = "mm_v", "", "", ""
+        else:
+            insrid = f"CONCAT('k:', CAST(NEW.{key} AS CHAR))"
+            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
+            slotinit = "".join(", mm_v" for _ in spec.slots)
+            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = VALUES({q('v_' + s.name)})" for s in spec.slots])
+            onconflict = f"\n      ON DUPLICATE KEY UPDATE {sets}"
+        msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
+               "updated; delete and insert the row instead")
+        rank = self.quote("_mm_rank_" + info.name)
+        stmts = self.render(
+            "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid,
+            allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
+            updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
+            onconflict=onconflict, keyguard_msg=_lit(msg[:128]), **o,
+        )
+        if spec.renumber:
+            stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)
+        else:
+            stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
+        self._sync_maxkey(conn, info)
+        for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def _sync_maxkey(self, conn: Connection, info: TableInfo) -> None:
+        if not info.spec.renumber:
+            return
+        shadow = self.obj(info.name)["shadow"]
+        conn.exec_driver_sql(
+            f"UPDATE _mm_clock SET maxkey = (SELECT coalesce(max(`key`), 0) FROM {shadow}) WHERE tbl = %s", (info.name,)
+        )
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        if conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tables'"
+        ).first() is None:
+            return []
+        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        dropped: list[str] = []
+        pat = "\\_mm\\_%"
+        for (name,) in conn.exec_driver_sql(
+            "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE %s "
+            "ORDER BY 1", (pat,)
+        ).all():
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {self.quote(name)}")
+            dropped.append(f"trigger {name}")
+        for name, typ in conn.exec_driver_sql(
+            "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE %s "
+            "ORDER BY TABLE_TYPE DESC, 1", (pat,)
+        ).all():
+            kind = "view" if typ == "VIEW" else "table"
+            conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {self.quote(name)}")
+            dropped.append(f"{kind} {name}")
+        return dropped
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        conn.exec_driver_sql("SET @mm_applying = %s", (1 if on else None,))
+
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """The rows first, then the table's clock row: an application's UPDATE locks its row and then,
+        in the capture trigger, the clock row; taking them in the same order cannot deadlock."""
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"ORDER BY t.{key} FOR UPDATE"
+        ).all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
+        conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        # the table's clock row, which this transaction holds already (_mm_state stays unlocked for
+        # the capture triggers that read it)
+        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
+        return None if v is None else int(v)
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        from ..engine import now_iso
+
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (%s, %s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE seq2 = VALUES(seq2), pulled_at = VALUES(pulled_at)",
+            (peer, table, seq2, now_iso()),
+        )
+
+    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
+        q = self.quote
+        key = q(info.key.name)
+        shadow = self.obj(info.name)["shadow"]
+        for tbl, col in ((q(info.name), key), (shadow, "`key`")):
+            for low, high, delta in shifts:
+                if high is None:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} < %s", (delta + offset, low, offset))
+                else:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} <= %s", (delta + offset, low, high))
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - %s WHERE {col} > %s", (offset, offset))
+
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """The next rank counts every identity now known. (AUTO_INCREMENT needs no move: the
+        insert trigger gives the key, and InnoDB moves the counter past every key inserted.)"""
+        self._sync_maxkey(conn, info)
+
+
+DIALECT = MySQLDialect()

@@ -1,0 +1,192 @@
+"""Values across dialects: what kind of value each column holds, and converting a value pulled
+from any peer into what this site's driver stores exactly (docs/types.md).
+
+Every replicated column has a *kind* (int, decimal, float, bool, text, bytes, date, timestamp,
+timestamptz, json). Sites of different databases may declare a column with different types as long
+as its kind is the same everywhere; `init` refuses a column whose kind differs between sites or that
+has no kind (arrays, intervals, geometry, enums, ...), naming it. A value is converted by the kind
+of the column at the *receiving* site, from whatever Python value the peer's driver returned.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from decimal import Decimal
+from typing import Any, Callable
+
+from sqlalchemy import types as sqltypes
+
+__all__ = ["kind_of", "adapter", "carry_problems", "KINDS"]
+
+KINDS = ("int", "decimal", "float", "bool", "text", "bytes", "date", "timestamp", "timestamptz", "json")
+UTC = dt.timezone.utc
+
+Conv = Callable[[Any], Any]
+
+
+def kind_of(dialect: str, col: Any) -> str | None:
+    """The kind of a reflected column (schema.Column) at a site of `dialect`; None: not carried."""
+    t = col.type
+    ts = (col.type_sql or "").upper().replace(" ", "")
+    if dialect == "mysql" and (ts.startswith("TINYINT(1)") or ts.startswith("BOOL")):
+        return "bool"  # MySQL's BOOLEAN is TINYINT(1)
+    if isinstance(t, sqltypes.Boolean):
+        return "bool"
+    if isinstance(t, sqltypes.Integer):
+        return "int"
+    if isinstance(t, sqltypes.Float) or ts.startswith(("REAL", "DOUBLE", "FLOAT")):
+        return "float"
+    if isinstance(t, sqltypes.Numeric):
+        return "decimal"
+    if isinstance(t, sqltypes.DateTime):
+        if getattr(t, "timezone", False) or (dialect == "mysql" and ts.startswith("TIMESTAMP")):
+            return "timestamptz"
+        return "timestamp"
+    if isinstance(t, sqltypes.Date):
+        return "date"
+    if isinstance(t, sqltypes.JSON):
+        return "json"
+    if isinstance(t, (sqltypes.LargeBinary, sqltypes._Binary)):
+        return "bytes"
+    if isinstance(t, (sqltypes.String, sqltypes.Text)) and not isinstance(t, sqltypes.Enum):
+        return "text"
+    if dialect == "sqlite" and ts == "":
+        return "any"  # an untyped SQLite column takes whatever comes
+    return None
+
+
+def _parse_dt(v: Any) -> dt.datetime:
+    if isinstance(v, dt.datetime):
+        return v
+    if isinstance(v, dt.date):
+        return dt.datetime(v.year, v.month, v.day)
+    s = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
+    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+
+
+def _aware(v: Any) -> dt.datetime:
+    d = _parse_dt(v)
+    return d.replace(tzinfo=UTC) if d.tzinfo is None else d.astimezone(UTC)
+
+
+def _naive(v: Any) -> dt.datetime:
+    d = _parse_dt(v)
+    return d if d.tzinfo is None else d.astimezone(UTC).replace(tzinfo=None)
+
+
+def _date(v: Any) -> dt.date:
+    if isinstance(v, dt.datetime):
+        return v.date()
+    if isinstance(v, dt.date):
+        return v
+    return dt.date.fromisoformat(str(v)[:10])
+
+
+def _decimal(v: Any) -> Decimal:
+    if isinstance(v, Decimal):
+        return v
+    if isinstance(v, float):
+        return Decimal(repr(v))  # the shortest repr is the value the peer stored
+    return Decimal(str(v))
+
+
+def _int(v: Any) -> int:
+    if isinstance(v, int):
+        return int(v)
+    d = _decimal(v)
+    if d != d.to_integral_value():
+        raise ValueError(f"{v!r} is not an integer")
+    return int(d)
+
+
+def _bool(v: Any) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() in ("1", "t", "true", "y", "yes", "on")
+    return bool(v)
+
+
+def _bytes(v: Any) -> bytes:
+    if isinstance(v, str):
+        return v.encode()
+    return bytes(v)
+
+
+def _json_obj(v: Any) -> Any:
+    return json.loads(v) if isinstance(v, (str, bytes, bytearray)) else v
+
+
+def _json_text(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+
+
+#: kind -> converter to the Python value a *server* driver (psycopg, PyMySQL) stores exactly
+NATIVE: dict[str, Conv] = {
+    "int": _int, "decimal": _decimal, "float": float, "bool": _bool, "text": str, "bytes": _bytes, "date": _date,
+    "timestamp": _naive, "timestamptz": _aware, "json": _json_obj,
+}
+
+
+def _sqlite_dt(v: Any) -> str:
+    d = _parse_dt(v)
+    if d.tzinfo is not None:
+        d = d.astimezone(UTC)
+    return d.isoformat(" ")
+
+
+#: kind -> converter to what SQLite stores exactly (sqlite3 binds no Decimal, date or datetime:
+#: ISO-8601 text; a decimal is bound as text, which NUMERIC affinity keeps exact)
+SQLITE: dict[str, Conv] = {
+    "int": _int, "decimal": lambda v: str(_decimal(v)), "float": float, "bool": lambda v: int(_bool(v)), "text": str,
+    "bytes": _bytes, "date": lambda v: _date(v).isoformat(), "timestamp": _sqlite_dt, "timestamptz": _sqlite_dt,
+    "json": _json_text,
+}
+
+_PY = {"int": (int,), "decimal": (Decimal,), "float": (float,), "bool": (bool,), "text": (str,), "bytes": (bytes,),
+       "date": (dt.date,), "json": (dict, list)}
+
+
+def adapter(table: dict[str, Conv], kind: str | None) -> Conv | None:
+    """A converter for values arriving in a column of `kind` (None: pass values through)."""
+    if kind is None or kind == "any":
+        return None
+    conv = table[kind]
+    fast = _PY.get(kind) if conv is NATIVE[kind] else None
+
+    def run(v: Any) -> Any:
+        if v is None:
+            return None
+        if fast is not None and type(v) in fast:
+            return v
+        return conv(v)
+
+    return run
+
+
+def carry_problems(table: str, infos: dict[str, Any], dialects: dict[str, str]) -> list[str]:
+    """init's check for clusters mixing databases: every column has a kind, the same at every site."""
+    if len(set(dialects[s] for s in infos)) < 2:
+        return []
+    problems: list[str] = []
+    kinds: dict[str, dict[str, str | None]] = {}
+    for site, info in infos.items():
+        for c in (info.key, *info.columns):
+            kinds.setdefault(c.name, {})[site] = kind_of(dialects[site], c)
+    for col, per_site in sorted(kinds.items()):
+        bad = [s for s, k in per_site.items() if k is None]
+        if bad:
+            s = bad[0]
+            ts = next(c.type_sql for c in (infos[s].key, *infos[s].columns) if c.name == col)
+            problems.append(
+                f"table '{table}', column '{col}': type {ts or 'untyped'} at '{s}' cannot be carried exactly between "
+                f"{', '.join(sorted(set(dialects.values())))} (see docs/types.md); exclude the column or change its type"
+            )
+            continue
+        # SQLite's TIMESTAMP holds ISO-8601 text, with or without an offset: it takes either kind
+        found = {k for s, k in per_site.items() if k != "any" and not (dialects[s] == "sqlite" and k == "timestamp")}
+        if not found and "timestamp" in per_site.values():
+            found = {"timestamp"}
+        if len(found) > 1:
+            desc = ", ".join(f"{k} at '{s}'" for s, k in sorted(per_site.items()))
+            problems.append(f"table '{table}', column '{col}': the sites hold different kinds of values ({desc}); see docs/types.md")
+    return problems

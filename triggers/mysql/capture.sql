@@ -1,0 +1,64 @@
+-- multimaster: capture triggers (MariaDB / MySQL) on $table. The echo guard skips changes the
+-- reconciler applies: it sets the session variable @mm_applying = 1, which no other session sees.
+-- The clock: hlc = max(hlc + 1, wall-clock ms * 65536, highest version received + 1), kept per
+-- table in _mm_clock; the UPDATE holds that row until COMMIT (see docs/mysql.md).
+DROP TRIGGER IF EXISTS $cap_i;
+--
+CREATE TRIGGER $cap_i AFTER INSERT ON $table FOR EACH ROW
+BEGIN
+  DECLARE mm_f BIGINT;
+  DECLARE mm_v VARCHAR(255);
+  IF coalesce(@mm_applying, 0) = 0 THEN
+    SELECT hlc + 1 INTO mm_f FROM _mm_state WHERE id = 1;
+    UPDATE _mm_clock SET hlc = GREATEST(hlc + 1, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536, mm_f)
+      WHERE tbl = $tbl_lit;
+    SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
+    INSERT INTO $log (ver, origin, op, rid, `key`, mask$ncols)
+      VALUES (mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask$newvals);
+    INSERT INTO $shadow (rid, `key`$slotnames)
+      VALUES ($insrid, NEW.$key$slotinit)$onconflict;
+  END IF;
+END;
+--
+DROP TRIGGER IF EXISTS $cap_u;
+--
+CREATE TRIGGER $cap_u AFTER UPDATE ON $table FOR EACH ROW
+BEGIN
+  DECLARE mm_f BIGINT;
+  DECLARE mm_v VARCHAR(255);
+  IF coalesce(@mm_applying, 0) = 0 AND ($anychanged) THEN
+    SELECT hlc + 1 INTO mm_f FROM _mm_state WHERE id = 1;
+    UPDATE _mm_clock SET hlc = GREATEST(hlc + 1, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536, mm_f)
+      WHERE tbl = $tbl_lit;
+    SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
+    INSERT INTO $log (ver, origin, op, rid, `key`, mask$ncols$ocols)
+      VALUES (mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key), NEW.$key, $updmask$updnew$updold);
+    UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key;
+  END IF;
+END;
+--
+DROP TRIGGER IF EXISTS $cap_d;
+--
+CREATE TRIGGER $cap_d AFTER DELETE ON $table FOR EACH ROW
+BEGIN
+  DECLARE mm_f BIGINT;
+  DECLARE mm_v VARCHAR(255);
+  IF coalesce(@mm_applying, 0) = 0 THEN
+    SELECT hlc + 1 INTO mm_f FROM _mm_state WHERE id = 1;
+    UPDATE _mm_clock SET hlc = GREATEST(hlc + 1, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536, mm_f)
+      WHERE tbl = $tbl_lit;
+    SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
+    INSERT INTO $log (ver, origin, op, rid, `key`, mask$ocols)
+      VALUES (mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key), OLD.$key, $allmask$oldvals);
+    UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key;
+  END IF;
+END;
+--
+DROP TRIGGER IF EXISTS $keyguard;
+--
+CREATE TRIGGER $keyguard BEFORE UPDATE ON $table FOR EACH ROW
+BEGIN
+  IF coalesce(@mm_applying, 0) = 0 AND NOT (OLD.$key <=> NEW.$key) THEN
+    SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = $keyguard_msg;
+  END IF;
+END;

@@ -1,0 +1,12 @@
+-- multimaster: snapshot at this site of peer $peer's change log of table $table.
+CREATE TABLE IF NOT EXISTS $snap (
+  pseq BIGINT PRIMARY KEY,
+  ver VARCHAR(255) NOT NULL,
+  origin VARCHAR(64) NOT NULL,
+  op CHAR(1) NOT NULL,
+  rid VARCHAR(255) NOT NULL,
+  `key` $keytype,
+  mask BIGINT NOT NULL$logcols,
+  applied SMALLINT NOT NULL DEFAULT 0,
+  KEY $snap_idx (applied)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
