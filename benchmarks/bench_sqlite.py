@@ -185,7 +185,6 @@ def main() -> None:
             out["memory"] = backlog_memory(d / "mem", 1_000_000 // scale)
             print("backlog memory    :", out["memory"], "target peak < 500 MB", flush=True)
     print(json.dumps(out))
-    del os, resource
 
 
 if __name__ == "__main__":

@@ -242,6 +242,26 @@ def uninstall(topo: Topology | Cluster, site: str | None = None) -> dict[str, li
 # refresh / reconcile
 
 
+def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | None:
+    """Origins whose changes `site` must pass on (second-order records), None for all.
+
+    A change applied at X is pulled from X by every site that pulls from X. It is needed there only
+    if that site does not pull from the change's origin directly — unless the table depends on
+    causal delivery (policies other than latest/additive, natural keys): then every applied change
+    is relayed so that no site sees a change before one it depends on."""
+    causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
+    if causal:
+        return None
+    pullers = [ln.target for ln in topo.links if ln.source == site]
+    need = set()
+    for origin in topo.sites:
+        if origin == site:
+            continue
+        if any(p != origin and origin not in topo.peers_of(p) for p in pullers):
+            need.add(origin)
+    return sorted(need)
+
+
 def _base_max(conn: Connection, site: Site, table: str) -> int:
     return site.dialect.base_max(conn, table)
 
@@ -277,10 +297,11 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 def apply_batch(conn: Connection) -> tuple[int, ReconcileResult | None] | None:
                     if tgt.dialect.watermark(conn, source, tb) != wm:
                         return None  # another refresher moved it: read again
-                    stored, last = store_batch(conn, tgt, info, source, rows)
+                    stored, last = store_batch(conn, tgt, info, source, rows, applied=reconcile_)
                     tgt.dialect.upsert_watermark(conn, source, tb, last)
                     if reconcile_:
-                        r = reconcile_table(conn, tgt, info, peers, base_max)
+                        fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
+                        r = reconcile_table(conn, tgt, info, peers, base_max, relay_origins(t, target, info), fresh)
                         tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
                         return stored, r
                     tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
@@ -373,7 +394,7 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
                 def apply(conn: Connection, tb: str = tb) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    return reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb))
+                    return reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
 
                 out[n][tb] = write_retrying(s, apply)
         return out

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
+from . import fastpath
 from .errors import CorruptChange
 from .planner import Change, ConflictRecord, Plan, RowState, assign_keys, plan
 from .schema import TableInfo, names
@@ -99,8 +100,12 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
         return [tuple(r) for r in sconn.exec_driver_sql(sql, (target.name, watermark))]
 
 
-def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]]) -> tuple[int, int]:
-    """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2)."""
+def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]],
+                applied: bool = False) -> tuple[int, int]:
+    """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2).
+
+    `applied=True` stores them as applied: the caller reconciles them in the same transaction (see
+    reconcile_table's `fresh`), which saves marking every row afterwards."""
     d = site.dialect
     o = d.obj(info.name, peer)
     ncols = len(info.columns)
@@ -128,7 +133,8 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        conn.exec_driver_sql(d.insert_ignore_into(o['snap'], ", ".join(cols), f"VALUES ({d.ph(len(cols))})"), appended)
+        conn.exec_driver_sql(
+            d.insert_ignore_into(o['snap'], ", ".join(cols) + ", applied", f"VALUES ({d.ph(len(cols))}, {1 if applied else 0})"), appended)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
@@ -147,8 +153,15 @@ def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
     return Change(ver, origin, op, rid, key, int(mask), tuple(r[6:6 + n]), tuple(r[6 + n:6 + 2 * n]))
 
 
-def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int) -> ReconcileResult:
+def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int,
+                    relay: Sequence[str] | None = None, fresh: dict[str, int] | None = None) -> ReconcileResult:
     """Apply every snapshot row not yet applied (from all `peers`) to the local table.
+
+    Duplicates are recognised by `_mm_origins`: per origin, the highest version applied here (every
+    route delivers an origin's changes in version order, and a change that must wait for its row
+    holds back the later changes of its origin). Applied changes whose origin is in `relay` (None:
+    all) enter the local change log with their own version and origin and a second-order record,
+    so the peers of this site pull them.
 
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
@@ -158,51 +171,77 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
     d.lock_for_apply(conn, info)
-    # 1. changes already applied here (arrived over another route): mark done. A change is
-    # applied iff its version is in the change log or, once purged from it, at most the highest
-    # version purged of its origin (_mm_origins; an origin's changes are applied in version order).
-    for p, snap in snaps.items():
+    # 0. the shadow knows every local row (capture may write it lazily)
+    d.catch_up(conn, info)
+    # 1. candidates, one per version: rows not applied yet (or pulled in this transaction, `fresh`:
+    # peer -> lowest pseq stored), less those already applied here (arrived over another route)
+    cand = d.temp_name("_mm_tmp_cand")
+    lcols = log_select_columns(site, info)
+    d.create_temp(conn, cand, f"SELECT {', '.join(lcols)} FROM {next(iter(snaps.values()))} WHERE 1 = 0", keys="ver")
+    n_rows = 0
+    for p_, snap in snaps.items():
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
-        res.duplicates += conn.exec_driver_sql(
-            f"UPDATE {snap} SET applied = 1 WHERE applied = 0 AND (EXISTS (SELECT 1 FROM {own['log']} l WHERE l.ver = {snap}.ver) "
-            f"OR EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = {snap}.origin AND g.max_ver >= {snap}.ver))",
+        new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
+        n_rows += conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
+        conn.exec_driver_sql(
+            d.insert_ignore_into(cand, ", ".join(lcols), f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) "
+                                 f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)"),
             (info.name,),
-        ).rowcount or 0
-    # 2. candidates in version order, one per version
-    cols = ", ".join(log_select_columns(site, info))
-    changes: dict[str, Change] = {}
-    for p, snap in snaps.items():
-        for r in conn.exec_driver_sql(f"SELECT {cols} FROM {snap} WHERE applied = 0"):
-            ch = _to_change(info, tuple(r), p)
-            if ch.ver not in changes:
-                changes[ch.ver] = ch
-            else:
-                res.duplicates += 1
-    if not changes:
+        )
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
+    n_cand = conn.exec_driver_sql(f"SELECT count(*), max(ver) FROM {cand}").first()
+    if not n_cand or not n_cand[0]:
+        d.drop_temp(conn, cand)
         return res
-    ordered = [changes[v] for v in sorted(changes)]
-    max_hlc = ver_hlc(ordered[-1].ver)
-    # 3. what this site holds for the identities they touch
-    states = _load_states(conn, site, info, {c.rid for c in ordered})
-    # 4. decide
-    p = plan(info.spec, ordered, states)
-    # 5. execute
-    # on error the transaction rolls back, and the capture guard with it
+    res.duplicates += max(0, n_rows - int(n_cand[0]))
+    total = int(n_cand[0])
+    max_hlc = ver_hlc(n_cand[1])
+    # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
-    _execute(conn, site, info, p, base_max, res)
+    # 3. the plain changes, set-based
+    new_keys = None
+    rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
+    fr = fastpath.FastResult()
+    # set-based apply reads and then writes rows without locking them: only where this transaction
+    # is the only writer (SQLite's BEGIN IMMEDIATE); servers take the planner's locked path
+    if fastpath.enabled() and d.caps.single_writer and not fastpath.has_waiting(conn, site, info, cand):
+        fr = fastpath.apply_fast(conn, site, info, cand, base_max)
+        res.inserted += fr.inserted
+        res.updated += fr.updated
+        res.deleted += fr.deleted
+        if fr.done:
+            rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
+    # 4. the rest: the planner decides, in version order
+    ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)]
+    p = plan(info.spec, ordered, _load_states(conn, site, info, {c.rid for c in ordered}) if ordered else {})
+    if fr.keyed and p.new_rids:
+        new_keys = dict(conn.exec_driver_sql(
+            f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
+    for name in (fr.keyed, fr.done):
+        if name:
+            d.drop_temp(conn, name)
+    _execute(conn, site, info, p, base_max, res, new_keys)
     if p.parked:
         for snap in snaps.values():
             conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-    # relay: processed changes enter this site's change log with their own version and origin
-    lcols = ", ".join(log_select_columns(site, info))
-    union = " UNION ALL ".join(f"SELECT {lcols} FROM {snap} WHERE applied = 0" for snap in snaps.values())
-    conn.exec_driver_sql(d.insert_ignore_into(own['log'], lcols, f"SELECT * FROM ({union}) u ORDER BY ver"))
-    for snap in snaps.values():
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
+    if p.parked:
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
+    # 5. what is applied is known for good: the highest version per origin
+    for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
+        d.mark_applied(conn, info.name, origin, top)
+    # 6. relay: changes some peer of this site needs enter the change log with their own version
+    # and origin, and get their second-order records
+    if relay is None or relay:
+        before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
+        inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
+        conn.exec_driver_sql(
+            f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
+        d.record_relayed(conn, info, before)
     d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)
     d.set_applying(conn, False)
-    res.applied = len(p.processed)
+    d.drop_temp(conn, cand)
+    res.applied = total - len(p.parked)
     res.parked = len(p.parked)
     res.conflicts = p.conflicts
     del q
@@ -234,7 +273,8 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str]) 
     return out
 
 
-def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int, res: ReconcileResult) -> None:
+def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int, res: ReconcileResult,
+             new_keys: dict[str, int] | None = None) -> None:
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
@@ -245,9 +285,12 @@ def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: i
     spec = info.spec
     new = p.new_rids
     # keys of new identities, and shifts of the existing ones
-    if new and spec.renumber:
-        top = conn.exec_driver_sql(f"SELECT max(rid), max(key) FROM {o['shadow']}").first()
-        max_rid, max_key = (top[0], top[1]) if top else (None, None)
+    if new and spec.renumber and new_keys is not None:
+        for rid in new:
+            p.rows[rid].key = new_keys[rid]
+    elif new and spec.renumber:
+        max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o['shadow']}").scalar()
+        max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o['shadow']}").scalar()
         max_key = max_key if max_key is not None else base_max
         if max_rid is None or new[0] > max_rid:
             below = [max(0, max_key - base_max)] * len(new)

@@ -257,6 +257,11 @@ def _copy(cl: api.Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ni
                 for part in _stream(pconn, f"SELECT {sq} FROM {po['shadow']} ORDER BY rid", size=batch_size):
                     nconn.exec_driver_sql(ins, part)
                     n += len(part)
+                # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
+                fresh = pd.fresh_identities(pconn, pi)
+                if fresh:
+                    nconn.exec_driver_sql(f"INSERT INTO {no['shadow']} (rid, key) VALUES ({nd.ph(2)})", fresh)
+                    n += len(fresh)
                 rep.identities[tb] = n
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
                 lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
@@ -273,6 +278,10 @@ def _copy(cl: api.Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ni
                 if origins:
                     nconn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({nd.ph(3)})",
                                           [(tb, o, v) for o, v in origins])
+                # PEER's own changes up to the capture point are in the copy: applied at NAME too
+                own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po['log']} WHERE origin = {ph}", (peer,)).scalar()
+                if own_top:
+                    nd.mark_applied(nconn, tb, peer, own_top)
                 reg = pconn.exec_driver_sql(f"SELECT key_col, renumber, columns, base_max FROM _mm_tables WHERE tbl = {ph}", (tb,)).first()
                 nconn.exec_driver_sql(f"INSERT INTO _mm_tables (tbl, key_col, renumber, columns, base_max) VALUES ({nd.ph(5)})",
                                       (tb, reg[0], reg[1], reg[2], reg[3]))

@@ -138,6 +138,10 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
 
     `states` must hold a RowState for every rid of `changes` that this site already knows; it is
     updated in place and returned in the plan together with the new identities.
+
+    An update of an identity this site has not seen inserted waits (`parked`) and so do the later
+    changes of its origin: an origin's changes are applied in version order, which is what lets a
+    site recognise a duplicate by the highest version applied per origin.
     """
     rows = states
     processed: list[Change] = []
@@ -145,7 +149,11 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
     conflicts: list[ConflictRecord] = []
     cols = spec.columns
     slot_of = spec.slot_of
+    held: set[str] = set()  # origins with a change waiting: their later changes wait too (in order)
     for ch in changes:
+        if ch.origin in held:
+            parked.append(ch)
+            continue
         st = rows.get(ch.rid)
         if ch.op == "I":
             if st is None:
@@ -171,6 +179,7 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
         elif ch.op == "U":
             if st is None:
                 parked.append(ch)
+                held.add(ch.origin)
                 continue
             if st.values is None:
                 conflicts.append(ConflictRecord(
@@ -223,6 +232,8 @@ def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list
             old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
             if kind == "insert_insert":
                 merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
+            elif _same(old_v, cur_v):
+                merged = new_v  # nothing concurrent: exactly the new value (no float drift)
             elif cur_v is None or old_v is None or new_v is None:
                 merged = new_v if ch.ver > local_ver else cur_v
             else:

@@ -55,6 +55,8 @@ def names(table: str, peer: str | None = None) -> dict[str, str]:
         "cap_u": f"_mm_cap_u_{table}",
         "cap_d": f"_mm_cap_d_{table}",
         "keyguard": f"_mm_key_{table}",
+        "catch_u": f"_mm_catch_u_{table}",
+        "catch_d": f"_mm_catch_d_{table}",
         "l2a": f"_mm_l2a_{table}",
         "l2p": f"_mm_l2p_{table}",
     }

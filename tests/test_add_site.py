@@ -109,7 +109,7 @@ def test_add_site_from_a_peer_with_purged_logs_and_backlogs(backend, tmp_path): 
     """The copy carries the dedupe record: changes purged at the peer are still duplicates at the new site."""
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE})
     for _ in range(3):
-        cl.execute("s2", "UPDATE stock SET qty = qty + 1 WHERE id = 1")
+        cl.execute("s1", "UPDATE stock SET qty = qty + 1 WHERE id = 1")
         cl.refresh_until_quiet()
     with api.Cluster(cl.topo) as c:
         assert purge_site(c, "s1", PurgePolicy(min_age=0)).purged >= 2
@@ -172,7 +172,7 @@ def test_remove_site_releases_what_was_kept_for_it(backend, tmp_path):  # type: 
     assert set(rep.cleaned) == {"s1", "s2"} and rep.uninstalled
     small = load_topology(_rewrite_without(cl, tmp_path, "s3"))
     with api.Cluster(small) as c:
-        assert purge_site(c, "s1", PurgePolicy(min_age=0)).purged >= 4
+        assert purge_site(c, "s1", PurgePolicy(min_age=0)).purged >= 3  # its own four inserts but the newest
         st = api.status(c)
     assert st["converging"]
     assert "_mm" not in str(cl.db("s3").execute("SELECT group_concat(name) FROM sqlite_master").fetchone()[0] or "") \

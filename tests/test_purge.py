@@ -12,6 +12,8 @@ from multimaster import api
 from multimaster.purge import PurgePolicy, purge, purge_site
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
+# a policy that needs causal delivery: every site relays every change it applies (docs/concepts.md)
+STOCK_RELAYED = {"stock": {**STOCK["stock"], "config": {"columns": {"qty": "additive", "name": "earliest"}}}}
 NOW = PurgePolicy(min_age=0)  # tests purge everything that is safe, whatever its age
 
 
@@ -100,7 +102,7 @@ def test_unreachable_peer_keeps_its_entries(sqlite_backend, tmp_path):  # type: 
 
 def test_late_copy_after_purge_is_still_a_duplicate(backend, tmp_path):  # type: ignore[no-untyped-def]
     """s3 gets s1's change through s2, purges it, then the copy from s1 arrives: applied once."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK, base={"s1": [("stock", 1, "bolts", 10)]})
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK_RELAYED, base={"s1": [("stock", 1, "bolts", 10)]})
     cl.execute("s1", "UPDATE stock SET qty = qty + 5 WHERE id = 1")
     cl.refresh("s2", "s1")
     cl.refresh("s3", "s2")

@@ -63,6 +63,35 @@ class Dialect:
     #: committed entry is final, as with SQLite's single writer).
     log2_horizon: str | None = None
 
+    #: null-safe equality operator
+    null_safe_eq: str = "IS NOT DISTINCT FROM"
+
+    def temp_name(self, name: str) -> str:
+        """The name to use for a connection-local scratch table."""
+        return self.quote(name)
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        """Create a connection-local table from a SELECT; `keys` becomes unique, `index` indexed
+        (when the SELECT has such a column)."""
+        base = name.strip('"').strip("`")
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} AS {select}")
+        if keys:
+            conn.exec_driver_sql(f"CREATE UNIQUE INDEX {self.quote(base + '_k')} ON {name} ({keys})")
+        if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
+            conn.exec_driver_sql(f"CREATE INDEX {self.quote(base + '_i')} ON {name} ({index})")
+
+    def drop_temp(self, conn: Connection, name: str) -> None:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+
+    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
+        """UPDATE target SET ... FROM from_clause WHERE where (the join condition)."""
+        conn.exec_driver_sql(f"UPDATE {target} SET {', '.join(sets)} FROM {from_clause} WHERE {where}")
+
+    def update_target_ref(self, target: str, column: str) -> str:
+        """How a SET expression of update_from refers to the target's current value."""
+        return f"{target}.{column}"
+
     def temp_rids(self, conn: Connection) -> str:
         """Create (if needed) and name a connection-local table with one TEXT column `rid`."""
         raise NotImplementedError
@@ -158,6 +187,28 @@ class Dialect:
     def read_clock(self, conn: Connection) -> int | None:
         v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
         return None if v is None else int(v)
+
+    def mark_applied(self, conn: Connection, table: str, origin: str, ver: str) -> None:
+        """Raise `_mm_origins.max_ver` of (table, origin) to at least `ver`."""
+        p = self.caps.placeholder
+        cur = conn.exec_driver_sql(f"SELECT max_ver FROM _mm_origins WHERE tbl = {p} AND origin = {p}", (table, origin)).first()
+        if cur is None:
+            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({p}, {p}, {p})", (table, origin, ver))
+        elif cur[0] < ver:
+            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Second-order records for the change-log entries the reconciler just relayed (seq >
+        `after_seq`). Default: nothing, the trigger on the change log writes them."""
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
+        return []
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        """Bring the shadow of `info` up to date with this site's own changes, for dialects whose
+        capture triggers write the shadow lazily (SQLite, renumbered tables). Inside a write
+        transaction; a no-op where the shadow is kept eagerly."""
 
     # ---- bookkeeping shared by SQL dialects (plain SQL, overridable) -------------------------
     def prepare_site(self, engine: Engine) -> None:

@@ -134,6 +134,16 @@ class MySQLDialect(Dialect):
         )
         return "_mm_tmp_rids"
 
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        # CREATE INDEX and a DROP TABLE without TEMPORARY commit implicitly in MySQL: keys are
+        # declared in the CREATE TEMPORARY TABLE itself, drops say TEMPORARY
+        self.drop_temp(conn, name)
+        decl = f"(UNIQUE KEY ({keys})) " if keys else ""
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} {decl}ENGINE=InnoDB {select}")
+
+    def drop_temp(self, conn: Connection, name: str) -> None:
+        conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+
     # ---- install ---------------------------------------------------------------------------
     def install_site(self, conn: Connection, site: str) -> None:
         for sql in self.render("site"):

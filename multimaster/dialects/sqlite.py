@@ -10,7 +10,9 @@ from sqlalchemy.engine import Connection, Engine
 from ..schema import TableInfo, names
 from .base import Capabilities, Dialect
 
-_NOW_VER = "printf('%019d:%s', hlc, site)"
+_NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
+_HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
 
 
 class SQLiteDialect(Dialect):
@@ -24,6 +26,22 @@ class SQLiteDialect(Dialect):
 
     insert_ignore = "INSERT OR IGNORE"
     greatest = "max"
+
+    null_safe_eq = "IS"
+
+    def temp_name(self, name: str) -> str:
+        return f"temp.{self.quote(name)}"
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE {name.removeprefix('temp.')} AS {select}")
+        base = name.removeprefix("temp.").strip('"')
+        if keys:
+            conn.exec_driver_sql(f'CREATE UNIQUE INDEX temp."{base}_k" ON {name.removeprefix("temp.")} ({keys})')
+        if index and index != keys:
+            cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA temp.table_info({name.removeprefix('temp.')})")]
+            if index in cols:
+                conn.exec_driver_sql(f'CREATE INDEX temp."{base}_i" ON {name.removeprefix("temp.")} ({index})')
 
     def temp_rids(self, conn: Connection) -> str:
         conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _mm_tmp_rids (rid TEXT PRIMARY KEY)")
@@ -72,8 +90,12 @@ class SQLiteDialect(Dialect):
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
+        # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert)
+        shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
+                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL UNIQUE")
         for sql in self.render(
             "table",
+            shadowkeys=shadowkeys,
             table=q(info.name),
             keytype=info.key.type_sql,
             logcols=self._log_cols(info),
@@ -116,24 +138,30 @@ class SQLiteDialect(Dialect):
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
         updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        now_ver = _NOW_VER.format(log=o["log"])
         stamps = []
         for s in spec.slots:
             cond = diff[s.columns[0]]
             vcol = q("v_" + s.name)
-            stamps.append(f"{vcol} = CASE WHEN {cond} THEN (SELECT {_NOW_VER} FROM _mm_state) ELSE {vcol} END")
+            stamps.append(f"{vcol} = CASE WHEN {cond} THEN {now_ver} ELSE {vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
-            newkey = f"(SELECT coalesce(max(key), 0) + 1 FROM {o['shadow']})"
-            insrid = _NOW_VER
-            slotnames = ""
-            slotinit = ""
+            newkey = f"(SELECT max({key}) FROM {q(info.name)})"
+            insrid = "v"
+            shadowinsert = ""
         else:
             renumber = ""
             newkey = f"NEW.{key}"
             insrid = f"'k:' || NEW.{key}"
-            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
-            slotinit = "".join(f", {_NOW_VER}" for _ in spec.slots)
+            # a natural key may come back after a delete: revive its shadow row
+            slots = [q("v_" + s.name) for s in spec.slots]
+            sets = ", ".join(["deleted = NULL"] + [f"{v} = excluded.{v}" for v in slots])
+            shadowinsert = (
+                f"  INSERT INTO {o['shadow']} (rid, key{''.join(', ' + v for v in slots)})\n"
+                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1\n"
+                f"    ON CONFLICT(rid) DO UPDATE SET {sets};"
+            )
         stmts = self.render(
             "capture",
             table=q(info.name),
@@ -153,32 +181,56 @@ class SQLiteDialect(Dialect):
             updnew=updnew,
             updold=updold,
             slotstamp=slotstamp,
-            slotnames=slotnames,
-            slotinit=slotinit,
+            hlc=_HLC.format(log=o["log"]),
+            shadowinsert=shadowinsert,
             **o,
         )
-        if not spec.renumber:
-            # a natural key may come back after a delete: revive its shadow row
-            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
-            stmts = [
-                s.replace(
-                    f"{slotinit} FROM _mm_state;\nEND",
-                    f"{slotinit} FROM _mm_state WHERE true ON CONFLICT(rid) DO UPDATE SET {sets};\nEND",
-                )
-                if s.startswith(f"CREATE TRIGGER IF NOT EXISTS {o['cap_i']}")
-                else s
-                for s in stmts
-            ]
+        if spec.renumber:
+            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info), **o)
         for sql in stmts:
             conn.exec_driver_sql(sql)
 
     def _join_renumber(self, info: TableInfo) -> str:
         o = self.obj(info.name)
+        q = self.quote
+        key, table = q(info.key.name), q(info.name)
+        others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
+                  f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
+                  f"ELSE (SELECT max({key}) FROM {table}) END")
+        nextkey = f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
         text = (self._tdir() / "renumber.sql").read_text()
         from string import Template
 
-        body = Template(text).substitute(key=self.quote(info.key.name), table=self.quote(info.name), shadow=o["shadow"])
+        body = Template(text).substitute(key=key, table=table, shadow=o["shadow"], nextkey=nextkey)
         return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
+
+    def _catchup_sql(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        name = info.name.replace("'", "''")
+        return (
+            f"INSERT INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
+            f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
+            f"AND origin = (SELECT site FROM _mm_state);\n"
+            f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
+        )
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        # the change log's trigger skips the reconciler's inserts: one set-based insert instead
+        o = self.obj(info.name)
+        conn.exec_driver_sql(f"INSERT INTO {o['log2']} (seq, op) SELECT seq, 'A' FROM {o['log']} WHERE seq > ? ORDER BY seq", (after_seq,))
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        if not info.spec.renumber:
+            return []
+        o = self.obj(info.name)
+        return [tuple(r) for r in conn.exec_driver_sql(
+            f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = ?) "
+            "AND op = 'I' AND origin = (SELECT site FROM _mm_state) ORDER BY seq", (info.name,))]
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        if info.spec.renumber:
+            for stmt in self._catchup_sql(info).split(";\n"):
+                conn.exec_driver_sql(stmt.strip().rstrip(";"))
 
     def _tdir(self):  # type: ignore[no-untyped-def]
         from .base import templates_dir

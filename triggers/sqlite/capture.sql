@@ -1,33 +1,33 @@
 -- multimaster: capture triggers (SQLite) on $table. The echo guard skips changes the reconciler
 -- applies (it sets _mm_state.applying = 1 inside its own write transaction).
--- The clock: hlc = max(hlc + 1, wall-clock ms * 65536), see docs/clock.md.
+-- The clock (docs/clock.md): a change's version takes max(wall-clock ms * 65536, the last change
+-- log entry's clock + 1, the site's floor _mm_state.hlc + 1), so it never goes backwards and sorts
+-- after everything this site has seen; reading the last entry costs no write.
+-- Renumbered tables keep the shadow row of a new local row for later (catchup.sql): an insert then
+-- writes only the change log and its second-order record.
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  UPDATE _mm_state SET hlc = max(hlc + 1, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536);
 $renumber
   INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
-    SELECT printf('%019d:%s', hlc, site), site, 'I', $insrid, $newkey, $allmask$newvals FROM _mm_state;
-  INSERT INTO $shadow (rid, key$slotnames)
-    SELECT $insrid, $newkey$slotinit FROM _mm_state;
+    SELECT v, site, 'I', $insrid, $newkey, $allmask$newvals FROM (SELECT printf('%019d:%s', $hlc, site) AS v, site FROM _mm_state);
+$shadowinsert
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0 AND ($anychanged)
 BEGIN
-  UPDATE _mm_state SET hlc = max(hlc + 1, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536);
   INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
-    SELECT printf('%019d:%s', hlc, site), site, 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key), NEW.$key, $updmask$updnew$updold FROM _mm_state;
+    SELECT printf('%019d:%s', $hlc, site), site, 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key), NEW.$key, $updmask$updnew$updold FROM _mm_state;
   UPDATE $shadow SET $slotstamp WHERE key = NEW.$key;
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_d AFTER DELETE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  UPDATE _mm_state SET hlc = max(hlc + 1, CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536);
   INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
-    SELECT printf('%019d:%s', hlc, site), site, 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key), OLD.$key, $allmask$oldvals FROM _mm_state;
-  UPDATE $shadow SET deleted = (SELECT printf('%019d:%s', hlc, site) FROM _mm_state) WHERE key = OLD.$key;
+    SELECT printf('%019d:%s', $hlc, site), site, 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key), OLD.$key, $allmask$oldvals FROM _mm_state;
+  UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key;
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $keyguard BEFORE UPDATE OF $key ON $table

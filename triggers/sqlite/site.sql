@@ -13,7 +13,8 @@ CREATE TABLE IF NOT EXISTS _mm_tables (
   key_col TEXT NOT NULL,
   renumber INTEGER NOT NULL,
   columns TEXT NOT NULL,
-  base_max INTEGER NOT NULL DEFAULT 0
+  base_max INTEGER NOT NULL DEFAULT 0,
+  caught_up INTEGER NOT NULL DEFAULT 0
 );
 --
 CREATE TABLE IF NOT EXISTS _mm_watermarks (

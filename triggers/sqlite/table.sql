@@ -2,7 +2,7 @@
 -- $logcols expands to one typed n_<col> / o_<col> pair per replicated column.
 CREATE TABLE IF NOT EXISTS $log (
   seq INTEGER PRIMARY KEY,
-  ver TEXT NOT NULL UNIQUE,
+  ver TEXT NOT NULL,
   origin TEXT NOT NULL,
   op TEXT NOT NULL CHECK (op IN ('I', 'U', 'D')),
   rid TEXT NOT NULL,
@@ -11,12 +11,15 @@ CREATE TABLE IF NOT EXISTS $log (
 );
 --
 CREATE TABLE IF NOT EXISTS $log2 (
-  seq2 INTEGER PRIMARY KEY AUTOINCREMENT,
+  seq2 INTEGER PRIMARY KEY,  -- no AUTOINCREMENT: purge always keeps the newest entry, so no reuse
   seq INTEGER NOT NULL,
   op TEXT NOT NULL CHECK (op IN ('A', 'P'))
 );
 --
+-- changes written by the applications' capture triggers; the reconciler adds the second-order
+-- records of the changes it relays itself, set-based, for those some peer needs (docs/concepts.md)
 CREATE TRIGGER IF NOT EXISTS $l2a AFTER INSERT ON $log
+WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
   INSERT INTO $log2 (seq, op) VALUES (NEW.seq, 'A');
 END;
@@ -27,8 +30,7 @@ BEGIN
 END;
 --
 CREATE TABLE IF NOT EXISTS $shadow (
-  rid TEXT PRIMARY KEY,
-  key $keytype NOT NULL UNIQUE,
+  $shadowkeys,
   deleted TEXT$slotcols
 );
 --
