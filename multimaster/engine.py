@@ -205,14 +205,14 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     # set-based apply reads and then writes rows without locking them: only where this transaction
     # is the only writer (SQLite's BEGIN IMMEDIATE); servers take the planner's locked path
     if fastpath.enabled() and d.caps.single_writer and not fastpath.has_waiting(conn, site, info, cand):
-        fr = fastpath.apply_fast(conn, site, info, cand, base_max)
+        fr = fastpath.apply_fast(conn, site, info, cand, base_max, total)
         res.inserted += fr.inserted
         res.updated += fr.updated
         res.deleted += fr.deleted
         if fr.done:
             rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
     # 4. the rest: the planner decides, in version order
-    ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)]
+    ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)] if fr.left else []
     p = plan(info.spec, ordered, _load_states(conn, site, info, {c.rid for c in ordered}) if ordered else {})
     if fr.keyed and p.new_rids:
         new_keys = dict(conn.exec_driver_sql(

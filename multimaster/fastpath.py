@@ -37,7 +37,8 @@ class FastResult:
     updated: int = 0
     deleted: int = 0
     keyed: str | None = None  # table (rid, key) of every new identity's key, when no shifts are needed
-    done: str | None = None  # table (ver) of the changes applied here
+    done: str | None = None  # table (ver) of the changes applied here, when some are left
+    left: int = -1  # changes left for the planner (-1: not known, the fast path did not run)
 
 
 def has_waiting(conn: Connection, site: Site, info: TableInfo, cand: str) -> bool:
@@ -51,7 +52,7 @@ def has_waiting(conn: Connection, site: Site, info: TableInfo, cand: str) -> boo
     ).first() is not None
 
 
-def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_max: int) -> FastResult:
+def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_max: int, total: int) -> FastResult:
     """Apply the plain changes of `cand` (a table of candidate changes, one per version) and delete
     them from it. Runs inside the reconcile transaction with the capture guard set."""
     d = site.dialect
@@ -85,20 +86,19 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     else:
         key_of_new = "c.key"
     single = f"NOT EXISTS (SELECT 1 FROM {multi} m WHERE m.rid = c.rid)"
+    carry = "".join(f", c.{q('n_' + c)}" for c in cols)  # the new values travel with each scratch row
     # ---- inserts of new identities ---------------------------------------------------------
     ins = d.temp_name("_mm_tmp_fi")
     d.create_temp(
         conn, ins,
-        f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey FROM {cand} c WHERE c.op = 'I' AND {single} "
-        f"AND EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = c.rid)",
+        f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
+        f"FROM {cand} c WHERE c.op = 'I' AND {single} AND EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = c.rid)",
     )
     n_ins = conn.exec_driver_sql(f"SELECT count(*) FROM {ins}").scalar() or 0
     if n_ins:
         collist = ", ".join([keyc] + [q(c) for c in cols])
-        ncols = ", ".join(f"c.{q('n_' + c)}" for c in cols)
-        conn.exec_driver_sql(
-            f"INSERT INTO {t} ({collist}) SELECT f.nkey, {ncols} FROM {ins} f JOIN {cand} c ON c.ver = f.ver"
-        )
+        ncols = ", ".join(f"f.{q('n_' + c)}" for c in cols)
+        conn.exec_driver_sql(f"INSERT INTO {t} ({collist}) SELECT f.nkey, {ncols} FROM {ins} f")
         slots = [q("v_" + s.name) for s in spec.slots]
         if spec.renumber:
             conn.exec_driver_sql(f"INSERT INTO {shadow} (rid, key) SELECT rid, nkey FROM {ins}")
@@ -119,17 +119,17 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     upd = d.temp_name("_mm_tmp_fu")
     d.create_temp(
         conn, upd,
-        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey, c.mask AS mask FROM {cand} c "
+        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey, c.mask AS mask{carry} FROM {cand} c "
         f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.key "
         f"WHERE c.op = 'U' AND {single} AND s.deleted IS NULL AND {' AND '.join(conds)}",
     )
     n_upd = conn.exec_driver_sql(f"SELECT count(*) FROM {upd}").scalar() or 0
     if n_upd:
         sets = [
-            f"{q(c)} = CASE WHEN (u.mask & {1 << i}) <> 0 THEN c.{q('n_' + c)} ELSE {d.update_target_ref(t, q(c))} END"
+            f"{q(c)} = CASE WHEN (u.mask & {1 << i}) <> 0 THEN u.{q('n_' + c)} ELSE {d.update_target_ref(t, q(c))} END"
             for i, c in enumerate(cols)
         ]
-        d.update_from(conn, t, sets, f"{upd} u JOIN {cand} c ON c.ver = u.ver", f"{t}.{keyc} = u.lkey")
+        d.update_from(conn, t, sets, f"{upd} u", f"{t}.{keyc} = u.lkey")
         vsets = []
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)
@@ -152,9 +152,11 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
         conn.exec_driver_sql(f"DELETE FROM {t} WHERE {keyc} IN (SELECT lkey FROM {dele})")
         d.update_from(conn, shadow, [f"deleted = u.ver"], f"{dele} u", f"{shadow}.rid = u.rid")
         res.deleted = int(n_del)
-    done = d.temp_name("_mm_tmp_done")
-    d.create_temp(conn, done, f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} UNION ALL SELECT ver FROM {dele}", keys="ver", index=None)
-    res.done = done
+    res.left = total - res.inserted - res.updated - res.deleted
+    if res.left:
+        done = d.temp_name("_mm_tmp_done")
+        d.create_temp(conn, done, f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} UNION ALL SELECT ver FROM {dele}", keys="ver", index=None)
+        res.done = done
     for name in (multi, newids, ins, upd, dele):
         d.drop_temp(conn, name)
     return res

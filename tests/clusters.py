@@ -7,11 +7,13 @@ PyMySQL) from :meth:`TestCluster.db`, never through multimaster.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from multimaster import api
@@ -276,3 +278,12 @@ class MySQLBackend(_ServerBackend):
 #: name -> factory. Server backends register here (their factories raise ConnectionError when the
 #: server does not answer, and conftest turns that into a skip, or a failure under CI).
 BACKENDS: dict[str, Any] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend, "mysql": MySQLBackend}
+
+REQUIRE_SERVERS = os.environ.get("MM_REQUIRE_SERVERS") == "1"
+
+
+def server_unavailable(name: str, reason: str) -> None:
+    msg = f"{name} server not reachable ({reason}); set MM_{name.upper()}_URL or start it"
+    if REQUIRE_SERVERS:
+        pytest.fail(msg + " — MM_REQUIRE_SERVERS=1 makes this a failure", pytrace=False)
+    pytest.skip(msg)

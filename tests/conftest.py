@@ -4,20 +4,11 @@ failure instead of a skip)."""
 
 from __future__ import annotations
 
-import os
 
 import pytest
 
-from clusters import BACKENDS, Backend
+from clusters import BACKENDS, Backend, server_unavailable
 
-REQUIRE_SERVERS = os.environ.get("MM_REQUIRE_SERVERS") == "1"
-
-
-def server_unavailable(name: str, reason: str) -> None:
-    msg = f"{name} server not reachable ({reason}); set MM_{name.upper()}_URL or start it"
-    if REQUIRE_SERVERS:
-        pytest.fail(msg + " — MM_REQUIRE_SERVERS=1 makes this a failure", pytrace=False)
-    pytest.skip(msg)
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))

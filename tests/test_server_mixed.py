@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from clusters import BACKENDS, Backend
-from conftest import server_unavailable
+from clusters import server_unavailable
 from multimaster import api
 from multimaster.errors import SchemaError
 from multimaster.topology import load_topology

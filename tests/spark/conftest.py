@@ -44,12 +44,4 @@ def cluster(tmp_path: Path) -> Path:
     return make_sqlite_cluster(tmp_path / "sites", 3, 200)
 
 
-def require_server(kind: str, probe) -> None:
-    """Skip (or fail with MM_REQUIRE_SERVERS=1) when a database server does not answer."""
-    try:
-        probe()
-    except Exception as e:  # noqa: BLE001
-        msg = f"{kind} at 127.0.0.1 does not answer ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})"
-        if os.environ.get("MM_REQUIRE_SERVERS") == "1":
-            pytest.fail(msg + " and MM_REQUIRE_SERVERS=1")
-        pytest.skip(msg)
+from mm_spark_helpers import require_server  # noqa: E402,F401 - kept importable from here

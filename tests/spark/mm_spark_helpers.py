@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+
+import pytest
+
 from contextlib import contextmanager
 
 from multimaster.spark.fixtures import sql_site
@@ -40,3 +44,13 @@ def make_every_kind(cluster):
         c.execute("UPDATE _mm_shadow_items SET key = 100009 WHERE key = 9")
     with uncaptured(cluster, "s3") as c:  # s3 has other values for 11
         c.execute("UPDATE items SET qty = 999, name = NULL WHERE id = 11")
+
+def require_server(kind: str, probe) -> None:
+    """Skip (or fail with MM_REQUIRE_SERVERS=1) when a database server does not answer."""
+    try:
+        probe()
+    except Exception as e:  # noqa: BLE001
+        msg = f"{kind} at 127.0.0.1 does not answer ({type(e).__name__}: {str(e).splitlines()[0][:150] if str(e) else ''})"
+        if os.environ.get("MM_REQUIRE_SERVERS") == "1":
+            pytest.fail(msg + " and MM_REQUIRE_SERVERS=1")
+        pytest.skip(msg)

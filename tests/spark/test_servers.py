@@ -13,7 +13,7 @@ from multimaster.spark import verify
 from multimaster.spark.fixtures import fill_server_site, make_sqlite_site, write_topology
 from multimaster.spark.repair import apply_plan, plan_repair
 
-from conftest import require_server
+from mm_spark_helpers import require_server
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 MY_ADMIN = "mysql+pymysql://root@127.0.0.1:3306/"
