@@ -277,6 +277,9 @@ def _register_optional() -> None:
         from . import cli_ops
 
         cli_ops.register(app)
+    from . import cli_grants
+
+    cli_grants.register(app)
     if importlib.util.find_spec("multimaster.spark.cli") is not None:
         from .spark.cli import verify_command  # PySpark itself is imported lazily inside
 
