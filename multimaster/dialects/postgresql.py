@@ -2,11 +2,11 @@
 
 SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/postgresql.md):
 
-- many writers at once: the clock is a sequence (`_mm._mm_tick`), not a row every writer would
-  queue on; inserts into a renumbered table take a per-table transaction-level advisory lock (the
-  rank of a new identity needs every earlier one committed), updates and deletes take none;
-- a peer reads the second-order log only below the oldest running transaction
-  (``log2_horizon``), because entries commit out of order;
+- many writers at once: every captured statement takes its table's transaction-level advisory
+  lock (so does the reconciler): writers of one table queue until COMMIT, writers of different
+  tables never wait; versions, ranks and second-order entries are then in commit order, which is
+  what the reconciler's per-origin order and a peer's read need;
+- the clock is a sequence (`_mm._mm_tick`), so writers of different tables never queue on it;
 - the echo guard is ``SET LOCAL mm.applying = 'on'``, invisible to every other session.
 """
 
@@ -43,15 +43,9 @@ class PostgreSQLDialect(Dialect):
     )
     insert_ignore = "INSERT"
     greatest = "GREATEST"
-    #: an entry may be handed out once no transaction that could still write below it is running:
-    #: the oldest transaction in progress in this snapshot, not counting those of other databases
-    #: of the server or of autovacuum (they never write here), else the snapshot's xmax
-    log2_horizon = (
-        "((SELECT coalesce(min(x.x), txid_snapshot_xmax(txid_current_snapshot())) "
-        "FROM txid_snapshot_xip(txid_current_snapshot()) x(x) WHERE NOT EXISTS (SELECT 1 FROM pg_stat_activity a "
-        "WHERE a.backend_xid::text::bigint = mod(x.x, 4294967296) AND (a.datname IS DISTINCT FROM current_database() "
-        "OR a.backend_type = 'autovacuum worker'))) << 24)"
-    )
+    #: every write to the second-order log holds the table's advisory lock until COMMIT, so entries
+    #: commit in seq2 order: everything committed may be read (see docs/postgresql.md)
+    log2_horizon = None
     daemon_lock_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
 
     # ---- names -----------------------------------------------------------------------------
@@ -66,6 +60,7 @@ class PostgreSQLDialect(Dialect):
         n = names(table)
         out = {f"fn_{k}": f"{SCHEMA}.{self.quote(n[k])}" for k in ("cap_i", "cap_u", "cap_d", "l2a", "l2p")}
         out["fn_rank"] = f"{SCHEMA}.{self.quote('_mm_rank_' + table)}"
+        out["lock"] = self.quote("_mm_lock_" + table)
         out["rank"] = self.quote("_mm_rank_" + table)
         return out
 
@@ -137,7 +132,7 @@ class PostgreSQLDialect(Dialect):
 
     def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
         long = [v for p in (None, *peers) for v in names(info.name, p).values() if len(v.encode()) > self.caps.max_identifier_length]
-        long += [n for n in ("_mm_rank_" + info.name,) if len(n.encode()) > self.caps.max_identifier_length]
+        long += [n for n in ("_mm_rank_" + info.name, "_mm_lock_" + info.name) if len(n.encode()) > self.caps.max_identifier_length]
         if long:
             raise SchemaError([
                 f"table '{info.name}': object name '{n}' is longer than PostgreSQL's {self.caps.max_identifier_length} "
@@ -152,8 +147,9 @@ class PostgreSQLDialect(Dialect):
         self._check_names(info)
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} text COLLATE \"C\"" for s in info.spec.slots)
+        relid = conn.exec_driver_sql("SELECT %s::regclass::oid::int", (q(info.name),)).scalar()
         for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
-                               slotcols=slotcols, **self.obj(info.name), **self._fn(info.name)):
+                               slotcols=slotcols, relid=str(int(relid)), **self.obj(info.name), **self._fn(info.name)):
             conn.exec_driver_sql(sql)
 
     def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:

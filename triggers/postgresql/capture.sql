@@ -1,5 +1,6 @@
 -- multimaster: capture triggers (PostgreSQL) on $table. Statement-level AFTER triggers read the
 -- transition tables, so a multi-row statement is captured with a few set-based statements.
+-- Every captured statement first takes the table's advisory lock (_mm_lock), held until COMMIT.
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
 -- own transaction, which no other session ever sees.
 CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -39,6 +40,11 @@ BEGIN
   RETURN NULL;
 END
 $$;
+--
+DROP TRIGGER IF EXISTS $lock ON $table;
+--
+CREATE TRIGGER $lock BEFORE INSERT OR UPDATE OR DELETE ON $table FOR EACH STATEMENT
+  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION _mm._mm_lock();
 --
 DROP TRIGGER IF EXISTS $cap_i ON $table;
 --

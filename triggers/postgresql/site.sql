@@ -103,3 +103,13 @@ BEGIN
     TG_ARGV[0], TG_TABLE_NAME USING ERRCODE = 'check_violation';
 END
 $$;
+--
+-- Taken first by every captured statement on a replicated table (BEFORE ... FOR EACH STATEMENT),
+-- and by the reconciler: writers of one table queue here until COMMIT, so versions, ranks and
+-- second-order sequence numbers are given in commit order. Writers of other tables never wait.
+CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM pg_advisory_xact_lock(28013, TG_RELID::int);
+  RETURN NULL;
+END
+$$;
