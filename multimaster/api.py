@@ -26,6 +26,7 @@ from .topology import Topology
 from .versions import BASE_VER, ver_ms
 
 __all__ = [
+    "catch_up",
     "init",
     "uninstall",
     "refresh",
@@ -398,6 +399,21 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
 
                 out[n][tb] = write_retrying(s, apply)
         return out
+    finally:
+        if own:
+            cl.close()
+
+
+def catch_up(topo: Topology | Cluster, site: str | None = None) -> None:
+    """Bring every shadow up to date with its site's own inserts (SQLite writes them lazily; the
+    reconciler does this itself). For tools that copy shadow rows (repair, add-site)."""
+    cl, own = _cluster(topo)
+    try:
+        for n in [site] if site else list(cl.topo.sites):
+            s = cl.site(n)
+            with s.write() as conn:
+                for tb in cl.topo.tables:
+                    s.dialect.catch_up(conn, s.info(conn, tb, cl.topo))
     finally:
         if own:
             cl.close()

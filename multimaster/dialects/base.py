@@ -201,6 +201,11 @@ class Dialect:
         """Second-order records for the change-log entries the reconciler just relayed (seq >
         `after_seq`). Default: nothing, the trigger on the change log writes them."""
 
+    def fresh_identities_select(self, table: str) -> str | None:
+        """A SELECT of (rid, key) for this site's own rows not yet in the shadow, for readers that
+        cannot write (verify); None where the shadow is kept eagerly."""
+        return None
+
     def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
         """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
         return []

@@ -147,7 +147,7 @@ class SQLiteDialect(Dialect):
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
-            newkey = f"(SELECT max({key}) FROM {q(info.name)})"
+            newkey = self._next_key(info)
             insrid = "v"
             shadowinsert = ""
         else:
@@ -169,6 +169,7 @@ class SQLiteDialect(Dialect):
             keyname=info.key.name.replace("'", ""),
             key=key,
             renumber=renumber,
+            lastinsertkey=self._last_insert_key(info) if spec.renumber else "NULL",
             insrid=insrid,
             newkey=newkey,
             allmask=str(spec.all_mask),
@@ -186,29 +187,40 @@ class SQLiteDialect(Dialect):
             **o,
         )
         if spec.renumber:
-            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info), **o)
+            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
+                                 lastinsertkey=self._last_insert_key(info), **o)
         for sql in stmts:
             conn.exec_driver_sql(sql)
 
-    def _join_renumber(self, info: TableInfo) -> str:
+    def _next_key(self, info: TableInfo) -> str:
+        """The rank of a new local row, evaluated in its insert trigger: one more than every
+        identity known — the shadow's keys and the table's other rows (this site's rows inserted
+        since the last catch-up are all still in the table: a delete catches the shadow up first)."""
         o = self.obj(info.name)
         q = self.quote
         key, table = q(info.key.name), q(info.name)
         others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
                   f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
                   f"ELSE (SELECT max({key}) FROM {table}) END")
-        nextkey = f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
+        return f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
+
+    def _last_insert_key(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        return f"(SELECT CASE WHEN op = 'I' THEN key END FROM {o['log']} ORDER BY seq DESC LIMIT 1)"
+
+    def _join_renumber(self, info: TableInfo) -> str:
+        q = self.quote
         text = (self._tdir() / "renumber.sql").read_text()
         from string import Template
 
-        body = Template(text).substitute(key=key, table=table, shadow=o["shadow"], nextkey=nextkey)
+        body = Template(text).substitute(key=q(info.key.name), table=q(info.name), lastinsertkey=self._last_insert_key(info))
         return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
 
     def _catchup_sql(self, info: TableInfo) -> str:
         o = self.obj(info.name)
         name = info.name.replace("'", "''")
         return (
-            f"INSERT INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
+            f"INSERT OR IGNORE INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
             f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
             f"AND origin = (SELECT site FROM _mm_state);\n"
             f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
@@ -219,13 +231,18 @@ class SQLiteDialect(Dialect):
         o = self.obj(info.name)
         conn.exec_driver_sql(f"INSERT INTO {o['log2']} (seq, op) SELECT seq, 'A' FROM {o['log']} WHERE seq > ? ORDER BY seq", (after_seq,))
 
+    def fresh_identities_select(self, table: str) -> str | None:
+        o = self.obj(table)
+        name = table.replace("'", "''")
+        # natural-key tables keep their shadow eagerly: their log entries are all caught up
+        return (f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
+                f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
+
     def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
         if not info.spec.renumber:
             return []
-        o = self.obj(info.name)
-        return [tuple(r) for r in conn.exec_driver_sql(
-            f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = ?) "
-            "AND op = 'I' AND origin = (SELECT site FROM _mm_state) ORDER BY seq", (info.name,))]
+        sql = self.fresh_identities_select(info.name)
+        return [tuple(r) for r in conn.exec_driver_sql(f"{sql} ORDER BY rid")]
 
     def catch_up(self, conn: Connection, info: TableInfo) -> None:
         if info.spec.renumber:

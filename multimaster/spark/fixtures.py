@@ -29,7 +29,7 @@ SQLITE_DDL = """
 PRAGMA journal_mode=WAL;
 CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL);
 CREATE TABLE _mm_state(site TEXT NOT NULL, applying INTEGER NOT NULL DEFAULT 0, hlc INTEGER NOT NULL DEFAULT 0);
-CREATE TABLE _mm_tables(tbl TEXT PRIMARY KEY, key_col TEXT, renumber INTEGER, columns TEXT, base_max INTEGER);
+CREATE TABLE _mm_tables(tbl TEXT PRIMARY KEY, key_col TEXT, renumber INTEGER, columns TEXT, base_max INTEGER, caught_up INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE _mm_shadow_items(rid TEXT PRIMARY KEY, key INTEGER UNIQUE, deleted TEXT, v_name TEXT, v_qty TEXT, v_price TEXT);
 CREATE TABLE _mm_log_items(seq INTEGER PRIMARY KEY AUTOINCREMENT, ver TEXT UNIQUE, origin TEXT, op TEXT, rid TEXT, key INTEGER, mask INTEGER);
 CREATE TABLE _mm_log2_items(seq2 INTEGER PRIMARY KEY AUTOINCREMENT, seq INTEGER, op TEXT);
@@ -78,7 +78,7 @@ def make_sqlite_site(path: Path, site: str, peers: list[str], rows: int) -> str:
     try:
         c.executescript(SQLITE_DDL)
         c.execute("INSERT INTO _mm_state(site, applying, hlc) VALUES (?, 0, 1000000000)", (site,))
-        c.execute("INSERT INTO _mm_tables VALUES ('items', 'id', 1, '[\"name\",\"qty\",\"price\"]', 0)")
+        c.execute("INSERT INTO _mm_tables VALUES ('items', 'id', 1, '[\"name\",\"qty\",\"price\"]', 0, 0)")
         c.execute("BEGIN")
         c.execute("UPDATE _mm_state SET applying = 1")
         step = 200_000

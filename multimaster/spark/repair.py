@@ -122,6 +122,10 @@ def plan_repair(
     from .session import get_spark
 
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
+    # every site's shadow up to date with its own rows, so the plan copies real shadow rows
+    from .. import api as core_api
+
+    core_api.catch_up(topo)
     if reference not in topo.sites:
         raise ConfigError([f"--repair-from: site '{reference}' is not under 'sites' in the topology"])
     names = list(tables) if tables else list(topo.tables)

@@ -163,13 +163,23 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
         orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
     else:
         orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
+    # a site's own rows inserted since its shadow last caught up (SQLite writes the shadow lazily)
+    # have their identity in the change log
+    from ..dialects import get_dialect
+
+    fresh = get_dialect(d).fresh_identities_select(plan.table)
+    if fresh:
+        orphan_rid = f"coalesce(f.rid, {orphan_rid})"
+        orphan_from = f"{t} t LEFT JOIN ({fresh}) f ON f.key = t.{k}"
+    else:
+        orphan_from = f"{t} t"
     return (
         f"SELECT s.rid AS mm_rid, s.{skey} AS mm_key, "
         f"CASE WHEN t.{k} IS NOT NULL THEN 0 WHEN s.deleted IS NOT NULL THEN 1 ELSE 2 END AS mm_st{vals} "
         f"FROM {sh} s LEFT JOIN {t} t ON t.{k} = s.{skey} "
         f"UNION ALL "
         f"SELECT {orphan_rid} AS mm_rid, t.{k} AS mm_key, 0 AS mm_st{vals} "
-        f"FROM {t} t WHERE NOT EXISTS (SELECT 1 FROM {sh} s WHERE s.{skey} = t.{k})"
+        f"FROM {orphan_from} WHERE NOT EXISTS (SELECT 1 FROM {sh} s WHERE s.{skey} = t.{k})"
     )
 
 

@@ -8,9 +8,9 @@
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-$renumber
   INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
     SELECT v, site, 'I', $insrid, $newkey, $allmask$newvals FROM (SELECT printf('%019d:%s', $hlc, site) AS v, site FROM _mm_state);
+$renumber
 $shadowinsert
 END;
 --
@@ -30,8 +30,10 @@ BEGIN
   UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key;
 END;
 --
+-- (the one key update let through: the insert trigger moving a new row to the key its change log
+-- entry gives it; any other update to that key would collide with the row)
 CREATE TRIGGER IF NOT EXISTS $keyguard BEFORE UPDATE OF $key ON $table
-WHEN (SELECT applying FROM _mm_state) = 0 AND NEW.$key IS NOT OLD.$key
+WHEN (SELECT applying FROM _mm_state) = 0 AND NEW.$key IS NOT OLD.$key AND NEW.$key IS NOT $lastinsertkey
 BEGIN
   SELECT RAISE(ABORT, 'multimaster: the key column $keyname of $tablename is managed by replication and cannot be updated; delete and insert the row instead');
 END;
