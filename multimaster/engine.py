@@ -177,25 +177,34 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     # peer -> lowest pseq stored), less those already applied here (arrived over another route)
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
-    d.create_temp(conn, cand, f"SELECT {', '.join(lcols)} FROM {next(iter(snaps.values()))} WHERE 1 = 0", keys="ver")
-    n_rows = 0
+    counts: dict[str, int] = {}
+    selects: dict[str, str] = {}
     for p_, snap in snaps.items():
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
-        n_rows += conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
-        conn.exec_driver_sql(
-            d.insert_ignore_into(cand, ", ".join(lcols), f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) "
-                                 f"AND NOT EXISTS (SELECT 1 FROM _mm_origins g WHERE g.tbl = {ph} AND g.origin = s.origin AND g.max_ver >= s.ver)"),
-            (info.name,),
-        )
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 1 WHERE applied = 0")
-    n_cand = conn.exec_driver_sql(f"SELECT count(*), max(ver) FROM {cand}").first()
-    if not n_cand or not n_cand[0]:
+        counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
+        # (table names are checked plain identifiers)
+        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND NOT EXISTS "
+                       f"(SELECT 1 FROM _mm_origins g WHERE g.tbl = '{info.name}' AND g.origin = s.origin AND g.max_ver >= s.ver)")
+    sources = [p_ for p_, n in counts.items() if n]
+    if not sources:
+        return res
+    n_rows = sum(counts.values())
+    if len(sources) == 1:  # one peer's log holds each version once: no de-duplication needed
+        d.create_temp(conn, cand, selects[sources[0]], index=None)
+    else:  # the same change may come from several peers: keep one
+        d.create_temp(conn, cand, f"SELECT {', '.join(lcols)} FROM {snaps[sources[0]]} WHERE 1 = 0", keys="ver", index=None)
+        for p_ in sources:
+            conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
+    for p_ in sources:
+        conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0")
+    per_origin = {o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")}
+    total = sum(n for n, _ in per_origin.values())
+    if not total:
         d.drop_temp(conn, cand)
         return res
-    res.duplicates += max(0, n_rows - int(n_cand[0]))
-    total = int(n_cand[0])
-    max_hlc = ver_hlc(n_cand[1])
+    res.duplicates += max(0, n_rows - total)
+    max_hlc = ver_hlc(max(top for _, top in per_origin.values()))
     # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
     # 3. the plain changes, set-based
@@ -204,7 +213,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows without locking them: only where this transaction
     # is the only writer (SQLite's BEGIN IMMEDIATE); servers take the planner's locked path
-    if fastpath.enabled() and d.caps.single_writer and not fastpath.has_waiting(conn, site, info, cand):
+    if fastpath.enabled() and d.caps.single_writer:
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, total)
         res.inserted += fr.inserted
         res.updated += fr.updated
@@ -227,7 +236,9 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     if p.parked:
         conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
     # 5. what is applied is known for good: the highest version per origin
-    for origin, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin").all():
+    tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin")} if p.parked
+            else {o_: top for o_, (_, top) in per_origin.items()})
+    for origin, top in tops.items():
         d.mark_applied(conn, info.name, origin, top)
     # 6. relay: changes some peer of this site needs enter the change log with their own version
     # and origin, and get their second-order records

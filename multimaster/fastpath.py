@@ -24,7 +24,7 @@ from .schema import TableInfo
 from .site import Site
 from .versions import BASE_VER
 
-__all__ = ["FastResult", "apply_fast", "enabled", "has_waiting"]
+__all__ = ["FastResult", "apply_fast", "enabled"]
 
 
 def enabled() -> bool:
@@ -41,20 +41,11 @@ class FastResult:
     left: int = -1  # changes left for the planner (-1: not known, the fast path did not run)
 
 
-def has_waiting(conn: Connection, site: Site, info: TableInfo, cand: str) -> bool:
-    """Is there an update or delete for an identity this site does not know and the batch does not
-    insert? The planner then holds it back with the later changes of its origin (in order), so the
-    whole batch goes to the planner."""
-    shadow = site.dialect.obj(info.name)["shadow"]
-    return conn.exec_driver_sql(
-        f"SELECT 1 FROM {cand} c WHERE c.op = 'U' AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) "
-        f"AND NOT EXISTS (SELECT 1 FROM {cand} i WHERE i.rid = c.rid AND i.op = 'I') LIMIT 1"
-    ).first() is not None
-
-
 def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_max: int, total: int) -> FastResult:
-    """Apply the plain changes of `cand` (a table of candidate changes, one per version) and delete
-    them from it. Runs inside the reconcile transaction with the capture guard set."""
+    """Apply the plain changes of `cand` (a table of candidate changes, one per version). Returns
+    what it applied and, in `done`, which versions (when some are left for the planner). Applies
+    nothing when keys would shift or a change must wait for its row. Runs inside the reconcile
+    transaction with the capture guard set."""
     d = site.dialect
     q = d.quote
     o = d.obj(info.name)
@@ -66,33 +57,59 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     res = FastResult()
     multi = d.temp_name("_mm_tmp_multi")
     d.create_temp(conn, multi, f"SELECT rid FROM {cand} GROUP BY rid HAVING count(*) > 1")
-    # identities new to this site, and their keys when they all sort after every known one
+    # identities new to this site, with their keys when they all sort after every known one
     newids = d.temp_name("_mm_tmp_new")
-    d.create_temp(conn, newids, f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.op IN ('I', 'D') "
-                  f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid)")
+    fresh = (f"SELECT c.rid AS rid, max(c.op = 'I') AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
+             f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid")
     if spec.renumber:
         max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {shadow}").scalar()
         max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {shadow}").scalar()
+        start = max_key if max_key is not None else base_max
+        d.create_temp(conn, newids, f"SELECT rid, has_i, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS key FROM ({fresh}) n")
         low = conn.exec_driver_sql(f"SELECT min(rid) FROM {newids}").scalar()
         if low is not None and max_rid is not None and low < max_rid:
             for name in (multi, newids):
                 d.drop_temp(conn, name)
             return res  # the new identities interleave with known ones: keys shift, the planner does it
-        start = max_key if max_key is not None else base_max
-        keyed = d.temp_name("_mm_tmp_newkeys")
-        d.create_temp(conn, keyed, f"SELECT rid, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS key FROM {newids}")
-        res.keyed = keyed
-        key_of_new = f"(SELECT k.key FROM {keyed} k WHERE k.rid = c.rid)"
+        res.keyed = newids
+        key_of_new = f"(SELECT k.key FROM {newids} k WHERE k.rid = c.rid)"
     else:
+        d.create_temp(conn, newids, fresh)
         key_of_new = "c.key"
     single = f"NOT EXISTS (SELECT 1 FROM {multi} m WHERE m.rid = c.rid)"
     carry = "".join(f", c.{q('n_' + c)}" for c in cols)  # the new values travel with each scratch row
+    # ---- updates: which can go without conflict, and is any waiting for its row? ---------------
+    default_ver = "s.rid" if spec.renumber else f"'{BASE_VER}'"
+    conds = []
+    for i, c in enumerate(cols):
+        conds.append(f"((c.mask & {1 << i}) = 0 OR t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)})")
+    for s in spec.slots:
+        smask = sum(1 << i for i in s.columns)
+        conds.append(f"((c.mask & {smask}) = 0 OR c.ver > coalesce(s.{q('v_' + s.name)}, {default_ver}))")
+    ok = f"t.{keyc} IS NOT NULL AND s.deleted IS NULL AND {single} AND {' AND '.join(conds)}"
+    upd = d.temp_name("_mm_tmp_fu")
+    d.create_temp(
+        conn, upd,
+        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey, c.mask AS mask, CASE WHEN {ok} THEN 1 ELSE 0 END AS ok{carry} "
+        f"FROM {cand} c LEFT JOIN {shadow} s ON s.rid = c.rid LEFT JOIN {t} t ON t.{keyc} = s.key WHERE c.op = 'U'",
+        index=None,
+    )
+    # an update of an identity neither known here nor inserted by this batch waits, and with it
+    # the later changes of its origin (in order): then the planner does the whole batch
+    if conn.exec_driver_sql(
+        f"SELECT 1 FROM {upd} u WHERE u.lkey IS NULL AND NOT EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = u.rid AND n.has_i = 1) LIMIT 1"
+    ).first() is not None:
+        for name in (multi, newids, upd):
+            d.drop_temp(conn, name)
+        res.keyed = None
+        return res
     # ---- inserts of new identities ---------------------------------------------------------
     ins = d.temp_name("_mm_tmp_fi")
     d.create_temp(
         conn, ins,
         f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
         f"FROM {cand} c WHERE c.op = 'I' AND {single} AND EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = c.rid)",
+        index=None,
     )
     n_ins = conn.exec_driver_sql(f"SELECT count(*) FROM {ins}").scalar() or 0
     if n_ins:
@@ -108,55 +125,44 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
                 f"SELECT rid, nkey{''.join(', ver' for _ in slots)} FROM {ins}"
             )
         res.inserted = int(n_ins)
-    # ---- updates without conflict ------------------------------------------------------------
-    default_ver = "s.rid" if spec.renumber else f"'{BASE_VER}'"
-    conds = []
-    for i, c in enumerate(cols):
-        conds.append(f"((c.mask & {1 << i}) = 0 OR t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)})")
-    for s in spec.slots:
-        smask = sum(1 << i for i in s.columns)
-        conds.append(f"((c.mask & {smask}) = 0 OR c.ver > coalesce(s.{q('v_' + s.name)}, {default_ver}))")
-    upd = d.temp_name("_mm_tmp_fu")
-    d.create_temp(
-        conn, upd,
-        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey, c.mask AS mask{carry} FROM {cand} c "
-        f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.key "
-        f"WHERE c.op = 'U' AND {single} AND s.deleted IS NULL AND {' AND '.join(conds)}",
-    )
-    n_upd = conn.exec_driver_sql(f"SELECT count(*) FROM {upd}").scalar() or 0
+    n_upd = conn.exec_driver_sql(f"SELECT count(*) FROM {upd} WHERE ok = 1").scalar() or 0
     if n_upd:
         sets = [
             f"{q(c)} = CASE WHEN (u.mask & {1 << i}) <> 0 THEN u.{q('n_' + c)} ELSE {d.update_target_ref(t, q(c))} END"
             for i, c in enumerate(cols)
         ]
-        d.update_from(conn, t, sets, f"{upd} u", f"{t}.{keyc} = u.lkey")
+        d.update_from(conn, t, sets, f"{upd} u", f"u.ok = 1 AND {t}.{keyc} = u.lkey")
         vsets = []
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)
             v = q("v_" + s.name)
             vsets.append(f"{v} = CASE WHEN (u.mask & {smask}) <> 0 THEN u.ver ELSE {d.update_target_ref(shadow, v)} END")
-        d.update_from(conn, shadow, vsets, f"{upd} u", f"{shadow}.rid = u.rid")
+        d.update_from(conn, shadow, vsets, f"{upd} u", f"u.ok = 1 AND {shadow}.key = u.lkey")
         res.updated = int(n_upd)
     # ---- deletes of rows held unchanged ----------------------------------------------------------
     dconds = [f"t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)}" for c in cols]
     dele = d.temp_name("_mm_tmp_fd")
     d.create_temp(
         conn, dele,
-        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey FROM {cand} c "
-        f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.key "
-        f"WHERE c.op = 'D' AND c.mask = {spec.all_mask} AND {single} AND s.deleted IS NULL"
-        + (f" AND {' AND '.join(dconds)}" if dconds else ""),
+        (
+            f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey FROM {cand} c "
+            f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.key "
+            f"WHERE c.op = 'D' AND c.mask = {spec.all_mask} AND {single} AND s.deleted IS NULL"
+            + (f" AND {' AND '.join(dconds)}" if dconds else "")
+        ),
+        index=None,
     )
     n_del = conn.exec_driver_sql(f"SELECT count(*) FROM {dele}").scalar() or 0
     if n_del:
         conn.exec_driver_sql(f"DELETE FROM {t} WHERE {keyc} IN (SELECT lkey FROM {dele})")
-        d.update_from(conn, shadow, [f"deleted = u.ver"], f"{dele} u", f"{shadow}.rid = u.rid")
+        d.update_from(conn, shadow, [f"deleted = u.ver"], f"{dele} u", f"{shadow}.key = u.lkey")
         res.deleted = int(n_del)
     res.left = total - res.inserted - res.updated - res.deleted
     if res.left:
         done = d.temp_name("_mm_tmp_done")
-        d.create_temp(conn, done, f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} UNION ALL SELECT ver FROM {dele}", keys="ver", index=None)
+        d.create_temp(conn, done, f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} WHERE ok = 1 UNION ALL SELECT ver FROM {dele}",
+                      keys="ver", index=None)
         res.done = done
-    for name in (multi, newids, ins, upd, dele):
+    for name in (multi, ins, upd, dele) + (() if res.keyed else (newids,)):
         d.drop_temp(conn, name)
     return res
