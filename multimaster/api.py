@@ -423,10 +423,10 @@ def catch_up(topo: Topology | Cluster, site: str | None = None) -> None:
 # status / conflicts
 
 
-def status(topo: Topology | Cluster) -> dict[str, Any]:
+def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]:
     """Per link: changes waiting at the peer, watermark, last success/error, the age of the oldest
-    change not yet applied. Per site: conflicts, log sizes, clock. Unreachable sites are reported,
-    not raised."""
+    change not yet applied. Per site: conflicts (and `conflicts_since` the UTC time `since`,
+    'YYYY-MM-DDTHH:MM:SS'), log sizes, clock. Unreachable sites are reported, not raised."""
     cl, own = _cluster(topo)
     t = cl.topo
     out: dict[str, Any] = {"sites": {}, "links": []}
@@ -441,6 +441,8 @@ def status(topo: Topology | Cluster) -> dict[str, Any]:
                     d["installed"] = sorted(tables) == sorted(t.tables)
                     if tables:
                         d.update(s.dialect.site_status(conn, list(t.tables)))
+                        if since is not None:
+                            d["conflicts_since"] = s.dialect.conflicts_since(conn, since)
             except MultimasterError as e:
                 d["reachable"] = False
                 d["error"] = str(e)

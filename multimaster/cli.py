@@ -181,41 +181,73 @@ def reconcile(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None
     _run(go, traceback)
 
 
+def _status_tables(st: dict[str, Any]) -> list[Table]:
+    t = Table(title="sites")
+    since = any("conflicts_since" in d for d in st["sites"].values())
+    cols = ["site", "reachable", "rows", "change log", "tombstones", "conflicts"] + (["conflicts since"] if since else []) + ["url"]
+    for c in cols:
+        t.add_column(c)
+    for name, d in st["sites"].items():
+        tabs = d.get("tables", {})
+        row = [name, "yes" if d["reachable"] else "[red]no[/]",
+               str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
+               str(sum(v["log"] for v in tabs.values())) if tabs else "-",
+               str(sum(v["tombstones"] for v in tabs.values())) if tabs else "-",
+               str(d.get("conflicts", "-"))]
+        if since:
+            row.append(str(d.get("conflicts_since", "-")))
+        t.add_row(*row, d["url"])
+    lt = Table(title="links")
+    for c in ("link", "waiting", "oldest waiting", "watermarks", "last success", "last error"):
+        lt.add_column(c)
+    for ln in st["links"]:
+        age = ln.get("oldest_waiting_age_s")
+        lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
+                   ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
+                   str(ln.get("last_success_at") or "-"), str(ln.get("last_error") or ln.get("error") or "-"))
+    return [t, lt]
+
+
 @app.command()
-def status(topology: Path = TOPOLOGY, as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+def status(
+    topology: Path = TOPOLOGY,
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON (once)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Also count conflicts since: a duration ago (1h) or an ISO time."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh the tables in place until Ctrl-C."),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
+    traceback: bool = TRACEBACK,
+) -> None:
     """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
-    site: rows, log sizes, conflicts.
+    site: rows, log sizes, conflicts (and conflicts since --since).
 
     Examples:
       multimaster status -t topo.yaml
-      multimaster status -t topo.yaml --json
+      multimaster status -t topo.yaml --json --since 1h
+      multimaster status -t topo.yaml --watch
     """
+    from .metrics import parse_since
 
     def go() -> None:
-        st = api.status(load_topology(topology))
-        if as_json:
-            _dump(st)
-            return
-        t = Table(title="sites")
-        for c in ("site", "reachable", "rows", "change log", "tombstones", "conflicts", "url"):
-            t.add_column(c)
-        for name, d in st["sites"].items():
-            tabs = d.get("tables", {})
-            t.add_row(name, "yes" if d["reachable"] else "[red]no[/]",
-                      str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
-                      str(sum(v["log"] for v in tabs.values())) if tabs else "-",
-                      str(sum(v["tombstones"] for v in tabs.values())) if tabs else "-",
-                      str(d.get("conflicts", "-")), d["url"])
-        console.print(t)
-        lt = Table(title="links")
-        for c in ("link", "waiting", "oldest waiting", "watermarks", "last success", "last error"):
-            lt.add_column(c)
-        for ln in st["links"]:
-            age = ln.get("oldest_waiting_age_s")
-            lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
-                       ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
-                       str(ln.get("last_success_at") or "-"), str(ln.get("last_error") or ln.get("error") or "-"))
-        console.print(lt)
+        topo = load_topology(topology)
+        since_at = parse_since(since)
+        with api.Cluster(topo) as cl:
+            st = api.status(cl, since=since_at)
+            if as_json:
+                _dump(st)
+                return
+            if not watch:
+                for t in _status_tables(st):
+                    console.print(t)
+                return
+            import time
+
+            from rich.console import Group
+            from rich.live import Live
+
+            with Live(Group(*_status_tables(st)), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(Group(*_status_tables(api.status(cl, since=since_at))))
 
     _run(go, traceback)
 

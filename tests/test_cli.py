@@ -66,6 +66,21 @@ def test_init_refresh_status_conflicts_uninstall(sites):  # type: ignore[no-unty
     link = next(ln for ln in st["links"] if ln["from"] == "s1" and ln["to"] == "s2")
     assert link["waiting"] >= 1 and link["oldest_waiting_age_s"] is not None
     assert mm("status", "-t", str(topo)).returncode == 0
+    r = mm("status", "-t", str(topo), "--json", "--since", "1h")
+    assert json.loads(r.stdout)["sites"]["s1"]["conflicts_since"] == 1
+    r = mm("status", "-t", str(topo), "--json", "--since", "2999-01-01T00:00:00Z")
+    assert json.loads(r.stdout)["sites"]["s1"]["conflicts_since"] == 0
+    assert mm("status", "-t", str(topo), "--since", "yesterday").returncode == 2
+    # --watch redraws until interrupted
+    import signal
+    import time
+
+    p = subprocess.Popen([CLI, "status", "-t", str(topo), "--watch", "--interval", "0.2"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    out, _ = p.communicate(timeout=30)
+    assert p.returncode == 130 and "links" in out and "s1 → s2" in out
     r = mm("conflicts", "-t", str(topo), "--site", "s1", "--json")
     conf = json.loads(r.stdout)
     assert conf[0]["policy"] == "additive" and conf[0]["decision"] == "merged"

@@ -311,6 +311,11 @@ class Dialect:
             }
         return out
 
+    def conflicts_since(self, conn: Connection, since: str) -> int:
+        """Conflicts recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS'; detected_at sorts as text)."""
+        p = self.caps.placeholder
+        return int(conn.exec_driver_sql(f"SELECT count(*) FROM _mm_conflicts WHERE detected_at >= {p}", (since,)).scalar() or 0)
+
     def conflict_rows(self, conn: Connection, table: str | None, limit: int) -> list[Any]:
         p = self.caps.placeholder
         where = f"WHERE tbl = {p}" if table else ""
