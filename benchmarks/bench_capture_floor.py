@@ -1,0 +1,84 @@
+"""What a SQLite capture design costs before any of multimaster's logic: bare insert triggers that
+write only the rows a design needs, single-row transactions, WAL + synchronous=NORMAL, interleaved.
+
+    .venv/bin/python benchmarks/bench_capture_floor.py
+
+Prints, per design, inserts/s and the ratio to the same inserts without a trigger. It shows the
+floor of the issue's design (change log + a second-order log filled by a trigger on it) on this
+machine; see docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+N = 15_000
+ITEMS = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)"
+STATE = ["CREATE TABLE st (id INTEGER PRIMARY KEY, site TEXT, applying INT, hlc INT)", "INSERT INTO st VALUES (1, 's1', 0, 0)"]
+LOG = ("CREATE TABLE log (seq INTEGER PRIMARY KEY, ver TEXT NOT NULL, origin TEXT, op TEXT, rid TEXT, key INT, mask INT, "
+       "n_name TEXT, o_name TEXT, n_price REAL, o_price REAL, n_qty INT, o_qty INT)")
+LOG2 = ["CREATE TABLE log2 (seq2 INTEGER PRIMARY KEY, seq INT, op TEXT)",
+        "CREATE TRIGGER l2a AFTER INSERT ON log BEGIN INSERT INTO log2 (seq, op) VALUES (NEW.seq, 'A'); END"]
+VERIDX = ["CREATE UNIQUE INDEX logv ON log (ver)"]
+SHADOW = ["CREATE TABLE sh (key INTEGER PRIMARY KEY, rid TEXT NOT NULL UNIQUE, deleted TEXT)"]
+HLC = ("max(st.hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM log ORDER BY seq DESC LIMIT 1), 0) + 1, "
+       "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
+
+
+def capture(shadow: bool) -> str:
+    body = [f"INSERT INTO log (ver, origin, op, rid, key, mask, n_name, n_price, n_qty) SELECT v, site, 'I', v, NEW.id, 7, "
+            f"NEW.name, NEW.price, NEW.qty FROM (SELECT printf('%019d:%s', {HLC}, site) AS v, site FROM st);"]
+    if shadow:
+        body.append("INSERT INTO sh (rid, key) SELECT rid, key FROM log ORDER BY seq DESC LIMIT 1;")
+    return "CREATE TRIGGER cap AFTER INSERT ON items WHEN (SELECT applying FROM st) = 0 BEGIN " + " ".join(body) + " END"
+
+
+DESIGNS = {
+    "no trigger": [],
+    "change log only": [LOG, capture(False)],
+    "change log + second-order log (the issue's design)": [LOG, *LOG2, capture(False)],
+    "  + unique version index": [LOG, *LOG2, *VERIDX, capture(False)],
+    "  + shadow row per insert": [LOG, *LOG2, *SHADOW, capture(True)],
+    "  + both": [LOG, *LOG2, *VERIDX, *SHADOW, capture(True)],
+}
+
+
+def rate(d: Path, setup: list[str]) -> float:
+    p = d / "x.db"
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(str(p) + suffix):
+            os.remove(str(p) + suffix)
+    c = sqlite3.connect(p, isolation_level=None)
+    c.execute("PRAGMA journal_mode = WAL")
+    c.execute("PRAGMA synchronous = NORMAL")
+    for s in [ITEMS, *STATE, *setup]:
+        c.execute(s)
+    t = time.perf_counter()
+    for i in range(N):
+        c.execute("BEGIN")
+        c.execute("INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", (f"n{i}", i, i * 0.5))
+        c.execute("COMMIT")
+    dt = time.perf_counter() - t
+    c.close()
+    return N / dt
+
+
+def main() -> None:
+    res: dict[str, list[float]] = {k: [] for k in DESIGNS}
+    with tempfile.TemporaryDirectory(prefix="mm-floor-") as tmp:
+        for _ in range(5):
+            for k, setup in DESIGNS.items():
+                res[k].append(rate(Path(tmp), setup))
+    base = statistics.median(res["no trigger"])
+    for k, v in res.items():
+        m = statistics.median(v)
+        print(f"{k:52s} {m:9.0f}/s  ratio {m / base:.2f}")
+
+
+if __name__ == "__main__":
+    main()
