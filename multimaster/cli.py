@@ -205,7 +205,9 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
                    ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
                    str(ln.get("last_success_at") or "-"), str(ln.get("last_error") or ln.get("error") or "-"))
-    return [t, lt]
+    from .verifications import rich_table  # the last recorded verify run (docs/verify.md, Scheduled checks)
+
+    return [t, lt] + ([rich_table(st["verification"])] if st.get("verification") else [])
 
 
 @app.command()

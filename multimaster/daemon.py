@@ -13,6 +13,11 @@ transaction (the batch being applied commits, the next one does not start), then
 Every refresh logs one line (JSON with ``--log-format json``): link, changes pulled, applied,
 conflicts, duration, error. Optionally a purge job (``purge_every``) and a metrics endpoint in
 the Prometheus text format (:mod:`multimaster.metrics`).
+
+Scheduled checks: when the topology has a ``verify:`` section and this daemon runs its site (or
+every site), a job on its cron runs ``multimaster.spark.verify`` in this process (one at a time;
+the SparkSession starts on the first run and is reused; nothing imports PySpark before) and stores
+the result, or the error, in the site's ``_mm_verifications`` (:mod:`multimaster.verifications`).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from sqlalchemy.engine import make_url
 
-from . import api
+from . import api, verifications
 from .engine import RefreshResult
 from .errors import ConfigError, MultimasterError
 from .purge import PurgePolicy, purge_site
@@ -151,6 +156,9 @@ class DaemonStats:
     links: dict[str, LinkState] = field(default_factory=dict)
     purged: dict[str, int] = field(default_factory=dict)
     purge_errors: int = 0
+    verifications: int = 0  # scheduled checks run
+    verify_errors: int = 0  # of which could not complete
+    last_verification: dict[str, Any] | None = None  # what the last one stored (verifications.last's shape)
     started_at: float = field(default_factory=time.time)
 
 
@@ -189,6 +197,10 @@ class Daemon:
         self._locks: list[SiteLock] = []
         self._scheduler: Any = None
         self._metrics: Any = None
+        #: the scheduled check's site when this daemon runs it (the daemon of that site runs it)
+        self.verify_site = topo.verify_site if topo.verify is not None and topo.verify_site in self.sites else None
+        self._spark: Any = None  # the SparkSession of the scheduled checks, started on the first
+        self._own_spark = False
 
     # ---- lifecycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -210,7 +222,7 @@ class Daemon:
                 self.cluster.site(name).engine  # noqa: B018 - connect once from this thread (engines are shared)
             except MultimasterError:
                 pass  # an unreachable peer: its link fails and backs off
-        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 2)},
+        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 3)},
                                     job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
         for st in self.stats.links.values():
             ln = st.link
@@ -224,6 +236,10 @@ class Daemon:
                           **({"next_run_time": first} if first else {}))
         if self.purge_every:
             sched.add_job(self._purge, IntervalTrigger(seconds=self.purge_every), id="purge", name="purge")
+        if self.verify_site is not None:
+            assert self.topo.verify is not None
+            sched.add_job(self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify",
+                          max_instances=1, coalesce=True)
         self._scheduler = sched
         if self.metrics_port is not None:
             from .metrics import MetricsServer
@@ -232,6 +248,7 @@ class Daemon:
             self._metrics.start()
         sched.start()
         _emit("started", self.log_format, sites=",".join(self.sites), links=len(self.links), pid=os.getpid(),
+              verify=f"'{self.topo.verify.cron}' at {self.verify_site}" if self.verify_site and self.topo.verify else None,
               metrics=f"http://{self.metrics_host}:{self._metrics.port}/metrics" if self._metrics else None)
 
     def stop(self) -> None:
@@ -243,6 +260,12 @@ class Daemon:
         if self._metrics is not None:
             self._metrics.stop()
             self._metrics = None
+        if self._spark is not None and self._own_spark:
+            try:
+                self._spark.stop()
+            except Exception:  # noqa: BLE001 - the JVM may be gone already
+                pass
+        self._spark = None
         self.cluster.close()
         self._release()
         _emit("stopped", self.log_format, sites=",".join(self.sites))
@@ -319,6 +342,71 @@ class Daemon:
             except Exception as e:  # noqa: BLE001 - logged, retried on the next run
                 self.stats.purge_errors += 1
                 _emit("purge", self.log_format, site=s, error=f"{type(e).__name__}: {e}")
+
+    def _spark_session(self) -> Any:
+        """The scheduled checks' SparkSession: started on the first run (PySpark is imported here
+        and nowhere before), reused by the next ones."""
+        if self._spark is not None:
+            try:
+                if self._spark.sparkContext._jsc is not None:  # still alive
+                    return self._spark
+            except Exception:  # noqa: BLE001 - a dead session: start another
+                pass
+            self._spark = None
+        assert self.topo.verify is not None
+        from .spark.jdbc import dialect_of, find_jars
+        from .spark.session import get_spark
+
+        jars = find_jars({dialect_of(s.url) for s in self.topo.sites.values() if s.verify})
+        try:
+            from pyspark import SparkContext
+
+            fresh = SparkContext._active_spark_context is None
+        except ImportError:
+            fresh = True  # get_spark raises the readable MissingDependency
+        self._spark = get_spark(self.topo.verify.master, jars)
+        self._own_spark = fresh
+        return self._spark
+
+    def run_verify(self) -> dict[str, Any] | None:
+        """The scheduled check, once: verify the cluster, store the result (or the error) at the
+        verify site, log one line. Never raises: a failure is recorded and logged."""
+        cfg = self.topo.verify
+        if cfg is None or self.stopping:
+            return None
+        started = verifications.now_iso()
+        t0 = time.perf_counter()
+        res: Any = None
+        error = None
+        try:
+            from .spark import verify as spark_verify
+
+            res = spark_verify(self.topo, tables=list(cfg.tables) if cfg.tables else None, master=cfg.master,
+                               checksum_only=cfg.checksum_only, spark=self._spark_session())
+        except Exception as e:  # noqa: BLE001 - Java missing, a site down ...: recorded, retried on the next run
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            error = f"{type(e).__name__}: {msg[:1000]}"
+        seconds = time.perf_counter() - t0
+        self.stats.verifications += 1
+        if error:
+            self.stats.verify_errors += 1
+        stored = None
+        store_error = None
+        try:
+            vid = verifications.store(self.cluster, res, error=error, started_at=started, seconds=seconds, source="scheduled")
+            stored = verifications.last(self.cluster)
+            if stored is not None and stored["id"] != vid:
+                stored = None
+        except Exception as e:  # noqa: BLE001 - the verify site itself may be down
+            store_error = f"{type(e).__name__}: {str(getattr(e, 'orig', e)).strip().splitlines()[0] if str(e).strip() else ''}"
+        self.stats.last_verification = stored or {
+            "site": self.verify_site, "started_at": started, "seconds": seconds, "converged": res.converged if res else None,
+            "status": res.status if res else verifications.ERROR, "tables": {t: r.status for t, r in res.tables.items()} if res else {},
+            "error": error, "source": "scheduled"}
+        _emit("verify", self.log_format, site=self.verify_site, status=res.status if res else verifications.ERROR,
+              tables=",".join(f"{t}:{r.status}" for t, r in res.tables.items()) if res else None, seconds=round(seconds, 3),
+              id=stored["id"] if stored else None, error=error or (f"not stored: {store_error}" if store_error else None))
+        return self.stats.last_verification
 
 
 def _now_dt() -> Any:

@@ -27,6 +27,7 @@ __all__ = [
     "GroupConfig",
     "LinkConfig",
     "Link",
+    "VerifyScheduleConfig",
     "PolicySpec",
     "load_topology",
     "parse_topology",
@@ -101,6 +102,16 @@ class RefreshConfig(_Strict):
     jitter: str | float = "1s"
 
 
+class VerifyScheduleConfig(_Strict):
+    """A scheduled convergence check (`multimaster run` runs it, docs/verify.md "Scheduled checks")."""
+
+    cron: str  # crontab: 5 fields (6: seconds first), parsed like a link's cron
+    tables: list[str] | None = None  # None: every table
+    master: str = "local[*]"  # Spark master
+    site: str | None = None  # the site whose daemon runs it and keeps the result (None: the first site)
+    checksum_only: bool = False
+
+
 class _TopologyModel(_Strict):
     sites: dict[str, SiteConfig] = Field(min_length=1)
     tables: dict[str, TableConfig] = Field(min_length=1)
@@ -111,6 +122,7 @@ class _TopologyModel(_Strict):
         list[LinkConfig],
     ] = "mesh"
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+    verify: VerifyScheduleConfig | None = None
 
     @field_validator("links", mode="before")
     @classmethod
@@ -138,6 +150,14 @@ class Topology:
     links: tuple[Link, ...]
     refresh: RefreshConfig
     path: Path | None = None
+    verify: VerifyScheduleConfig | None = None  # the scheduled convergence check, if any
+
+    @property
+    def verify_site(self) -> str:
+        """The site that runs scheduled checks and keeps every recorded verify result."""
+        if self.verify is not None and self.verify.site:
+            return self.verify.site
+        return next(iter(self.sites))
 
     def peers_of(self, site: str) -> list[str]:
         """Sites that `site` pulls from."""
@@ -305,6 +325,26 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             parse_duration(d)
         except ValueError as e:
             problems.append(f"{label}: {e}")
+    if model.verify is not None:
+        _verify_problems(model, problems)
+
+
+def _verify_problems(model: _TopologyModel, problems: list[str]) -> None:
+    v = model.verify
+    assert v is not None
+    if v.site is not None and v.site not in model.sites:
+        problems.append(f"verify.site: site '{v.site}' is not defined under sites")
+    for t in v.tables or []:
+        if t not in model.tables:
+            problems.append(f"verify.tables: table '{t}' is not defined under tables")
+    from .daemon import cron_trigger  # the parser the daemon schedules with (imported here: it needs apscheduler)
+
+    try:
+        cron_trigger(v.cron)
+    except Exception as e:  # noqa: BLE001 - APScheduler raises ValueError, odd input may raise others
+        problems.append(f"verify.cron: '{v.cron}' is not a crontab expression ({e})")
+    if sum(1 for s in model.sites.values() if s.verify) < 2:
+        problems.append("verify: a check needs at least two sites to compare (sites with 'verify: false' are left out)")
 
 
 def _format_pydantic(err: ValidationError) -> list[str]:
@@ -367,7 +407,7 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
                 problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links)")
         if problems:
             raise ConfigError(problems, source)
-    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None)
+    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify)
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:
@@ -380,4 +420,4 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
     topo = parse_topology(data, base=p.resolve().parent, source=str(p))
-    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve())
+    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify)

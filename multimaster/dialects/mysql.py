@@ -69,6 +69,7 @@ class MySQLDialect(Dialect):
     greatest = "GREATEST"
     log2_horizon = None  # entries are numbered in commit order (see the module docstring)
     daemon_lock_sql = "SELECT GET_LOCK(%s, 0)"
+    serial_pk = "BIGINT AUTO_INCREMENT PRIMARY KEY"
 
     def quote(self, ident: str) -> str:
         return "`" + ident.replace("`", "``") + "`"

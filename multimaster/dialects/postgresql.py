@@ -130,6 +130,20 @@ class PostgreSQLDialect(Dialect):
         finally:
             conn.exec_driver_sql("SELECT set_config('search_path', %s, true)", (prev,))
 
+    verifications_table = f"{SCHEMA}._mm_verifications"
+
+    def install_verifications(self, conn: Connection) -> None:
+        conn.exec_driver_sql(f"CREATE SCHEMA IF NOT EXISTS {SCHEMA}")  # a site recording before init
+        prev = conn.exec_driver_sql("SELECT current_setting('search_path')").scalar()
+        conn.exec_driver_sql(f"SELECT set_config('search_path', '{SCHEMA}', true)")
+        try:
+            super().install_verifications(conn)
+        finally:
+            conn.exec_driver_sql("SELECT set_config('search_path', %s, true)", (prev,))
+
+    def has_verifications(self, conn: Connection) -> bool:
+        return conn.exec_driver_sql(f"SELECT to_regclass('{SCHEMA}._mm_verifications')").scalar() is not None
+
     def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
         long = [v for p in (None, *peers) for v in names(info.name, p).values() if len(v.encode()) > self.caps.max_identifier_length]
         long += [n for n in ("_mm_rank_" + info.name, "_mm_lock_" + info.name) if len(n.encode()) > self.caps.max_identifier_length]

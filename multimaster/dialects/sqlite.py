@@ -26,6 +26,7 @@ class SQLiteDialect(Dialect):
 
     insert_ignore = "INSERT OR IGNORE"
     greatest = "max"
+    serial_pk = "INTEGER PRIMARY KEY"
 
     null_safe_eq = "IS"
 

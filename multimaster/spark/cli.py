@@ -37,10 +37,38 @@ def verify_command(
     buckets: int = typer.Option(DEFAULT_BUCKETS, "--buckets", min=1, help="Key ranges hashed per site with --checksum-only."),
     repair_from: Optional[str] = typer.Option(None, "--repair-from", help="Plan making every other site equal to SITE."),
     apply: bool = typer.Option(False, "--apply/--dry-run", help="With --repair-from: apply the plan (default: only show it)."),
+    record: bool = typer.Option(False, "--record", help="Store the result (or the error) in _mm_verifications at the verify site, "
+                                "where 'multimaster status' shows it."),
 ) -> None:
     """Check that all sites hold the same rows (Spark over JDBC); optionally repair from one site."""
-    from ..errors import MultimasterError
+    import time
+
+    from ..errors import ConfigError, MultimasterError
     from .jdbc import MissingDependency
+
+    from ..verifications import now_iso
+
+    started = now_iso()
+    t0 = time.perf_counter()
+
+    def store(res=None, error: Optional[str] = None) -> None:
+        """--record: keep the final result (after a repair, the verify run after it) or the error."""
+        from .. import verifications
+        from ..topology import load_topology
+
+        try:
+            vid = verifications.store(load_topology(topology), res, error=error, started_at=started,
+                                      seconds=time.perf_counter() - t0, source="manual")
+        except Exception as e:  # noqa: BLE001 - the verify site may be what is down
+            msg = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            _fail(f"the result could not be recorded: {type(e).__name__}: {msg[:500]}")
+        if not as_json:
+            typer.echo(f"recorded as verification {vid}", err=True)
+
+    def failed(msg: str, recordable: bool = True) -> None:
+        if record and recordable:
+            store(error=msg)
+        _fail(msg)
 
     try:
         from . import api, report as rep
@@ -76,12 +104,16 @@ def verify_command(
         if as_json:
             sys.stdout.write(json.dumps(out if repair_from else res.to_dict(), indent=2, default=str) + "\n")
     except MissingDependency as e:
+        failed(str(e))
+    except ConfigError as e:  # a bad topology or option: not a run worth recording
         _fail(str(e))
     except MultimasterError as e:
-        _fail(str(e))
+        failed(str(e))
     except Exception as e:  # noqa: BLE001 - Spark/JDBC failures: one line, exit 2
         msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        _fail(f"verify failed: {type(e).__name__}: {msg[:500]}")
+        failed(f"verify failed: {type(e).__name__}: {msg[:500]}")
+    if record:
+        store(res)
     raise typer.Exit(res.exit_code)
 
 
