@@ -133,8 +133,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        conn.exec_driver_sql(
-            d.insert_ignore_into(o['snap'], ", ".join(cols) + ", applied", f"VALUES ({d.ph(len(cols))}, {1 if applied else 0})"), appended)
+        d.store_snapshot_rows(conn, o['snap'], cols, appended, applied)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
@@ -211,9 +210,9 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     new_keys = None
     rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
     fr = fastpath.FastResult()
-    # set-based apply reads and then writes rows without locking them: only where this transaction
-    # is the only writer (SQLite's BEGIN IMMEDIATE); servers take the planner's locked path
-    if fastpath.enabled() and d.caps.single_writer:
+    # set-based apply reads and then writes rows without locking them: only where no other writer
+    # of this table can commit meanwhile (Dialect.set_based_apply); elsewhere the planner's locked path
+    if fastpath.enabled() and d.set_based_apply:
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, total)
         res.inserted += fr.inserted
         res.updated += fr.updated

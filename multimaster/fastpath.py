@@ -59,7 +59,7 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     d.create_temp(conn, multi, f"SELECT rid FROM {cand} GROUP BY rid HAVING count(*) > 1")
     # identities new to this site, with their keys when they all sort after every known one
     newids = d.temp_name("_mm_tmp_new")
-    fresh = (f"SELECT c.rid AS rid, max(c.op = 'I') AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
+    fresh = (f"SELECT c.rid AS rid, max(CASE WHEN c.op = 'I' THEN 1 ELSE 0 END) AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
              f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid")
     if spec.renumber:
         max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {shadow}").scalar()
@@ -72,7 +72,7 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
                 d.drop_temp(conn, name)
             return res  # the new identities interleave with known ones: keys shift, the planner does it
         res.keyed = newids
-        key_of_new = f"(SELECT k.key FROM {newids} k WHERE k.rid = c.rid)"
+        key_of_new = "n.key"
     else:
         d.create_temp(conn, newids, fresh)
         key_of_new = "c.key"
@@ -108,7 +108,7 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     d.create_temp(
         conn, ins,
         f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
-        f"FROM {cand} c WHERE c.op = 'I' AND {single} AND EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = c.rid)",
+        f"FROM {cand} c JOIN {newids} n ON n.rid = c.rid WHERE c.op = 'I' AND {single}",
         index=None,
     )
     n_ins = conn.exec_driver_sql(f"SELECT count(*) FROM {ins}").scalar() or 0

@@ -63,6 +63,11 @@ class Dialect:
     #: committed entry is final, as with SQLite's single writer).
     log2_horizon: str | None = None
 
+    #: the reconciler may apply plain changes set-based (multimaster/fastpath.py), reading rows and
+    #: then writing them without row locks: only true where no other writer of the table can commit
+    #: while the apply transaction runs
+    set_based_apply: bool = False
+
     #: null-safe equality operator
     null_safe_eq: str = "IS NOT DISTINCT FROM"
 
@@ -167,7 +172,15 @@ class Dialect:
     def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
         """Move existing keys: rows with low < key <= high get key + delta, in the user table and the
         shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
-        raise NotImplementedError
+        q = self.quote
+        p = self.caps.placeholder
+        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name)["shadow"], q("key"))):
+            for low, high, delta in shifts:
+                if high is None:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))
+                else:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} <= {p}", (delta + offset, low, high))
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {p} WHERE {col} > {p}", (offset, offset))
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """Dialect follow-ups after keys were assigned (move a sequence past the highest key)."""
@@ -196,6 +209,11 @@ class Dialect:
             conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({p}, {p}, {p})", (table, origin, ver))
         elif cur[0] < ver:
             conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
+
+    def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
+        """Insert pulled change-log rows into a snapshot, skipping rows already there (same pseq)."""
+        conn.exec_driver_sql(
+            self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols))}, {1 if applied else 0})"), rows)
 
     def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
         """Second-order records for the change-log entries the reconciler just relayed (seq >

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -135,12 +135,23 @@ class MySQLDialect(Dialect):
         )
         return "_mm_tmp_rids"
 
+    #: not set-based: its statements would lock rows in another order than applications do and
+    #: make them deadlock victims (measured); the planner's path locks rows in key order first
+    set_based_apply = False
+    null_safe_eq = "<=>"
+
     def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
         # CREATE INDEX and a DROP TABLE without TEMPORARY commit implicitly in MySQL: keys are
         # declared in the CREATE TEMPORARY TABLE itself, drops say TEMPORARY
         self.drop_temp(conn, name)
-        decl = f"(UNIQUE KEY ({keys})) " if keys else ""
+        parts = [f"UNIQUE KEY ({keys})"] if keys else []
+        if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
+            parts.append(f"INDEX ({index})")
+        decl = f"({', '.join(parts)}) " if parts else ""
         conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} {decl}ENGINE=InnoDB {select}")
+
+    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
+        conn.exec_driver_sql(f"UPDATE {target} JOIN {from_clause} ON {where} SET {', '.join(sets)}")
 
     def drop_temp(self, conn: Connection, name: str) -> None:
         conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {name}")
@@ -313,18 +324,6 @@ class MySQLDialect(Dialect):
             "ON DUPLICATE KEY UPDATE seq2 = VALUES(seq2), pulled_at = VALUES(pulled_at)",
             (peer, table, seq2, now_iso()),
         )
-
-    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
-        q = self.quote
-        key = q(info.key.name)
-        shadow = self.obj(info.name)["shadow"]
-        for tbl, col in ((q(info.name), key), (shadow, "`key`")):
-            for low, high, delta in shifts:
-                if high is None:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} < %s", (delta + offset, low, offset))
-                else:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} <= %s", (delta + offset, low, high))
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - %s WHERE {col} > %s", (offset, offset))
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """The next rank counts every identity now known. (AUTO_INCREMENT needs no move: the

@@ -12,7 +12,7 @@ SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -46,6 +46,9 @@ class PostgreSQLDialect(Dialect):
     #: every write to the second-order log holds the table's advisory lock until COMMIT, so entries
     #: commit in seq2 order: everything committed may be read (see docs/postgresql.md)
     log2_horizon = None
+    #: lock_for_apply takes the table's advisory lock, which every captured statement holds until
+    #: COMMIT: while the reconciler applies, no application write to the table can commit
+    set_based_apply = True
     daemon_lock_sql = "SELECT pg_try_advisory_lock(hashtext(%s))"
 
     # ---- names -----------------------------------------------------------------------------
@@ -255,6 +258,23 @@ class PostgreSQLDialect(Dialect):
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("SELECT set_config('mm.applying', %s, true)", ("on" if on else "off",))
 
+    def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
+        # COPY into a scratch table, then one INSERT ... ON CONFLICT DO NOTHING: several times the
+        # rate of a row-by-row executemany, in the same transaction
+        collist = ", ".join(cols)
+        conn.exec_driver_sql("DROP TABLE IF EXISTS pg_temp._mm_tmp_copy")
+        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE _mm_tmp_copy AS SELECT {collist} FROM {snap} WHERE false")
+        raw = conn.connection.dbapi_connection
+        with raw.cursor() as cur:  # type: ignore[union-attr]
+            with cur.copy(f"COPY pg_temp._mm_tmp_copy ({collist}) FROM STDIN") as cp:
+                for r in rows:
+                    cp.write_row(r)
+        conn.exec_driver_sql(
+            f"INSERT INTO {snap} ({collist}, applied) SELECT {collist}, {1 if applied else 0} FROM pg_temp._mm_tmp_copy "
+            "ON CONFLICT DO NOTHING"
+        )
+        conn.exec_driver_sql("DROP TABLE pg_temp._mm_tmp_copy")
+
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
 
@@ -279,18 +299,6 @@ class PostgreSQLDialect(Dialect):
             "ON CONFLICT (peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
             (peer, table, seq2),
         )
-
-    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
-        q = self.quote
-        key = q(info.key.name)
-        shadow = self.obj(info.name)["shadow"]
-        for tbl, col in ((q(info.name), key), (shadow, "key")):
-            for low, high, delta in shifts:
-                if high is None:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} < %s", (delta + offset, low, offset))
-                else:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + %s WHERE {col} > %s AND {col} <= %s", (delta + offset, low, high))
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - %s WHERE {col} > %s", (offset, offset))
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """Move the key column's sequence (serial or identity) past the highest key, so a plain

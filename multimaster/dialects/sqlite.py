@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect
+from .base import Capabilities, Dialect, group_diffs
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
 _HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
@@ -25,6 +25,7 @@ class SQLiteDialect(Dialect):
     )
 
     insert_ignore = "INSERT OR IGNORE"
+    set_based_apply = True  # BEGIN IMMEDIATE: the apply transaction is the only writer
     greatest = "max"
     serial_pk = "INTEGER PRIMARY KEY"
 
@@ -128,14 +129,7 @@ class SQLiteDialect(Dialect):
         oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
         own = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
         anychanged = " OR ".join(own) if own else "0"
-        # a column of a group counts as changed when any column of its group changed: the change
-        # then carries the whole group (old and new), which is what "win together" compares
-        diff = list(own)
-        for s in spec.slots:
-            if len(s.columns) > 1:
-                cond = "(" + " OR ".join(own[i] for i in s.columns) + ")"
-                for i in s.columns:
-                    diff[i] = cond
+        diff = group_diffs(own, spec)
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
         updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
@@ -285,18 +279,6 @@ class SQLiteDialect(Dialect):
             "ON CONFLICT(peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
             (peer, table, seq2),
         )
-
-    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
-        q = self.quote
-        key = q(info.key.name)
-        shadow = q(names(info.name)["shadow"])
-        for tbl, col in ((q(info.name), key), (shadow, "key")):
-            for low, high, delta in shifts:
-                if high is None:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + ? WHERE {col} > ? AND {col} < ?", (delta + offset, low, offset))
-                else:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + ? WHERE {col} > ? AND {col} <= ?", (delta + offset, low, high))
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - ? WHERE {col} > ?", (offset, offset))
 
 
 DIALECT = SQLiteDialect()
