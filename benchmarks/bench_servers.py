@@ -190,6 +190,38 @@ def concurrency(b, tmp: Path, seconds: float, clients: int = 8) -> dict:  # type
             "delay_ms_p50": round(statistics.median(delays), 1) if delays else None, "delay_ms_p95": round(q[18], 1)}
 
 
+def bulk_transaction(b, tmp: Path, n: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
+    """Bucardo's published workload: one transaction of `n` inserted rows at one site of three; the
+    time until both other sites hold them (each pulls with its own refresher, in parallel, as one
+    daemon per site would)."""
+    urls = {s: b.new_site(tmp, s) for s in ("b1", "b2", "b3")}
+    for u in urls.values():
+        b.create_table(u, "items", "id", COLS)
+    topo = _topo(tmp, urls)
+    api.init(topo)
+    c = b.connect(urls["b1"])
+    cur = c.cursor()
+    cur.executemany(_sql(b, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)"), [(f"bulk-{i}", i, i * 0.5) for i in range(n)])
+    c.commit()
+    c.close()
+    done: dict[str, float] = {}
+
+    def pull(site: str) -> None:
+        with api.Cluster(topo) as cl:
+            r = api.refresh(cl, site, "b1", batch_size=10_000)
+            assert not r[0].error, r[0].error
+            done[site] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=pull, args=(s,)) for s in ("b2", "b3")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    secs = max(done.values())
+    return {"rows": n, "seconds_until_both_sites": round(secs, 2), "rows_s": round(n / secs)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -208,6 +240,7 @@ def main() -> None:
             out[name] = {"capture": capture(b, tmp, 3000 // k), "apply": apply_rate(b, tmp, 20000 // k)}
             if name == "postgresql":
                 out[name]["concurrency"] = concurrency(b, tmp, 20.0 / k)
+                out[name]["bulk_transaction"] = bulk_transaction(b, tmp, 50_000 // k)
         finally:
             b.cleanup()
     if args.json:
