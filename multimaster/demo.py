@@ -112,8 +112,11 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
                 c.commit()
                 progress.advance(task)
     # refresh once so every site shares the customers, then make deliberate conflicts
+    totals: Counter[str] = Counter()
     with api.Cluster(topo) as cl:
-        api.refresh(cl)
+        for r in api.refresh(cl):
+            totals["pulled"] += r.pulled
+            totals["applied"] += r.applied
         shared = [r[0] for r in conns["s1"].execute("SELECT id FROM customers ORDER BY id LIMIT 5")]
         for s in SITES:
             c = conns[s]
@@ -144,8 +147,7 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
         for c in conns.values():
             c.close()
         # ---- replicate until quiet -----------------------------------------------------------
-        rounds = 0
-        totals: Counter[str] = Counter()
+        rounds = 1  # the refresh before the deliberate conflicts
         while rounds < 20:
             rounds += 1
             res = api.refresh(cl)
@@ -221,7 +223,7 @@ def _print_report(console: Console, rep: dict[str, Any], conf: list[dict[str, An
         rt.add_row(tb, *(str(v["rows"][s]) for s in SITES), "[green]yes[/]" if v["identical"] else "[red]NO[/]")
     console.print(rt)
     sample = {s: _rows(paths[s], "customers")[:4] for s in SITES}
-    st = Table(title="first customers at each site")
+    st = Table(title="first customers at each site (name / tier)")
     st.add_column("id")
     for s in SITES:
         st.add_column(s)
