@@ -212,8 +212,12 @@ class Dialect:
 
     def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
         """Insert pulled change-log rows into a snapshot, skipping rows already there (same pseq)."""
+        # every value a parameter: drivers batch an executemany of a plain VALUES list (PyMySQL
+        # rewrites it into multi-row INSERTs only then)
+        flag = 1 if applied else 0
         conn.exec_driver_sql(
-            self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols))}, {1 if applied else 0})"), rows)
+            self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols) + 1)})"),
+            [(*r, flag) for r in rows])
 
     def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
         """Second-order records for the change-log entries the reconciler just relayed (seq >
