@@ -340,8 +340,7 @@ def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: i
             idx = tuple(sorted(st.changed))
             groups.setdefault(idx, []).append((*(st.values[i] for i in idx), st.key))
     for idx, params in groups.items():
-        sets = ", ".join(f"{q(cols[i])} = {ph}" for i in idx)
-        conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {keyc} = {ph}", params)
+        d.bulk_update(conn, table, [q(cols[i]) for i in idx], keyc, params)
     # shadow
     slots = [s.name for s in spec.slots]
     new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
@@ -356,8 +355,7 @@ def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: i
                 ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
             )
     for (delc, sl), params in sgroups.items():
-        sets = (["deleted = " + ph] if delc else []) + [f"{q('v_' + s)} = {ph}" for s in sl]
-        conn.exec_driver_sql(f"UPDATE {o['shadow']} SET {', '.join(sets)} WHERE rid = {ph}", params)
+        d.bulk_update(conn, o["shadow"], (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
     # conflicts
     if p.conflicts:
         key_of = {rid: st.key for rid, st in p.rows.items()}

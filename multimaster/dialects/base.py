@@ -210,6 +210,13 @@ class Dialect:
         elif cur[0] < ver:
             conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
 
+    def bulk_update(self, conn: Connection, table: str, set_cols: list[str], where_col: str, rows: list[tuple[Any, ...]]) -> None:
+        """UPDATE table SET set_cols WHERE where_col = ..., for many rows: each row is the new values
+        followed by the where value."""
+        p = self.caps.placeholder
+        sets = ", ".join(f"{c} = {p}" for c in set_cols)
+        conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {where_col} = {p}", rows)
+
     def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
         """Insert pulled change-log rows into a snapshot, skipping rows already there (same pseq)."""
         # every value a parameter: drivers batch an executemany of a plain VALUES list (PyMySQL

@@ -150,6 +150,20 @@ class MySQLDialect(Dialect):
         decl = f"({', '.join(parts)}) " if parts else ""
         conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} {decl}ENGINE=InnoDB {select}")
 
+    def bulk_update(self, conn: Connection, table: str, set_cols: list[str], where_col: str, rows: list[tuple[Any, ...]]) -> None:
+        # PyMySQL sends an UPDATE executemany row by row: load the values with one batched
+        # multi-row INSERT into a scratch table (typed like the target) and join once
+        if len(rows) < 64:
+            return super().bulk_update(conn, table, set_cols, where_col, rows)
+        tmp = "`_mm_tmp_upd`"
+        names = [f"v{i}" for i in range(len(set_cols))]
+        sel = ", ".join(f"t.{c} AS {n}" for c, n in zip(set_cols, names))
+        self.create_temp(conn, tmp, f"SELECT {sel}, t.{where_col} AS w FROM {table} t WHERE 1 = 0", index=None)
+        conn.exec_driver_sql(f"INSERT INTO {tmp} ({', '.join(names)}, w) VALUES ({self.ph(len(names) + 1)})", rows)
+        sets = ", ".join(f"{table}.{c} = u.{n}" for c, n in zip(set_cols, names))
+        conn.exec_driver_sql(f"UPDATE {table} JOIN {tmp} u ON {table}.{where_col} = u.w SET {sets}")
+        self.drop_temp(conn, tmp)
+
     def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
         conn.exec_driver_sql(f"UPDATE {target} JOIN {from_clause} ON {where} SET {', '.join(sets)}")
 
