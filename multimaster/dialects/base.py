@@ -415,6 +415,22 @@ class Dialect:
         return ", ".join([self.caps.placeholder] * n)
 
 
+def capture_fragments(quote: Any, cols: Any, spec: Any, new: str, old: str, own: list[str]) -> dict[str, Any]:
+    """The column lists every dialect's capture triggers splice into their templates: `new` / `old`
+    name the row references (NEW/OLD, or transition-table aliases), `own` is each column's own
+    "changed" condition in the dialect's SQL."""
+    diff = group_diffs(own, spec)
+    return {
+        "ncols": "".join(f", {quote('n_' + c.name)}" for c in cols),
+        "ocols": "".join(f", {quote('o_' + c.name)}" for c in cols),
+        "newvals": "".join(f", {new}.{quote(c.name)}" for c in cols),
+        "oldvals": "".join(f", {old}.{quote(c.name)}" for c in cols),
+        "diff": diff,
+        "updnew": "".join(f", CASE WHEN {d} THEN {new}.{quote(c.name)} END" for d, c in zip(diff, cols)),
+        "updold": "".join(f", CASE WHEN {d} THEN {old}.{quote(c.name)} END" for d, c in zip(diff, cols)),
+    }
+
+
 def group_diffs(own: list[str], spec: Any) -> list[str]:
     """Per column, the SQL condition under which a captured update carries it: its own change, or
     for a column of a group any change in the group (the change then carries the whole group, old

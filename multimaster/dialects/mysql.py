@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import SchemaError
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, group_diffs
+from .base import Capabilities, Dialect, capture_fragments
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
@@ -215,10 +215,6 @@ class MySQLDialect(Dialect):
         spec = info.spec
         cols = info.columns
         site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
-        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
-        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
-        newvals = "".join(f", NEW.{q(c.name)}" for c in cols)
-        oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
 
         def differs(c: Any) -> str:
             # strings compare as bytes: a case-insensitive collation must not hide a change
@@ -227,10 +223,10 @@ class MySQLDialect(Dialect):
 
         own = [differs(c) for c in cols]
         anychanged = " OR ".join(own) if own else "FALSE"
-        diff = group_diffs(own, spec)
+        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
         updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END) << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
-        updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        updnew, updold = fr["updnew"], fr["updold"]
         stamps = []
         for s in spec.slots:
             vcol = q("v_" + s.name)

@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import SchemaError
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, group_diffs, templates_dir
+from .base import Capabilities, Dialect, capture_fragments, templates_dir
 
 SCHEMA = "_mm"
 #: first key of every advisory lock multimaster takes ('mm'); the second is the table's oid (0: clock)
@@ -182,16 +182,12 @@ class PostgreSQLDialect(Dialect):
         spec = info.spec
         cols = info.columns
         site = _lit(self._site_name(conn))
-        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
-        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
-        newvals = "".join(f", n.{q(c.name)}" for c in cols)
-        oldvals = "".join(f", o.{q(c.name)}" for c in cols)
         own = [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols]
         anychanged = " OR ".join(own) if own else "false"
-        diff = group_diffs(own, spec)
+        fr = capture_fragments(q, cols, spec, "n", "o", own)
+        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
         updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew = "".join(f", CASE WHEN {d} THEN n.{q(c.name)} END" for d, c in zip(diff, cols))
-        updold = "".join(f", CASE WHEN {d} THEN o.{q(c.name)} END" for d, c in zip(diff, cols))
+        updnew, updold = fr["updnew"], fr["updold"]
         stamps = []
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)

@@ -8,7 +8,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, group_diffs
+from .base import Capabilities, Dialect, capture_fragments
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
 _HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
@@ -123,16 +123,12 @@ class SQLiteDialect(Dialect):
         key = q(info.key.name)
         spec = info.spec
         cols = info.columns
-        ncols = "".join(f", {q('n_' + c.name)}" for c in cols)
-        ocols = "".join(f", {q('o_' + c.name)}" for c in cols)
-        newvals = "".join(f", NEW.{q(c.name)}" for c in cols)
-        oldvals = "".join(f", OLD.{q(c.name)}" for c in cols)
         own = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
         anychanged = " OR ".join(own) if own else "0"
-        diff = group_diffs(own, spec)
+        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew = "".join(f", CASE WHEN {d} THEN NEW.{q(c.name)} END" for d, c in zip(diff, cols))
-        updold = "".join(f", CASE WHEN {d} THEN OLD.{q(c.name)} END" for d, c in zip(diff, cols))
+        updnew, updold = fr["updnew"], fr["updold"]
         now_ver = _NOW_VER.format(log=o["log"])
         stamps = []
         for s in spec.slots:
