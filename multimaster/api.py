@@ -135,6 +135,7 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         for n, s in sites.items():
             with s.read() as conn:
                 installed[n] = set(s.installed_tables(conn))
+                problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(t.tables)))
                 for tb in t.tables:
                     try:
                         infos[tb][n] = s.info(conn, tb, t)

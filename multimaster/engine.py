@@ -245,7 +245,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
         inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
         conn.exec_driver_sql(
-            f"INSERT INTO {own['log']} ({', '.join(lcols)}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver", tuple(relay or ()))
+            f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver",
+            tuple(relay or ()))
         d.record_relayed(conn, info, before)
     d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)

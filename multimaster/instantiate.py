@@ -266,7 +266,7 @@ def _copy(cl: api.Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ni
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
                 lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
                 lq = ", ".join(pd.quote(c) for c in lcols)
-                ins = f"INSERT INTO {no['log']} ({', '.join(nd.quote(c) for c in lcols)}) VALUES ({nd.ph(len(lcols))})"
+                ins = f"INSERT INTO {no['log']} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
                 n = 0
                 for part in _stream(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", size=batch_size):
                     nconn.exec_driver_sql(ins, part)

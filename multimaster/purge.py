@@ -13,12 +13,14 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
    (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
    the highest rowid), and none at or after a change of the same origin still waiting in one of
    X's snapshots. The delete trigger writes ``P`` records into the second-order log: pullers drop
-   their snapshot copies when they pull them (the paper's purge records);
+   their snapshot copies when they pull them (the paper's purge records). Where the second-order
+   log is a view over the change log (SQLite, ``Dialect.log2_is_view``) the append record goes
+   with the entry, and pullers drop applied snapshot rows in their own purge (step 6);
 4. raises ``_mm_origins.max_ver`` of each origin to the highest version purged: the reconciler's
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
 5. deletes second-order records with seq2 <= W (never the newest) and records that horizon in
-   ``_mm_purges``;
+   ``_mm_purges`` (view: the highest change-log entry purged);
 6. drops X's own applied snapshot rows (nothing reads them again).
 """
 
@@ -270,20 +272,18 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
                         elif ver > cur:
                             conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
                     conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
-            if max_seq2 is not None:
+            if d.log2_is_view:
+                # every purged entry took its append record along: the horizon is the highest one
+                tp.log2_deleted = tp.purged
+                if tp.purged and not dry_run:
+                    _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
+            elif max_seq2 is not None:
                 hi = min(w, int(max_seq2) - 1)
                 r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
                 tp.log2_deleted = int(r[0] or 0) if r else 0
                 if tp.log2_deleted and not dry_run:
                     conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
-                    horizon = int(r[1])
-                    if conn.exec_driver_sql(f"SELECT 1 FROM _mm_purges WHERE tbl = {ph}", (tb,)).first() is None:
-                        conn.exec_driver_sql(f"INSERT INTO _mm_purges (tbl, horizon, purged, purged_at) VALUES ({d.ph(4)})",
-                                             (tb, horizon, tp.purged, now_iso()))
-                    else:
-                        conn.exec_driver_sql(
-                            f"UPDATE _mm_purges SET horizon = {d.greatest}(horizon, {ph}), purged = purged + {ph}, purged_at = {ph} WHERE tbl = {ph}",
-                            (horizon, tp.purged, now_iso(), tb))
+                    _record_horizon(conn, d, tb, int(r[1]), tp.purged)
             if policy.snapshots:
                 for q in topo.peers_of(site):
                     snap = d.obj(tb, q)["snap"]
@@ -294,6 +294,19 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
             tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
             tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0)
     return rep
+
+
+def _record_horizon(conn: Any, d: Any, tb: str, horizon: int, purged: int) -> None:
+    """Remember in ``_mm_purges`` the highest second-order position purged (pullers below it
+    missed changes: :func:`check_not_purged`)."""
+    ph = d.caps.placeholder
+    if conn.exec_driver_sql(f"SELECT 1 FROM _mm_purges WHERE tbl = {ph}", (tb,)).first() is None:
+        conn.exec_driver_sql(f"INSERT INTO _mm_purges (tbl, horizon, purged, purged_at) VALUES ({d.ph(4)})",
+                             (tb, horizon, purged, now_iso()))
+    else:
+        conn.exec_driver_sql(
+            f"UPDATE _mm_purges SET horizon = {d.greatest}(horizon, {ph}), purged = purged + {ph}, purged_at = {ph} WHERE tbl = {ph}",
+            (horizon, purged, now_iso(), tb))
 
 
 def purge(topo: "Topology | Cluster", site: str | None = None, policy: PurgePolicy | None = None, *, dry_run: bool = False,

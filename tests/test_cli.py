@@ -129,6 +129,19 @@ def test_schema_problems_exit_2_and_touch_nothing(sites, change, message):  # ty
             assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()
 
 
+def test_init_refuses_an_older_layout_and_names_it(sites):  # type: ignore[no-untyped-def]
+    """A second-order log left as a table by an earlier multimaster is not silently adopted."""
+    d, topo = sites
+    with sqlite3.connect(d / "s3.db") as c:
+        c.execute("CREATE TABLE _mm_log2_items (seq2 INTEGER PRIMARY KEY, seq INTEGER NOT NULL, op TEXT NOT NULL)")
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "site 's3'" in r.stderr and "_mm_log2_items" in r.stderr and "uninstall" in r.stderr
+    for s in ("s1", "s2"):
+        with sqlite3.connect(d / f"{s}.db") as c:
+            assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()
+
+
 def test_unreachable_peer_fails_that_link_only(sites):  # type: ignore[no-untyped-def]
     d, topo = sites
     assert mm("init", "-t", str(topo)).returncode == 0

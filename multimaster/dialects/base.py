@@ -63,6 +63,11 @@ class Dialect:
     #: committed entry is final, as with SQLite's single writer).
     log2_horizon: str | None = None
 
+    #: the second-order log is a view over the change log (every entry its own append record,
+    #: seq2 = seq; SQLite, docs/decisions.md) rather than a table filled by a trigger on the log:
+    #: purge then has no second-order rows to delete and records its horizon from the log alone
+    log2_is_view: bool = False
+
     #: the reconciler may apply plain changes set-based (multimaster/fastpath.py), reading rows and
     #: then writing them without row locks: only true where no other writer of the table can commit
     #: while the apply transaction runs
@@ -401,6 +406,20 @@ class Dialect:
         from sqlalchemy import inspect
 
         return bool(inspect(conn).has_table("_mm_verifications"))
+
+    #: the change log column an entry's row identity is written to (read back as ``rid``); SQLite
+    #: stores it in ``xrid`` and derives ``rid`` from the version when it is NULL (a new row's
+    #: identity is its insert's version: the capture trigger then computes the version once)
+    log_rid_column: str = "rid"
+
+    def log_write_columns(self, cols: Sequence[str]) -> list[str]:
+        """`cols` (change log columns as read) as the columns to write them to."""
+        return [self.log_rid_column if c == "rid" else c for c in cols]
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        """What stops `init` at this site before anything is written (e.g. objects in an older
+        layout that the new one cannot take over). One message per problem."""
+        return []
 
     def purge_horizon(self, conn: Connection, table: str) -> int:
         """The highest second-order sequence number purged from this site's log of `table`."""

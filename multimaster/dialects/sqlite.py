@@ -30,6 +30,8 @@ class SQLiteDialect(Dialect):
     serial_pk = "INTEGER PRIMARY KEY"
 
     null_safe_eq = "IS"
+    log2_is_view = True  # triggers/sqlite/table.sql
+    log_rid_column = "xrid"  # rid is a generated column: coalesce(xrid, ver) (triggers/sqlite/table.sql)
 
     def temp_name(self, name: str) -> str:
         return f"temp.{self.quote(name)}"
@@ -130,6 +132,9 @@ class SQLiteDialect(Dialect):
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew, updold = fr["updnew"], fr["updold"]
         now_ver = _NOW_VER.format(log=o["log"])
+        # evaluated twice in an insert (ver and rid): the same value, as 'now' is fixed per statement
+        # and the log's last entry is read before the row goes in
+        ver = f"(SELECT printf('%019d:%s', {_HLC.format(log=o['log'])}, site) FROM _mm_state)"
         stamps = []
         for s in spec.slots:
             cond = diff[s.columns[0]]
@@ -139,7 +144,7 @@ class SQLiteDialect(Dialect):
         if spec.renumber:
             renumber = self._join_renumber(info)
             newkey = self._next_key(info)
-            insrid = "v"
+            insrid = "NULL"  # rid = ver
             shadowinsert = ""
         else:
             renumber = ""
@@ -173,7 +178,7 @@ class SQLiteDialect(Dialect):
             updnew=updnew,
             updold=updold,
             slotstamp=slotstamp,
-            hlc=_HLC.format(log=o["log"]),
+            ver=ver,
             shadowinsert=shadowinsert,
             **o,
         )
@@ -218,9 +223,8 @@ class SQLiteDialect(Dialect):
         )
 
     def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
-        # the change log's trigger skips the reconciler's inserts: one set-based insert instead
-        o = self.obj(info.name)
-        conn.exec_driver_sql(f"INSERT INTO {o['log2']} (seq, op) SELECT seq, 'A' FROM {o['log']} WHERE seq > ? ORDER BY seq", (after_seq,))
+        """Nothing to do: the second-order log is a view in which every change log entry is its
+        own append record (triggers/sqlite/table.sql)."""
 
     def fresh_identities_select(self, table: str) -> str | None:
         o = self.obj(table)
@@ -244,6 +248,16 @@ class SQLiteDialect(Dialect):
         from .base import templates_dir
 
         return templates_dir(self.name)
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).first():
+                out.append(f"table '{t}' was installed by an earlier multimaster whose second-order log was a table "
+                           f"({name}); its positions do not carry over to today's layout. Refresh every site until "
+                           "quiet, run 'multimaster uninstall' and then 'multimaster init' again")
+        return out
 
     def installed_tables(self, conn: Connection) -> list[str]:
         if not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_mm_tables'").first():

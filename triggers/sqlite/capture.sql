@@ -3,13 +3,15 @@
 -- The clock (docs/clock.md): a change's version takes max(wall-clock ms * 65536, the last change
 -- log entry's clock + 1, the site's floor _mm_state.hlc + 1), so it never goes backwards and sorts
 -- after everything this site has seen; reading the last entry costs no write.
+-- The log inserts are INSERT ... VALUES with scalar subqueries ($ver is one): an INSERT ... SELECT
+-- that reads the table it writes goes through a temporary table in SQLite (3 us per change).
 -- Renumbered tables keep the shadow row of a new local row for later (catchup.sql): an insert then
 -- writes only the change log and its second-order record.
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
-    SELECT v, site, 'I', $insrid, $newkey, $allmask$newvals FROM (SELECT printf('%019d:%s', $hlc, site) AS v, site FROM _mm_state);
+  INSERT INTO $log (ver, origin, op, xrid, key, mask$ncols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'I', $insrid, $newkey, $allmask$newvals);
 $renumber
 $shadowinsert
 END;
@@ -17,16 +19,16 @@ END;
 CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0 AND ($anychanged)
 BEGIN
-  INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
-    SELECT printf('%019d:%s', $hlc, site), site, 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key), NEW.$key, $updmask$updnew$updold FROM _mm_state;
+  INSERT INTO $log (ver, origin, op, xrid, key, mask$ncols$ocols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key), NEW.$key, $updmask$updnew$updold);
   UPDATE $shadow SET $slotstamp WHERE key = NEW.$key;
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_d AFTER DELETE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
-    SELECT printf('%019d:%s', $hlc, site), site, 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key), OLD.$key, $allmask$oldvals FROM _mm_state;
+  INSERT INTO $log (ver, origin, op, xrid, key, mask$ocols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key), OLD.$key, $allmask$oldvals);
   UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key;
 END;
 --
