@@ -121,6 +121,8 @@ def _read_clock(conn: Connection, site: Site) -> int:
 
 
 def _advance_clock(conn: Connection, site: Site, hlc: int) -> None:
+    """The new site's whole clock to at least the source's (no table given: MySQL moves every
+    table's clock row and the site's floor), so its next change sorts after everything copied."""
     fn = getattr(site.dialect, "advance_clock", None)
     if fn:
         fn(conn, hlc)

@@ -17,6 +17,7 @@ from multimaster.errors import ConfigError, SchemaError
 from multimaster.instantiate import SiteNotDrained, add_site, remove_site
 from multimaster.purge import PurgePolicy, purge_site
 from multimaster.topology import load_topology
+from multimaster.versions import HLC_SHIFT, hlc_now
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 BASE = [("stock", 1, "counter", 0), ("stock", 2, "widgets", 10)]
@@ -120,6 +121,51 @@ def test_add_site_from_a_peer_with_purged_logs_and_backlogs(backend, tmp_path): 
     big.refresh_until_quiet()
     big.assert_converged()
     assert big.rows("s3", "stock")[:2] == [(1, "counter", 3), (2, "widgets", 11)]
+
+
+def _set_clock_floor(cl: TestCluster, site: str, hlc: int) -> None:
+    """Put a site's clock ahead of the wall clock (as if it had received a version from a peer whose
+    clock runs ahead): its capture takes versions above `hlc` from now on."""
+    with api.Cluster(cl.topo) as c, c.site(site).write() as conn:
+        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {c.site(site).dialect.caps.placeholder}", (hlc,))
+
+
+def _log_versions(cl: TestCluster, site: str, table: str) -> list[tuple[str, str]]:
+    with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
+        d = c.site(site).dialect
+        return [(str(o), str(v)) for o, v in conn.exec_driver_sql(f"SELECT origin, ver FROM {d.obj(table)['log']} ORDER BY seq")]
+
+
+def test_new_site_clock_starts_past_everything_it_copied(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """After add-site the new site's clock is at least its source's: a change made there at once sorts
+    after every version it copied (it follows them causally) and wins, under `latest`, over an older
+    change another site made concurrently. The peers' clocks run ahead of the wall clock here, so the
+    wall clock alone would give the new site's change a lower version than both."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE})
+    hour = (3600 * 1000) << HLC_SHIFT
+    now = hlc_now()
+    _set_clock_floor(cl, "s2", now + hour)
+    cl.execute("s2", "UPDATE stock SET name = 's2-earlier' WHERE id = 2")  # s1 has not pulled it: not copied
+    _set_clock_floor(cl, "s1", now + 2 * hour)
+    cl.execute("s1", "UPDATE stock SET name = 's1-copied' WHERE id = 1")
+    big = grow(cl, tmp_path, "s3")
+    add_site(big.topo, "s3", "s1")
+    with api.Cluster(big.topo) as c:
+        clocks = {}
+        for s in ("s1", "s3"):
+            with c.site(s).read() as conn:
+                clocks[s] = c.site(s).dialect.read_clock(conn) or 0
+    assert clocks["s1"] >= now + 2 * hour
+    assert clocks["s3"] >= clocks["s1"], f"the new site's clock {clocks['s3']} is behind its source's {clocks['s1']}"
+    big.execute("s3", "UPDATE stock SET name = 's3-later' WHERE id IN (1, 2)")
+    log = _log_versions(big, "s3", "stock")
+    copied = [v for o, v in log if o != "s3"]
+    own = [v for o, v in log if o == "s3"]
+    assert copied and len(own) == 2
+    assert min(own) > max(copied), "a change made at the new site sorts before a change it had copied"
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert [r[1] for r in big.rows("s1", "stock")[:2]] == ["s3-later", "s3-later"]
 
 
 def test_add_site_checks_before_writing(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]

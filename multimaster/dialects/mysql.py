@@ -318,9 +318,15 @@ class MySQLDialect(Dialect):
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
-        # the table's clock row, which this transaction holds already (_mm_state stays unlocked for
-        # the capture triggers that read it)
-        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
+        """With `table` (the reconciler): that table's clock row, which this transaction holds
+        already (_mm_state stays unlocked for the capture triggers that read it). Without (add-site,
+        once): every table's clock row and the site's floor ``_mm_state.hlc``, so no change made here
+        afterwards can take a version below `hlc`."""
+        if table is not None:
+            conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
+            return
+        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s)", (hlc,))
+        conn.exec_driver_sql("UPDATE _mm_state SET hlc = GREATEST(hlc, %s)", (hlc,))
 
     def read_clock(self, conn: Connection) -> int | None:
         v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
