@@ -172,6 +172,8 @@ def _add_site(cl: api.Cluster, name: str, peer: str, replace: bool, batch_size: 
         ninfo: dict[str, TableInfo] = {}
         schema_problems: list[str] = []
         with psite.read() as pc, nsite.read() as nc:
+            # what would stop the install half-way (MySQL: triggers refused under binary logging)
+            schema_problems += [f"site '{name}': {m}" for m in nsite.dialect.install_problems(nc, list(t.tables))]
             for tb in t.tables:
                 pinfo[tb] = psite.info(pc, tb, t)
                 try:

@@ -188,6 +188,21 @@ def test_add_site_checks_before_writing(sqlite_backend, tmp_path):  # type: igno
     assert rep.already_installed
 
 
+def test_add_site_stops_on_install_problems_before_writing(sqlite_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """The new site's dialect is asked first, as init asks every site (MySQL: triggers refused under
+    binary logging without SUPER, since its DDL cannot be rolled back)."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE})
+    big = grow(cl, tmp_path, "s3")
+    with api.Cluster(big.topo) as c:
+        d = type(c.site("s3").dialect)
+    monkeypatch.setattr(d, "install_problems", lambda self, conn, tables: ["triggers cannot be created here"])
+    with pytest.raises(SchemaError, match="site 's3': triggers cannot be created here"):
+        add_site(big.topo, "s3", "s1")
+    monkeypatch.undo()
+    with api.Cluster(big.topo) as c, c.site("s3").read() as conn:
+        assert not c.site("s3").installed_tables(conn)
+
+
 def test_expired_site_is_reinstantiated(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE})
     cl.execute("s2", "UPDATE stock SET qty = qty + 5 WHERE id = 2")

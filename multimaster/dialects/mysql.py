@@ -1,4 +1,4 @@
-"""MariaDB 10.6+ / MySQL 8: objects named ``_mm_*`` in the site's database, row triggers.
+"""MariaDB 10.6+ / MySQL 8.0.13+: objects named ``_mm_*`` in the site's database, row triggers.
 
 SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql.md):
 
@@ -32,6 +32,11 @@ _QUOTED = re.compile(r"('(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"\\]|\\.)*\")", re.
 _BARE_KEY = re.compile(r"(?<![\w$@])key(?![\w$(])")
 
 
+def _on(v: Any) -> bool:
+    """A server variable's boolean value (1/0, or ON/OFF as some versions return it)."""
+    return str(v).strip().upper() in ("1", "ON", "TRUE", "YES")
+
+
 def _lit(s: str) -> str:
     return "'" + s.replace("\\", "\\\\").replace("'", "''") + "'"
 
@@ -55,6 +60,30 @@ def quote_key(sql: str) -> str:
     for i in range(0, len(parts), 2):
         parts[i] = _BARE_KEY.sub("`key`", parts[i])
     return "".join(parts)
+
+
+def as_bytes(type_sql: str, expr: str) -> str:
+    """`expr` as the change test compares it: a string column as bytes, so a case-insensitive or
+    PAD SPACE collation cannot hide a change of letter case or trailing spaces. ``CAST(x AS BINARY)``,
+    not the ``BINARY x`` operator (deprecated in MySQL 8.0.27)."""
+    return f"CAST({expr} AS BINARY)" if any(t in type_sql.upper() for t in _TEXTLIKE) else expr
+
+
+def trigger_privilege_problem(log_bin: bool, trust_function_creators: bool, has_super: bool) -> str | None:
+    """Why `init` could not create triggers here, or None. With binary logging on, MySQL and MariaDB
+    let only a user with SUPER create triggers unless ``log_bin_trust_function_creators = 1``
+    (error 1419); MySQL 8.0.3+ turns binary logging on by default. DDL commits as it goes, so init
+    checks this before it creates anything."""
+    if not log_bin or trust_function_creators or has_super:
+        return None
+    return ("binary logging is on (log_bin = ON) and the user running init has no SUPER privilege, so the server "
+            "would refuse to create the capture triggers (error 1419) after init had created some tables. Either set "
+            "log_bin_trust_function_creators = 1 (SET GLOBAL log_bin_trust_function_creators = 1, and in the server's "
+            "option file to keep it after a restart), or run init as a user with the SUPER privilege")
+
+
+#: a SHOW GRANTS line giving SUPER on every database: ALL [PRIVILEGES] or a list naming SUPER, ON *.*
+_GRANT_SUPER = re.compile(r"^GRANT\s+(ALL(\s+PRIVILEGES)?|([A-Z_ ]+,\s*)*SUPER(\s*,\s*[A-Z_ ]+)*)\s+ON\s+\*\.\*\s", re.I)
 
 
 class MySQLDialect(Dialect):
@@ -144,11 +173,19 @@ class MySQLDialect(Dialect):
         # CREATE INDEX and a DROP TABLE without TEMPORARY commit implicitly in MySQL: keys are
         # declared in the CREATE TEMPORARY TABLE itself, drops say TEMPORARY
         self.drop_temp(conn, name)
-        parts = [f"UNIQUE KEY ({keys})"] if keys else []
+        conn.exec_driver_sql(self.temp_ddl(name, select, keys, index))
+
+    #: the generated primary key of a scratch table without a natural one (readers name their columns)
+    TEMP_ROW_ID = "_mm_row"
+
+    def temp_ddl(self, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> str:
+        """CREATE TEMPORARY TABLE ... SELECT with a primary key (MySQL 8.0.13+ with
+        ``sql_require_primary_key = ON`` refuses tables without one, temporary ones too): `keys`
+        when given (never NULL), else a generated AUTO_INCREMENT column, declared first."""
+        parts = [f"PRIMARY KEY ({keys})"] if keys else [f"{self.TEMP_ROW_ID} BIGINT AUTO_INCREMENT PRIMARY KEY"]
         if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
             parts.append(f"INDEX ({index})")
-        decl = f"({', '.join(parts)}) " if parts else ""
-        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} {decl}ENGINE=InnoDB {select}")
+        return f"CREATE TEMPORARY TABLE {name} ({', '.join(parts)}) ENGINE=InnoDB {select}"
 
     def bulk_update(self, conn: Connection, table: str, set_cols: list[str], where_col: str, rows: list[tuple[Any, ...]]) -> None:
         # PyMySQL sends an UPDATE executemany row by row: load the values with one batched
@@ -175,6 +212,31 @@ class MySQLDialect(Dialect):
         for sql in self.render("site"):
             conn.exec_driver_sql(sql)
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        """Capture triggers that could not be created (binary logging on, creators not trusted, no
+        SUPER): found before init writes anything, since MySQL's DDL cannot be rolled back."""
+        row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").first()
+        log_bin, trust = _on(row[0]), _on(row[1])
+        if not log_bin or trust:
+            return []  # no need to look at privileges
+        msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
+        return [msg] if msg else []
+
+    def has_super(self, conn: Connection) -> bool:
+        """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
+        CURRENT_USER(), else a line of SHOW GRANTS (``ALL PRIVILEGES`` or a list naming SUPER, ``ON *.*``)."""
+        user, _, host = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar() or "").rpartition("@")
+        if conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'SUPER' AND GRANTEE = %s",
+            (f"'{user}'@'{host}'",),
+        ).first() is not None:
+            return True
+        try:
+            grants = [str(r[0]) for r in conn.exec_driver_sql("SHOW GRANTS").all()]
+        except Exception:  # noqa: BLE001 - cannot tell beyond USER_PRIVILEGES
+            return False
+        return any(_GRANT_SUPER.match(g) for g in grants)
 
     def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
         long = sorted({v for p in (None, *peers) for v in [*names(info.name, p).values(), "_mm_rank_" + info.name]
@@ -217,9 +279,7 @@ class MySQLDialect(Dialect):
         site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
 
         def differs(c: Any) -> str:
-            # strings compare as bytes: a case-insensitive collation must not hide a change
-            b = "BINARY " if any(t in c.type_sql.upper() for t in _TEXTLIKE) else ""
-            return f"NOT ({b}OLD.{q(c.name)} <=> {b}NEW.{q(c.name)})"
+            return f"NOT ({as_bytes(c.type_sql, 'OLD.' + q(c.name))} <=> {as_bytes(c.type_sql, 'NEW.' + q(c.name))})"
 
         own = [differs(c) for c in cols]
         anychanged = " OR ".join(own) if own else "FALSE"
@@ -238,7 +298,8 @@ class MySQLDialect(Dialect):
             insrid = f"CONCAT('k:', CAST(NEW.{key} AS CHAR))"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", mm_v" for _ in spec.slots)
-            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = VALUES({q('v_' + s.name)})" for s in spec.slots])
+            # mm_v is the value the INSERT gives every slot (not VALUES(col): deprecated in MySQL 8.0.20)
+            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = mm_v" for s in spec.slots])
             onconflict = f"\n      ON DUPLICATE KEY UPDATE {sets}"
         msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
                "updated; delete and insert the row instead")
@@ -335,10 +396,11 @@ class MySQLDialect(Dialect):
     def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
         from ..engine import now_iso
 
+        at = now_iso()
         conn.exec_driver_sql(
             "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (%s, %s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE seq2 = VALUES(seq2), pulled_at = VALUES(pulled_at)",
-            (peer, table, seq2, now_iso()),
+            "ON DUPLICATE KEY UPDATE seq2 = %s, pulled_at = %s",  # not VALUES(col): deprecated in MySQL 8.0.20
+            (peer, table, seq2, at, seq2, at),
         )
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:

@@ -1,5 +1,6 @@
--- multimaster: per-site objects (MariaDB 10.6+ / MySQL 8). Created once per site by
--- `multimaster init`; every name starts with _mm_ (`multimaster uninstall` drops them).
+-- multimaster: per-site objects (MariaDB 10.6+ / MySQL 8.0.13+, for the expression defaults).
+-- Created once per site by `multimaster init`; every name starts with _mm_ (`multimaster
+-- uninstall` drops them). Every table has a primary key (MySQL's sql_require_primary_key).
 -- Versions and identities compare as bytes (utf8mb4_bin), the order the engine sorts them in.
 CREATE TABLE IF NOT EXISTS _mm_state (
   id INT PRIMARY KEY CHECK (id = 1),

@@ -1,0 +1,309 @@
+"""What newer servers and stricter setups demand, checked on the servers run here (MariaDB 10.11,
+PostgreSQL 15) and, where a setting cannot be switched on here, at the level of the SQL emitted:
+
+- MySQL 8 deprecations: text changes are compared with ``CAST(x AS BINARY)`` (not the ``BINARY``
+  operator), and no ``VALUES(col)`` in ``ON DUPLICATE KEY UPDATE``;
+- binary logging without SUPER: init refuses before writing anything (``install_problems``);
+- ``sql_require_primary_key = ON`` (MySQL 8.0.13+): every table the MySQL dialect creates,
+  temporary or not, has a primary key;
+- applications need no privilege on the ``_mm_*`` tables: triggers run as their definer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import uuid
+from typing import Any, Iterator
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from multimaster import api
+from multimaster.dialects import mysql as my
+
+TEXTS = {"notes": {"key": "id", "columns": {"name": "VARCHAR(100)", "body": "text"}}}
+
+
+def _server(name: str) -> Iterator[Backend]:
+    try:
+        b = BACKENDS[name]()
+    except ConnectionError as e:
+        server_unavailable(name, str(e))
+    yield b
+    b.cleanup()
+
+
+@pytest.fixture
+def mysql_backend() -> Iterator[Backend]:
+    yield from _server("mysql")
+
+
+@pytest.fixture
+def pg_backend() -> Iterator[Backend]:
+    yield from _server("postgresql")
+
+
+def _log_count(cl: TestCluster, site: str, table: str) -> int:
+    with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
+        return int(conn.exec_driver_sql(f"SELECT count(*) FROM {c.site(site).dialect.obj(table)['log']}").scalar() or 0)
+
+
+# ---- text changes compared as bytes ----------------------------------------------------------
+
+
+def test_change_of_letter_case_or_trailing_spaces_is_captured_and_replicated(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """On MariaDB the columns use the database's default collation (case-insensitive, PAD SPACE):
+    only a byte comparison sees these changes."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TEXTS, base={"s1": [("notes", 1, "Widget", "body")]})
+    if backend.name == "mysql":
+        c = cl.db("s1")
+        try:
+            cur = c.cursor()
+            cur.execute("SELECT name = 'WIDGET  ', body = 'BODY' FROM notes WHERE id = 1")
+            assert cur.fetchone() == (1, 1), "the collation should hide case and trailing spaces"
+        finally:
+            c.close()
+    steps = [
+        ("UPDATE notes SET name = 'WIDGET' WHERE id = 1", (1, "WIDGET", "body")),  # letter case only
+        ("UPDATE notes SET name = 'WIDGET  ' WHERE id = 1", (1, "WIDGET  ", "body")),  # trailing spaces only
+        ("UPDATE notes SET body = 'BODY ' WHERE id = 1", (1, "WIDGET  ", "BODY ")),  # both, TEXT column
+    ]
+    for sql, want in steps:
+        before = _log_count(cl, "s1", "notes")
+        cl.execute("s1", sql)
+        assert _log_count(cl, "s1", "notes") == before + 1, f"not captured: {sql}"
+        cl.refresh_until_quiet()
+        assert cl.rows("s2", "notes") == [want]
+    before = _log_count(cl, "s1", "notes")
+    cl.execute("s1", "UPDATE notes SET name = 'WIDGET  ', body = 'BODY ' WHERE id = 1")  # the same bytes
+    assert _log_count(cl, "s1", "notes") == before, "an update to the same bytes was captured"
+
+
+def test_mysql_sql_avoids_mysql8_deprecations(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """No BINARY operator (deprecated in MySQL 8.0.27) and no VALUES(col) in ON DUPLICATE KEY UPDATE
+    (8.0.20): neither in the installed triggers nor in the statements multimaster sends."""
+    tables = {"tags": {"key": "code", "auto": False, "columns": {"label": "VARCHAR(50)", "n": "int"},
+                       "config": {"columns": {"n": "additive"}}}, **TEXTS}
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables, base={"s1": [("notes", 1, "a", "b")]})
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        for s in ("s1", "s2"):
+            cl.execute(s, "INSERT INTO tags (code, label, n) VALUES (?, ?, 1)", (s, s))
+        cl.refresh_until_quiet()
+        cl.execute("s1", "DELETE FROM tags WHERE code = 's2'")
+        cl.refresh_until_quiet()
+        cl.execute("s2", "INSERT INTO tags (code, label, n) VALUES ('s2', 'again', 5)")  # revives the shadow row
+        cl.execute("s2", "UPDATE notes SET name = 'A' WHERE id = 1")
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE()")
+        bodies = [r[0] for r in cur.fetchall()]
+    finally:
+        c.close()
+    assert bodies and any("CAST(OLD." in b for b in bodies)
+    for sql in bodies + sent:
+        assert not re.search(r"\bBINARY\s+(OLD|NEW)\.", sql, re.I), sql
+        odku = re.split(r"ON DUPLICATE KEY UPDATE", sql, flags=re.I)[1:]
+        assert not any(re.search(r"\bVALUES\s*\(", part, re.I) for part in odku), sql
+
+
+# ---- binary logging without SUPER ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("log_bin,trust,has_super", list(itertools.product([False, True], repeat=3)))
+def test_trigger_privilege_problem_decision(log_bin: bool, trust: bool, has_super: bool) -> None:
+    msg = my.trigger_privilege_problem(log_bin, trust, has_super)
+    if log_bin and not trust and not has_super:
+        assert msg is not None
+        assert "log_bin_trust_function_creators = 1" in msg and "SUPER" in msg and "1419" in msg
+    else:
+        assert msg is None
+
+
+@pytest.mark.parametrize("line,has", [
+    ("GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION", True),
+    ("GRANT SUPER ON *.* TO `mm`@`%`", True),
+    ("GRANT SELECT, RELOAD, SUPER, BINLOG ADMIN ON *.* TO `mm`@`%`", True),
+    ("GRANT SELECT, INSERT, CREATE, TRIGGER ON *.* TO `mm`@`%`", False),
+    ("GRANT ALL PRIVILEGES ON `app`.* TO `mm`@`%`", False),
+    ("GRANT USAGE ON *.* TO `mm`@`%` IDENTIFIED BY PASSWORD '*X'", False),
+    ("GRANT `admin`@`%` TO `mm`@`%`", False),
+])
+def test_show_grants_line_giving_super(line: str, has: bool) -> None:
+    assert bool(my._GRANT_SUPER.match(line)) is has
+
+
+class _FakeConn:
+    """Answers the statements install_problems sends, from fixed server state."""
+
+    def __init__(self, log_bin: Any, trust: Any, super_row: bool, grants: list[str]):
+        self.state = (log_bin, trust)
+        self.super_row = super_row
+        self.grants = grants
+
+    def exec_driver_sql(self, sql: str, params: Any = None) -> Any:
+        class R:
+            def __init__(self, rows: list[tuple[Any, ...]]):
+                self.rows = rows
+
+            def first(self) -> Any:
+                return self.rows[0] if self.rows else None
+
+            def scalar(self) -> Any:
+                return self.rows[0][0] if self.rows else None
+
+            def all(self) -> list[tuple[Any, ...]]:
+                return self.rows
+
+        if "@@log_bin" in sql:
+            return R([self.state])
+        if "CURRENT_USER()" in sql:
+            return R([("mm@%",)])
+        if "USER_PRIVILEGES" in sql:
+            assert params == ("'mm'@'%'",)
+            return R([(1,)] if self.super_row else [])
+        if sql == "SHOW GRANTS":
+            return R([(g,) for g in self.grants])
+        raise AssertionError(sql)
+
+
+@pytest.mark.parametrize("log_bin,trust,super_row,grants,problem", [
+    (0, 0, False, [], False),
+    ("OFF", "OFF", False, [], False),
+    (1, 1, False, [], False),
+    (1, 0, True, [], False),
+    (1, 0, False, ["GRANT ALL PRIVILEGES ON *.* TO `mm`@`%`"], False),
+    (1, 0, False, ["GRANT SELECT, TRIGGER ON `app`.* TO `mm`@`%`"], True),
+    ("ON", "OFF", False, [], True),
+])
+def test_install_problems_reads_the_server_state(log_bin: Any, trust: Any, super_row: bool, grants: list[str], problem: bool) -> None:
+    out = my.DIALECT.install_problems(_FakeConn(log_bin, trust, super_row, grants), ["t"])  # type: ignore[arg-type]
+    assert bool(out) is problem
+    if problem:
+        assert "log_bin_trust_function_creators" in out[0]
+
+
+def test_install_problems_on_the_real_server(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Binary logging is off on the MariaDB run here (and its root has SUPER anyway): no problem."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1"], TEXTS, init=False)
+    with api.Cluster(cl.topo) as c, c.site("s1").read() as conn:
+        d = c.site("s1").dialect
+        log_bin = conn.exec_driver_sql("SELECT @@log_bin").scalar()
+        assert d.install_problems(conn, ["notes"]) == []
+        assert d.has_super(conn), "root should hold SUPER"
+    if not my._on(log_bin):
+        api.init(cl.topo)  # and init goes ahead
+
+
+# ---- primary keys on every table (sql_require_primary_key) ----------------------------------
+
+
+def test_temporary_table_ddl_has_a_primary_key() -> None:
+    d = my.DIALECT
+    keyed = d.temp_ddl("`_mm_tmp_cand`", "SELECT ver, rid FROM s WHERE 1 = 0", keys="ver", index=None)
+    assert "PRIMARY KEY (ver)" in keyed and "UNIQUE" not in keyed
+    plain = d.temp_ddl("`_mm_tmp_upd`", "SELECT t.a AS v0, t.id AS w FROM t t WHERE 1 = 0", index=None)
+    assert "_mm_row BIGINT AUTO_INCREMENT PRIMARY KEY" in plain
+    indexed = d.temp_ddl("`x`", "SELECT ver, rid FROM s", index="rid")
+    assert "PRIMARY KEY" in indexed and "INDEX (rid)" in indexed
+
+
+def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB has no sql_require_primary_key: check what MySQL 8.0.13+ would enforce. Permanent
+    tables through information_schema after init and refreshes; temporary ones through the DDL sent
+    (the planner's scratch tables: candidates from one peer and from several, the bulk update)."""
+    items = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2", "s3"], items,
+                      base={"s1": [("items", i, f"n{i}", 0) for i in range(1, 101)]})
+    created: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if re.match(r"\s*CREATE\s+TEMPORARY\s+TABLE", statement, re.I):
+            created.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('new', 1)")
+        cl.execute("s2", "UPDATE items SET qty = qty + 1 WHERE id <= 100")  # 100 changes: the bulk update
+        cl.refresh("s3", reconcile_=False)  # pulled from both peers, then applied together:
+        api.reconcile(cl.topo, "s3")  # candidates from two snapshots, de-duplicated by version
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+        with api.Cluster(cl.topo) as c, c.site("s1").write() as conn:
+            c.site("s1").dialect.install_verifications(conn)
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+    assert created
+    for sql in created:
+        assert "PRIMARY KEY" in sql, sql
+    names = {m.group(1) for sql in created if (m := re.search(r"TEMPORARY TABLE (?:IF NOT EXISTS )?`?(\w+)", sql))}
+    assert {"_mm_tmp_cand", "_mm_tmp_upd"} <= names, names
+    assert any("PRIMARY KEY (ver)" in sql for sql in created)
+    for site in cl.urls:
+        c = cl.db(site)
+        try:
+            cur = c.cursor()
+            cur.execute(
+                "SELECT t.TABLE_NAME FROM information_schema.TABLES t WHERE t.TABLE_SCHEMA = DATABASE() "
+                "AND t.TABLE_TYPE = 'BASE TABLE' AND t.TABLE_NAME LIKE '\\_mm%%' AND NOT EXISTS (SELECT 1 FROM "
+                "information_schema.TABLE_CONSTRAINTS k WHERE k.TABLE_SCHEMA = t.TABLE_SCHEMA AND k.TABLE_NAME = t.TABLE_NAME "
+                "AND k.CONSTRAINT_TYPE = 'PRIMARY KEY')")
+            assert cur.fetchall() == (), f"tables without a primary key at {site}"
+            cur.execute("SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '\\_mm%%' "
+                        "AND TABLE_TYPE = 'BASE TABLE'")
+            assert cur.fetchone()[0] >= 12
+        finally:
+            c.close()
+
+
+# ---- what an application needs: nothing on multimaster's objects -----------------------
+
+
+def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Triggers run with their definer's rights (the user who ran init): a user holding privileges
+    on its own tables only writes replicated tables, and every change is captured (docs/mysql.md)."""
+    import pymysql
+    from sqlalchemy.engine import make_url
+
+    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}},
+              "tags": {"key": "code", "auto": False, "columns": {"label": "text"}}}
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables)
+    user = "mm_app_" + uuid.uuid4().hex[:10]
+    db = make_url(cl.urls["s1"]).database
+    mysql_backend._admin(f"CREATE USER '{user}'@'%'")
+    try:
+        for tb in tables:
+            mysql_backend._admin(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.`{tb}` TO '{user}'@'%'")
+        app = pymysql.connect(**{**mysql_backend._kw(db), "user": user, "password": ""}, autocommit=True)
+        try:
+            cur = app.cursor()
+            cur.execute("INSERT INTO items (name, qty) VALUES ('a', 1), ('b', 2)")
+            cur.execute("UPDATE items SET qty = qty + 5 WHERE name = 'a'")
+            cur.execute("DELETE FROM items WHERE name = 'b'")
+            cur.execute("INSERT INTO tags (code, label) VALUES ('x', 'Red'), ('y', 'Blue')")
+            cur.execute("UPDATE tags SET label = 'RED' WHERE code = 'x'")
+            cur.execute("DELETE FROM tags WHERE code = 'y'")
+            with pytest.raises(pymysql.err.OperationalError):
+                cur.execute("SELECT count(*) FROM _mm_log_items")
+        finally:
+            app.close()
+        assert _log_count(cl, "s1", "items") == 4 and _log_count(cl, "s1", "tags") == 4
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+        assert cl.rows("s2", "items") == [(1, "a", 6)]
+        assert cl.rows("s2", "tags") == [("x", "RED")]
+    finally:
+        mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")
