@@ -6,7 +6,7 @@ PostgreSQL 15) and, where a setting cannot be switched on here, at the level of 
 - binary logging without SUPER: init refuses before writing anything (``install_problems``);
 - ``sql_require_primary_key = ON`` (MySQL 8.0.13+): every table the MySQL dialect creates,
   temporary or not, has a primary key;
-- applications need no privilege on the ``_mm_*`` tables: triggers run as their definer.
+- PostgreSQL applications need no privilege on ``_mm``: the capture functions run as their owner.
 """
 
 from __future__ import annotations
@@ -270,6 +270,58 @@ def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, 
 
 
 # ---- what an application needs: nothing on multimaster's objects -----------------------
+
+
+def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A role holding exactly what docs/postgresql.md lists for applications (privileges on its own
+    tables and the key's sequence, nothing on `_mm`) inserts, updates and deletes rows of replicated
+    tables, renumbered and natural-key; every change is captured and reaches the other site. The
+    citext column compares as text in the capture functions (their search_path is pg_catalog only):
+    a change of letter case is captured too."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}},
+              "tags": {"key": "code", "auto": False, "columns": {"label": "citext"}}}
+    urls = {s: pg_backend.new_site(tmp_path, s) for s in ("s1", "s2")}
+    for url in urls.values():  # citext before the tables are created
+        with pg_backend.connect(url) as c:
+            c.execute("CREATE EXTENSION IF NOT EXISTS citext")
+            c.commit()
+    pg_backend.new_site = lambda _tmp, s: urls[s]  # type: ignore[method-assign]
+    cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], tables, base={"s1": [("items", 1, "base", 10)]})
+    role = "mm_app_" + uuid.uuid4().hex[:10]
+    db = make_url(cl.urls["s1"]).database
+    admin = pg_backend.connect(cl.urls["s1"])
+    admin.autocommit = True
+    try:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        # exactly the documented list: the application's own tables and its key's sequence
+        admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON items, tags TO {role}")
+        admin.execute(f"GRANT USAGE ON SEQUENCE items_id_seq TO {role}")
+        assert not admin.execute("SELECT has_schema_privilege(%s, '_mm', 'USAGE')", (role,)).fetchone()[0]
+        dsn = pg_backend._dsn(db)
+        with psycopg.connect(**{**dsn, "user": role, "password": None}) as app:
+            assert app.execute("SELECT current_user").fetchone()[0] == role
+            app.execute("INSERT INTO items (name, qty) VALUES ('a', 1), ('b', 2)")
+            app.execute("UPDATE items SET qty = qty + 5 WHERE id = 1")
+            app.execute("DELETE FROM items WHERE name = 'b'")
+            app.execute("INSERT INTO tags (code, label) VALUES ('x', 'Red'), ('y', 'Blue')")
+            app.execute("UPDATE tags SET label = 'RED' WHERE code = 'x'")  # a change of case only
+            app.execute("DELETE FROM tags WHERE code = 'y'")
+            app.commit()
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                app.execute("SELECT count(*) FROM _mm._mm_log_items")
+        assert _log_count(cl, "s1", "items") == 4  # 2 inserts, 1 update, 1 delete
+        assert _log_count(cl, "s1", "tags") == 4
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+        assert cl.rows("s2", "items") == [(1, "base", 15), (2, "a", 1)]
+        assert cl.rows("s2", "tags") == [("x", "RED")]
+    finally:
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
 
 
 def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]

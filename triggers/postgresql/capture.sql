@@ -3,7 +3,12 @@
 -- Every captured statement first takes the table's advisory lock (_mm_lock), held until COMMIT.
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
 -- own transaction, which no other session ever sees.
-CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql AS $$
+-- The functions run as their owner (SECURITY DEFINER: the role that ran init), so applications
+-- need no privilege on _mm (docs/postgresql.md), with a fixed search_path of pg_catalog and
+-- pg_temp only: every other name is schema-qualified, and values compare with the built-in
+-- operators (a citext column as text: a change of letter case is captured).
+CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH l AS (
     INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
@@ -16,7 +21,8 @@ BEGIN
 END
 $$;
 --
-CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH l AS (
     INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
@@ -29,7 +35,8 @@ BEGIN
 END
 $$;
 --
-CREATE OR REPLACE FUNCTION $fn_cap_d() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION $fn_cap_d() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   WITH l AS (
     INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
@@ -40,6 +47,9 @@ BEGIN
   RETURN NULL;
 END
 $$;
+--
+-- Only the triggers init creates may run them (as their owner): no one else may attach them.
+REVOKE ALL ON FUNCTION $fn_cap_i(), $fn_cap_u(), $fn_cap_d() FROM PUBLIC;
 --
 DROP TRIGGER IF EXISTS $lock ON $table;
 --

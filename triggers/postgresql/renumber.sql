@@ -4,7 +4,9 @@
 -- rolled-back insert never leaves a gap, and keys follow the order of identities. Rows of one
 -- statement reach the shadow only at the end of the statement; mm.k<oid> remembers the last key
 -- given in this transaction. The key column's own sequence is kept past every key given.
-CREATE OR REPLACE FUNCTION $fn_rank() RETURNS trigger LANGUAGE plpgsql AS $$
+-- SECURITY DEFINER with a fixed search_path, like the capture functions (capture.sql).
+CREATE OR REPLACE FUNCTION $fn_rank() RETURNS trigger LANGUAGE plpgsql
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
   k bigint;
 BEGIN
@@ -16,6 +18,8 @@ BEGIN
   RETURN NEW;
 END
 $$;
+--
+REVOKE ALL ON FUNCTION $fn_rank() FROM PUBLIC;
 --
 DROP TRIGGER IF EXISTS $rank ON $table;
 --
