@@ -221,7 +221,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
             rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
     # 4. the rest: the planner decides, in version order
     ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)] if fr.left else []
-    p = plan(info.spec, ordered, _load_states(conn, site, info, {c.rid for c in ordered}) if ordered else {})
+    states = _load_states(conn, site, info, {c.rid for c in ordered}, [c.key for c in ordered]) if ordered else {}
+    p = plan(info.spec, ordered, states)
     if fr.keyed and p.new_rids:
         new_keys = dict(conn.exec_driver_sql(
             f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
@@ -259,19 +260,33 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     return res
 
 
-def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str]) -> dict[str, RowState]:
+def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], keys: Sequence[Any] = ()) -> dict[str, RowState]:
+    """The shadow rows (and table values of live rows) of `rids`; for a natural-key table also of
+    every other incarnation of `keys` (the planner decides among a key's incarnations)."""
     d = site.dialect
     q = d.quote
     o = d.obj(info.name)
     tmp = d.temp_rids(conn)
     conn.exec_driver_sql(f"INSERT INTO {tmp} (rid) VALUES ({d.caps.placeholder})", [(r,) for r in rids])
+    natural = not info.spec.renumber
+    if natural and keys:
+        kt = d.temp_name("_mm_tmp_keys")
+        d.create_temp(conn, kt, f"SELECT key FROM {o['shadow']} WHERE 1 = 0", index="key")
+        distinct: dict[Any, Any] = {}
+        for k in keys:
+            distinct.setdefault(bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k, k)
+        conn.exec_driver_sql(f"INSERT INTO {kt} (key) VALUES ({d.caps.placeholder})", [(k,) for k in distinct.values()])
+        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o['shadow']} s JOIN {kt} k ON k.key = s.key"))
+        d.drop_temp(conn, kt)
     d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
     vcols = "".join(f", s.{q('v_' + s)}" for s in slots)
     ucols = "".join(f", t.{q(c)}" for c in info.column_names)
+    # a natural key's table row belongs to its live incarnation only
+    live = " AND s.deleted IS NULL" if natural else ""
     sql = (
         f"SELECT s.rid, s.key, s.deleted, t.{q(info.key.name)} IS NOT NULL{vcols}{ucols} FROM {tmp} r "
-        f"JOIN {o['shadow']} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key"
+        f"JOIN {o['shadow']} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key{live}"
     )
     out: dict[str, RowState] = {}
     ns = len(slots)

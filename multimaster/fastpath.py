@@ -6,8 +6,9 @@ than every version of the columns it touches, a delete of a row this site holds 
 the planner (multimaster.planner) would decide exactly "apply it": no conflict, no renumbering. This
 module applies them with a handful of INSERT ... SELECT / UPDATE ... FROM statements over a
 candidate table, so the cost per change is SQL's, not Python's. Every other change — an identity
-touched twice in the batch, a conflict, an insert that shifts keys, a tombstone, a natural-key
-collision — is left in the candidate table for the planner.
+touched twice in the batch, a conflict, an insert that shifts keys, a tombstone, a natural key
+with an incarnation known here or changed twice in the batch — is left in the candidate table for
+the planner.
 
 The fast path is a special case of the planner's rules, not a second set of rules: the property
 tests run with it on and off (MM_FASTPATH=0) against the same reference model.
@@ -56,7 +57,13 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     cols = info.column_names
     res = FastResult()
     multi = d.temp_name("_mm_tmp_multi")
-    d.create_temp(conn, multi, f"SELECT rid FROM {cand} GROUP BY rid HAVING count(*) > 1")
+    if spec.renumber:
+        d.create_temp(conn, multi, f"SELECT rid FROM {cand} GROUP BY rid HAVING count(*) > 1")
+    else:
+        # natural keys: every change of a key changed more than once in the batch (another
+        # incarnation of it may supersede this one) goes to the planner
+        d.create_temp(conn, multi, f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.key IN "
+                                   f"(SELECT c2.key FROM {cand} c2 GROUP BY c2.key HAVING count(*) > 1)")
     # identities new to this site, with their keys when they all sort after every known one
     newids = d.temp_name("_mm_tmp_new")
     fresh = (f"SELECT c.rid AS rid, max(CASE WHEN c.op = 'I' THEN 1 ELSE 0 END) AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
@@ -105,10 +112,12 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
         return res
     # ---- inserts of new identities ---------------------------------------------------------
     ins = d.temp_name("_mm_tmp_fi")
+    # a natural key with any incarnation known here (alive or dead): the planner decides which lives
+    first_life = "" if spec.renumber else f" AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.key = c.key)"
     d.create_temp(
         conn, ins,
         f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
-        f"FROM {cand} c JOIN {newids} n ON n.rid = c.rid WHERE c.op = 'I' AND {single}",
+        f"FROM {cand} c JOIN {newids} n ON n.rid = c.rid WHERE c.op = 'I' AND {single}{first_life}",
         index=None,
     )
     n_ins = conn.exec_driver_sql(f"SELECT count(*) FROM {ins}").scalar() or 0
@@ -137,7 +146,9 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
             smask = sum(1 << i for i in s.columns)
             v = q("v_" + s.name)
             vsets.append(f"{v} = CASE WHEN (u.mask & {smask}) <> 0 THEN u.ver ELSE {d.update_target_ref(shadow, v)} END")
-        d.update_from(conn, shadow, vsets, f"{upd} u", f"u.ok = 1 AND {shadow}.key = u.lkey")
+        # (a natural key's shadow holds every incarnation of the key: the row is the rid's)
+        srow = f"{shadow}.key = u.lkey" if spec.renumber else f"{shadow}.rid = u.rid"
+        d.update_from(conn, shadow, vsets, f"{upd} u", f"u.ok = 1 AND {srow}")
         res.updated = int(n_upd)
     # ---- deletes of rows held unchanged ----------------------------------------------------------
     dconds = [f"t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)}" for c in cols]
@@ -155,7 +166,8 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     n_del = conn.exec_driver_sql(f"SELECT count(*) FROM {dele}").scalar() or 0
     if n_del:
         conn.exec_driver_sql(f"DELETE FROM {t} WHERE {keyc} IN (SELECT lkey FROM {dele})")
-        d.update_from(conn, shadow, [f"deleted = u.ver"], f"{dele} u", f"{shadow}.key = u.lkey")
+        srow = f"{shadow}.key = u.lkey" if spec.renumber else f"{shadow}.rid = u.rid"
+        d.update_from(conn, shadow, [f"deleted = u.ver"], f"{dele} u", srow)
         res.deleted = int(n_del)
     res.left = total - res.inserted - res.updated - res.deleted
     if res.left:

@@ -6,12 +6,21 @@ identities are new, which rows are deleted (a delete wins over every update of i
 values change and which conflicts were resolved how. :func:`assign_keys` turns new identities into
 auto-counter keys (their rank in global insertion order) and the key shifts of existing rows.
 
+A natural key (``renumber: false``) is not one identity but a series of *incarnations*: the first
+life of key k is ``'k:' || k``, a life inserted after this site held deleted incarnations of k is
+``'k:' || k || '@' || E`` with E the highest delete version it held (docs/conflicts.md). Each
+incarnation is an identity like a renumbered row's: once deleted it stays dead. Among the
+incarnations of one key the greatest rid supersedes every smaller one, so the table holds at most
+the greatest live incarnation of each key. For such tables `states` must hold every incarnation of
+the keys the changes touch.
+
 Nothing here touches a database; ``multimaster.engine`` reads the inputs and executes the plan with
 set-based SQL through the site's dialect. The same plan runs on every dialect.
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -19,7 +28,25 @@ from typing import Any, Iterable
 from .policies import Candidate, Conflict, Policy
 from .versions import BASE_VER
 
-__all__ = ["Slot", "TableSpec", "Change", "RowState", "ConflictRecord", "Plan", "plan", "assign_keys", "KeyAssignment"]
+__all__ = ["Slot", "TableSpec", "Change", "RowState", "ConflictRecord", "Plan", "plan", "assign_keys", "KeyAssignment",
+           "incarnation_of"]
+
+#: the suffix of a natural key's later incarnation: '@' and a version (site names are identifiers)
+_INCARNATION = re.compile(r"@(\d{19}:[A-Za-z_][A-Za-z0-9_]*)\Z")
+
+
+def incarnation_of(rid: str) -> str | None:
+    """E of a natural key's later incarnation ``'k:<key>@E'`` (the delete version it was inserted
+    after), None for a first life ``'k:<key>'``."""
+    m = _INCARNATION.search(rid)
+    return m.group(1) if m else None
+
+
+def _key_id(key: Any) -> Any:
+    """A hashable form of a key value, to group the incarnations of one key."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return ("b", bytes(key))
+    return key
 
 
 @dataclass(frozen=True)
@@ -87,7 +114,7 @@ class RowState:
 class ConflictRecord:
     table: str
     rid: str
-    kind: str  # update_update | insert_insert | update_delete | delete_update
+    kind: str  # update_update | insert_insert | update_delete | delete_update | insert_replaces
     slot: str | None
     columns: tuple[str, ...]
     local_ver: str | None
@@ -136,8 +163,9 @@ def _default_ver(spec: TableSpec, st: RowState) -> str:
 def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]) -> Plan:
     """Decide the effect of `changes` (in version order, none already applied here) on `states`.
 
-    `states` must hold a RowState for every rid of `changes` that this site already knows; it is
-    updated in place and returned in the plan together with the new identities.
+    `states` must hold a RowState for every rid of `changes` that this site already knows (for a
+    natural-key table: for every incarnation of their keys); it is updated in place and returned in
+    the plan together with the new identities.
 
     An update of an identity this site has not seen inserted waits (`parked`) and so do the later
     changes of its origin: an origin's changes are applied in version order, which is what lets a
@@ -149,6 +177,12 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
     conflicts: list[ConflictRecord] = []
     cols = spec.columns
     slot_of = spec.slot_of
+    natural = not spec.renumber
+    # natural keys: every incarnation known here, per key
+    lives: dict[Any, list[RowState]] = {}
+    if natural:
+        for st0 in rows.values():
+            lives.setdefault(_key_id(st0.key), []).append(st0)
     held: set[str] = set()  # origins with a change waiting: their later changes wait too (in order)
     for ch in changes:
         if ch.origin in held:
@@ -157,23 +191,15 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
         st = rows.get(ch.rid)
         if ch.op == "I":
             if st is None:
-                rows[ch.rid] = RowState(
-                    ch.rid, ch.key, None,
-                    {} if spec.renumber else {s.name: ch.ver for s in spec.slots},
-                    list(ch.new), existed=False,
-                )
-                rows[ch.rid].changed = set(range(len(cols)))
+                if natural:
+                    _new_incarnation(spec, ch, rows, lives, conflicts)
+                else:
+                    rows[ch.rid] = RowState(ch.rid, ch.key, None, {}, list(ch.new), existed=False)
+                    rows[ch.rid].changed = set(range(len(cols)))
             elif st.values is None:
-                # tombstoned (or only known from a delete): a renumbered identity stays dead; a natural
-                # key comes back when the insert is later than the delete.
-                if not spec.renumber and st.deleted is not None and ch.ver > st.deleted:
-                    st.values = list(ch.new)
-                    st.deleted = None
-                    st.deleted_changed = True
-                    st.versions = {s.name: ch.ver for s in spec.slots}
-                    st.changed_slots |= {s.name for s in spec.slots}
-                    st.changed = set(range(len(cols)))
-            elif not spec.renumber:
+                pass  # a deleted identity (or incarnation) stays dead: the insert changes nothing
+            elif natural:
+                # the same incarnation inserted at two sites (both had seen the same history)
                 _merge(spec, st, ch, spec.all_mask, conflicts, "insert_insert", slot_of)
             processed.append(ch)
         elif ch.op == "U":
@@ -191,7 +217,10 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
             processed.append(ch)
         elif ch.op == "D":
             if st is None:
-                rows[ch.rid] = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
+                if natural:
+                    _new_incarnation(spec, ch, rows, lives, conflicts)
+                else:
+                    rows[ch.rid] = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
             elif st.values is None:
                 if st.deleted is None or ch.ver < st.deleted:
                     st.deleted = ch.ver
@@ -209,6 +238,63 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
         else:
             raise ValueError(f"unknown change type {ch.op!r} in change {ch.ver}")
     return Plan(rows, processed, parked, conflicts)
+
+
+def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], lives: dict[Any, list[RowState]],
+                     conflicts: list[ConflictRecord]) -> None:
+    """A change (insert or delete) of a natural key's incarnation this site has not seen.
+
+    The greatest incarnation of a key supersedes every smaller one. If a greater one is known
+    (alive or dead), this one is dead on arrival; else it is the key's live row (an insert) or a
+    tombstone (a delete of a life inserted elsewhere). Every smaller incarnation is dead.
+
+    A dead incarnation's `deleted` is the lowest of its delete versions and of the E of the
+    greater incarnations known (E: the version a later life was inserted after): the same value at
+    every site that knows the same changes, whatever their order, so sites that saw the same
+    history name the key's next life alike."""
+    cols = spec.columns
+    sibs = lives.setdefault(_key_id(ch.key), [])
+    greater = [s for s in sibs if s.rid > ch.rid]
+    all_cols = {c: v for c, v in zip(cols, ch.new)} if ch.op == "I" else None
+    if greater:
+        first = min(greater, key=lambda s: s.rid)
+        stamp = incarnation_of(first.rid) or first.deleted or ch.ver
+        if ch.op == "D":
+            stamp = min(stamp, ch.ver)
+        st = RowState(ch.rid, ch.key, stamp, {}, None, existed=False)
+        if ch.op == "I":
+            top = max(greater, key=lambda s: s.rid)
+            conflicts.append(ConflictRecord(
+                spec.name, ch.rid, "insert_replaces", None, cols,
+                _last_ver(top) if top.values is not None else top.deleted,
+                None if top.values is None else dict(zip(cols, top.values)),
+                ch.ver, all_cols, "latest-incarnation", "local"))
+    elif ch.op == "I":
+        st = RowState(ch.rid, ch.key, None, {s.name: ch.ver for s in spec.slots}, list(ch.new), existed=False)
+        st.changed = set(range(len(cols)))
+    else:
+        st = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
+    # every smaller incarnation ended where this one began (a live one only if this is the greatest)
+    stamp = incarnation_of(ch.rid) or ch.ver
+    for s in sibs:
+        if s.rid < ch.rid:
+            if s.values is not None:
+                conflicts.append(ConflictRecord(
+                    spec.name, s.rid, "insert_replaces", None, cols, _last_ver(s), dict(zip(cols, s.values)),
+                    ch.ver, all_cols, "latest-incarnation", "remote"))
+                s.values = None
+                s.deleted = stamp
+                s.deleted_changed = True
+            elif s.deleted is None or stamp < s.deleted:
+                s.deleted = stamp
+                s.deleted_changed = True
+    rows[ch.rid] = st
+    sibs.append(st)
+
+
+def _last_ver(st: RowState) -> str | None:
+    vs = [v for v in st.versions.values() if v]
+    return max(vs) if vs else None
 
 
 def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list[ConflictRecord], kind: str, slot_of: dict[int, int]) -> None:

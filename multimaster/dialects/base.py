@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from ..schema import TableInfo, names
 from ..versions import BASE_VER
 
-__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir"]
+__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index"]
 
 
 @dataclass(frozen=True)
@@ -432,6 +432,12 @@ class Dialect:
 
     def ph(self, n: int) -> str:
         return ", ".join([self.caps.placeholder] * n)
+
+
+def shadow_key_index(table: str) -> str:
+    """Name of the (non-unique) index on the key of a natural-key table's shadow, which holds one
+    row per incarnation of a key (docs/conflicts.md). No longer than the tombstones view's name."""
+    return f"_mm_shadowk_{table}"
 
 
 def capture_fragments(quote: Any, cols: Any, spec: Any, new: str, old: str, own: list[str]) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import SchemaError
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, capture_fragments
+from .base import Capabilities, Dialect, capture_fragments, shadow_key_index
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
@@ -260,9 +260,28 @@ class MySQLDialect(Dialect):
         self._check_names(info)
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} VARCHAR(255)" for s in info.spec.slots)
+        natural = not info.spec.renumber
+        # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
+        keyindex = f"KEY {q(shadow_key_index(info.name))} (`key`)" if natural else "UNIQUE KEY (`key`)"
+        o = self.obj(info.name)
         for sql in self.render("table", table=q(info.name), tbl_lit=_lit(info.name), keytype=self._keytype(info),
-                               logcols=self._log_cols(info), slotcols=slotcols, **self.obj(info.name)):
+                               logcols=self._log_cols(info), slotcols=slotcols, keyindex=keyindex, **o):
             conn.exec_driver_sql(sql)
+        if natural:
+            # an earlier layout kept one shadow row per natural key (UNIQUE key): replace that index
+            idx = conn.exec_driver_sql(
+                "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
+                "AND NON_UNIQUE = 0 AND INDEX_NAME <> 'PRIMARY' GROUP BY INDEX_NAME "
+                "HAVING count(*) = 1 AND max(COLUMN_NAME) = 'key'",
+                (names(info.name)["shadow"],),
+            ).all()
+            for (name,) in idx:
+                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} DROP INDEX {q(name)}")
+            if idx and not conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s",
+                (names(info.name)["shadow"], shadow_key_index(info.name)),
+            ).first():
+                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
 
     def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
         self._check_names(info, [peer])
@@ -293,14 +312,20 @@ class MySQLDialect(Dialect):
             stamps.append(f"{vcol} = CASE WHEN {diff[s.columns[0]]} THEN mm_v ELSE {vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
-            insrid, slotnames, slotinit, onconflict = "mm_v", "", "", ""
+            insrid, slotnames, slotinit, ridvar, ridinit, replaced, live = "mm_v", "", "", "", "", "", ""
         else:
-            insrid = f"CONCAT('k:', CAST(NEW.{key} AS CHAR))"
+            # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
+            # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
+            # still live here (never, short of a capture gap) ends at this insert's version
+            insrid = "mm_r"
+            ridvar = "\n  DECLARE mm_r VARCHAR(255);"
+            ridinit = (f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
+                       f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o['shadow']} WHERE `key` = NEW.{key})), ''));")
+            replaced = f"\n    UPDATE {o['shadow']} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", mm_v" for _ in spec.slots)
-            # mm_v is the value the INSERT gives every slot (not VALUES(col): deprecated in MySQL 8.0.20)
-            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = mm_v" for s in spec.slots])
-            onconflict = f"\n      ON DUPLICATE KEY UPDATE {sets}"
+            # updates and deletes act on the live incarnation
+            live = " AND deleted IS NULL"
         msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
                "updated; delete and insert the row instead")
         rank = self.quote("_mm_rank_" + info.name)
@@ -308,7 +333,7 @@ class MySQLDialect(Dialect):
             "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            onconflict=onconflict, keyguard_msg=_lit(msg[:128]), **o,
+            ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o,
         )
         if spec.renumber:
             stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)

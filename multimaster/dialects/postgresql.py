@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import SchemaError
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, capture_fragments, templates_dir
+from .base import Capabilities, Dialect, capture_fragments, shadow_key_index, templates_dir
 
 SCHEMA = "_mm"
 #: first key of every advisory lock multimaster takes ('mm'); the second is the table's oid (0: clock)
@@ -165,9 +165,22 @@ class PostgreSQLDialect(Dialect):
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} text COLLATE \"C\"" for s in info.spec.slots)
         relid = conn.exec_driver_sql("SELECT %s::regclass::oid::int", (q(info.name),)).scalar()
+        o = self.obj(info.name)
+        natural = not info.spec.renumber
+        # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
+        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o['shadow']} (key)" if natural else ""
         for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
-                               slotcols=slotcols, relid=str(int(relid)), **self.obj(info.name), **self._fn(info.name)):
+                               slotcols=slotcols, relid=str(int(relid)), keyunique="" if natural else " UNIQUE",
+                               shadowindex=shadowindex, **o, **self._fn(info.name)):
             conn.exec_driver_sql(sql)
+        if natural:
+            # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
+            for (con,) in conn.exec_driver_sql(
+                "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
+                "WHERE c.conrelid = %s::regclass AND c.contype = 'u' AND a.attname = 'key' AND cardinality(c.conkey) = 1",
+                (o["shadow"],),
+            ).all():
+                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} DROP CONSTRAINT {q(con)}")
 
     def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
         self._check_names(info, [peer])
@@ -196,19 +209,24 @@ class PostgreSQLDialect(Dialect):
         slotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
         fns = self._fn(info.name)
         if spec.renumber:
-            insrid, slotnames, slotinit, onconflict = "n.mm_v", "", "", ""
+            insrid, slotnames, slotinit, replaced, live = "n.mm_v", "", "", "", ""
         else:
-            insrid = f"'k:' || CAST(n.{key} AS text)"
+            # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
+            # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
+            # still live here (never, short of a capture gap) ends at this insert's version
+            insrid = (f"'k:' || CAST(n.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
+                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o['shadow']} s WHERE s.key = n.{key}), '')")
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", ver" for _ in spec.slots)
-            # a natural key may come back after a delete: revive its shadow row
-            sets = ", ".join(["deleted = NULL"] + [f"{q('v_' + s.name)} = excluded.{q('v_' + s.name)}" for s in spec.slots])
-            onconflict = f"\n    ON CONFLICT (rid) DO UPDATE SET {sets}"
+            replaced = (f",\n  x AS (UPDATE {o['shadow']} s SET deleted = l.ver FROM l "
+                        f"WHERE s.key = l.key AND s.deleted IS NULL)")
+            # updates and deletes act on the live incarnation
+            live = " AND s.deleted IS NULL"
         stmts = self.render(
             "capture", table=q(info.name), key=key, keyname_lit=_lit(info.key.name), site_lit=site, insrid=insrid,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            onconflict=onconflict, **o, **fns,
+            replaced=replaced, live=live, **o, **fns,
         )
         if spec.renumber:
             seq = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()

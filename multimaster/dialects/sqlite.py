@@ -8,7 +8,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from ..schema import TableInfo, names
-from .base import Capabilities, Dialect, capture_fragments
+from .base import Capabilities, Dialect, capture_fragments, shadow_key_index
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
 _HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
@@ -93,20 +93,51 @@ class SQLiteDialect(Dialect):
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
+        o = self.obj(info.name)
         slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
-        # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert)
+        # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert);
+        # a natural key has one shadow row per incarnation: the key is indexed, not unique
         shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
-                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL UNIQUE")
+                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL")
+        shadowindex = ("" if info.spec.renumber
+                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o['shadow']} (key)")
+        kept = self._unique_key_shadow(conn, info) if not info.spec.renumber else None
         for sql in self.render(
             "table",
             shadowkeys=shadowkeys,
+            shadowindex=shadowindex,
             table=q(info.name),
             keytype=info.key.type_sql,
             logcols=self._log_cols(info),
             slotcols=slotcols,
-            **self.obj(info.name),
+            **o,
         ):
             conn.exec_driver_sql(sql)
+        if kept:
+            cols = ", ".join(q(c) for c in kept)
+            conn.exec_driver_sql(f"INSERT INTO {o['shadow']} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
+            conn.exec_driver_sql("DROP TABLE temp._mm_tmp_shadow")
+
+    def _unique_key_shadow(self, conn: Connection, info: TableInfo) -> list[str] | None:
+        """Migration of a natural-key shadow made when a key had one shadow row (UNIQUE key): its
+        rows move to a scratch table and it is dropped, with the view over it, for install_table to
+        create it anew (SQLite cannot drop a constraint) and copy them back; the capture triggers
+        are recreated by install_capture. Returns the columns kept, None when nothing to migrate."""
+        shadow = names(info.name)["shadow"]
+        unique = False
+        for row in conn.exec_driver_sql(f"PRAGMA index_list({self.quote(shadow)})").all():
+            name, is_unique = row[1], row[2]
+            if is_unique and [r[2] for r in conn.exec_driver_sql(f"PRAGMA index_info({self.quote(name)})")] == ["key"]:
+                unique = True
+        if not unique:
+            return None
+        o = self.obj(info.name)
+        cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({o['shadow']})")]
+        conn.exec_driver_sql("DROP TABLE IF EXISTS temp._mm_tmp_shadow")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE _mm_tmp_shadow AS SELECT * FROM {o['shadow']}")
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {o['tombstones']}")
+        conn.exec_driver_sql(f"DROP TABLE {o['shadow']}")
+        return cols
 
     def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
         for sql in self.render(
@@ -146,18 +177,23 @@ class SQLiteDialect(Dialect):
             newkey = self._next_key(info)
             insrid = "NULL"  # rid = ver
             shadowinsert = ""
+            live = ""
         else:
             renumber = ""
             newkey = f"NEW.{key}"
-            insrid = f"'k:' || NEW.{key}"
-            # a natural key may come back after a delete: revive its shadow row
+            # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
+            # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
+            # still live here (INSERT OR REPLACE fires no delete trigger) ends at this insert's version
+            insrid = (f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
+                      f"ELSE max(deleted) END FROM {o['shadow']} WHERE key = NEW.{key}), '')")
             slots = [q("v_" + s.name) for s in spec.slots]
-            sets = ", ".join(["deleted = NULL"] + [f"{v} = excluded.{v}" for v in slots])
             shadowinsert = (
+                f"  UPDATE {o['shadow']} SET deleted = {now_ver} WHERE key = NEW.{key} AND deleted IS NULL;\n"
                 f"  INSERT INTO {o['shadow']} (rid, key{''.join(', ' + v for v in slots)})\n"
-                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1\n"
-                f"    ON CONFLICT(rid) DO UPDATE SET {sets};"
+                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1;"
             )
+            # updates and deletes act on the live incarnation
+            live = " AND deleted IS NULL"
         stmts = self.render(
             "capture",
             table=q(info.name),
@@ -180,8 +216,11 @@ class SQLiteDialect(Dialect):
             slotstamp=slotstamp,
             ver=ver,
             shadowinsert=shadowinsert,
+            live=live,
             **o,
         )
+        if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
+            stmts = [f"DROP TRIGGER IF EXISTS {o[t]}" for t in ("cap_i", "cap_u", "cap_d")] + stmts
         if spec.renumber:
             stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
                                  lastinsertkey=self._last_insert_key(info), **o)

@@ -2,21 +2,23 @@
 -- reconciler applies: it sets the session variable @mm_applying = 1, which no other session sees.
 -- The clock: hlc = max(hlc + 1, wall-clock ms * 65536, highest version received + 1), kept per
 -- table in _mm_clock; the UPDATE holds that row until COMMIT (see docs/mysql.md).
+-- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates and
+-- deletes to the live one (deleted IS NULL); mm_r is a new row's incarnation ($ridinit).
 DROP TRIGGER IF EXISTS $cap_i;
 --
 CREATE TRIGGER $cap_i AFTER INSERT ON $table FOR EACH ROW
 BEGIN
   DECLARE mm_f BIGINT;
-  DECLARE mm_v VARCHAR(255);
+  DECLARE mm_v VARCHAR(255);$ridvar
   IF coalesce(@mm_applying, 0) = 0 THEN
     SELECT hlc + 1 INTO mm_f FROM _mm_state WHERE id = 1;
     UPDATE _mm_clock SET hlc = GREATEST(hlc + 1, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536, mm_f)
       WHERE tbl = $tbl_lit;
-    SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
+    SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;$ridinit
     INSERT INTO $log (ver, origin, op, rid, `key`, mask$ncols)
-      VALUES (mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask$newvals);
+      VALUES (mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask$newvals);$replaced
     INSERT INTO $shadow (rid, `key`$slotnames)
-      VALUES ($insrid, NEW.$key$slotinit)$onconflict;
+      VALUES ($insrid, NEW.$key$slotinit);
   END IF;
 END;
 --
@@ -32,8 +34,8 @@ BEGIN
       WHERE tbl = $tbl_lit;
     SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
     INSERT INTO $log (ver, origin, op, rid, `key`, mask$ncols$ocols)
-      VALUES (mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key), NEW.$key, $updmask$updnew$updold);
-    UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key;
+      VALUES (mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask$updnew$updold);
+    UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;
 --
@@ -49,8 +51,8 @@ BEGIN
       WHERE tbl = $tbl_lit;
     SELECT CONCAT(LPAD(hlc, 19, '0'), ':', $site_lit) INTO mm_v FROM _mm_clock WHERE tbl = $tbl_lit;
     INSERT INTO $log (ver, origin, op, rid, `key`, mask$ocols)
-      VALUES (mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key), OLD.$key, $allmask$oldvals);
-    UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key;
+      VALUES (mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask$oldvals);
+    UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
   END IF;
 END;
 --

@@ -39,7 +39,7 @@ CREATE TABLE IF NOT EXISTS $shadow (
   rid VARCHAR(255) PRIMARY KEY,
   `key` $keytype NOT NULL,
   deleted VARCHAR(255)$slotcols,
-  UNIQUE KEY (`key`)
+  $keyindex
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 CREATE OR REPLACE VIEW $tombstones AS

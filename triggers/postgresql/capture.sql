@@ -7,6 +7,8 @@
 -- need no privilege on _mm (docs/postgresql.md), with a fixed search_path of pg_catalog and
 -- pg_temp only: every other name is schema-qualified, and values compare with the built-in
 -- operators (a citext column as text: a change of letter case is captured).
+-- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates
+-- and deletes to the live one (deleted IS NULL); $replaced ends one an insert supersedes.
 CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
@@ -14,9 +16,9 @@ BEGIN
     INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
       SELECT n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask$newvals
       FROM (SELECT _mm._mm_ver() AS mm_v, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) n
-      RETURNING rid, key, ver)
+      RETURNING rid, key, ver)$replaced
   INSERT INTO $shadow (rid, key$slotnames)
-    SELECT rid, key$slotinit FROM l$onconflict;
+    SELECT rid, key$slotinit FROM l;
   RETURN NULL;
 END
 $$;
@@ -27,10 +29,10 @@ BEGIN
   WITH l AS (
     INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
       SELECT _mm._mm_ver(), $site_lit, 'U', s.rid, n.$key, $updmask$updnew$updold
-      FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key
+      FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
       WHERE $anychanged
       RETURNING key, ver, mask)
-  UPDATE $shadow s SET $slotstamp FROM l WHERE s.key = l.key;
+  UPDATE $shadow s SET $slotstamp FROM l WHERE s.key = l.key$live;
   RETURN NULL;
 END
 $$;
@@ -41,9 +43,9 @@ BEGIN
   WITH l AS (
     INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
       SELECT _mm._mm_ver(), $site_lit, 'D', s.rid, o.$key, $allmask$oldvals
-      FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key
+      FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live
       RETURNING key, ver)
-  UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key;
+  UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key$live;
   RETURN NULL;
 END
 $$;

@@ -47,9 +47,12 @@ CREATE TRIGGER $l2p AFTER DELETE ON $log REFERENCING OLD TABLE AS mm_old
 --
 CREATE TABLE IF NOT EXISTS $shadow (
   rid text COLLATE "C" PRIMARY KEY,
-  key $keytype NOT NULL UNIQUE,
+  key $keytype NOT NULL$keyunique,
   deleted text COLLATE "C"$slotcols
 );
+--
+-- (natural keys: one shadow row per incarnation of a key, found by key)
+$shadowindex
 --
 CREATE OR REPLACE VIEW $tombstones AS
   SELECT rid, key, deleted FROM $shadow WHERE deleted IS NOT NULL;

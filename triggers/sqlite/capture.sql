@@ -6,7 +6,8 @@
 -- The log inserts are INSERT ... VALUES with scalar subqueries ($ver is one): an INSERT ... SELECT
 -- that reads the table it writes goes through a temporary table in SQLite (3 us per change).
 -- Renumbered tables keep the shadow row of a new local row for later (catchup.sql): an insert then
--- writes only the change log and its second-order record.
+-- writes only the change log and its second-order record. A natural-key table's shadow holds one
+-- row per incarnation of a key ($live: updates and deletes act on the live one, deleted IS NULL).
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
@@ -20,16 +21,16 @@ CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0 AND ($anychanged)
 BEGIN
   INSERT INTO $log (ver, origin, op, xrid, key, mask$ncols$ocols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key), NEW.$key, $updmask$updnew$updold);
-  UPDATE $shadow SET $slotstamp WHERE key = NEW.$key;
+    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key$live), NEW.$key, $updmask$updnew$updold);
+  UPDATE $shadow SET $slotstamp WHERE key = NEW.$key$live;
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_d AFTER DELETE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
   INSERT INTO $log (ver, origin, op, xrid, key, mask$ocols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key), OLD.$key, $allmask$oldvals);
-  UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key;
+    VALUES ($ver, (SELECT site FROM _mm_state), 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key$live), OLD.$key, $allmask$oldvals);
+  UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key$live;
 END;
 --
 -- (the one key update let through: the insert trigger moving a new row to the key its change log

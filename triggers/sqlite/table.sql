@@ -24,5 +24,8 @@ CREATE TABLE IF NOT EXISTS $shadow (
   deleted TEXT$slotcols
 );
 --
+-- (natural keys: one shadow row per incarnation of a key, found by key)
+$shadowindex
+--
 CREATE VIEW IF NOT EXISTS $tombstones AS
   SELECT rid, key, deleted FROM $shadow WHERE deleted IS NOT NULL;
