@@ -274,8 +274,12 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                             conn.execute(sa.text(f"DELETE FROM {sh} WHERE rid IN :rs").bindparams(
                                 sa.bindparam("rs", expanding=True)), {"rs": ch})
                         taken = [o.shadow["key"] for o in ops if o.shadow and "key" in o.shadow]
+                        # the shadow row holding a key the reference gives another identity goes; a
+                        # natural key's tombstones of earlier lives ('k:' rids) stay: their own ops
+                        # (same rid) decide them
                         for ch in _chunks(taken):
-                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE {q('key')} IN :ks").bindparams(
+                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE {q('key')} IN :ks "
+                                                 f"AND (deleted IS NULL OR rid NOT LIKE 'k:%')").bindparams(
                                 sa.bindparam("ks", expanding=True)), {"ks": ch})
                         srows = [{c: o.shadow.get(c) for c in shadow_cols} for o in ops if o.shadow]
                         if srows:

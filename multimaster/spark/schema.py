@@ -149,6 +149,9 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     plus table rows that have no shadow row (identity '?key:<key>').
 
     mm_st: 0 the row is in the table, 1 deleted (tombstone), 2 shadow row without a table row.
+    Only a live shadow row (deleted IS NULL) owns the table row of its key: a natural key keeps the
+    tombstones of its earlier lives next to the live one (docs/conflicts.md), and a table row whose
+    key has only tombstones is an orphan.
     """
     d = src.dialect
     t = src.user(plan.table)
@@ -176,10 +179,10 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     return (
         f"SELECT s.rid AS mm_rid, s.{skey} AS mm_key, "
         f"CASE WHEN t.{k} IS NOT NULL THEN 0 WHEN s.deleted IS NOT NULL THEN 1 ELSE 2 END AS mm_st{vals} "
-        f"FROM {sh} s LEFT JOIN {t} t ON t.{k} = s.{skey} "
+        f"FROM {sh} s LEFT JOIN {t} t ON t.{k} = s.{skey} AND s.deleted IS NULL "
         f"UNION ALL "
         f"SELECT {orphan_rid} AS mm_rid, t.{k} AS mm_key, 0 AS mm_st{vals} "
-        f"FROM {orphan_from} WHERE NOT EXISTS (SELECT 1 FROM {sh} s WHERE s.{skey} = t.{k})"
+        f"FROM {orphan_from} WHERE NOT EXISTS (SELECT 1 FROM {sh} s WHERE s.{skey} = t.{k} AND s.deleted IS NULL)"
     )
 
 
