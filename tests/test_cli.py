@@ -142,6 +142,41 @@ def test_init_refuses_an_older_layout_and_names_it(sites):  # type: ignore[no-un
             assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()
 
 
+def test_init_refuses_an_older_layout_on_servers_and_names_it(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """PostgreSQL too: a second-order log left as a table by an earlier multimaster (today a view over
+    the change log) stops init before anything is written at any site."""
+    if backend.name != "postgresql":
+        pytest.skip("SQLite: test_init_refuses_an_older_layout_and_names_it; MariaDB keeps the table for now")
+    from clusters import ITEMS, make_cluster
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, init=False)
+    if backend.name == "postgresql":
+        ddl = ["CREATE SCHEMA _mm", "CREATE TABLE _mm._mm_log2_items (seq2 bigint PRIMARY KEY, seq bigint NOT NULL, op char(1) NOT NULL)"]
+        left = "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '_mm' AND relkind <> 'i'"
+    else:
+        ddl = ["CREATE TABLE _mm_log2_items (seq2 BIGINT AUTO_INCREMENT PRIMARY KEY, seq BIGINT NOT NULL, op CHAR(1) NOT NULL)"]
+        left = "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '\\_mm%'"
+    for sql in ddl:
+        cl.execute("s2", sql)
+    r = mm("init", "-t", str(cl.topo.path))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "site 's2'" in r.stderr and "_mm_log2_items" in r.stderr and "uninstall" in r.stderr
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute(left)
+        assert not cur.fetchall()  # nothing was written at the other site
+    finally:
+        c.close()
+    c = cl.db("s2")
+    try:
+        cur = c.cursor()
+        cur.execute(left)
+        assert [r[0] for r in cur.fetchall()] == ["_mm_log2_items"]  # nor next to the old table
+    finally:
+        c.close()
+
+
 def test_unreachable_peer_fails_that_link_only(sites):  # type: ignore[no-untyped-def]
     d, topo = sites
     assert mm("init", "-t", str(topo)).returncode == 0

@@ -116,10 +116,8 @@ def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ig
 
     fast = Site("s2", cl.urls["s2"])
     ten_min = 10 * 60 * 1000
-    with fast.write() as conn:
-        conn.exec_driver_sql(
-            f"UPDATE {'_mm.' if backend.name == 'postgresql' else ''}_mm_state SET hlc = {(int(time.time() * 1000) + ten_min) << 16}"
-        )
+    with fast.write() as conn:  # s2's clock ten minutes ahead, set where each dialect keeps it
+        fast.dialect.advance_clock(conn, (int(time.time() * 1000) + ten_min) << 16)
     fast.dispose()
     cl.execute("s2", "UPDATE items SET name = 'from the fast site' WHERE id = 1")
     cl.refresh("s1", "s2")
@@ -132,6 +130,29 @@ def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ig
         rows = cl.rows(s, "items")
         assert rows[0][1] == "seen it, changed it"
         assert [r[1] for r in rows[1:]] == ["s3-before-sync", "later"]
+
+
+def test_the_reconciler_moves_the_clock_strictly_past_a_version_received(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """PostgreSQL keeps the floor in the clock sequence (captures read nothing else): advance_clock
+    moves it past the version received even when it is only a few ticks behind, where a capture's
+    own tick would allow itself 1024 ticks of slack."""
+    if backend.name != "postgresql":
+        pytest.skip("the clock sequence is PostgreSQL's")
+    from multimaster.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    ahead = (int(time.time() * 1000) + 3_600_000) << 16  # an hour ahead: the wall clock plays no part
+    site = Site("s1", cl.urls["s1"])
+    try:
+        with site.write() as conn:
+            conn.exec_driver_sql("SELECT setval('_mm._mm_clock', %s)", (ahead,))
+            site.dialect.advance_clock(conn, ahead + 10, "items")
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('after', 0, 0)")
+        with site.read() as conn:
+            ver = conn.exec_driver_sql("SELECT ver FROM _mm._mm_log_items ORDER BY seq DESC LIMIT 1").scalar()
+        assert int(ver.split(":")[0]) > ahead + 10
+    finally:
+        site.dispose()
 
 
 def test_concurrent_edits_of_different_columns_both_survive(backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -49,6 +49,84 @@ def test_a_change_committed_after_later_ones_were_pulled_is_not_skipped(backend,
     assert names == {1: "from-A", 2: "from-B"}
 
 
+TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text"}}}
+
+
+def _insert(backend, cur, table: str, tag: str, how: str) -> None:  # type: ignore[no-untyped-def]
+    """Two rows into `table` (ITEMS: renumbered; TAGS: natural key) in one statement, written `how`."""
+    p = backend.param()
+    rows = [(f"{tag}-1", 1), (f"{tag}-2", 2)]
+    if table == "items":
+        cols, vals = "(name, qty, price)", [(n, q, 0.5) for n, q in rows]
+    else:
+        cols, vals = "(code, label)", [(n, n) for n, _ in rows]
+    width = len(vals[0])
+    if how == "values":
+        one = "(" + ", ".join([p] * width) + ")"
+        cur.execute(f"INSERT INTO {table} {cols} VALUES {one}, {one}", [v for r in vals for v in r])
+    elif how == "select":
+        sel = " UNION ALL ".join(["SELECT " + ", ".join(f"{p} AS c{i}" for i in range(width))] * 2)
+        cur.execute(f"INSERT INTO {table} {cols} SELECT * FROM ({sel}) x", [v for r in vals for v in r])
+    else:  # COPY (PostgreSQL)
+        with cur.copy(f"COPY {table} {cols} FROM STDIN") as cp:
+            for r in vals:
+                cp.write_row(r)
+
+
+@pytest.mark.parametrize("table", ["items", "tags"])
+@pytest.mark.parametrize("how", ["values", "select", "copy"])
+def test_an_insert_committed_after_later_ones_were_pulled_is_not_skipped(backend, tmp_path, table, how):  # type: ignore[no-untyped-def]
+    """The same forced interleaving with multi-row inserts (VALUES, INSERT ... SELECT, COPY): on a
+    renumbered table the lock is taken by the rank trigger before each row (PostgreSQL takes the
+    statement-level lock only for UPDATE and DELETE there), on a natural-key table by the statement;
+    on MariaDB by the clock row. The change log's seq (= seq2) must still come in commit order."""
+    _servers_only(backend)
+    if how == "copy" and backend.name != "postgresql":
+        pytest.skip("COPY is PostgreSQL's")
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {**ITEMS, **TAGS})
+    a = cl.db("s1")
+    try:
+        _interleave(backend, cl, a, table, how)
+    finally:
+        a.close()
+    cl.refresh("s2", "s1")
+    got = sorted(r[1] for r in cl.rows("s2", table))
+    assert got == ["A-1", "A-2", "B-1", "B-2"]
+    if table == "items":  # keys in commit order at both sites
+        assert [r[1] for r in cl.rows("s1", table)] == ["A-1", "A-2", "B-1", "B-2"]
+    cl.assert_converged()
+
+
+def _interleave(backend, cl, a, table: str, how: str) -> None:  # type: ignore[no-untyped-def]
+    _insert(backend, a.cursor(), table, "A", how)  # A: first, not committed
+    errors: list[BaseException] = []
+
+    def b() -> None:
+        c = cl.db("s1")
+        try:
+            _insert(backend, c.cursor(), table, "B", how)
+            c.commit()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+        finally:
+            c.close()
+
+    tb = threading.Thread(target=b)
+    tb.start()
+    tb.join(timeout=1.0)
+    try:
+        assert tb.is_alive(), f"B did not wait for A, which wrote the table first ({errors})"
+        res = cl.refresh("s2", "s1")  # pulls while A is open
+        assert res[0].pulled == 0, "a change was handed out while A, which precedes it, was running"
+    except BaseException:
+        a.rollback()
+        tb.join(timeout=30)
+        raise
+    a.commit()
+    tb.join(timeout=30)
+    assert not tb.is_alive() and not errors, errors
+
+
 def test_renumbering_while_applications_insert(backend, tmp_path):  # type: ignore[no-untyped-def]
     """Writers insert at both sites while refreshers pull both ways: no duplicate key, no lost
     row, every site ends with keys 1..N, and the table's sequence is past the highest key."""

@@ -421,6 +421,15 @@ class Dialect:
         layout that the new one cannot take over). One message per problem."""
         return []
 
+    @staticmethod
+    def older_layout(table: str, obj: str) -> str:
+        """The install problem of a site whose second-order log `obj` is still the table an earlier
+        multimaster kept (today a view over the change log, docs/decisions.md): its positions do
+        not carry over, so init must not adopt it."""
+        return (f"table '{table}' was installed by an earlier multimaster whose second-order log was a table "
+                f"({obj}); its positions do not carry over to today's layout. Refresh every site until "
+                "quiet, run 'multimaster uninstall' and then 'multimaster init' again")
+
     def purge_horizon(self, conn: Connection, table: str) -> int:
         """The highest second-order sequence number purged from this site's log of `table`."""
         p = self.caps.placeholder

@@ -4,9 +4,11 @@ SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/
 
 - many writers at once: every captured statement takes its table's transaction-level advisory
   lock (so does the reconciler): writers of one table queue until COMMIT, writers of different
-  tables never wait; versions, ranks and second-order entries are then in commit order, which is
-  what the reconciler's per-origin order and a peer's read need;
-- the clock is a sequence (`_mm._mm_tick`), so writers of different tables never queue on it;
+  tables never wait; versions, ranks and change-log entries are then in commit order, which is
+  what the reconciler's per-origin order and a peer's read need, and what lets the second-order
+  log be a view over the change log (seq2 = seq);
+- the clock is a sequence (`_mm._mm_tick`), so writers of different tables never queue on it; the
+  reconciler pushes the floor (the highest version received) into it;
 - the echo guard is ``SET LOCAL mm.applying = 'on'``, invisible to every other session.
 """
 
@@ -43,9 +45,12 @@ class PostgreSQLDialect(Dialect):
     )
     insert_ignore = "INSERT"
     greatest = "GREATEST"
-    #: every write to the second-order log holds the table's advisory lock until COMMIT, so entries
-    #: commit in seq2 order: everything committed may be read (see docs/postgresql.md)
+    #: every writer of the change log holds the table's advisory lock until COMMIT and its seq comes
+    #: from a sequence with CACHE 1, so entries commit in seq (= seq2) order: everything committed
+    #: may be read (see docs/postgresql.md)
     log2_horizon = None
+    #: the second-order log is a view over the change log, seq2 = seq (triggers/postgresql/table.sql)
+    log2_is_view = True
     #: lock_for_apply takes the table's advisory lock, which every captured statement holds until
     #: COMMIT: while the reconciler applies, no application write to the table can commit
     set_based_apply = True
@@ -61,7 +66,7 @@ class PostgreSQLDialect(Dialect):
     def _fn(self, table: str) -> dict[str, str]:
         """Names of the per-table trigger functions (in _mm, named like their triggers)."""
         n = names(table)
-        out = {f"fn_{k}": f"{SCHEMA}.{self.quote(n[k])}" for k in ("cap_i", "cap_u", "cap_d", "l2a", "l2p")}
+        out = {f"fn_{k}": f"{SCHEMA}.{self.quote(n[k])}" for k in ("cap_i", "cap_u", "cap_d")}
         out["fn_rank"] = f"{SCHEMA}.{self.quote('_mm_rank_' + table)}"
         out["lock"] = self.quote("_mm_lock_" + table)
         out["rank"] = self.quote("_mm_rank_" + table)
@@ -222,8 +227,12 @@ class PostgreSQLDialect(Dialect):
                         f"WHERE s.key = l.key AND s.deleted IS NULL)")
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
+        # renumbered tables: the rank trigger takes the table's lock before every inserted row, so the
+        # statement-level lock is needed for UPDATE and DELETE only (one trigger call less per INSERT)
+        lockevents = "UPDATE OR DELETE" if spec.renumber else "INSERT OR UPDATE OR DELETE"
         stmts = self.render(
             "capture", table=q(info.name), key=key, keyname_lit=_lit(info.key.name), site_lit=site, insrid=insrid,
+            lockevents=lockevents,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
             replaced=replaced, live=live, **o, **fns,
@@ -301,6 +310,30 @@ class PostgreSQLDialect(Dialect):
             f"ORDER BY t.{key} FOR UPDATE OF t"
         ).all()
         conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.key FOR UPDATE OF s").all()
+
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        """Record the floor in ``_mm_state.hlc`` and move the clock sequence past it (``_mm_tick``
+        with ``wait_``: strictly, whatever the slack captures allow themselves), so every change
+        captured afterwards sorts after `hlc`; the capture functions read only the sequence."""
+        conn.exec_driver_sql(f"UPDATE {SCHEMA}._mm_state SET hlc = GREATEST(hlc, %s)", (hlc,))
+        conn.exec_driver_sql(f"SELECT {SCHEMA}._mm_tick(%s, true)", (hlc,))
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Nothing to do: the second-order log is a view in which every change log entry is its
+        own append record (triggers/postgresql/table.sql)."""
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        """A site installed by an earlier multimaster, whose second-order log is a table: its
+        positions do not carry over to the view (init must not adopt them)."""
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            kind = conn.exec_driver_sql(
+                "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s",
+                (SCHEMA, name)).scalar()
+            if kind is not None and kind != "v":
+                out.append(self.older_layout(t, f"{SCHEMA}.{name}"))
+        return out
 
     def read_clock(self, conn: Connection) -> int | None:
         v = conn.exec_driver_sql(f"SELECT GREATEST(c.last_value, s.hlc) FROM {SCHEMA}._mm_clock c, {SCHEMA}._mm_state s").scalar()

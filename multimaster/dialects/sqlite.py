@@ -293,9 +293,7 @@ class SQLiteDialect(Dialect):
         for t in tables:
             name = names(t)["log2"]
             if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).first():
-                out.append(f"table '{t}' was installed by an earlier multimaster whose second-order log was a table "
-                           f"({name}); its positions do not carry over to today's layout. Refresh every site until "
-                           "quiet, run 'multimaster uninstall' and then 'multimaster init' again")
+                out.append(self.older_layout(t, name))
         return out
 
     def installed_tables(self, conn: Connection) -> list[str]:

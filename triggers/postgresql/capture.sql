@@ -1,6 +1,9 @@
 -- multimaster: capture triggers (PostgreSQL) on $table. Statement-level AFTER triggers read the
 -- transition tables, so a multi-row statement is captured with a few set-based statements.
--- Every captured statement first takes the table's advisory lock (_mm_lock), held until COMMIT.
+-- Every captured statement first takes the table's advisory lock, held until COMMIT: the
+-- statement-level trigger _mm_lock, except for INSERT on renumbered tables, where the rank trigger
+-- (renumber.sql, BEFORE INSERT FOR EACH ROW) takes it before each row goes in: every row an
+-- INSERT, INSERT ... SELECT or COPY writes, and so every change-log entry, is written under it.
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
 -- own transaction, which no other session ever sees.
 -- The functions run as their owner (SECURITY DEFINER: the role that ran init), so applications
@@ -55,7 +58,7 @@ REVOKE ALL ON FUNCTION $fn_cap_i(), $fn_cap_u(), $fn_cap_d() FROM PUBLIC;
 --
 DROP TRIGGER IF EXISTS $lock ON $table;
 --
-CREATE TRIGGER $lock BEFORE INSERT OR UPDATE OR DELETE ON $table FOR EACH STATEMENT
+CREATE TRIGGER $lock BEFORE $lockevents ON $table FOR EACH STATEMENT
   WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION _mm._mm_lock();
 --
 DROP TRIGGER IF EXISTS $cap_i ON $table;

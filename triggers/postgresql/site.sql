@@ -56,20 +56,23 @@ CREATE TABLE IF NOT EXISTS _mm._mm_conflicts (
 --
 -- The clock. A sequence, not a row: ticking it never waits for another writer. Its value is the
 -- hybrid logical clock (wall-clock ms * 65536 + counter): nextval() gives every change a unique,
--- increasing value; when the wall clock or _mm_state.hlc (the highest version received from a
--- peer, raised by the reconciler) is ahead by more than 1024 ticks, the sequence jumps forward. Jumps take a short session-level advisory lock so two
--- jumps never race each other backwards; a writer that finds the lock busy keeps its plain
--- nextval() (unique, a few microseconds behind the wall clock). See docs/postgresql.md.
+-- increasing value; when the wall clock is ahead by more than 1024 ticks, the sequence jumps
+-- forward. The floor (the highest version received from a peer) lives in the sequence itself: the
+-- reconciler calls _mm_tick(highest version received, true) (Dialect.advance_clock), which moves
+-- the sequence past it, so a capture reads nothing but the sequence (_mm_state.hlc only records
+-- the floor). Jumps take a short session-level advisory lock so two jumps never race each other
+-- backwards; a capture that finds the lock busy keeps its plain nextval() (unique, a few
+-- microseconds behind the wall clock), the reconciler (wait_) waits for it. See docs/postgresql.md.
 CREATE SEQUENCE IF NOT EXISTS _mm._mm_clock AS bigint MINVALUE 0 START WITH 1;
 --
 CREATE OR REPLACE FUNCTION _mm._mm_tick(floor_ bigint DEFAULT 0, wait_ boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
   v bigint := nextval('_mm._mm_clock');
-  w bigint := greatest((extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16, floor_ + 1,
-                        (SELECT hlc + 1 FROM _mm._mm_state WHERE id = 1));
+  w bigint := greatest((extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16, floor_ + 1);
 BEGIN
-  IF v + 1024 < w THEN
+  -- a capture jumps only when far behind the wall clock; the reconciler whenever below its floor
+  IF v + 1024 < w OR (wait_ AND v < w) THEN
     IF wait_ THEN
       PERFORM pg_advisory_lock(28013, 0);
     ELSIF NOT pg_try_advisory_lock(28013, 0) THEN
@@ -77,7 +80,7 @@ BEGIN
     END IF;
     BEGIN
       v := nextval('_mm._mm_clock');
-      IF v + 1024 < w THEN
+      IF v + 1024 < w OR (wait_ AND v < w) THEN
         PERFORM setval('_mm._mm_clock', w + 1024);
         v := nextval('_mm._mm_clock');
       END IF;
@@ -104,9 +107,11 @@ BEGIN
 END
 $$;
 --
--- Taken first by every captured statement on a replicated table (BEFORE ... FOR EACH STATEMENT),
+-- Taken first by every captured statement on a replicated table (BEFORE ... FOR EACH STATEMENT;
+-- an INSERT into a renumbered table takes it in the rank trigger instead, before its first row),
 -- and by the reconciler: writers of one table queue here until COMMIT, so versions, ranks and
--- second-order sequence numbers are given in commit order. Writers of other tables never wait.
+-- change-log sequence numbers (the second-order log's seq2) are given in commit order. Writers of
+-- other tables never wait.
 CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
   PERFORM pg_advisory_xact_lock(28013, TG_RELID::int);
