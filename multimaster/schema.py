@@ -57,8 +57,6 @@ def names(table: str, peer: str | None = None) -> dict[str, str]:
         "keyguard": f"_mm_key_{table}",
         "catch_u": f"_mm_catch_u_{table}",
         "catch_d": f"_mm_catch_d_{table}",
-        "l2a": f"_mm_l2a_{table}",
-        "l2p": f"_mm_l2p_{table}",
     }
     if peer is not None:
         n["snap"] = f"_mm_snap_{table}__{peer}"

@@ -3,9 +3,10 @@
 SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql.md):
 
 - no sequences in MySQL and no transaction ids a reader can compare: every captured write of a
-  table locks that table's ``_mm_clock`` row until COMMIT, so versions, ranks and the second-order
-  log's AUTO_INCREMENT are given in commit order and a peer can read everything committed;
-  writers to *different* tables never wait for each other;
+  table locks that table's ``_mm_clock`` row until COMMIT, so versions, ranks and the change log's
+  AUTO_INCREMENT are given in commit order and a peer can read everything committed (the
+  second-order log is a view over the change log, seq2 = seq); writers to *different* tables never
+  wait for each other;
 - the echo guard is the session variable ``@mm_applying``;
 - ``key`` is a reserved word: the engine's own SQL names a column ``key``, so statements sent
   through multimaster's connections have that bare word quoted on the way (:func:`quote_key`);
@@ -96,7 +97,12 @@ class MySQLDialect(Dialect):
     )
     insert_ignore = "INSERT IGNORE"
     greatest = "GREATEST"
-    log2_horizon = None  # entries are numbered in commit order (see the module docstring)
+    #: no read horizon: every writer of a table's change log holds its _mm_clock row until COMMIT
+    #: (the capture triggers update it, the reconciler locks it in lock_rows before it relays) and
+    #: seq is an AUTO_INCREMENT taken at insert, so entries commit in seq (= seq2) order
+    log2_horizon = None
+    #: the second-order log is a view over the change log, seq2 = seq (triggers/mysql/table.sql)
+    log2_is_view = True
     daemon_lock_sql = "SELECT GET_LOCK(%s, 0)"
     serial_pk = "BIGINT AUTO_INCREMENT PRIMARY KEY"
 
@@ -214,14 +220,28 @@ class MySQLDialect(Dialect):
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
-        """Capture triggers that could not be created (binary logging on, creators not trusted, no
-        SUPER): found before init writes anything, since MySQL's DDL cannot be rolled back."""
+        """Found before init writes anything, since MySQL's DDL cannot be rolled back: a site
+        installed by an earlier multimaster, whose second-order log is a table (its positions do not
+        carry over to the view: init must not adopt them), and capture triggers that could not be
+        created (binary logging on, creators not trusted, no SUPER)."""
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            if conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
+                "AND TABLE_TYPE <> 'VIEW'", (name,)).first() is not None:
+                out.append(self.older_layout(t, name))
         row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").first()
         log_bin, trust = _on(row[0]), _on(row[1])
         if not log_bin or trust:
-            return []  # no need to look at privileges
+            return out  # no need to look at privileges
         msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
-        return [msg] if msg else []
+        return out + ([msg] if msg else [])
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Nothing to do: the second-order log is a view in which every change log entry is its
+        own append record (triggers/mysql/table.sql). The relayed entries were written under the
+        table's clock row, which lock_rows took before any row was read."""
 
     def has_super(self, conn: Connection) -> bool:
         """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
@@ -329,8 +349,10 @@ class MySQLDialect(Dialect):
         msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
                "updated; delete and insert the row instead")
         rank = self.quote("_mm_rank_" + info.name)
+        # the version the rank trigger ticked for this very row (renumbered tables; renumber.sql)
+        ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
         stmts = self.render(
-            "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid,
+            "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid, ranked=ranked,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
             ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o,

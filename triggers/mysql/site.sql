@@ -20,8 +20,10 @@ CREATE TABLE IF NOT EXISTS _mm_tables (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 -- Per replicated table: the clock and the highest key given. Every captured write locks its
--- table's row until COMMIT (so do the reconciler and the second-order log triggers): versions,
--- ranks and second-order sequence numbers are then given in commit order. See docs/mysql.md.
+-- table's row until COMMIT (so does the reconciler): versions, ranks and change-log sequence
+-- numbers (the second-order log's seq2) are then given in commit order. The row also carries the
+-- floor (the highest version received: the reconciler and add-site raise it), the only clock
+-- state the capture triggers read. See docs/mysql.md.
 CREATE TABLE IF NOT EXISTS _mm_clock (
   tbl VARCHAR(64) PRIMARY KEY,
   hlc BIGINT NOT NULL DEFAULT 0,

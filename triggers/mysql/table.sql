@@ -11,29 +11,15 @@ CREATE TABLE IF NOT EXISTS $log (
   UNIQUE KEY (ver)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- The second-order log. seq2 is an AUTO_INCREMENT given while holding the table's _mm_clock row
--- lock, so entries commit in seq2 order and a peer can read everything committed.
-CREATE TABLE IF NOT EXISTS $log2 (
-  seq2 BIGINT AUTO_INCREMENT PRIMARY KEY,
-  seq BIGINT NOT NULL,
-  op CHAR(1) NOT NULL
-) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
---
-DROP TRIGGER IF EXISTS $l2a;
---
-CREATE TRIGGER $l2a AFTER INSERT ON $log FOR EACH ROW
-BEGIN
-  UPDATE _mm_clock SET hlc = hlc WHERE tbl = $tbl_lit;
-  INSERT INTO $log2 (seq, op) VALUES (NEW.seq, 'A');
-END;
---
-DROP TRIGGER IF EXISTS $l2p;
---
-CREATE TRIGGER $l2p AFTER DELETE ON $log FOR EACH ROW
-BEGIN
-  UPDATE _mm_clock SET hlc = hlc WHERE tbl = $tbl_lit;
-  INSERT INTO $log2 (seq, op) VALUES (OLD.seq, 'P');
-END;
+-- The second-order log (docs/decisions.md "The second-order log is a view"):
+-- every change-log entry is its own append record (seq2 = seq), with the columns the
+-- trigger-filled table of earlier versions had, so peers read it with the same SQL. Sound because
+-- every writer of the change log holds the table's _mm_clock row until COMMIT (the capture
+-- triggers update it before they write the log; the reconciler locks it before it relays) and seq
+-- is an AUTO_INCREMENT taken at insert: seq is handed out in commit order, so no entry can commit
+-- below a position a peer already read. Purges are recorded in _mm_purges.horizon.
+CREATE OR REPLACE VIEW $log2 AS
+  SELECT seq AS seq2, seq, 'A' AS op FROM $log;
 --
 CREATE TABLE IF NOT EXISTS $shadow (
   rid VARCHAR(255) PRIMARY KEY,
@@ -45,4 +31,7 @@ CREATE TABLE IF NOT EXISTS $shadow (
 CREATE OR REPLACE VIEW $tombstones AS
   SELECT rid, `key`, deleted FROM $shadow WHERE deleted IS NOT NULL;
 --
-INSERT INTO _mm_clock (tbl) VALUES ($tbl_lit) ON DUPLICATE KEY UPDATE tbl = tbl;
+-- The table's clock starts at the site's floor (raised by add-site): the capture triggers read
+-- only this row.
+INSERT INTO _mm_clock (tbl, hlc) VALUES ($tbl_lit, coalesce((SELECT hlc FROM _mm_state WHERE id = 1), 0))
+  ON DUPLICATE KEY UPDATE tbl = tbl;
