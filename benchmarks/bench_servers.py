@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_servers.py            # full size
     .venv/bin/python benchmarks/bench_servers.py --quick    # a fifth of everything
+    .venv/bin/python benchmarks/bench_servers.py --capture-only   # only 1. (repeat it: the host is noisy)
 
 Prints, per server (targets from issue #3):
 1. capture overhead: single-row-transaction insert rate with capture triggers / without (>= 0.5);
@@ -226,6 +227,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--capture-only", action="store_true", help="only the capture overhead (1.), e.g. to repeat it")
     args = ap.parse_args()
     k = 5 if args.quick else 1
     out: dict[str, dict] = {}  # type: ignore[type-arg]
@@ -237,7 +239,10 @@ def main() -> None:
             continue
         tmp = Path(tempfile.mkdtemp(prefix=f"mm-bench-{name}-"))
         try:
-            out[name] = {"capture": capture(b, tmp, 3000 // k), "apply": apply_rate(b, tmp, 20000 // k)}
+            out[name] = {"capture": capture(b, tmp, 3000 // k)}
+            if args.capture_only:
+                continue
+            out[name]["apply"] = apply_rate(b, tmp, 20000 // k)
             if name == "postgresql":
                 out[name]["concurrency"] = concurrency(b, tmp, 20.0 / k)
                 out[name]["bulk_transaction"] = bulk_transaction(b, tmp, 50_000 // k)

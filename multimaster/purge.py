@@ -12,15 +12,16 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
 3. deletes the change-log entries whose second-order ``A`` record every live puller has pulled
    (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
    the highest rowid), and none at or after a change of the same origin still waiting in one of
-   X's snapshots. The delete trigger writes ``P`` records into the second-order log: pullers drop
-   their snapshot copies when they pull them (the paper's purge records). Where the second-order
-   log is a view over the change log (SQLite, ``Dialect.log2_is_view``) the append record goes
-   with the entry, and pullers drop applied snapshot rows in their own purge (step 6);
+   X's snapshots. Where the second-order log is a view over the change log (every built-in
+   dialect, ``Dialect.log2_is_view``) the append record goes with the entry, and pullers drop
+   applied snapshot rows in their own purge (step 6); where it is a trigger-filled table, the
+   delete trigger writes ``P`` records into it and pullers drop their snapshot copies when they
+   pull them (the paper's purge records);
 4. raises ``_mm_origins.max_ver`` of each origin to the highest version purged: the reconciler's
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
-5. deletes second-order records with seq2 <= W (never the newest) and records that horizon in
-   ``_mm_purges`` (view: the highest change-log entry purged);
+5. records the horizon in ``_mm_purges`` (view: the highest change-log entry purged; table: the
+   second-order records deleted, seq2 <= W, never the newest);
 6. drops X's own applied snapshot rows (nothing reads them again).
 """
 

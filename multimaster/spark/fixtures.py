@@ -153,7 +153,7 @@ def server_ddl(dialect: str, peers: list[str]) -> list[str]:
             f"CREATE TABLE {p}_mm_state(site TEXT NOT NULL, applying INTEGER NOT NULL DEFAULT 0, hlc BIGINT NOT NULL DEFAULT 0)",
             f'CREATE TABLE {p}_mm_shadow_items(rid TEXT PRIMARY KEY, "key" BIGINT UNIQUE, deleted TEXT, v_name TEXT, v_qty TEXT, v_price TEXT)',
             f'CREATE TABLE {p}_mm_log_items(seq BIGSERIAL PRIMARY KEY, ver TEXT UNIQUE, origin TEXT, op TEXT, rid TEXT, "key" BIGINT, mask BIGINT)',
-            f"CREATE TABLE {p}_mm_log2_items(seq2 BIGSERIAL PRIMARY KEY, seq BIGINT, op TEXT)",
+            f"CREATE VIEW {p}_mm_log2_items AS SELECT seq AS seq2, seq, 'A'::char(1) AS op FROM {p}_mm_log_items",
             f"CREATE TABLE {p}_mm_watermarks(peer TEXT, tbl TEXT, seq2 BIGINT NOT NULL DEFAULT 0, pulled_at TEXT, PRIMARY KEY(peer, tbl))",
         ]
         snap = f'CREATE TABLE {p}"_mm_snap_items__{{peer}}"(pseq BIGINT PRIMARY KEY, ver TEXT, origin TEXT, op TEXT, rid TEXT, "key" BIGINT, mask BIGINT, applied INTEGER NOT NULL DEFAULT 0)'
@@ -163,7 +163,7 @@ def server_ddl(dialect: str, peers: list[str]) -> list[str]:
             "CREATE TABLE _mm_state(site VARCHAR(64) NOT NULL, applying INT NOT NULL DEFAULT 0, hlc BIGINT NOT NULL DEFAULT 0)",
             "CREATE TABLE _mm_shadow_items(rid VARCHAR(100) PRIMARY KEY, `key` BIGINT UNIQUE, deleted VARCHAR(100), v_name VARCHAR(100), v_qty VARCHAR(100), v_price VARCHAR(100))",
             "CREATE TABLE _mm_log_items(seq BIGINT AUTO_INCREMENT PRIMARY KEY, ver VARCHAR(100) UNIQUE, origin VARCHAR(64), op CHAR(1), rid VARCHAR(100), `key` BIGINT, mask BIGINT)",
-            "CREATE TABLE _mm_log2_items(seq2 BIGINT AUTO_INCREMENT PRIMARY KEY, seq BIGINT, op CHAR(1))",
+            "CREATE VIEW _mm_log2_items AS SELECT seq AS seq2, seq, 'A' AS op FROM _mm_log_items",
             "CREATE TABLE _mm_watermarks(peer VARCHAR(64), tbl VARCHAR(64), seq2 BIGINT NOT NULL DEFAULT 0, pulled_at VARCHAR(40), PRIMARY KEY(peer, tbl))",
         ]
         snap = "CREATE TABLE `_mm_snap_items__{peer}`(pseq BIGINT PRIMARY KEY, ver VARCHAR(100), origin VARCHAR(64), op CHAR(1), rid VARCHAR(100), `key` BIGINT, mask BIGINT, applied INT NOT NULL DEFAULT 0)"

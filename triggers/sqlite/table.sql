@@ -11,7 +11,7 @@ CREATE TABLE IF NOT EXISTS $log (
   mask INTEGER NOT NULL$logcols
 );
 --
--- The second-order log (docs/concepts.md, docs/decisions.md "SQLite's second-order log"): on
+-- The second-order log (docs/concepts.md, docs/decisions.md "The second-order log is a view"): on
 -- SQLite the change log is append-only between purges and its seq only grows (purge keeps the
 -- newest entry, so no rowid is reused), so every change log entry is its own append record
 -- (seq2 = seq). A separate trigger-filled table costs a third B-tree page per single-row
