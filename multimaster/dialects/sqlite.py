@@ -61,6 +61,11 @@ class SQLiteDialect(Dialect):
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA busy_timeout = 30000")
             cur.execute("PRAGMA foreign_keys = ON")
+            # multimaster's own connections only: the reconciler's scratch tables stay in memory and
+            # a batch's random updates of a large table and shadow hit a 64 MB page cache instead of
+            # the default 2,000 pages (about 10% faster apply; docs/performance.md)
+            cur.execute("PRAGMA temp_store = MEMORY")
+            cur.execute("PRAGMA cache_size = -65536")
             cur.close()
 
         @event.listens_for(engine, "begin")
