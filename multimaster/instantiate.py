@@ -102,6 +102,18 @@ def _stream(conn: Connection, sql: str, params: Any = (), size: int = 5000) -> I
         yield [tuple(r) for r in part]
 
 
+def _copy_rows(src: Connection, select: str, dst: Connection, insert: str, size: int,
+               progress: Callable[[int], None] | None = None) -> int:
+    """Stream `select` from `src` into `insert` at `dst` in batches of `size`; rows copied."""
+    n = 0
+    for part in _stream(src, select, size=size):
+        dst.exec_driver_sql(insert, part)
+        n += len(part)
+        if progress:
+            progress(n)
+    return n
+
+
 def _max_seq2(conn: Connection, site: Site, table: str) -> int:
     """The second-order position below which every entry is committed and visible to `conn`:
     the highest seq2, or just below the dialect's read horizon when entries commit out of order
@@ -247,20 +259,13 @@ def _copy(cl: api.Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ni
                 cols = [pi.key.name, *pi.column_names]
                 sel = ", ".join(pd.quote(c) for c in cols)
                 ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
-                n = 0
-                for part in _stream(pconn, f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}", size=batch_size):
-                    nconn.exec_driver_sql(ins, part)
-                    n += len(part)
-                    say(f"{tb}: copied {n} rows from {peer} to {name}")
-                rep.rows[tb] = n
+                rep.rows[tb] = _copy_rows(pconn, f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}", nconn, ins,
+                                     batch_size, lambda n: say(f"{tb}: copied {n} rows from {peer} to {name}"))
                 # identities
                 scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
                 sq = ", ".join(pd.quote(c) for c in scols)
                 ins = f"INSERT INTO {no['shadow']} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
-                n = 0
-                for part in _stream(pconn, f"SELECT {sq} FROM {po['shadow']} ORDER BY rid", size=batch_size):
-                    nconn.exec_driver_sql(ins, part)
-                    n += len(part)
+                n = _copy_rows(pconn, f"SELECT {sq} FROM {po['shadow']} ORDER BY rid", nconn, ins, batch_size)
                 # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
                 fresh = pd.fresh_identities(pconn, pi)
                 if fresh:
@@ -271,12 +276,8 @@ def _copy(cl: api.Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ni
                 lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
                 lq = ", ".join(pd.quote(c) for c in lcols)
                 ins = f"INSERT INTO {no['log']} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
-                n = 0
-                for part in _stream(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", size=batch_size):
-                    nconn.exec_driver_sql(ins, part)
-                    n += len(part)
-                    say(f"{tb}: copied {n} change-log entries from {peer} to {name}")
-                rep.log_entries[tb] = n
+                rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", nconn, ins, batch_size,
+                                            lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"))
                 ph = pd.caps.placeholder
                 origins = pconn.exec_driver_sql(f"SELECT origin, max_ver FROM _mm_origins WHERE tbl = {ph}", (tb,)).all()
                 if origins:
