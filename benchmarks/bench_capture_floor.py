@@ -72,7 +72,7 @@ INSTALLED = {
 def installed_template(d: Path) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from multimaster import api
-    from multimaster.topology import parse_topology
+    from multimaster.config.topology import parse_topology
 
     for s in ("tpl", "peer"):
         sqlite3.connect(d / f"{s}.db").execute(ITEMS)

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from clusters import MySQLBackend, PostgresBackend  # noqa: E402
 
 from multimaster import api  # noqa: E402
-from multimaster.topology import load_topology  # noqa: E402
+from multimaster.config.topology import load_topology  # noqa: E402
 
 import yaml  # noqa: E402
 

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from multimaster import api  # noqa: E402
-from multimaster.topology import parse_topology  # noqa: E402
+from multimaster.config.topology import parse_topology  # noqa: E402
 
 SCHEMA = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)"
 
@@ -152,7 +152,7 @@ def backlog_memory(d: Path, n: int) -> dict[str, float]:
     (d / "t.yaml").write_text(json.dumps({"sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in ("a", "b")},
                                           "tables": {"items": {"key": "id"}}, "links": "mesh"}))
     code = (
-        "import resource, time, sys; from multimaster import api; from multimaster.topology import load_topology;"
+        "import resource, time, sys; from multimaster import api; from multimaster.config.topology import load_topology;"
         f"t=load_topology({str(d / 't.yaml')!r}); t0=time.perf_counter();"
         "r=api.refresh(t, 'a', 'b'); dt=time.perf_counter()-t0;"
         "print(r[0].pulled, r[0].applied, r[0].batches, dt, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)"

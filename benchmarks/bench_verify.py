@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from multimaster.spark.fixtures import make_sqlite_cluster  # noqa: E402
-from multimaster.topology import load_topology  # noqa: E402
+from multimaster.config.topology import load_topology  # noqa: E402
 
 BASELINE = r'''
 import sqlite3, sys, time, resource, json

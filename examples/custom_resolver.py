@@ -2,9 +2,9 @@
 
 When two sites change a customer's tier concurrently, the higher tier wins (gold > silver >
 bronze), whichever site or timestamp; equal tiers fall back to the latest version. A resolver
-receives a `multimaster.policies.Conflict` and returns `conflict.local` or `conflict.remote`; it
+receives a `multimaster.core.policies.Conflict` and returns `conflict.local` or `conflict.remote`; it
 must not depend on which of the two arrived first, or sites would disagree.
-`multimaster.policies.check_resolver` checks that on sample values — and catches the bad resolver
+`multimaster.core.policies.check_resolver` checks that on sample values — and catches the bad resolver
 below, which prefers whatever this site holds.
 
     python examples/custom_resolver.py [DIR]
@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from multimaster.policies import Candidate, Conflict
+from multimaster.core.policies import Candidate, Conflict
 
 RANK = {"bronze": 1, "silver": 2, "gold": 3}
 
@@ -54,7 +54,7 @@ links: mesh
 
 def main(directory: Path) -> int:
     from multimaster import api, load_topology
-    from multimaster.policies import check_resolver
+    from multimaster.core.policies import check_resolver
 
     problems = check_resolver(prefer_higher_tier, samples=[("gold", "silver"), ("bronze", "gold"), ("silver", "silver"), (None, "gold")])
     print("prefer_higher_tier:", "order independent" if not problems else problems)

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from multimaster import api, load_topology
-from multimaster.purge import PurgePolicy, purge
+from multimaster.ops.purge import PurgePolicy, purge
 
 SITES = ("hq", "branch", "ship")
 TOPOLOGY = """\

@@ -16,6 +16,7 @@ __all__ = [
     "BaseRowsDiffer",
     "CorruptChange",
     "ResolverError",
+    "PurgedPastWatermark",
 ]
 
 
@@ -90,3 +91,16 @@ class CorruptChange(MultimasterError):
 class ResolverError(MultimasterError):
     def __init__(self, path: str, reason: str):
         super().__init__(f"conflict resolver '{path}': {reason}")
+
+
+class PurgedPastWatermark(MultimasterError):
+    """A puller's watermark is below what its peer already purged: it missed changes."""
+
+    def __init__(self, source: str, target: str, table: str, watermark: int, horizon: int):
+        self.source, self.target, self.table = source, target, table
+        super().__init__(
+            f"site '{source}' purged changes of table '{table}' that site '{target}' had not pulled "
+            f"(watermark {watermark}, purged up to {horizon}): '{target}' stayed away longer than the retention. "
+            f"Re-instantiate it: multimaster remove-site -t FILE {target} --force, then "
+            f"multimaster add-site -t FILE {target} --from {source} --replace"
+        )

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from multimaster import api
-from multimaster.topology import Topology, load_topology
+from multimaster.config.topology import Topology, load_topology
 
 # generic column types -> per-backend DDL
 SQLITE_TYPES = {"int": "INTEGER", "bigint": "INTEGER", "text": "TEXT", "real": "REAL", "decimal": "NUMERIC(12,2)", "bool": "BOOLEAN",

@@ -14,10 +14,10 @@ import yaml
 from clusters import TestCluster, make_cluster
 from multimaster import api
 from multimaster.errors import ConfigError, SchemaError
-from multimaster.instantiate import SiteNotDrained, add_site, remove_site
-from multimaster.purge import PurgePolicy, purge_site
-from multimaster.topology import load_topology
-from multimaster.versions import HLC_SHIFT, hlc_now
+from multimaster.ops.instantiate import SiteNotDrained, add_site, remove_site
+from multimaster.ops.purge import PurgePolicy, purge_site
+from multimaster.config.topology import load_topology
+from multimaster.core.versions import HLC_SHIFT, hlc_now
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 BASE = [("stock", 1, "counter", 0), ("stock", 2, "widgets", 10)]

@@ -19,7 +19,7 @@ import pytest
 
 from clusters import make_cluster
 from multimaster import api
-from multimaster.daemon import Daemon, DaemonAlreadyRunning, cron_trigger
+from multimaster.ops.daemon import Daemon, DaemonAlreadyRunning, cron_trigger
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 DEADLINE = 60.0

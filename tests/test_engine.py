@@ -63,7 +63,7 @@ def test_redelivery_and_double_routes_apply_once(backend, tmp_path):  # type: ig
     cl.refresh("s3", "s1")  # ... and directly: applied once
     assert cl.rows("s3", "items") == [(1, "a", 9, 1.0)]
     # redelivery: rewind every watermark and pull everything again
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     for s in ("s1", "s2", "s3"):
         site = Site(s, cl.urls[s])
@@ -112,7 +112,7 @@ def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ig
     cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS)
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 0, 0)")
     cl.refresh_until_quiet()
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     fast = Site("s2", cl.urls["s2"])
     ten_min = 10 * 60 * 1000
@@ -138,7 +138,7 @@ def test_the_reconciler_moves_the_clock_strictly_past_a_version_received(backend
     own tick would allow itself 1024 ticks of slack."""
     if backend.name != "postgresql":
         pytest.skip("the clock sequence is PostgreSQL's")
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
     ahead = (int(time.time() * 1000) + 3_600_000) << 16  # an hour ahead: the wall clock plays no part
@@ -236,7 +236,7 @@ def test_custom_resolver(backend, tmp_path, monkeypatch):  # type: ignore[no-unt
 
     mod.longest = longest  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "mm_test_resolvers", mod)
-    from multimaster.policies import check_resolver
+    from multimaster.core.policies import check_resolver
 
     assert check_resolver("mm_test_resolvers.longest", [("ab", "abc"), ("x", "y"), (None, "z")], column="name") == []
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": {"columns": {"name": {"custom": "mm_test_resolvers.longest"}}}}})
@@ -251,7 +251,7 @@ def test_custom_resolver(backend, tmp_path, monkeypatch):  # type: ignore[no-unt
 
 
 def test_check_resolver_finds_an_order_dependent_resolver():  # type: ignore[no-untyped-def]
-    from multimaster.policies import check_resolver
+    from multimaster.core.policies import check_resolver
 
     problems = check_resolver(lambda c: c.local)  # "keep mine": depends on who is local
     assert problems and "depends on which one arrived first" in problems[0]
@@ -298,7 +298,7 @@ def test_init_refuses_sites_with_different_rows_and_touches_nothing(backend, tmp
                       base={"s1": [("items", 1, "a", 1, 1.0)], "s2": [("items", 1, "a", 1, 2.0)]})
     with pytest.raises(BaseRowsDiffer, match=r"key 1"):
         api.init(cl.topo)
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     for s in ("s1", "s2"):
         site = Site(s, cl.urls[s])
@@ -335,7 +335,7 @@ def test_uninstall_leaves_user_data_intact(backend, tmp_path):  # type: ignore[n
         cl.execute(s, "INSERT INTO items (name, qty, price) VALUES ('after', 0, 0)")  # no trigger left
     from sqlalchemy import inspect
 
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     site = Site("s1", cl.urls["s1"])
     with site.read() as conn:
@@ -346,7 +346,7 @@ def test_uninstall_leaves_user_data_intact(backend, tmp_path):  # type: ignore[n
 
 
 def test_interrupted_refresh_leaves_nothing_half_done(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    import multimaster.engine as eng
+    import multimaster.engine.reconcile as eng
 
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
     for i in range(30):

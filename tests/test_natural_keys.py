@@ -18,8 +18,8 @@ import yaml
 
 from clusters import TestCluster, make_cluster
 from multimaster import api
-from multimaster.instantiate import add_site
-from multimaster.topology import load_topology
+from multimaster.ops.instantiate import add_site
+from multimaster.config.topology import load_topology
 
 TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"},
                  "config": {"columns": {"n": "additive"}}}}

@@ -9,7 +9,7 @@ import pytest
 
 from clusters import make_cluster
 from multimaster import api
-from multimaster.purge import PurgePolicy, purge, purge_site
+from multimaster.ops.purge import PurgePolicy, purge, purge_site
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 # a policy that needs causal delivery: every site relays every change it applies (docs/concepts.md)
@@ -23,7 +23,7 @@ def _log_sizes(cl):  # type: ignore[no-untyped-def]
 
 
 def _snap_rows(cl, site):  # type: ignore[no-untyped-def]
-    from multimaster.metrics import health
+    from multimaster.ops.metrics import health
 
     return health(cl.topo, [site])["sites"][site]["tables"]["stock"]["snapshot_rows"]
 

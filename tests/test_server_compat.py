@@ -137,7 +137,7 @@ def test_mysql_insert_takes_the_rank_triggers_version_only_for_its_own_row(mysql
     import time
 
     from clusters import ITEMS
-    from multimaster.site import Site
+    from multimaster.engine.site import Site
 
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], {**ITEMS, "other": {"key": "id", "columns": {"name": "text"}}})
     cl.execute("s1", "CREATE TRIGGER user_between BEFORE INSERT ON items FOR EACH ROW INSERT INTO other (name) VALUES (NEW.name)")

@@ -12,7 +12,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from clusters import ITEMS, make_cluster
 from multimaster import api
-from multimaster.site import Site
+from multimaster.engine.site import Site
 
 BASE = [("items", k, f"base-{k}", k, float(k)) for k in (1, 2)]
 

@@ -7,9 +7,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from clusters import ITEMS, make_cluster
-from multimaster.engine import pull_batch
-from multimaster.grants import apply_grants, grant_statements
-from multimaster.site import Site
+from multimaster.engine.reconcile import pull_batch
+from multimaster.ops.grants import apply_grants, grant_statements
+from multimaster.engine.site import Site
 
 
 def test_pulling_with_least_privileges(backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ from clusters import BACKENDS, Backend
 from clusters import server_unavailable
 from multimaster import api
 from multimaster.errors import SchemaError
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 UTC = dt.timezone.utc
 COLS = ["i", "b", "d", "f", "t", "ok", "day", "at", "atz", "data"]

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from multimaster.errors import ConfigError
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 
 def write(tmp_path, text):  # type: ignore[no-untyped-def]
@@ -66,7 +66,7 @@ def test_env_vars_in_urls(tmp_path, monkeypatch):  # type: ignore[no-untyped-def
     monkeypatch.setenv("MM_TEST_PW", "s3cret")
     t = load_topology(write(tmp_path, GOOD.replace('"sqlite:///s1.db"', '"postgresql+psycopg://app:${MM_TEST_PW}@db1/app"')))
     assert "s3cret" in t.sites["s1"].url
-    from multimaster.topology import hidden_url
+    from multimaster.config.topology import hidden_url
 
     assert "s3cret" not in hidden_url(t.sites["s1"].url)
 

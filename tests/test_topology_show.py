@@ -9,8 +9,8 @@ import pytest
 from typer.testing import CliRunner
 
 from multimaster.cli import app
-from multimaster.topology import load_topology
-from multimaster.topology_view import render_text, view
+from multimaster.config.topology import load_topology
+from multimaster.config.view import render_text, view
 
 TOPOLOGIES = Path(__file__).parent.parent / "topologies"
 

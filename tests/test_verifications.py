@@ -15,10 +15,11 @@ import pytest
 import yaml
 
 from clusters import ITEMS, SQLiteBackend, make_cluster
-from multimaster import api, verifications
+from multimaster import api
+from multimaster.ops import verifications
 from multimaster.errors import ConfigError
 from multimaster.spark.result import TableResult, VerifyResult, Waiting
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 CLI = str(Path(sys.executable).parent / "multimaster")
 
@@ -159,7 +160,7 @@ def test_the_table_is_created_on_first_store_and_old_runs_pruned(tmp_path, monke
 
 
 def test_a_failing_scheduled_check_is_recorded_not_raised(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
-    from multimaster.daemon import Daemon
+    from multimaster.ops.daemon import Daemon
 
     cl = make_cluster(SQLiteBackend(), tmp_path, ["s1", "s2", "s3"], ITEMS)
     topo = with_verify(cl, site="s3")
@@ -191,8 +192,8 @@ def test_the_daemon_schedules_the_check_without_importing_pyspark(tmp_path):  # 
     topo = with_verify(cl)
     code = textwrap.dedent(f"""
         import sys
-        from multimaster.daemon import Daemon
-        from multimaster.topology import load_topology
+        from multimaster.ops.daemon import Daemon
+        from multimaster.config.topology import load_topology
         d = Daemon(load_topology({str(topo.path)!r}), ["s1"])
         d.start()
         try:

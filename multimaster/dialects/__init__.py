@@ -1,5 +1,5 @@
 """One module per database dialect; see base.py for the contract."""
 
-from .base import Capabilities, Dialect, get_dialect, templates_dir
+from multimaster.dialects.base import Capabilities, Dialect, get_dialect, templates_dir
 
 __all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir"]

@@ -10,7 +10,6 @@ capabilities. See docs/adding-a-dialect.md.
 from __future__ import annotations
 
 import importlib
-import importlib.resources
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -18,8 +17,8 @@ from typing import Any, Iterable, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
-from ..schema import TableInfo, names
-from ..versions import BASE_VER
+from multimaster.core.versions import BASE_VER
+from multimaster.dialects.schema import TableInfo, names
 
 __all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index"]
 
@@ -39,15 +38,9 @@ class Capabilities:
 
 
 def templates_dir(dialect: str) -> Path:
-    """Where the SQL templates of `dialect` are: inside the installed package (wheel), else the
-    repository's top-level triggers/ folder (editable checkout)."""
-    try:
-        pkg = importlib.resources.files("multimaster") / "triggers" / dialect
-        if pkg.is_dir():
-            return Path(str(pkg))
-    except (ModuleNotFoundError, FileNotFoundError):
-        pass
-    return Path(__file__).resolve().parent.parent.parent / "triggers" / dialect
+    """Where the SQL templates of `dialect` are: its own folder, beside its Python
+    (multimaster/dialects/<name>/*.sql)."""
+    return Path(__file__).resolve().parent / dialect
 
 
 class Dialect:
@@ -115,7 +108,7 @@ class Dialect:
         """Per replicated column of `info` at this site, a converter from a value as any peer's
         driver returned it to one this site's driver stores exactly, or None (dialects/types.py).
         The default is SQLite's (ISO-8601 text for dates and times, decimals as exact text)."""
-        from . import types
+        from multimaster.dialects import types
 
         return [types.adapter(types.SQLITE, types.kind_of(self.name, c)) for c in info.columns]
 
@@ -270,7 +263,6 @@ class Dialect:
         q = self.quote
         o = self.obj(info.name)
         key = q(info.key.name)
-        p = self.caps.placeholder
         base_max = 0
         if info.spec.renumber:
             base_max = conn.exec_driver_sql(f"SELECT coalesce(max({key}), 0) FROM {q(info.name)}").scalar() or 0
@@ -487,7 +479,7 @@ def get_dialect(name: str) -> Dialect:
         try:
             mod = importlib.import_module(f"multimaster.dialects.{name}")
         except ModuleNotFoundError:
-            from ..errors import ConfigError
+            from multimaster.errors import ConfigError
 
             raise ConfigError([f"database '{name}' is not supported (supported: sqlite, postgresql, mysql)"]) from None
         _cache[name] = mod.DIALECT

@@ -10,9 +10,9 @@ Importing this package does not import PySpark or start Java: the JVM starts on 
 
 from __future__ import annotations
 
-from .api import DEFAULT_BUCKETS, DEFAULT_PARTITIONS, DEFAULT_SAMPLE, verify
-from .jdbc import MissingDependency
-from .result import KINDS, Sample, TableResult, VerifyResult, Waiting
+from multimaster.spark.api import DEFAULT_BUCKETS, DEFAULT_PARTITIONS, DEFAULT_SAMPLE, verify
+from multimaster.spark.jdbc import MissingDependency
+from multimaster.spark.result import KINDS, Sample, TableResult, VerifyResult, Waiting
 
 __all__ = [
     "verify",

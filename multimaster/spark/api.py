@@ -8,10 +8,10 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
-from ..errors import ConfigError, SiteUnreachable
-from ..topology import Topology, hidden_url, load_topology
-from .jdbc import MissingDependency, dialect_of, find_jars, jdbc_source
-from .result import CONVERGED, CONVERGING, DIVERGED, TableResult, VerifyResult
+from multimaster.config.topology import Topology, hidden_url, load_topology
+from multimaster.errors import ConfigError, SiteUnreachable
+from multimaster.spark.jdbc import MissingDependency, dialect_of, find_jars, jdbc_source
+from multimaster.spark.result import CONVERGED, CONVERGING, DIVERGED, TableResult, VerifyResult
 
 __all__ = ["verify", "DEFAULT_PARTITIONS", "DEFAULT_SAMPLE", "DEFAULT_BUCKETS"]
 
@@ -84,10 +84,10 @@ def verify(
     sources = {s: jdbc_source(s, topo.sites[s].url, fetchsize) for s in chosen}
     jar_paths = find_jars({src.dialect for src in sources.values()}, jars)
 
-    from .compare import Bounds, SiteReader, compare_checksum, compare_full, key_bounds, now_iso
-    from .schema import reflect_table
-    from .session import get_spark
-    from .waiting import waiting_changes, waiting_rids
+    from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds, now_iso
+    from multimaster.spark.schema import reflect_table
+    from multimaster.spark.session import get_spark
+    from multimaster.spark.waiting import waiting_changes, waiting_rids
 
     started = now_iso()
     engines = _engines(topo, chosen)

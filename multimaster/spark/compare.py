@@ -17,9 +17,9 @@ from typing import Any, Callable
 
 import sqlalchemy as sa
 
-from .jdbc import JdbcSource
-from .result import Sample
-from .schema import SPARK_TYPE, TablePlan, custom_schema, read_sql
+from multimaster.spark.jdbc import JdbcSource
+from multimaster.spark.result import Sample
+from multimaster.spark.schema import SPARK_TYPE, TablePlan, custom_schema, read_sql
 
 __all__ = ["Bounds", "key_bounds", "SiteReader", "grouped", "compare_full", "compare_checksum", "FullOutcome"]
 

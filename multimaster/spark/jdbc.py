@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy.engine import make_url
 
-from ..topology import hidden_url
+from multimaster.config.topology import hidden_url
 
 __all__ = ["JdbcSource", "jdbc_source", "find_jars", "JARS", "dialect_of", "MissingDependency", "quote"]
 

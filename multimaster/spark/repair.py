@@ -24,9 +24,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from ..errors import ConfigError, MultimasterError
-from ..topology import Topology, load_topology
-from .jdbc import dialect_of, find_jars, jdbc_source, quote
+from multimaster.config.topology import Topology, load_topology
+from multimaster.errors import ConfigError, MultimasterError
+from multimaster.spark.jdbc import dialect_of, find_jars, jdbc_source, quote
 
 __all__ = ["RepairOp", "RepairPlan", "plan_repair", "apply_plan", "TooManyDifferences"]
 
@@ -81,7 +81,7 @@ class RepairPlan:
 
 
 def _jsonable_op(o: RepairOp) -> dict[str, Any]:
-    from .compare import _jsonable
+    from multimaster.spark.compare import _jsonable
 
     d = asdict(o)
     for k in ("values", "shadow"):
@@ -116,16 +116,16 @@ def plan_repair(
     """Plan the changes that make every other site (or `sites`) equal to `reference`."""
     from pyspark.sql import functions as F
 
-    from .api import _engines
-    from .compare import SiteReader, grouped, key_bounds
-    from .schema import reflect_table
-    from .session import get_spark
+    from multimaster.spark.api import _engines
+    from multimaster.spark.compare import SiteReader, grouped, key_bounds
+    from multimaster.spark.schema import reflect_table
+    from multimaster.spark.session import get_spark
 
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     # every site's shadow up to date with its own rows, so the plan copies real shadow rows
-    from .. import api as core_api
+    from multimaster.engine.refresh import catch_up
 
-    core_api.catch_up(topo)
+    catch_up(topo)
     if reference not in topo.sites:
         raise ConfigError([f"--repair-from: site '{reference}' is not under 'sites' in the topology"])
     names = list(tables) if tables else list(topo.tables)
@@ -228,7 +228,7 @@ def _guard(conn: sa.Connection, dialect: str, on: bool) -> None:
     """Set / reset the capture guard inside the open write transaction."""
     if dialect == "sqlite":
         try:
-            from ..dialects import get_dialect  # the core's way, when present
+            from multimaster.dialects import get_dialect  # the core's way, when present
 
             get_dialect("sqlite").set_applying(conn, on)
             return

@@ -7,7 +7,7 @@ import html
 import json
 from typing import Any
 
-from .result import KIND_LABELS, KINDS, VerifyResult
+from multimaster.spark.result import KIND_LABELS, KINDS, VerifyResult
 
 __all__ = ["render_rich", "to_json", "to_html", "render_plan"]
 

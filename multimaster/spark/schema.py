@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import sqlalchemy as sa
 from sqlalchemy import types as T
 
-from ..errors import SchemaError
-from .jdbc import JdbcSource
+from multimaster.errors import SchemaError
+from multimaster.spark.jdbc import JdbcSource
 
 __all__ = ["ColumnSpec", "TablePlan", "reflect_table", "read_sql", "canonical_kind"]
 
@@ -168,7 +168,7 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
         orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
     # a site's own rows inserted since its shadow last caught up (SQLite writes the shadow lazily)
     # have their identity in the change log
-    from ..dialects import get_dialect
+    from multimaster.dialects import get_dialect
 
     fresh = get_dialect(d).fresh_identities_select(plan.table)
     if fresh:

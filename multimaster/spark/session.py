@@ -9,7 +9,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from .jdbc import MissingDependency
+from multimaster.spark.jdbc import MissingDependency
 
 __all__ = ["check_java", "get_spark", "LOG4J2", "quiet_conf"]
 

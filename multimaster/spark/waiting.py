@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
-from ..topology import Topology
-from .jdbc import dialect_of, quote
-from .result import Waiting
+from multimaster.config.topology import Topology
+from multimaster.spark.jdbc import dialect_of, quote
+from multimaster.spark.result import Waiting
 
 __all__ = ["waiting_changes", "waiting_rids", "mm_name"]
 

@@ -9,7 +9,7 @@ import pytest
 from contextlib import contextmanager
 
 from multimaster.spark.fixtures import sql_site
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 
 @contextmanager

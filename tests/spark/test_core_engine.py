@@ -8,7 +8,7 @@ import pytest
 
 from multimaster.spark import verify
 from multimaster.spark.fixtures import write_topology
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 api = pytest.importorskip("multimaster.api", reason="the core engine (multimaster.api) is not there yet")
 

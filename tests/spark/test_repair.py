@@ -7,10 +7,10 @@ import json
 from typer.testing import CliRunner
 
 from multimaster.spark import verify
-from multimaster.spark.cli import app
+from multimaster.cli import app
 from multimaster.spark.fixtures import sql_site
 from multimaster.spark.repair import apply_plan, plan_repair
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 from mm_spark_helpers import make_every_kind, uncaptured
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import yaml
 
-from multimaster import api, verifications
-from multimaster.daemon import Daemon
-from multimaster.topology import load_topology
+from multimaster import api
+from multimaster.ops import verifications
+from multimaster.ops.daemon import Daemon
+from multimaster.config.topology import load_topology
 
 CLI = str(Path(sys.executable).parent / "multimaster")
 

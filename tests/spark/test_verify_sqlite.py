@@ -9,9 +9,9 @@ import pytest
 from typer.testing import CliRunner
 
 from multimaster.spark import VerifyResult, verify
-from multimaster.spark.cli import app
+from multimaster.cli import app
 from multimaster.spark.fixtures import rid
-from multimaster.topology import load_topology
+from multimaster.config.topology import load_topology
 
 from mm_spark_helpers import captured, make_every_kind, uncaptured
 

@@ -1,0 +1,261 @@
+"""The core commands: init, uninstall, refresh, reconcile, status, conflicts, demo. Each calls one
+public function of multimaster.api."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from multimaster import api
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, execute
+from multimaster.config.topology import load_topology
+
+
+@app.command()
+def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
+    """Install change logs, snapshots, shadows and capture triggers at every site.
+
+    Checks every site first (reachable, tables present and equal, same base rows or all but one
+    empty) and changes nothing unless all checks pass. Safe to run again.
+
+    Examples:
+      multimaster init -t topologies/three-sites.yaml
+    """
+
+    def go() -> None:
+        topo = load_topology(topology)
+        with console.status("checking sites"):
+            rep = api.init(topo, progress=lambda m: console.log(m))
+        for site, tables in rep.sites.items():
+            console.print(f"[green]✓[/] {site}: " + (f"installed {', '.join(tables)}" if tables else "already installed, objects checked"))
+        for tb, copies in rep.copied.items():
+            for site, n in copies.items():
+                console.print(f"  copied {n} base rows of {tb} to {site}")
+
+    execute(go, traceback)
+
+
+@app.command()
+def uninstall(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site", help="Only this site."),
+              traceback: bool = TRACEBACK) -> None:
+    """Remove every object multimaster created. User tables and rows are left as they are.
+
+    Examples:
+      multimaster uninstall -t topologies/three-sites.yaml
+    """
+
+    def go() -> None:
+        out = api.uninstall(load_topology(topology), site)
+        for s, dropped in out.items():
+            console.print(f"[green]✓[/] {s}: dropped {len(dropped)} objects")
+
+    execute(go, traceback)
+
+
+def _refresh_table(results: list[Any]) -> Table:
+    t = Table(title="refresh")
+    for c in ("link", "pulled", "applied", "conflicts", "batches", "seconds", "result"):
+        t.add_column(c, justify="right" if c not in ("link", "result") else "left")
+    for r in results:
+        t.add_row(f"{r.peer} → {r.site}", str(r.pulled), str(r.applied), str(r.conflicts), str(r.batches),
+                  f"{r.seconds:.2f}", "[red]" + r.error + "[/]" if r.error else "[green]ok[/]")
+    return t
+
+
+@app.command()
+def refresh(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site", help="Only links into this site."),
+    peer: Optional[str] = typer.Option(None, "--peer", help="Only the link from this peer."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Changes per transaction."),
+    no_reconcile: bool = typer.Option(False, "--no-reconcile", help="Only pull into snapshots; apply later with 'reconcile'."),
+    until_quiet: bool = typer.Option(False, "--until-quiet", help="Repeat rounds until a whole round pulls nothing."),
+    max_rounds: int = typer.Option(20, "--max-rounds", help="Upper bound for --until-quiet."),
+    as_json: bool = typer.Option(False, "--json", help="Print results as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Pull each peer's change log past its watermark and reconcile, in bounded batches.
+
+    Exit 1 if any link failed (the others still refresh).
+
+    Examples:
+      multimaster refresh -t topo.yaml
+      multimaster refresh -t topo.yaml --site s2 --peer s1
+      multimaster refresh -t topo.yaml --until-quiet
+    """
+
+    def go() -> int:
+        topo = load_topology(topology)
+        allres = []
+        with api.Cluster(topo) as cl:
+            for _ in range(max_rounds if until_quiet else 1):
+                res = api.refresh(cl, site, peer, batch_size=batch_size, reconcile_=not no_reconcile)
+                allres.append(res)
+                if not until_quiet or all(r.pulled == 0 for r in res) or any(r.error for r in res):
+                    break
+        last = allres[-1]
+        if as_json:
+            dump([{"round": i + 1, "links": [
+                {"from": r.peer, "to": r.site, "pulled": r.pulled, "applied": r.applied, "conflicts": r.conflicts,
+                 "batches": r.batches, "seconds": round(r.seconds, 4), "error": r.error} for r in res]} for i, res in enumerate(allres)])
+        else:
+            for i, res in enumerate(allres):
+                if len(allres) > 1:
+                    console.print(f"round {i + 1}")
+                console.print(_refresh_table(res))
+        return 1 if any(r.error for r in last) else 0
+
+    code = execute(go, traceback)
+    raise typer.Exit(code)
+
+
+@app.command()
+def reconcile(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site"),
+              as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+    """Apply changes already pulled into snapshots (see refresh --no-reconcile).
+
+    Examples:
+      multimaster reconcile -t topo.yaml --site s1
+    """
+
+    def go() -> None:
+        out = api.reconcile(load_topology(topology), site)
+        rows = [{"site": s, "table": tb, "applied": r.applied, "duplicates": r.duplicates, "parked": r.parked,
+                 "inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "renumbered": r.renumbered,
+                 "conflicts": len(r.conflicts)} for s, per in out.items() for tb, r in per.items()]
+        if as_json:
+            dump(rows)
+            return
+        t = Table(title="reconcile")
+        for c in rows[0].keys() if rows else ["site"]:
+            t.add_column(c)
+        for r in rows:
+            t.add_row(*(str(v) for v in r.values()))
+        console.print(t)
+
+    execute(go, traceback)
+
+
+def _status_tables(st: dict[str, Any]) -> list[Table]:
+    t = Table(title="sites")
+    since = any("conflicts_since" in d for d in st["sites"].values())
+    cols = ["site", "reachable", "rows", "change log", "tombstones", "conflicts"] + (["conflicts since"] if since else []) + ["url"]
+    for c in cols:
+        t.add_column(c)
+    for name, d in st["sites"].items():
+        tabs = d.get("tables", {})
+        row = [name, "yes" if d["reachable"] else "[red]no[/]",
+               str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
+               str(sum(v["log"] for v in tabs.values())) if tabs else "-",
+               str(sum(v["tombstones"] for v in tabs.values())) if tabs else "-",
+               str(d.get("conflicts", "-"))]
+        if since:
+            row.append(str(d.get("conflicts_since", "-")))
+        t.add_row(*row, d["url"])
+    lt = Table(title="links")
+    for c in ("link", "waiting", "oldest waiting", "watermarks", "last success", "last error"):
+        lt.add_column(c)
+    for ln in st["links"]:
+        age = ln.get("oldest_waiting_age_s")
+        lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
+                   ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
+                   str(ln.get("last_success_at") or "-"), str(ln.get("last_error") or ln.get("error") or "-"))
+    from multimaster.ops.verifications import rich_table  # the last recorded verify run (docs/verify.md, Scheduled checks)
+
+    return [t, lt] + ([rich_table(st["verification"])] if st.get("verification") else [])
+
+
+@app.command()
+def status(
+    topology: Path = TOPOLOGY,
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON (once)."),
+    since: Optional[str] = typer.Option(None, "--since", help="Also count conflicts since: a duration ago (1h) or an ISO time."),
+    watch: bool = typer.Option(False, "--watch", help="Refresh the tables in place until Ctrl-C."),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes with --watch."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
+    site: rows, log sizes, conflicts (and conflicts since --since).
+
+    Examples:
+      multimaster status -t topo.yaml
+      multimaster status -t topo.yaml --json --since 1h
+      multimaster status -t topo.yaml --watch
+    """
+    from multimaster.ops.metrics import parse_since
+
+    def go() -> None:
+        topo = load_topology(topology)
+        since_at = parse_since(since)
+        with api.Cluster(topo) as cl:
+            st = api.status(cl, since=since_at)
+            if as_json:
+                dump(st)
+                return
+            if not watch:
+                for t in _status_tables(st):
+                    console.print(t)
+                return
+            import time
+
+            from rich.console import Group
+            from rich.live import Live
+
+            with Live(Group(*_status_tables(st)), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(Group(*_status_tables(api.status(cl, since=since_at))))
+
+    execute(go, traceback)
+
+
+@app.command()
+def conflicts(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site"),
+              table: Optional[str] = typer.Option(None, "--table"), limit: int = typer.Option(50, "--limit"),
+              as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+    """List recorded conflicts: both versions, their values, the policy and the decision.
+
+    Examples:
+      multimaster conflicts -t topo.yaml --site s1 --table items --json
+    """
+
+    def go() -> None:
+        rows = api.conflicts(load_topology(topology), site, table, limit)
+        if as_json:
+            dump(rows)
+            return
+        t = Table(title=f"conflicts ({len(rows)})")
+        for c in ("site", "table", "key", "kind", "columns", "local", "remote", "policy", "decision"):
+            t.add_column(c)
+        for r in rows:
+            t.add_row(r["site"], r["tbl"], str(r["key"]), r["kind"], ",".join(r["columns"] or []),
+                      f"{r['local_values']} @{(r['local_ver'] or '')[20:]}", f"{r['remote_values']} @{r['remote_ver'][20:]}",
+                      r["policy"], r["decision"])
+        console.print(t)
+
+    execute(go, traceback)
+
+
+@app.command()
+def demo(directory: Path = typer.Option(Path("demo-sites"), "--dir", help="Where to create the three SQLite sites."),
+         seed: int = typer.Option(7, "--seed", help="Workload seed."),
+         size: int = typer.Option(200, "--size", help="Rows inserted per site."),
+         as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+    """Create three SQLite sites, write to all of them (with conflicts and the airline last-seat
+    case), refresh until they converge, and show what happened.
+
+    Examples:
+      multimaster demo --dir /tmp/mm-demo
+    """
+    from multimaster.ops.demo import run_demo
+
+    def go() -> int:
+        report = run_demo(directory, seed=seed, size=size, console=None if as_json else console)
+        if as_json:
+            dump(report)
+        return 0 if report["converged"] else 1
+
+    raise typer.Exit(execute(go, traceback))

@@ -1,0 +1,51 @@
+"""What every command module of the CLI shares: the app, the consoles, the common options, and how a
+command's function is run (errors to exit codes, tracebacks only when asked)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Callable
+
+import typer
+from rich.console import Console
+
+from multimaster.errors import MultimasterError
+
+__all__ = ["app", "console", "err", "TOPOLOGY", "TRACEBACK", "execute", "dump"]
+
+app = typer.Typer(
+    name="multimaster",
+    help="Update-anywhere asynchronous replication of SQL tables with triggers and snapshot logs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err = Console(stderr=True)
+
+TOPOLOGY = typer.Option(..., "-t", "--topology", help="Topology file (YAML).", exists=False)
+TRACEBACK = typer.Option(False, "--traceback", help="Show the Python traceback on errors.")
+
+
+def execute(fn: Callable[[], Any], traceback: bool) -> Any:
+    try:
+        return fn()
+    except MultimasterError as e:
+        if traceback:
+            raise
+        err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+        raise typer.Exit(e.exit_code) from None
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        raise typer.Exit(130) from None
+    except Exception as e:  # noqa: BLE001 - an unexpected failure: one line unless asked
+        if traceback:
+            raise
+        err.print(f"[bold red]error:[/] {type(e).__name__}: {e}", markup=True, highlight=False, soft_wrap=True)
+        err.print("(run again with --traceback for details)")
+        raise typer.Exit(1) from None
+
+
+def dump(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")

@@ -1,0 +1,288 @@
+"""Operations commands: run (the refresher daemon), purge, add-site, remove-site, watch and
+topology show. Registered on the main app by ``multimaster.cli`` (the package); each command
+calls one public function (daemon.Daemon, purge.purge, instantiate.add_site/remove_site,
+metrics.health, topology_view.view)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, List, Optional
+
+import typer
+from rich.table import Table
+
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute
+from multimaster.config.topology import load_topology, parse_duration
+from multimaster.errors import ConfigError
+
+__all__ = ["register"]
+
+RETENTION = typer.Option("7d", "--retention", help="A puller that has not refreshed for longer is expired and stops holding log entries.")
+MIN_AGE = typer.Option("1h", "--min-age", help="Only log entries older than this are purged (a margin for changes in transit).")
+
+
+def _duration(value: Optional[str], opt: str) -> Optional[float]:
+    if value is None or value.lower() in ("off", "none", "0"):
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError as e:
+        raise ConfigError([f"{opt}: {e}"]) from None
+
+
+def run(
+    topology: Path = TOPOLOGY,
+    site: Optional[List[str]] = typer.Option(None, "--site", help="Run this site's refreshers (repeatable). Default: every site."),
+    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port (0: any free port)."),
+    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the metrics endpoint (loopback by default)."),
+    purge_every: str = typer.Option("10m", "--purge-every", help="Purge this site's change logs this often ('off': never)."),
+    retention: str = RETENTION,
+    min_age: str = MIN_AGE,
+    max_backoff: str = typer.Option("5m", "--max-backoff", help="Longest wait between retries of a failing link."),
+    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Changes per transaction (default: refresh.batch_size)."),
+    log_format: str = typer.Option("text", "--log-format", help="'text' or 'json' (one JSON object per line)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="Also log refreshes that pulled nothing."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Run the refresher daemon: every link into the site on its own schedule (interval or cron,
+    with jitter, from the topology file), failing links backing off, one daemon per site.
+
+    Stops cleanly on SIGINT/SIGTERM: the batch being applied commits, nothing is half-applied.
+    One log line per refresh (link, pulled, applied, conflicts, seconds, error).
+
+    Examples:
+      multimaster run -t topo.yaml --site s1
+      multimaster run -t topo.yaml --site s1 --metrics-port 9464 --log-format json
+      multimaster run -t topo.yaml            # every site in one process
+    """
+    import logging
+
+    from multimaster.ops.daemon import Daemon, setup_logging
+    from multimaster.ops.purge import PurgePolicy
+
+    if log_format not in ("text", "json"):
+        raise typer.BadParameter("use 'text' or 'json'", param_hint="--log-format")
+
+    def go() -> None:
+        setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
+        topo = load_topology(topology)
+        policy = PurgePolicy.parse(retention, min_age)
+        d = Daemon(topo, site or None, purge_every=_duration(purge_every, "--purge-every"), purge_policy=policy,
+                   metrics_port=metrics_port, metrics_host=metrics_host, max_backoff=_duration(max_backoff, "--max-backoff") or 300.0,
+                   log_format=log_format, batch_size=batch_size)
+        d.run_forever()
+
+    execute(go, traceback)
+
+
+def purge(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site", help="Only this site's logs."),
+    retention: str = RETENTION,
+    min_age: str = MIN_AGE,
+    keep_snapshots: bool = typer.Option(False, "--keep-snapshots", help="Keep applied snapshot rows."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; change nothing."),
+    as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Delete change-log entries every live puller has pulled (and applied snapshot rows).
+
+    Never an entry a live peer still needs; pullers away longer than --retention are expired
+    (listed) and must be re-instantiated with add-site. Exit 1 if a site could not be purged.
+
+    Examples:
+      multimaster purge -t topo.yaml --dry-run
+      multimaster purge -t topo.yaml --site s1 --retention 2d --min-age 10m
+    """
+    from multimaster.ops import purge as purge_mod
+
+    def go() -> int:
+        policy = purge_mod.PurgePolicy.parse(retention, min_age, snapshots=not keep_snapshots)
+        reps = purge_mod.purge(load_topology(topology), site, policy, dry_run=dry_run)
+        if as_json:
+            dump([r.as_dict() for r in reps])
+        else:
+            t = Table(title="purge (dry run)" if dry_run else "purge")
+            for c in ("site", "table", "purged", "second-order", "snapshot rows", "log left", "held by", "expired"):
+                t.add_column(c)
+            for r in reps:
+                if r.error:
+                    t.add_row(r.site, "-", "-", "-", "-", "-", "-", f"[red]{r.error}[/]")
+                for tb, tp in r.tables.items():
+                    t.add_row(r.site, tb, str(tp.purged), str(tp.log2_deleted), str(tp.snapshot_rows), str(tp.log_left),
+                              ",".join(tp.held_by) or "-", ",".join(r.expired) or "-")
+            console.print(t)
+        return 1 if any(r.error for r in reps) else 0
+
+    raise typer.Exit(execute(go, traceback))
+
+
+def add_site(
+    name: str = typer.Argument(..., help="The new site, already listed in the topology file with its links."),
+    topology: Path = TOPOLOGY,
+    peer: str = typer.Option(..., "--from", help="The running site to copy (NAME must pull from it)."),
+    replace: bool = typer.Option(False, "--replace", help="Drop NAME's replication objects and rows first (re-instantiation)."),
+    batch_size: int = typer.Option(5000, "--batch-size", min=1, help="Rows per copy batch."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Add a site to a running cluster while every other site keeps writing.
+
+    Copies PEER's rows with their identities at a recorded log position, installs logs, snapshots
+    and triggers at NAME, and sets every watermark so no change is lost or applied twice. First add
+    NAME and its links to the topology file and create its (empty) tables.
+
+    Examples:
+      multimaster add-site -t topo.yaml s4 --from s1
+      multimaster add-site -t topo.yaml s2 --from s1 --replace   # re-instantiate an expired site
+    """
+    from multimaster.ops.instantiate import add_site as add
+
+    def go() -> None:
+        topo = load_topology(topology)
+        rep = add(topo, name, peer, replace=replace, batch_size=batch_size,
+                  progress=None if as_json else (lambda m: console.log(m)))
+        if as_json:
+            dump(rep.as_dict())
+            return
+        for tb in rep.rows:
+            console.print(f"[green]✓[/] {tb}: {rep.rows[tb]} rows, {rep.identities[tb]} identities, "
+                          f"{rep.log_entries[tb]} change-log entries copied from {peer}")
+        for q, wms in rep.watermarks.items():
+            console.print(f"  {name} pulls {q} from " + ", ".join(f"{tb}:{w}" for tb, w in wms.items()))
+        console.print(f"  pulling from {name}: {', '.join(rep.pullers) or 'nobody'}")
+        console.print(f"Next: start its daemon (multimaster run -t {topology} --site {name}) and restart the others' daemons.")
+
+    execute(go, traceback)
+
+
+def remove_site(
+    name: str = typer.Argument(..., help="The site to retire (still listed in the topology file)."),
+    topology: Path = TOPOLOGY,
+    force: bool = typer.Option(False, "--force", help="Retire it even if its changes were not all pulled (they are lost)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Retire a site: drop what other sites keep for it (snapshots, watermarks, log entries held
+    for it) and its replication objects. Its rows stay. Then remove it from the topology file.
+
+    Examples:
+      multimaster remove-site -t topo.yaml s4
+    """
+    from multimaster.ops.instantiate import remove_site as remove
+
+    def go() -> None:
+        rep = remove(load_topology(topology), name, force=force, progress=None if as_json else (lambda m: console.log(m)))
+        if as_json:
+            dump(rep.as_dict())
+            return
+        for s, what in rep.cleaned.items():
+            console.print(f"[green]✓[/] {s}: dropped {', '.join(what)}")
+        if rep.unreachable:
+            console.print(f"[yellow]not reached:[/] {', '.join(rep.unreachable)} (run remove-site again when they answer)")
+        console.print(f"Next: remove '{name}' and its links from {topology} and restart the daemons.")
+
+    execute(go, traceback)
+
+
+def _health_tables(h: dict[str, Any]) -> list[Table]:
+    st = Table(title="sites")
+    for c in ("site", "reachable", "rows", "change log", "2nd-order", "snapshots", "conflicts", "since", "expired pullers"):
+        st.add_column(c)
+    for n, d in h["sites"].items():
+        tabs = d.get("tables") or {}
+        tot = (lambda k: str(sum(v.get(k, 0) for v in tabs.values())) if tabs else "-")  # noqa: E731
+        st.add_row(n, "yes" if d.get("reachable") else "[red]no[/]", tot("rows"), tot("log"), tot("log2"), tot("snapshot_rows"),
+                   str(d.get("conflicts", "-")), str(d.get("conflicts_since", "-")),
+                   "[red]" + ", ".join(d["expired_pullers"]) + "[/]" if d.get("expired_pullers") else "-")
+    lt = Table(title="links")
+    for c in ("link", "waiting", "visibility delay", "last success", "last error"):
+        lt.add_column(c)
+    for ln in h["links"]:
+        age = ln.get("oldest_waiting_age_s")
+        err = ln.get("last_error") or ln.get("error")
+        recent_err = err and (not ln.get("last_success_at") or str(ln.get("last_error_at") or "") >= str(ln.get("last_success_at")))
+        lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
+                   str(ln.get("last_success_at") or "-"), (f"[red]{err}[/]" if recent_err else str(err)) if err else "-")
+    return [st, lt]
+
+
+def watch(
+    topology: Path = TOPOLOGY,
+    site: Optional[List[str]] = typer.Option(None, "--site", help="Only these sites and the links into them."),
+    since: Optional[str] = typer.Option(None, "--since", help="Count conflicts since: a duration ago (1h) or an ISO time."),
+    interval: float = typer.Option(2.0, "--interval", help="Seconds between refreshes of the view."),
+    once: bool = typer.Option(False, "--once", help="Print once and exit (no live view)."),
+    retention: str = RETENTION,
+    as_json: bool = typer.Option(False, "--json", help="Print once as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Lag and health, refreshed in place: per link the changes waiting, the visibility delay
+    (age of the oldest change not applied), last success and last error; per site log sizes,
+    conflicts (since --since) and expired pullers.
+
+    Examples:
+      multimaster watch -t topo.yaml
+      multimaster watch -t topo.yaml --since 1h --once --json
+    """
+    from rich.console import Group
+    from rich.live import Live
+
+    from multimaster.engine.cluster import Cluster
+    from multimaster.ops.metrics import health, parse_since
+    from multimaster.ops.purge import PurgePolicy
+
+    def go() -> None:
+        topo = load_topology(topology)
+        policy = PurgePolicy.parse(retention)
+        with Cluster(topo) as cl:
+            def snap() -> dict[str, Any]:
+                return health(cl, site or None, since=parse_since(since), policy=policy)
+
+            if as_json:
+                dump(snap())
+                return
+            if once:
+                for t in _health_tables(snap()):
+                    console.print(t)
+                return
+            with Live(Group(*_health_tables(snap())), console=console, refresh_per_second=4, screen=False) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(Group(*_health_tables(snap())))
+
+    execute(go, traceback)
+
+
+topology_app = typer.Typer(help="Look at a topology file.", no_args_is_help=True)
+
+
+@topology_app.command("show")
+def topology_show(topology: Path = TOPOLOGY, as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
+                  traceback: bool = TRACEBACK) -> None:
+    """Draw the links and the path length (relay hops) between every pair of sites, and the
+    worst delay the refresh schedules allow. Reads the file only.
+
+    Examples:
+      multimaster topology show -t topologies/star.yaml
+    """
+    from multimaster.config.view import render_text, view
+
+    def go() -> None:
+        v = view(load_topology(topology))
+        if as_json:
+            dump(v.as_dict())
+        else:
+            console.print(render_text(v), highlight=False, markup=False)
+
+    execute(go, traceback)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("run")(run)
+    app.command("purge")(purge)
+    app.command("add-site")(add_site)
+    app.command("remove-site")(remove_site)
+    app.command("watch")(watch)
+    app.add_typer(topology_app, name="topology")

@@ -1,0 +1,423 @@
+"""The topology file: sites, replicated tables and links, validated by pydantic.
+
+Shape checks come from the pydantic models; cross-references (a link naming an unknown site, a
+priority list naming an unknown site, a column in two groups ...) are checked afterwards by
+:func:`check_topology`, which collects *every* problem so the user fixes the file in one pass.
+Loading touches no database. See docs/configuration.md for the reference.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from sqlalchemy.engine import make_url
+
+from multimaster.errors import ConfigError
+
+__all__ = [
+    "Topology",
+    "SiteConfig",
+    "TableConfig",
+    "GroupConfig",
+    "LinkConfig",
+    "Link",
+    "VerifyScheduleConfig",
+    "PolicySpec",
+    "load_topology",
+    "parse_topology",
+    "expand_links",
+    "hidden_url",
+]
+
+IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_SITE = 24
+MAX_TABLE = 30
+BUILTIN_POLICIES = ("latest", "earliest", "maximum", "minimum", "additive")
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+
+
+def parse_duration(value: str | int | float) -> float:
+    """'500ms', '10s', '5m', '1h', '2d' or a number of seconds -> seconds."""
+    if isinstance(value, (int, float)):
+        return float(value)
+    m = _DURATION.match(str(value))
+    if not m:
+        raise ValueError(f"'{value}' is not a duration (use e.g. 500ms, 10s, 5m, 1h)")
+    scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
+    return float(m.group(1)) * scale
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class PriorityPolicy(_Strict):
+    priority: list[str] = Field(min_length=1)
+
+
+class CustomPolicy(_Strict):
+    custom: str
+
+
+PolicySpec = Union[Literal["latest", "earliest", "maximum", "minimum", "additive"], PriorityPolicy, CustomPolicy]
+
+
+class SiteConfig(_Strict):
+    url: str
+    verify: bool = True
+
+
+class GroupConfig(_Strict):
+    columns: list[str] = Field(min_length=1)
+    policy: PolicySpec = "latest"
+
+
+class TableConfig(_Strict):
+    key: str
+    renumber: bool | None = None  # None: decided at init from the key column type (integer -> True)
+    policy: PolicySpec = "latest"
+    columns: dict[str, PolicySpec] = Field(default_factory=dict)
+    groups: dict[str, GroupConfig] = Field(default_factory=dict)
+    exclude: list[str] = Field(default_factory=list)
+
+
+class LinkConfig(_Strict):
+    from_: str = Field(alias="from")
+    to: str
+    interval: str | float | None = None
+    cron: str | None = None
+    jitter: str | float | None = None
+
+
+class RefreshConfig(_Strict):
+    interval: str | float = "10s"
+    batch_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    jitter: str | float = "1s"
+
+
+class VerifyScheduleConfig(_Strict):
+    """A scheduled convergence check (`multimaster run` runs it, docs/verify.md "Scheduled checks")."""
+
+    cron: str  # crontab: 5 fields (6: seconds first), parsed like a link's cron
+    tables: list[str] | None = None  # None: every table
+    master: str = "local[*]"  # Spark master
+    site: str | None = None  # the site whose daemon runs it and keeps the result (None: the first site)
+    checksum_only: bool = False
+
+
+class _TopologyModel(_Strict):
+    sites: dict[str, SiteConfig] = Field(min_length=1)
+    tables: dict[str, TableConfig] = Field(min_length=1)
+    links: Union[
+        Literal["mesh", "ring"],
+        dict[Literal["star"], str],
+        dict[Literal["chain"], list[str]],
+        list[LinkConfig],
+    ] = "mesh"
+    refresh: RefreshConfig = Field(default_factory=RefreshConfig)
+    verify: VerifyScheduleConfig | None = None
+
+    @field_validator("links", mode="before")
+    @classmethod
+    def _one_key(cls, v: Any) -> Any:
+        if isinstance(v, dict) and len(v) != 1:
+            raise ValueError("a links mapping takes exactly one of 'star' or 'chain'")
+        return v
+
+
+@dataclass(frozen=True)
+class Link:
+    """`target` pulls the change log of `source` (changes flow source -> target)."""
+
+    source: str
+    target: str
+    interval: float
+    cron: str | None = None
+    jitter: float = 1.0
+
+
+@dataclass(frozen=True)
+class Topology:
+    sites: dict[str, SiteConfig]
+    tables: dict[str, TableConfig]
+    links: tuple[Link, ...]
+    refresh: RefreshConfig
+    path: Path | None = None
+    verify: VerifyScheduleConfig | None = None  # the scheduled convergence check, if any
+
+    @property
+    def verify_site(self) -> str:
+        """The site that runs scheduled checks and keeps every recorded verify result."""
+        if self.verify is not None and self.verify.site:
+            return self.verify.site
+        return next(iter(self.sites))
+
+    def peers_of(self, site: str) -> list[str]:
+        """Sites that `site` pulls from."""
+        return [ln.source for ln in self.links if ln.target == site]
+
+    def link(self, source: str, target: str) -> Link | None:
+        for ln in self.links:
+            if ln.source == source and ln.target == target:
+                return ln
+        return None
+
+    def site_url(self, name: str) -> str:
+        return self.sites[name].url
+
+
+def hidden_url(url: str) -> str:
+    """Render a database URL with the password masked, for every message and log line."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+
+
+def _expand_env(url: str, where: str, problems: list[str]) -> str:
+    def sub(m: re.Match[str]) -> str:
+        name = m.group(1)
+        if name not in os.environ:
+            problems.append(f"{where}: environment variable '{name}' is not set")
+            return ""
+        return os.environ[name]
+
+    return _VAR.sub(sub, url)
+
+
+def _resolve_sqlite(url: str, base: Path | None) -> str:
+    u = make_url(url)
+    if not u.drivername.startswith("sqlite") or base is None:
+        return url
+    db = u.database
+    if not db or db == ":memory:" or os.path.isabs(db):
+        return url
+    return u.set(database=str((base / db).resolve())).render_as_string(hide_password=False)
+
+
+def expand_links(model_links: Any, sites: list[str], default_interval: float, jitter: float) -> list[Link]:
+    def link(a: str, b: str, cfg: LinkConfig | None = None) -> Link:
+        interval = parse_duration(cfg.interval) if cfg and cfg.interval is not None else default_interval
+        jit = parse_duration(cfg.jitter) if cfg and cfg.jitter is not None else jitter
+        return Link(a, b, interval, cfg.cron if cfg else None, jit)
+
+    pairs: list[Link] = []
+    if model_links == "mesh":
+        pairs = [link(a, b) for a in sites for b in sites if a != b]
+    elif model_links == "ring":
+        n = len(sites)
+        if n == 2:
+            pairs = [link(sites[0], sites[1]), link(sites[1], sites[0])]
+        elif n > 2:
+            for i in range(n):
+                a, b = sites[i], sites[(i + 1) % n]
+                pairs += [link(a, b), link(b, a)]
+    elif isinstance(model_links, dict) and "star" in model_links:
+        hub = model_links["star"]
+        for s in sites:
+            if s != hub:
+                pairs += [link(s, hub), link(hub, s)]
+    elif isinstance(model_links, dict) and "chain" in model_links:
+        chain = model_links["chain"]
+        for a, b in zip(chain, chain[1:]):
+            pairs += [link(a, b), link(b, a)]
+    else:
+        pairs = [link(c.from_, c.to, c) for c in model_links]
+    return pairs
+
+
+def _check_ident(kind: str, name: str, limit: int, where: str, problems: list[str]) -> None:
+    if not IDENT.match(name):
+        problems.append(f"{where}: {kind} name '{name}' is not a plain SQL name (letters, digits, _; not starting with a digit)")
+    elif len(name) > limit:
+        problems.append(f"{where}: {kind} name '{name}' is longer than {limit} characters")
+    elif name.lower().startswith("_mm_"):
+        problems.append(f"{where}: {kind} name '{name}' uses the reserved prefix _mm_")
+
+
+def _policy_problems(p: Any, where: str, sites: set[str], problems: list[str]) -> None:
+    if isinstance(p, PriorityPolicy):
+        for s in p.priority:
+            if s not in sites:
+                problems.append(f"{where}.priority: site '{s}' is not defined under sites")
+    elif isinstance(p, CustomPolicy):
+        if not re.match(r"^[A-Za-z_][\w.]*[.:][A-Za-z_]\w*$", p.custom):
+            problems.append(f"{where}.custom: '{p.custom}' is not a dotted path to a callable (package.module.function)")
+
+
+def check_topology(model: _TopologyModel, problems: list[str]) -> None:
+    sites = set(model.sites)
+    lowered: dict[str, str] = {}
+    for name in model.sites:
+        _check_ident("site", name, MAX_SITE, f"sites.{name}", problems)
+        if name.lower() in lowered:
+            problems.append(f"sites.{name}: duplicate site name (same as '{lowered[name.lower()]}' ignoring case)")
+        lowered[name.lower()] = name
+    tl: dict[str, str] = {}
+    for tname, t in model.tables.items():
+        where = f"tables.{tname}"
+        _check_ident("table", tname, MAX_TABLE, where, problems)
+        if tname.lower() in tl:
+            problems.append(f"{where}: duplicate table name (same as '{tl[tname.lower()]}' ignoring case)")
+        tl[tname.lower()] = tname
+        for col in [t.key, *t.columns, *t.exclude]:
+            _check_ident("column", col, 48, where, problems)
+        if t.key in t.exclude:
+            problems.append(f"{where}.exclude: the key column '{t.key}' cannot be excluded")
+        if t.key in t.columns:
+            problems.append(f"{where}.columns.{t.key}: the key column takes no policy")
+        _policy_problems(t.policy, f"{where}.policy", sites, problems)
+        seen: dict[str, str] = {}
+        for col, p in t.columns.items():
+            _policy_problems(p, f"{where}.columns.{col}", sites, problems)
+        for gname, g in t.groups.items():
+            _check_ident("group", gname, 48, f"{where}.groups", problems)
+            _policy_problems(g.policy, f"{where}.groups.{gname}.policy", sites, problems)
+            if g.policy == "additive":
+                problems.append(f"{where}.groups.{gname}.policy: 'additive' applies to single numeric columns, not groups")
+            for col in g.columns:
+                _check_ident("column", col, 48, f"{where}.groups.{gname}", problems)
+                if col in seen:
+                    problems.append(f"{where}.groups.{gname}: column '{col}' is already in group '{seen[col]}'")
+                if col in t.columns:
+                    problems.append(f"{where}.groups.{gname}: column '{col}' also has its own policy under columns")
+                if col == t.key:
+                    problems.append(f"{where}.groups.{gname}: the key column '{col}' cannot be in a group")
+                seen[col] = gname
+    links = model.links
+    names: list[str] = []
+    if isinstance(links, dict) and "star" in links:
+        names = [links["star"]]
+    elif isinstance(links, dict) and "chain" in links:
+        names = list(links["chain"])
+        if len(set(names)) != len(names):
+            problems.append("links.chain: a site appears twice in the chain")
+        missing = sites - set(names)
+        if missing:
+            problems.append(f"links.chain: sites {sorted(missing)} are not in the chain, so they would never replicate")
+    elif isinstance(links, list):
+        pairs = set()
+        for i, ln in enumerate(links):
+            names += [ln.from_, ln.to]
+            if ln.from_ == ln.to:
+                problems.append(f"links[{i}]: a site cannot pull from itself ('{ln.to}')")
+            if (ln.from_, ln.to) in pairs:
+                problems.append(f"links[{i}]: duplicate link {ln.from_} -> {ln.to}")
+            pairs.add((ln.from_, ln.to))
+            for d in (ln.interval, ln.jitter):
+                if d is not None:
+                    try:
+                        parse_duration(d)
+                    except ValueError as e:
+                        problems.append(f"links[{i}]: {e}")
+    for n in names:
+        if n not in sites:
+            problems.append(f"links: site '{n}' is not defined under sites")
+    for d, label in ((model.refresh.interval, "refresh.interval"), (model.refresh.jitter, "refresh.jitter")):
+        try:
+            parse_duration(d)
+        except ValueError as e:
+            problems.append(f"{label}: {e}")
+    if model.verify is not None:
+        _verify_problems(model, problems)
+
+
+def _verify_problems(model: _TopologyModel, problems: list[str]) -> None:
+    v = model.verify
+    assert v is not None
+    if v.site is not None and v.site not in model.sites:
+        problems.append(f"verify.site: site '{v.site}' is not defined under sites")
+    for t in v.tables or []:
+        if t not in model.tables:
+            problems.append(f"verify.tables: table '{t}' is not defined under tables")
+    from multimaster.config.cron import cron_trigger
+
+    try:
+        cron_trigger(v.cron)
+    except Exception as e:  # noqa: BLE001 - APScheduler raises ValueError, odd input may raise others
+        problems.append(f"verify.cron: '{v.cron}' is not a crontab expression ({e})")
+    if sum(1 for s in model.sites.values() if s.verify) < 2:
+        problems.append("verify: a check needs at least two sites to compare (sites with 'verify: false' are left out)")
+
+
+def _format_pydantic(err: ValidationError) -> list[str]:
+    out = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"] if not str(x).startswith(("function-after", "literal[", "dict[", "list[")))
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling; see docs/configuration.md)"
+        elif e["type"] == "missing":
+            msg = "required field is missing"
+        out.append(f"{loc or '(top level)'}: {msg}")
+    # union branches repeat the same location; keep the first message per location
+    seen: set[str] = set()
+    uniq = []
+    for line in out:
+        k = line.split(":", 1)[0]
+        if k in seen:
+            continue
+        seen.add(k)
+        uniq.append(line)
+    return uniq
+
+
+def parse_topology(data: Any, base: Path | None = None, source: str | None = None) -> Topology:
+    """Validate an already-parsed YAML document. Raises ConfigError listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigError(["the file must be a mapping with 'sites', 'tables' and 'links'"], source)
+    try:
+        model = _TopologyModel.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_format_pydantic(e), source) from None
+    problems: list[str] = []
+    check_topology(model, problems)
+    sites: dict[str, SiteConfig] = {}
+    for name, s in model.sites.items():
+        url = _expand_env(s.url, f"sites.{name}.url", problems)
+        try:
+            url = _resolve_sqlite(url, base)
+            make_url(url)
+        except Exception:
+            problems.append(f"sites.{name}.url: '{hidden_url(url)}' is not a database URL (e.g. sqlite:///s1.db)")
+        sites[name] = SiteConfig(url=url, verify=s.verify)
+    if problems:
+        raise ConfigError(problems, source)
+    names = list(model.sites)
+    links = expand_links(model.links, names, parse_duration(model.refresh.interval), parse_duration(model.refresh.jitter))
+    if len(names) > 1:
+        reach = {s: {s} for s in names}
+        changed = True
+        while changed:
+            changed = False
+            for ln in links:
+                if not reach[ln.source] <= reach[ln.target]:
+                    reach[ln.target] |= reach[ln.source]
+                    changed = True
+        for s in names:
+            missing = set(names) - reach[s]
+            if missing:
+                problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links)")
+        if problems:
+            raise ConfigError(problems, source)
+    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify)
+
+
+def load_topology(path: str | os.PathLike[str]) -> Topology:
+    """Read, validate and resolve a topology file. Touches no database."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError([f"file not found: {p}"], str(p))
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
+    topo = parse_topology(data, base=p.resolve().parent, source=str(p))
+    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify)

@@ -1,0 +1,1 @@
+"""The pure core: versions, policies, planner, table specs. Standard library only."""

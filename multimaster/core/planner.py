@@ -1,0 +1,401 @@
+"""The reconciler's decisions, as pure functions of plain data.
+
+Given a table's spec, the new remote changes (deduplicated, in version order) and the state this
+site holds for the identities they touch, :func:`plan` decides what happens to every row: which
+identities are new, which rows are deleted (a delete wins over every update of its row), which column
+values change and which conflicts were resolved how. :func:`assign_keys` turns new identities into
+auto-counter keys (their rank in global insertion order) and the key shifts of existing rows.
+
+A natural key (``renumber: false``) is not one identity but a series of *incarnations*: the first
+life of key k is ``'k:' || k``, a life inserted after this site held deleted incarnations of k is
+``'k:' || k || '@' || E`` with E the highest delete version it held (docs/conflicts.md). Each
+incarnation is an identity like a renumbered row's: once deleted it stays dead. Among the
+incarnations of one key the greatest rid supersedes every smaller one, so the table holds at most
+the greatest live incarnation of each key. For such tables `states` must hold every incarnation of
+the keys the changes touch.
+
+Nothing here touches a database; ``multimaster.engine.reconcile`` reads the inputs and executes the plan with
+set-based SQL through the site's dialect. The same plan runs on every dialect.
+"""
+
+from __future__ import annotations
+
+import re
+from bisect import bisect_left
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+from multimaster.core.policies import Candidate, Conflict, Policy
+from multimaster.core.versions import BASE_VER
+
+__all__ = ["Slot", "TableSpec", "Change", "RowState", "ConflictRecord", "Plan", "plan", "assign_keys", "KeyAssignment",
+           "incarnation_of"]
+
+#: the suffix of a natural key's later incarnation: '@' and a version (site names are identifiers)
+_INCARNATION = re.compile(r"@(\d{19}:[A-Za-z_][A-Za-z0-9_]*)\Z")
+
+
+def incarnation_of(rid: str) -> str | None:
+    """E of a natural key's later incarnation ``'k:<key>@E'`` (the delete version it was inserted
+    after), None for a first life ``'k:<key>'``."""
+    m = _INCARNATION.search(rid)
+    return m.group(1) if m else None
+
+
+def _key_id(key: Any) -> Any:
+    """A hashable form of a key value, to group the incarnations of one key."""
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return ("b", bytes(key))
+    return key
+
+
+@dataclass(frozen=True)
+class Slot:
+    """A unit of conflict resolution: one column, or a group of columns that win together."""
+
+    name: str
+    columns: tuple[int, ...]  # indexes into TableSpec.columns
+    policy: Policy
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str
+    key: str
+    renumber: bool
+    columns: tuple[str, ...]  # replicated columns (key excluded), sorted: bit i of a mask = columns[i]
+    slots: tuple[Slot, ...]
+
+    @property
+    def slot_of(self) -> dict[int, int]:
+        return {c: i for i, s in enumerate(self.slots) for c in s.columns}
+
+    @property
+    def all_mask(self) -> int:
+        return (1 << len(self.columns)) - 1
+
+
+@dataclass(frozen=True)
+class Change:
+    """One change from a change log. `new`/`old` are indexed like TableSpec.columns; only the
+    columns whose bit is set in `mask` are meaningful."""
+
+    ver: str
+    origin: str
+    op: str  # 'I', 'U' or 'D'
+    rid: str
+    key: Any
+    mask: int
+    new: tuple[Any, ...]
+    old: tuple[Any, ...]
+
+
+@dataclass
+class RowState:
+    """What this site knows of one identity. `values` is None when the row is not in the table."""
+
+    rid: str
+    key: Any
+    deleted: str | None
+    versions: dict[str, str | None]
+    values: list[Any] | None
+    existed: bool = True
+    # filled in by plan()
+    alive_before: bool = field(default=False)
+    changed: set[int] = field(default_factory=set)
+    changed_slots: set[str] = field(default_factory=set)
+    deleted_changed: bool = False
+
+    def __post_init__(self) -> None:
+        self.alive_before = self.existed and self.values is not None
+
+
+@dataclass(frozen=True)
+class ConflictRecord:
+    table: str
+    rid: str
+    kind: str  # update_update | insert_insert | update_delete | delete_update | insert_replaces
+    slot: str | None
+    columns: tuple[str, ...]
+    local_ver: str | None
+    local_values: dict[str, Any] | None
+    remote_ver: str
+    remote_values: dict[str, Any] | None
+    policy: str
+    decision: str  # local | remote | merged | delete
+
+
+@dataclass
+class Plan:
+    rows: dict[str, RowState]
+    processed: list[Change]
+    parked: list[Change]
+    conflicts: list[ConflictRecord]
+
+    @property
+    def new_rids(self) -> list[str]:
+        return sorted(r for r, s in self.rows.items() if not s.existed)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
+        return bytes(a) == bytes(b)
+    return bool(a == b)
+
+
+def _bits(mask: int) -> list[int]:
+    out = []
+    i = 0
+    while mask:
+        if mask & 1:
+            out.append(i)
+        mask >>= 1
+        i += 1
+    return out
+
+
+def _default_ver(spec: TableSpec, st: RowState) -> str:
+    return st.rid if spec.renumber else BASE_VER
+
+
+def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]) -> Plan:
+    """Decide the effect of `changes` (in version order, none already applied here) on `states`.
+
+    `states` must hold a RowState for every rid of `changes` that this site already knows (for a
+    natural-key table: for every incarnation of their keys); it is updated in place and returned in
+    the plan together with the new identities.
+
+    An update of an identity this site has not seen inserted waits (`parked`) and so do the later
+    changes of its origin: an origin's changes are applied in version order, which is what lets a
+    site recognise a duplicate by the highest version applied per origin.
+    """
+    rows = states
+    processed: list[Change] = []
+    parked: list[Change] = []
+    conflicts: list[ConflictRecord] = []
+    cols = spec.columns
+    slot_of = spec.slot_of
+    natural = not spec.renumber
+    # natural keys: every incarnation known here, per key
+    lives: dict[Any, list[RowState]] = {}
+    if natural:
+        for st0 in rows.values():
+            lives.setdefault(_key_id(st0.key), []).append(st0)
+    held: set[str] = set()  # origins with a change waiting: their later changes wait too (in order)
+    for ch in changes:
+        if ch.origin in held:
+            parked.append(ch)
+            continue
+        st = rows.get(ch.rid)
+        if ch.op == "I":
+            if st is None:
+                if natural:
+                    _new_incarnation(spec, ch, rows, lives, conflicts)
+                else:
+                    rows[ch.rid] = RowState(ch.rid, ch.key, None, {}, list(ch.new), existed=False)
+                    rows[ch.rid].changed = set(range(len(cols)))
+            elif st.values is None:
+                pass  # a deleted identity (or incarnation) stays dead: the insert changes nothing
+            elif natural:
+                # the same incarnation inserted at two sites (both had seen the same history)
+                _merge(spec, st, ch, spec.all_mask, conflicts, "insert_insert", slot_of)
+            processed.append(ch)
+        elif ch.op == "U":
+            if st is None:
+                parked.append(ch)
+                held.add(ch.origin)
+                continue
+            if st.values is None:
+                conflicts.append(ConflictRecord(
+                    spec.name, ch.rid, "update_delete", None,
+                    tuple(cols[i] for i in _bits(ch.mask)), st.deleted, None, ch.ver,
+                    {cols[i]: ch.new[i] for i in _bits(ch.mask)}, "delete-wins", "delete"))
+            else:
+                _merge(spec, st, ch, ch.mask, conflicts, "update_update", slot_of)
+            processed.append(ch)
+        elif ch.op == "D":
+            if st is None:
+                if natural:
+                    _new_incarnation(spec, ch, rows, lives, conflicts)
+                else:
+                    rows[ch.rid] = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
+            elif st.values is None:
+                if st.deleted is None or ch.ver < st.deleted:
+                    st.deleted = ch.ver
+                    st.deleted_changed = True
+            else:
+                diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i])]
+                if diff:
+                    conflicts.append(ConflictRecord(
+                        spec.name, ch.rid, "delete_update", None, tuple(cols[i] for i in diff),
+                        None, {cols[i]: st.values[i] for i in diff}, ch.ver, None, "delete-wins", "delete"))
+                st.values = None
+                st.deleted = ch.ver
+                st.deleted_changed = True
+            processed.append(ch)
+        else:
+            raise ValueError(f"unknown change type {ch.op!r} in change {ch.ver}")
+    return Plan(rows, processed, parked, conflicts)
+
+
+def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], lives: dict[Any, list[RowState]],
+                     conflicts: list[ConflictRecord]) -> None:
+    """A change (insert or delete) of a natural key's incarnation this site has not seen.
+
+    The greatest incarnation of a key supersedes every smaller one. If a greater one is known
+    (alive or dead), this one is dead on arrival; else it is the key's live row (an insert) or a
+    tombstone (a delete of a life inserted elsewhere). Every smaller incarnation is dead.
+
+    A dead incarnation's `deleted` is the lowest of its delete versions and of the E of the
+    greater incarnations known (E: the version a later life was inserted after): the same value at
+    every site that knows the same changes, whatever their order, so sites that saw the same
+    history name the key's next life alike."""
+    cols = spec.columns
+    sibs = lives.setdefault(_key_id(ch.key), [])
+    greater = [s for s in sibs if s.rid > ch.rid]
+    all_cols = {c: v for c, v in zip(cols, ch.new)} if ch.op == "I" else None
+    if greater:
+        first = min(greater, key=lambda s: s.rid)
+        stamp = incarnation_of(first.rid) or first.deleted or ch.ver
+        if ch.op == "D":
+            stamp = min(stamp, ch.ver)
+        st = RowState(ch.rid, ch.key, stamp, {}, None, existed=False)
+        if ch.op == "I":
+            top = max(greater, key=lambda s: s.rid)
+            conflicts.append(ConflictRecord(
+                spec.name, ch.rid, "insert_replaces", None, cols,
+                _last_ver(top) if top.values is not None else top.deleted,
+                None if top.values is None else dict(zip(cols, top.values)),
+                ch.ver, all_cols, "latest-incarnation", "local"))
+    elif ch.op == "I":
+        st = RowState(ch.rid, ch.key, None, {s.name: ch.ver for s in spec.slots}, list(ch.new), existed=False)
+        st.changed = set(range(len(cols)))
+    else:
+        st = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
+    # every smaller incarnation ended where this one began (a live one only if this is the greatest)
+    stamp = incarnation_of(ch.rid) or ch.ver
+    for s in sibs:
+        if s.rid < ch.rid:
+            if s.values is not None:
+                conflicts.append(ConflictRecord(
+                    spec.name, s.rid, "insert_replaces", None, cols, _last_ver(s), dict(zip(cols, s.values)),
+                    ch.ver, all_cols, "latest-incarnation", "remote"))
+                s.values = None
+                s.deleted = stamp
+                s.deleted_changed = True
+            elif s.deleted is None or stamp < s.deleted:
+                s.deleted = stamp
+                s.deleted_changed = True
+    rows[ch.rid] = st
+    sibs.append(st)
+
+
+def _last_ver(st: RowState) -> str | None:
+    vs = [v for v in st.versions.values() if v]
+    return max(vs) if vs else None
+
+
+def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list[ConflictRecord], kind: str, slot_of: dict[int, int]) -> None:
+    assert st.values is not None
+    cols = spec.columns
+    by_slot: dict[int, list[int]] = {}
+    for i in _bits(mask):
+        by_slot.setdefault(slot_of[i], []).append(i)
+    for si, idx in by_slot.items():
+        slot = spec.slots[si]
+        local_ver = st.versions.get(slot.name) or _default_ver(spec, st)
+        cur = [st.values[i] for i in idx]
+        new = [ch.new[i] for i in idx]
+        if kind == "insert_insert":
+            clash = True
+        else:
+            clash = not all(_same(ch.old[i], st.values[i]) for i in idx)
+        pol = slot.policy
+        if pol.is_additive:
+            i = idx[0]
+            old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
+            if kind == "insert_insert":
+                merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
+            elif _same(old_v, cur_v):
+                merged = new_v  # nothing concurrent: exactly the new value (no float drift)
+            elif cur_v is None or old_v is None or new_v is None:
+                merged = new_v if ch.ver > local_ver else cur_v
+            else:
+                merged = cur_v + (new_v - old_v)
+            if clash:
+                conflicts.append(ConflictRecord(
+                    spec.name, st.rid, kind, slot.name, (cols[i],), local_ver, {cols[i]: cur_v},
+                    ch.ver, {cols[i]: new_v}, pol.name, "merged"))
+            if not _same(merged, cur_v):
+                st.values[i] = merged
+                st.changed.add(i)
+            if ch.ver > local_ver:
+                st.versions[slot.name] = ch.ver
+                st.changed_slots.add(slot.name)
+            continue
+        if not clash and ch.ver > local_ver:
+            winner_remote = True
+        else:
+            names = tuple(cols[i] for i in idx)
+            local_c = Candidate(dict(zip(names, cur)), local_ver, local_ver[20:])
+            remote_c = Candidate(dict(zip(names, new)), ch.ver, ch.origin)
+            won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, local_c, remote_c))
+            winner_remote = won is remote_c
+            if clash or not winner_remote:
+                conflicts.append(ConflictRecord(
+                    spec.name, st.rid, kind, slot.name, names, local_ver, local_c.values,
+                    ch.ver, remote_c.values, pol.name, "remote" if winner_remote else "local"))
+        if winner_remote:
+            for i, v in zip(idx, new):
+                if not _same(st.values[i], v):
+                    st.values[i] = v
+                    st.changed.add(i)
+            st.versions[slot.name] = ch.ver
+            st.changed_slots.add(slot.name)
+
+
+@dataclass(frozen=True)
+class KeyAssignment:
+    """Keys of new identities and the shifts of existing ones.
+
+    `keys[rid]` is the new identity's key. `shifts` lists (low, high, delta): every existing
+    identity whose key k satisfies low < k <= high (high None = no upper bound) moves to k + delta.
+    """
+
+    keys: dict[str, int]
+    shifts: list[tuple[int, int | None, int]]
+
+
+def assign_keys(new_rids: list[str], below: list[int], base_max: int) -> KeyAssignment:
+    """Rank new identities into the global insertion order.
+
+    `new_rids` are sorted; `below[i]` is how many identities this site already knew that sort before
+    `new_rids[i]` (not counting base rows). Existing keys are ``base_max + rank``, so a new identity
+    with j new ones before it gets ``base_max + below + j + 1`` and an existing identity moves up by the
+    number of new identities that sort before it.
+    """
+    keys: dict[str, int] = {}
+    shifts: list[tuple[int, int | None, int]] = []
+    n = len(new_rids)
+    for j, (rid, b) in enumerate(zip(new_rids, below)):
+        keys[rid] = base_max + b + j + 1
+    # existing identities with rank in (below[j], below[j+1]] move up by j+1
+    for j in range(n):
+        low = base_max + below[j]
+        high = base_max + below[j + 1] if j + 1 < n else None
+        if high is not None and high <= low:
+            continue
+        shifts.append((low, high, j + 1))
+    return KeyAssignment(keys, shifts)
+
+
+def reference_keys(all_rids: list[str], base_max: int) -> dict[str, int]:
+    """The key every identity must end with: base_max + rank (for tests and verification)."""
+    ordered = sorted(r for r in all_rids)
+    return {r: base_max + i + 1 for i, r in enumerate(ordered)}
+
+
+def count_below(sorted_existing: list[str], rid: str) -> int:
+    return bisect_left(sorted_existing, rid)

@@ -1,5 +1,0 @@
-"""``mariadb+pymysql://`` URLs: the same dialect as MySQL (see mysql.py)."""
-
-from .mysql import DIALECT
-
-__all__ = ["DIALECT"]

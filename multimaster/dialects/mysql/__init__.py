@@ -1,0 +1,5 @@
+"""The mysql dialect: its Python (dialect.py) and its SQL templates (*.sql) side by side."""
+
+from multimaster.dialects.mysql.dialect import DIALECT
+
+__all__ = ["DIALECT"]

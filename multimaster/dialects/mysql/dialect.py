@@ -1,0 +1,459 @@
+"""MariaDB 10.6+ / MySQL 8.0.13+: objects named ``_mm_*`` in the site's database, row triggers.
+
+SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql.md):
+
+- no sequences in MySQL and no transaction ids a reader can compare: every captured write of a
+  table locks that table's ``_mm_clock`` row until COMMIT, so versions, ranks and the change log's
+  AUTO_INCREMENT are given in commit order and a peer can read everything committed (the
+  second-order log is a view over the change log, seq2 = seq); writers to *different* tables never
+  wait for each other;
+- the echo guard is the session variable ``@mm_applying``;
+- ``key`` is a reserved word: the engine's own SQL names a column ``key``, so statements sent
+  through multimaster's connections have that bare word quoted on the way (:func:`quote_key`);
+- DDL commits implicitly: ``init`` is not all-or-nothing per site (it is idempotent: rerun it).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from typing import Any, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
+from multimaster.dialects.schema import TableInfo, names
+from multimaster.errors import SchemaError
+
+#: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
+_RETRY_CODES = {1213, 1205, 1020, 1412}
+_TEXTLIKE = ("CHAR", "TEXT", "ENUM", "SET", "JSON")
+_QUOTED = re.compile(r"('(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"\\]|\\.)*\")", re.S)
+_BARE_KEY = re.compile(r"(?<![\w$@])key(?![\w$(])")
+
+
+def _on(v: Any) -> bool:
+    """A server variable's boolean value (1/0, or ON/OFF as some versions return it)."""
+    return str(v).strip().upper() in ("1", "ON", "TRUE", "YES")
+
+
+def _lit(s: str) -> str:
+    return "'" + s.replace("\\", "\\\\").replace("'", "''") + "'"
+
+
+def _utc_timestamp(v: Any) -> Any:
+    import datetime as dt
+
+    import pymysql.converters as pc
+
+    d = pc.convert_datetime(v)
+    return d.replace(tzinfo=dt.timezone.utc) if isinstance(d, dt.datetime) else d
+
+
+@lru_cache(maxsize=4096)
+def quote_key(sql: str) -> str:
+    """Backquote the bare lower-case word ``key`` (a column of multimaster's own tables) outside
+    string literals and quoted identifiers; keywords (``PRIMARY KEY``) are upper case."""
+    if "key" not in sql:
+        return sql
+    parts = _QUOTED.split(sql)
+    for i in range(0, len(parts), 2):
+        parts[i] = _BARE_KEY.sub("`key`", parts[i])
+    return "".join(parts)
+
+
+def as_bytes(type_sql: str, expr: str) -> str:
+    """`expr` as the change test compares it: a string column as bytes, so a case-insensitive or
+    PAD SPACE collation cannot hide a change of letter case or trailing spaces. ``CAST(x AS BINARY)``,
+    not the ``BINARY x`` operator (deprecated in MySQL 8.0.27)."""
+    return f"CAST({expr} AS BINARY)" if any(t in type_sql.upper() for t in _TEXTLIKE) else expr
+
+
+def trigger_privilege_problem(log_bin: bool, trust_function_creators: bool, has_super: bool) -> str | None:
+    """Why `init` could not create triggers here, or None. With binary logging on, MySQL and MariaDB
+    let only a user with SUPER create triggers unless ``log_bin_trust_function_creators = 1``
+    (error 1419); MySQL 8.0.3+ turns binary logging on by default. DDL commits as it goes, so init
+    checks this before it creates anything."""
+    if not log_bin or trust_function_creators or has_super:
+        return None
+    return ("binary logging is on (log_bin = ON) and the user running init has no SUPER privilege, so the server "
+            "would refuse to create the capture triggers (error 1419) after init had created some tables. Either set "
+            "log_bin_trust_function_creators = 1 (SET GLOBAL log_bin_trust_function_creators = 1, and in the server's "
+            "option file to keep it after a restart), or run init as a user with the SUPER privilege")
+
+
+#: a SHOW GRANTS line giving SUPER on every database: ALL [PRIVILEGES] or a list naming SUPER, ON *.*
+_GRANT_SUPER = re.compile(r"^GRANT\s+(ALL(\s+PRIVILEGES)?|([A-Z_ ]+,\s*)*SUPER(\s*,\s*[A-Z_ ]+)*)\s+ON\s+\*\.\*\s", re.I)
+
+
+class MySQLDialect(Dialect):
+    name = "mysql"
+    caps = Capabilities(
+        transactional_ddl=False,  # CREATE/DROP commit implicitly: init is idempotent instead
+        max_identifier_length=64,
+        placeholder="%s",  # PyMySQL / mysqlclient
+        single_writer=False,  # writers of one table queue on its _mm_clock row, other tables are free
+    )
+    insert_ignore = "INSERT IGNORE"
+    greatest = "GREATEST"
+    #: no read horizon: every writer of a table's change log holds its _mm_clock row until COMMIT
+    #: (the capture triggers update it, the reconciler locks it in lock_rows before it relays) and
+    #: seq is an AUTO_INCREMENT taken at insert, so entries commit in seq (= seq2) order
+    log2_horizon = None
+    #: the second-order log is a view over the change log, seq2 = seq (triggers/mysql/table.sql)
+    log2_is_view = True
+    daemon_lock_sql = "SELECT GET_LOCK(%s, 0)"
+    serial_pk = "BIGINT AUTO_INCREMENT PRIMARY KEY"
+
+    def quote(self, ident: str) -> str:
+        return "`" + ident.replace("`", "``") + "`"
+
+    def concat(self, *parts: str) -> str:
+        return "CONCAT(" + ", ".join(parts) + ")"
+
+    def cast_text(self, expr: str) -> str:
+        return f"CAST({expr} AS CHAR)"
+
+    def render(self, template: str, **values: Any) -> list[str]:
+        # statements run through the driver's paramstyle: a literal % is written %%
+        return [s.replace("%", "%%") for s in super().render(template, **values)]
+
+    # ---- connections -----------------------------------------------------------------------
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        # READ COMMITTED: each statement of the reconciler sees what was committed before it, after
+        # the locks it waited for (InnoDB's default REPEATABLE READ would read an older snapshot)
+        import pymysql.converters as pc
+        from pymysql.constants import FIELD_TYPE
+
+        # TIMESTAMP columns hold instants: read them as aware UTC datetimes (sessions run in UTC)
+        conv = dict(pc.conversions)
+        conv[FIELD_TYPE.TIMESTAMP] = _utc_timestamp
+        return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True, "connect_args": {"conv": conv}}
+
+    def prepare_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "before_cursor_execute", retval=True)
+        def _quote_key(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> Any:
+            return quote_key(statement), parameters
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("SET SESSION time_zone = '+00:00', @mm_applying = NULL")
+            cur.close()
+
+        @event.listens_for(engine, "reset")
+        def _on_reset(dbapi_conn: Any, _rec: Any, _state: Any = None) -> None:
+            # a connection going back to the pool never keeps the capture guard set
+            try:
+                cur = dbapi_conn.cursor()
+                cur.execute("SET @mm_applying = NULL")
+                cur.close()
+            except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
+                pass
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        from multimaster.dialects import types
+
+        table = {**types.NATIVE, "json": types._json_text}
+        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        orig = getattr(exc, "orig", exc)
+        args = getattr(orig, "args", ())
+        return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
+
+    def temp_rids(self, conn: Connection) -> str:
+        conn.exec_driver_sql(
+            "CREATE TEMPORARY TABLE IF NOT EXISTS _mm_tmp_rids (rid VARCHAR(255) PRIMARY KEY) "
+            "ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin"
+        )
+        return "_mm_tmp_rids"
+
+    #: not set-based: its statements would lock rows in another order than applications do and
+    #: make them deadlock victims (measured); the planner's path locks rows in key order first
+    set_based_apply = False
+    null_safe_eq = "<=>"
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        # CREATE INDEX and a DROP TABLE without TEMPORARY commit implicitly in MySQL: keys are
+        # declared in the CREATE TEMPORARY TABLE itself, drops say TEMPORARY
+        self.drop_temp(conn, name)
+        conn.exec_driver_sql(self.temp_ddl(name, select, keys, index))
+
+    #: the generated primary key of a scratch table without a natural one (readers name their columns)
+    TEMP_ROW_ID = "_mm_row"
+
+    def temp_ddl(self, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> str:
+        """CREATE TEMPORARY TABLE ... SELECT with a primary key (MySQL 8.0.13+ with
+        ``sql_require_primary_key = ON`` refuses tables without one, temporary ones too): `keys`
+        when given (never NULL), else a generated AUTO_INCREMENT column, declared first."""
+        parts = [f"PRIMARY KEY ({keys})"] if keys else [f"{self.TEMP_ROW_ID} BIGINT AUTO_INCREMENT PRIMARY KEY"]
+        if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
+            parts.append(f"INDEX ({index})")
+        return f"CREATE TEMPORARY TABLE {name} ({', '.join(parts)}) ENGINE=InnoDB {select}"
+
+    def bulk_update(self, conn: Connection, table: str, set_cols: list[str], where_col: str, rows: list[tuple[Any, ...]]) -> None:
+        # PyMySQL sends an UPDATE executemany row by row: load the values with one batched
+        # multi-row INSERT into a scratch table (typed like the target) and join once
+        if len(rows) < 64:
+            return super().bulk_update(conn, table, set_cols, where_col, rows)
+        tmp = "`_mm_tmp_upd`"
+        names = [f"v{i}" for i in range(len(set_cols))]
+        sel = ", ".join(f"t.{c} AS {n}" for c, n in zip(set_cols, names))
+        self.create_temp(conn, tmp, f"SELECT {sel}, t.{where_col} AS w FROM {table} t WHERE 1 = 0", index=None)
+        conn.exec_driver_sql(f"INSERT INTO {tmp} ({', '.join(names)}, w) VALUES ({self.ph(len(names) + 1)})", rows)
+        sets = ", ".join(f"{table}.{c} = u.{n}" for c, n in zip(set_cols, names))
+        conn.exec_driver_sql(f"UPDATE {table} JOIN {tmp} u ON {table}.{where_col} = u.w SET {sets}")
+        self.drop_temp(conn, tmp)
+
+    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
+        conn.exec_driver_sql(f"UPDATE {target} JOIN {from_clause} ON {where} SET {', '.join(sets)}")
+
+    def drop_temp(self, conn: Connection, name: str) -> None:
+        conn.exec_driver_sql(f"DROP TEMPORARY TABLE IF EXISTS {name}")
+
+    # ---- install ---------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        for sql in self.render("site"):
+            conn.exec_driver_sql(sql)
+        conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        """Found before init writes anything, since MySQL's DDL cannot be rolled back: a site
+        installed by an earlier multimaster, whose second-order log is a table (its positions do not
+        carry over to the view: init must not adopt them), and capture triggers that could not be
+        created (binary logging on, creators not trusted, no SUPER)."""
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            if conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
+                "AND TABLE_TYPE <> 'VIEW'", (name,)).first() is not None:
+                out.append(self.older_layout(t, name))
+        row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").first()
+        log_bin, trust = _on(row[0]), _on(row[1])
+        if not log_bin or trust:
+            return out  # no need to look at privileges
+        msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
+        return out + ([msg] if msg else [])
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Nothing to do: the second-order log is a view in which every change log entry is its
+        own append record (triggers/mysql/table.sql). The relayed entries were written under the
+        table's clock row, which lock_rows took before any row was read."""
+
+    def has_super(self, conn: Connection) -> bool:
+        """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
+        CURRENT_USER(), else a line of SHOW GRANTS (``ALL PRIVILEGES`` or a list naming SUPER, ``ON *.*``)."""
+        user, _, host = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar() or "").rpartition("@")
+        if conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'SUPER' AND GRANTEE = %s",
+            (f"'{user}'@'{host}'",),
+        ).first() is not None:
+            return True
+        try:
+            grants = [str(r[0]) for r in conn.exec_driver_sql("SHOW GRANTS").all()]
+        except Exception:  # noqa: BLE001 - cannot tell beyond USER_PRIVILEGES
+            return False
+        return any(_GRANT_SUPER.match(g) for g in grants)
+
+    def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
+        long = sorted({v for p in (None, *peers) for v in [*names(info.name, p).values(), "_mm_rank_" + info.name]
+                       if len(v) > self.caps.max_identifier_length})
+        if long:
+            raise SchemaError([
+                f"table '{info.name}': object name '{n}' is longer than MySQL's {self.caps.max_identifier_length} "
+                "characters; use a shorter table or site name" for n in long
+            ])
+
+    def _log_cols(self, info: TableInfo) -> str:
+        q = self.quote
+        return "".join(f",\n  {q('n_' + c.name)} {c.type_sql},\n  {q('o_' + c.name)} {c.type_sql}" for c in info.columns)
+
+    def _keytype(self, info: TableInfo) -> str:
+        t = info.key.type_sql
+        # a TEXT key cannot be indexed without a length: the shadow keeps it as VARCHAR
+        return "VARCHAR(255)" if t.upper().endswith("TEXT") else t
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        self._check_names(info)
+        q = self.quote
+        slotcols = "".join(f",\n  {q('v_' + s.name)} VARCHAR(255)" for s in info.spec.slots)
+        natural = not info.spec.renumber
+        # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
+        keyindex = f"KEY {q(shadow_key_index(info.name))} (`key`)" if natural else "UNIQUE KEY (`key`)"
+        o = self.obj(info.name)
+        for sql in self.render("table", table=q(info.name), tbl_lit=_lit(info.name), keytype=self._keytype(info),
+                               logcols=self._log_cols(info), slotcols=slotcols, keyindex=keyindex, **o):
+            conn.exec_driver_sql(sql)
+        if natural:
+            # an earlier layout kept one shadow row per natural key (UNIQUE key): replace that index
+            idx = conn.exec_driver_sql(
+                "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
+                "AND NON_UNIQUE = 0 AND INDEX_NAME <> 'PRIMARY' GROUP BY INDEX_NAME "
+                "HAVING count(*) = 1 AND max(COLUMN_NAME) = 'key'",
+                (names(info.name)["shadow"],),
+            ).all()
+            for (name,) in idx:
+                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} DROP INDEX {q(name)}")
+            if idx and not conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s",
+                (names(info.name)["shadow"], shadow_key_index(info.name)),
+            ).first():
+                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        self._check_names(info, [peer])
+        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
+                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        spec = info.spec
+        cols = info.columns
+        site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
+
+        def differs(c: Any) -> str:
+            return f"NOT ({as_bytes(c.type_sql, 'OLD.' + q(c.name))} <=> {as_bytes(c.type_sql, 'NEW.' + q(c.name))})"
+
+        own = [differs(c) for c in cols]
+        anychanged = " OR ".join(own) if own else "FALSE"
+        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
+        updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END) << {i})" for i, d in enumerate(diff)) if diff else "0"
+        updnew, updold = fr["updnew"], fr["updold"]
+        stamps = []
+        for s in spec.slots:
+            vcol = q("v_" + s.name)
+            stamps.append(f"{vcol} = CASE WHEN {diff[s.columns[0]]} THEN mm_v ELSE {vcol} END")
+        slotstamp = ", ".join(stamps) if stamps else "rid = rid"
+        if spec.renumber:
+            insrid, slotnames, slotinit, ridvar, ridinit, replaced, live = "mm_v", "", "", "", "", "", ""
+        else:
+            # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
+            # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
+            # still live here (never, short of a capture gap) ends at this insert's version
+            insrid = "mm_r"
+            ridvar = "\n  DECLARE mm_r VARCHAR(255);"
+            ridinit = (f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
+                       f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o['shadow']} WHERE `key` = NEW.{key})), ''));")
+            replaced = f"\n    UPDATE {o['shadow']} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
+            slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
+            slotinit = "".join(", mm_v" for _ in spec.slots)
+            # updates and deletes act on the live incarnation
+            live = " AND deleted IS NULL"
+        msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
+               "updated; delete and insert the row instead")
+        rank = self.quote("_mm_rank_" + info.name)
+        # the version the rank trigger ticked for this very row (renumbered tables; renumber.sql)
+        ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
+        stmts = self.render(
+            "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid, ranked=ranked,
+            allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
+            updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
+            ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o,
+        )
+        if spec.renumber:
+            stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)
+        else:
+            stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
+        self._sync_maxkey(conn, info)
+        for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def _sync_maxkey(self, conn: Connection, info: TableInfo) -> None:
+        if not info.spec.renumber:
+            return
+        shadow = self.obj(info.name)["shadow"]
+        conn.exec_driver_sql(
+            f"UPDATE _mm_clock SET maxkey = (SELECT coalesce(max(`key`), 0) FROM {shadow}) WHERE tbl = %s", (info.name,)
+        )
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        if conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tables'"
+        ).first() is None:
+            return []
+        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        dropped: list[str] = []
+        pat = "\\_mm\\_%"
+        for (name,) in conn.exec_driver_sql(
+            "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE %s "
+            "ORDER BY 1", (pat,)
+        ).all():
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {self.quote(name)}")
+            dropped.append(f"trigger {name}")
+        for name, typ in conn.exec_driver_sql(
+            "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE %s "
+            "ORDER BY TABLE_TYPE DESC, 1", (pat,)
+        ).all():
+            kind = "view" if typ == "VIEW" else "table"
+            conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {self.quote(name)}")
+            dropped.append(f"{kind} {name}")
+        return dropped
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        conn.exec_driver_sql("SET @mm_applying = %s", (1 if on else None,))
+
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """The rows first, then the table's clock row: an application's UPDATE locks its row and then,
+        in the capture trigger, the clock row; taking them in the same order cannot deadlock."""
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"ORDER BY t.{key} FOR UPDATE"
+        ).all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
+        if info.spec.renumber:
+            # rows whose key a new identity may shift: those with a later identity than the earliest new one
+            first_new = conn.exec_driver_sql(
+                f"SELECT r.rid FROM {tmp} r LEFT JOIN {o['shadow']} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
+            ).scalar()
+            if first_new is not None:
+                conn.exec_driver_sql(
+                    f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} WHERE s.rid > %s "
+                    f"ORDER BY t.{key} FOR UPDATE", (first_new,)
+                ).all()
+        conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        """With `table` (the reconciler): that table's clock row, which this transaction holds
+        already (_mm_state stays unlocked for the capture triggers that read it). Without (add-site,
+        once): every table's clock row and the site's floor ``_mm_state.hlc``, so no change made here
+        afterwards can take a version below `hlc`."""
+        if table is not None:
+            conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
+            return
+        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s)", (hlc,))
+        conn.exec_driver_sql("UPDATE _mm_state SET hlc = GREATEST(hlc, %s)", (hlc,))
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
+        return None if v is None else int(v)
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        from multimaster.core.versions import now_iso
+
+        at = now_iso()
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (%s, %s, %s, %s) "
+            "ON DUPLICATE KEY UPDATE seq2 = %s, pulled_at = %s",  # not VALUES(col): deprecated in MySQL 8.0.20
+            (peer, table, seq2, at, seq2, at),
+        )
+
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """The next rank counts every identity now known. (AUTO_INCREMENT needs no move: the
+        insert trigger gives the key, and InnoDB moves the counter past every key inserted.)"""
+        self._sync_maxkey(conn, info)
+
+
+DIALECT = MySQLDialect()

@@ -1,0 +1,5 @@
+"""The postgresql dialect: its Python (dialect.py) and its SQL templates (*.sql) side by side."""
+
+from multimaster.dialects.postgresql.dialect import DIALECT
+
+__all__ = ["DIALECT"]

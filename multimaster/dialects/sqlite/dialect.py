@@ -1,0 +1,336 @@
+"""SQLite: the embedded default. SQL lives in triggers/sqlite/*.sql."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from sqlalchemy import event
+from sqlalchemy.engine import Connection, Engine
+
+from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
+from multimaster.dialects.schema import TableInfo, names
+
+_NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
+_HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
+        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
+
+
+class SQLiteDialect(Dialect):
+    name = "sqlite"
+    caps = Capabilities(
+        transactional_ddl=True,  # CREATE/DROP roll back with the transaction
+        max_identifier_length=1000,  # no practical limit
+        placeholder="?",
+        single_writer=True,  # one writer per file: BEGIN IMMEDIATE before applying
+    )
+
+    insert_ignore = "INSERT OR IGNORE"
+    set_based_apply = True  # BEGIN IMMEDIATE: the apply transaction is the only writer
+    greatest = "max"
+    serial_pk = "INTEGER PRIMARY KEY"
+
+    null_safe_eq = "IS"
+    log2_is_view = True  # triggers/sqlite/table.sql
+    log_rid_column = "xrid"  # rid is a generated column: coalesce(xrid, ver) (triggers/sqlite/table.sql)
+
+    def temp_name(self, name: str) -> str:
+        return f"temp.{self.quote(name)}"
+
+    def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
+        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE {name.removeprefix('temp.')} AS {select}")
+        base = name.removeprefix("temp.").strip('"')
+        if keys:
+            conn.exec_driver_sql(f'CREATE UNIQUE INDEX temp."{base}_k" ON {name.removeprefix("temp.")} ({keys})')
+        if index and index != keys:
+            cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA temp.table_info({name.removeprefix('temp.')})")]
+            if index in cols:
+                conn.exec_driver_sql(f'CREATE INDEX temp."{base}_i" ON {name.removeprefix("temp.")} ({index})')
+
+    def temp_rids(self, conn: Connection) -> str:
+        conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _mm_tmp_rids (rid TEXT PRIMARY KEY)")
+        return "temp._mm_tmp_rids"
+
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        # isolation_level=None: we emit BEGIN ourselves (pysqlite's own handling defers it).
+        return {"connect_args": {"timeout": 30, "isolation_level": None, "check_same_thread": False}}
+
+    def prepare_engine(self, engine: Engine) -> None:
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA busy_timeout = 30000")
+            cur.execute("PRAGMA foreign_keys = ON")
+            # multimaster's own connections only: the reconciler's scratch tables stay in memory and
+            # a batch's random updates of a large table and shadow hit a 64 MB page cache instead of
+            # the default 2,000 pages (about 10% faster apply; docs/performance.md)
+            cur.execute("PRAGMA temp_store = MEMORY")
+            cur.execute("PRAGMA cache_size = -65536")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Connection) -> None:
+            mode = "IMMEDIATE" if conn.get_execution_options().get("mm_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+
+    def prepare_site(self, engine: Engine) -> None:
+        raw = engine.raw_connection()
+        try:
+            raw.cursor().execute("PRAGMA journal_mode = WAL")
+        finally:
+            raw.close()
+
+    # ---- install ---------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        for sql in self.render("site"):
+            conn.exec_driver_sql(sql)
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,)
+        )
+
+    def _log_cols(self, info: TableInfo) -> str:
+        q = self.quote
+        parts = []
+        for c in info.columns:
+            t = f" {c.type_sql}" if c.type_sql else ""
+            parts.append(f",\n  {q('n_' + c.name)}{t},\n  {q('o_' + c.name)}{t}")
+        return "".join(parts)
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
+        # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert);
+        # a natural key has one shadow row per incarnation: the key is indexed, not unique
+        shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
+                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL")
+        shadowindex = ("" if info.spec.renumber
+                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o['shadow']} (key)")
+        kept = self._unique_key_shadow(conn, info) if not info.spec.renumber else None
+        for sql in self.render(
+            "table",
+            shadowkeys=shadowkeys,
+            shadowindex=shadowindex,
+            table=q(info.name),
+            keytype=info.key.type_sql,
+            logcols=self._log_cols(info),
+            slotcols=slotcols,
+            **o,
+        ):
+            conn.exec_driver_sql(sql)
+        if kept:
+            cols = ", ".join(q(c) for c in kept)
+            conn.exec_driver_sql(f"INSERT INTO {o['shadow']} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
+            conn.exec_driver_sql("DROP TABLE temp._mm_tmp_shadow")
+
+    def _unique_key_shadow(self, conn: Connection, info: TableInfo) -> list[str] | None:
+        """Migration of a natural-key shadow made when a key had one shadow row (UNIQUE key): its
+        rows move to a scratch table and it is dropped, with the view over it, for install_table to
+        create it anew (SQLite cannot drop a constraint) and copy them back; the capture triggers
+        are recreated by install_capture. Returns the columns kept, None when nothing to migrate."""
+        shadow = names(info.name)["shadow"]
+        unique = False
+        for row in conn.exec_driver_sql(f"PRAGMA index_list({self.quote(shadow)})").all():
+            name, is_unique = row[1], row[2]
+            if is_unique and [r[2] for r in conn.exec_driver_sql(f"PRAGMA index_info({self.quote(name)})")] == ["key"]:
+                unique = True
+        if not unique:
+            return None
+        o = self.obj(info.name)
+        cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({o['shadow']})")]
+        conn.exec_driver_sql("DROP TABLE IF EXISTS temp._mm_tmp_shadow")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE _mm_tmp_shadow AS SELECT * FROM {o['shadow']}")
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {o['tombstones']}")
+        conn.exec_driver_sql(f"DROP TABLE {o['shadow']}")
+        return cols
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        for sql in self.render(
+            "snapshot",
+            table=self.quote(info.name),
+            peer=peer,
+            keytype=info.key.type_sql,
+            logcols=self._log_cols(info),
+            **self.obj(info.name, peer),
+        ):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        q = self.quote
+        o = self.obj(info.name)
+        key = q(info.key.name)
+        spec = info.spec
+        cols = info.columns
+        own = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
+        anychanged = " OR ".join(own) if own else "0"
+        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
+        updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
+        updnew, updold = fr["updnew"], fr["updold"]
+        now_ver = _NOW_VER.format(log=o["log"])
+        # evaluated twice in an insert (ver and rid): the same value, as 'now' is fixed per statement
+        # and the log's last entry is read before the row goes in
+        ver = f"(SELECT printf('%019d:%s', {_HLC.format(log=o['log'])}, site) FROM _mm_state)"
+        stamps = []
+        for s in spec.slots:
+            cond = diff[s.columns[0]]
+            vcol = q("v_" + s.name)
+            stamps.append(f"{vcol} = CASE WHEN {cond} THEN {now_ver} ELSE {vcol} END")
+        slotstamp = ", ".join(stamps) if stamps else "rid = rid"
+        if spec.renumber:
+            renumber = self._join_renumber(info)
+            newkey = self._next_key(info)
+            insrid = "NULL"  # rid = ver
+            shadowinsert = ""
+            live = ""
+        else:
+            renumber = ""
+            newkey = f"NEW.{key}"
+            # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
+            # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
+            # still live here (INSERT OR REPLACE fires no delete trigger) ends at this insert's version
+            insrid = (f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
+                      f"ELSE max(deleted) END FROM {o['shadow']} WHERE key = NEW.{key}), '')")
+            slots = [q("v_" + s.name) for s in spec.slots]
+            shadowinsert = (
+                f"  UPDATE {o['shadow']} SET deleted = {now_ver} WHERE key = NEW.{key} AND deleted IS NULL;\n"
+                f"  INSERT INTO {o['shadow']} (rid, key{''.join(', ' + v for v in slots)})\n"
+                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1;"
+            )
+            # updates and deletes act on the live incarnation
+            live = " AND deleted IS NULL"
+        stmts = self.render(
+            "capture",
+            table=q(info.name),
+            tablename=info.name.replace("'", ""),
+            keyname=info.key.name.replace("'", ""),
+            key=key,
+            renumber=renumber,
+            lastinsertkey=self._last_insert_key(info) if spec.renumber else "NULL",
+            insrid=insrid,
+            newkey=newkey,
+            allmask=str(spec.all_mask),
+            ncols=ncols,
+            ocols=ocols,
+            newvals=newvals,
+            oldvals=oldvals,
+            anychanged=anychanged,
+            updmask=updmask,
+            updnew=updnew,
+            updold=updold,
+            slotstamp=slotstamp,
+            ver=ver,
+            shadowinsert=shadowinsert,
+            live=live,
+            **o,
+        )
+        if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
+            stmts = [f"DROP TRIGGER IF EXISTS {o[t]}" for t in ("cap_i", "cap_u", "cap_d")] + stmts
+        if spec.renumber:
+            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
+                                 lastinsertkey=self._last_insert_key(info), **o)
+        for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def _next_key(self, info: TableInfo) -> str:
+        """The rank of a new local row, evaluated in its insert trigger: one more than every
+        identity known — the shadow's keys and the table's other rows (this site's rows inserted
+        since the last catch-up are all still in the table: a delete catches the shadow up first)."""
+        o = self.obj(info.name)
+        q = self.quote
+        key, table = q(info.key.name), q(info.name)
+        others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
+                  f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
+                  f"ELSE (SELECT max({key}) FROM {table}) END")
+        return f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
+
+    def _last_insert_key(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        return f"(SELECT CASE WHEN op = 'I' THEN key END FROM {o['log']} ORDER BY seq DESC LIMIT 1)"
+
+    def _join_renumber(self, info: TableInfo) -> str:
+        q = self.quote
+        text = (self._tdir() / "renumber.sql").read_text()
+        from string import Template
+
+        body = Template(text).substitute(key=q(info.key.name), table=q(info.name), lastinsertkey=self._last_insert_key(info))
+        return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
+
+    def _catchup_sql(self, info: TableInfo) -> str:
+        o = self.obj(info.name)
+        name = info.name.replace("'", "''")
+        return (
+            f"INSERT OR IGNORE INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
+            f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
+            f"AND origin = (SELECT site FROM _mm_state);\n"
+            f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
+        )
+
+    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
+        """Nothing to do: the second-order log is a view in which every change log entry is its
+        own append record (triggers/sqlite/table.sql)."""
+
+    def fresh_identities_select(self, table: str) -> str | None:
+        o = self.obj(table)
+        name = table.replace("'", "''")
+        # natural-key tables keep their shadow eagerly: their log entries are all caught up
+        return (f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
+                f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        if not info.spec.renumber:
+            return []
+        sql = self.fresh_identities_select(info.name)
+        return [tuple(r) for r in conn.exec_driver_sql(f"{sql} ORDER BY rid")]
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        if info.spec.renumber:
+            for stmt in self._catchup_sql(info).split(";\n"):
+                conn.exec_driver_sql(stmt.strip().rstrip(";"))
+
+    def _tdir(self):  # type: ignore[no-untyped-def]
+        from multimaster.dialects.base import templates_dir
+
+        return templates_dir(self.name)
+
+    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).first():
+                out.append(self.older_layout(t, name))
+        return out
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        if not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_mm_tables'").first():
+            return []
+        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        dropped: list[str] = []
+        rows = conn.exec_driver_sql(
+            "SELECT type, name FROM sqlite_master WHERE name LIKE '\\_mm\\_%' ESCAPE '\\' "
+            "AND type IN ('trigger', 'view', 'table') ORDER BY CASE type WHEN 'trigger' THEN 0 WHEN 'view' THEN 1 ELSE 2 END"
+        ).all()
+        for typ, name in rows:
+            if name == "sqlite_sequence":
+                continue
+            conn.exec_driver_sql(f"DROP {typ.upper()} IF EXISTS {self.quote(name)}")
+            dropped.append(f"{typ} {name}")
+        if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name='sqlite_sequence'").first():
+            conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name LIKE '\\_mm\\_%' ESCAPE '\\'")
+        return dropped
+
+    # ---- apply -----------------------------------------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        conn.exec_driver_sql("UPDATE _mm_state SET applying = ?", (1 if on else 0,))
+
+    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now')) "
+            "ON CONFLICT(peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
+            (peer, table, seq2),
+        )
+
+
+DIALECT = SQLiteDialect()

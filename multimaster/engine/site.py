@@ -1,0 +1,101 @@
+"""A site: one database of the cluster, its SQLAlchemy engine and its dialect."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+from sqlalchemy import create_engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+
+from multimaster.config.topology import Topology, hidden_url
+from multimaster.dialects import Dialect, get_dialect
+from multimaster.dialects.schema import TableInfo, introspect
+from multimaster.errors import NotInstalled, SiteUnreachable
+
+__all__ = ["Site", "open_sites"]
+
+
+class Site:
+    def __init__(self, name: str, url: str, *, create: bool = False):
+        self.name = name
+        self.url = url
+        self.create = create
+        u = make_url(url)
+        self.dialect: Dialect = get_dialect(u.get_backend_name())
+        self._engine: Engine | None = None
+        self._infos: dict[str, TableInfo] = {}
+
+    def __repr__(self) -> str:
+        return f"Site({self.name!r}, {hidden_url(self.url)!r})"
+
+    @property
+    def display_url(self) -> str:
+        return hidden_url(self.url)
+
+    @property
+    def engine(self) -> Engine:
+        if self._engine is None:
+            u = make_url(self.url)
+            if u.get_backend_name() == "sqlite" and not self.create:
+                db = u.database or ""
+                if db and db != ":memory:" and not db.startswith("file:") and not os.path.exists(db):
+                    raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
+            eng = create_engine(self.url, **self.dialect.engine_kwargs(self.url))
+            self.dialect.prepare_engine(eng)
+            try:
+                with eng.connect() as c:
+                    c.exec_driver_sql("SELECT 1")
+            except SQLAlchemyError as e:
+                eng.dispose()
+                reason = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
+                raise SiteUnreachable(self.name, self.display_url, reason.replace(u.password or "\0", "***")) from None
+            self._engine = eng
+        return self._engine
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        with self.engine.connect() as conn:
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE)."""
+        with self.engine.connect() as conn:
+            conn.execution_options(mm_write=True)
+            with conn.begin():
+                self.dialect.begin_write(conn)
+                yield conn
+
+    def dispose(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
+        if table not in self._infos:
+            self._infos[table] = introspect(conn, self.name, table, topo.tables[table])
+        return self._infos[table]
+
+    def installed_tables(self, conn: Connection) -> list[str]:
+        return self.dialect.installed_tables(conn)
+
+    def require_installed(self, conn: Connection, topo: Topology) -> None:
+        have = set(self.installed_tables(conn))
+        missing = [t for t in topo.tables if t not in have]
+        if missing:
+            raise NotInstalled(self.name, f"replication objects for table(s) {missing}")
+
+
+def open_sites(topo: Topology, names: list[str] | None = None, *, create: bool = False) -> dict[str, Site]:
+    out = {}
+    for n in names or list(topo.sites):
+        out[n] = Site(n, topo.sites[n].url, create=create)
+    return out
+
+
+def is_operational(e: BaseException) -> bool:
+    return isinstance(e, OperationalError)

@@ -1,0 +1,413 @@
+"""The refresher daemon: one process per site, each incoming link on its own schedule.
+
+    multimaster run -t topology.yaml --site s2
+
+For every link into the site, an APScheduler (3.x) job on the link's `interval` or `cron`
+expression from the topology file, with its `jitter`. At most one refresh per link at a time
+(``max_instances=1``, missed runs coalesced). A link whose peer fails backs off exponentially
+(interval, 2x, 4x ... up to ``max_backoff``) while the other links keep running. A lock makes it
+one daemon per site: a lock file next to a SQLite database, a session-level advisory lock on a
+server (``Dialect.daemon_lock_sql``). SIGINT / SIGTERM: the refresh in flight finishes its
+transaction (the batch being applied commits, the next one does not start), then the process exits.
+
+Every refresh logs one line (JSON with ``--log-format json``): link, changes pulled, applied,
+conflicts, duration, error. Optionally a purge job (``purge_every``) and a metrics endpoint in
+the Prometheus text format (:mod:`multimaster.ops.metrics`).
+
+Scheduled checks: when the topology has a ``verify:`` section and this daemon runs its site (or
+every site), a job on its cron runs ``multimaster.spark.verify`` in this process (one at a time;
+the SparkSession starts on the first run and is reused; nothing imports PySpark before) and stores
+the result, or the error, in the site's ``_mm_verifications`` (:mod:`multimaster.ops.verifications`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.engine import make_url
+
+from multimaster.config.cron import cron_trigger
+from multimaster.config.topology import Link, Topology
+from multimaster.engine.cluster import Cluster
+from multimaster.engine.reconcile import RefreshResult
+from multimaster.engine.refresh import refresh_link
+from multimaster.engine.site import Site
+from multimaster.errors import ConfigError, MultimasterError
+from multimaster.ops import verifications
+from multimaster.ops.purge import PurgePolicy, purge_site
+
+__all__ = ["Daemon", "DaemonAlreadyRunning", "LinkState", "SiteLock", "cron_trigger"]
+
+log = logging.getLogger("multimaster.ops.daemon")
+
+
+class DaemonAlreadyRunning(MultimasterError):
+    def __init__(self, site: str, where: str, holder: str = ""):
+        self.site = site
+        super().__init__(
+            f"a refresher daemon for site '{site}' is already running ({where}{'; ' + holder if holder else ''}). "
+            "Run one daemon per site: stop the other one first, or pick another --site."
+        )
+
+
+class SiteLock:
+    """At most one daemon per site. SQLite: ``flock`` on ``<database>.mm-daemon.lock``, released
+    by the kernel if the process dies. Servers: the dialect's session advisory lock, held on a
+    connection of its own for the daemon's lifetime."""
+
+    def __init__(self, site: Site):
+        self.site = site
+        self._fd: int | None = None
+        self._conn: Any = None
+        self.where = ""
+
+    def acquire(self) -> None:
+        d = self.site.dialect
+        if d.daemon_lock_sql is None:
+            db = (make_url(self.site.url).database or "").removeprefix("file:").split("?")[0]
+            if not db or db == ":memory:":
+                return
+            if not os.path.isfile(db):
+                raise MultimasterError(
+                    f"site '{self.site.name}': cannot take the one-daemon-per-site lock: the {d.name} dialect has no "
+                    f"daemon_lock_sql and {db} is not a database file")
+            path = Path(db + ".mm-daemon.lock")
+            self.where = f"lock file {path}"
+            import fcntl
+
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                holder = os.read(fd, 200).decode(errors="replace").strip()
+                os.close(fd)
+                raise DaemonAlreadyRunning(self.site.name, self.where, holder) from None
+            os.ftruncate(fd, 0)
+            os.write(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}\n".encode())
+            self._fd = fd
+            return
+        self.where = "advisory lock in the site's database"
+        conn = self.site.engine.connect()
+        ok = conn.exec_driver_sql(d.daemon_lock_sql, (f"multimaster-daemon-{self.site.name}",)).scalar()
+        conn.commit()
+        if not ok:
+            conn.close()
+            raise DaemonAlreadyRunning(self.site.name, self.where)
+        self._conn = conn
+
+    def release(self) -> None:
+        if self._fd is not None:
+            import fcntl
+
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            os.close(self._fd)
+            self._fd = None
+        if self._conn is not None:
+            try:
+                self._conn.close()  # ends the session: the advisory lock goes with it
+            finally:
+                self._conn = None
+
+
+@dataclass
+class LinkState:
+    """What the daemon knows of one link, in memory (the database keeps the durable part)."""
+
+    link: Link
+    runs: int = 0
+    failures: int = 0  # consecutive
+    errors: int = 0
+    pulled: int = 0
+    applied: int = 0
+    conflicts: int = 0
+    last_seconds: float = 0.0
+    last_error: str | None = None
+    retry_at: float = 0.0
+    running: bool = False
+
+    @property
+    def name(self) -> str:
+        return f"{self.link.source}->{self.link.target}"
+
+
+@dataclass
+class DaemonStats:
+    links: dict[str, LinkState] = field(default_factory=dict)
+    purged: dict[str, int] = field(default_factory=dict)
+    purge_errors: int = 0
+    verifications: int = 0  # scheduled checks run
+    verify_errors: int = 0  # of which could not complete
+    last_verification: dict[str, Any] | None = None  # what the last one stored (verifications.last's shape)
+    started_at: float = field(default_factory=time.time)
+
+
+def _emit(event: str, fmt: str, **fields: Any) -> None:
+    level = logging.WARNING if fields.get("error") else logging.INFO
+    if fmt == "json":
+        log.log(level, json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str))
+    else:
+        log.log(level, f"{event} " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
+
+
+class Daemon:
+    """The refreshers of `sites` (every site when None) of a topology, in one process."""
+
+    def __init__(self, topo: Topology, sites: list[str] | None = None, *, purge_every: float | None = None,
+                 purge_policy: PurgePolicy | None = None, metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
+                 max_backoff: float = 300.0, log_format: str = "text", batch_size: int | None = None):
+        problems = [f"site '{s}' is not defined under sites" for s in sites or [] if s not in topo.sites]
+        if problems:
+            raise ConfigError(problems)
+        self.topo = topo
+        self.sites = list(sites) if sites else list(topo.sites)
+        self.links = [ln for ln in topo.links if ln.target in self.sites]
+        if not self.links:
+            raise ConfigError([f"no link pulls into {self.sites} (see 'links' in the topology)"])
+        self.purge_every = purge_every
+        self.purge_policy = purge_policy or PurgePolicy()
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self.max_backoff = max_backoff
+        self.log_format = log_format
+        self.batch_size = batch_size
+        self.stats = DaemonStats({f"{ln.source}->{ln.target}": LinkState(ln) for ln in self.links})
+        self.cluster = Cluster(topo)
+        self._stopping = threading.Event()
+        self._locks: list[SiteLock] = []
+        self._scheduler: Any = None
+        self._metrics: Any = None
+        #: the scheduled check's site when this daemon runs it (the daemon of that site runs it)
+        self.verify_site = topo.verify_site if topo.verify is not None and topo.verify_site in self.sites else None
+        self._spark: Any = None  # the SparkSession of the scheduled checks, started on the first
+        self._own_spark = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        """Take the site locks, schedule every link, start the scheduler (and metrics)."""
+        from apscheduler.executors.pool import ThreadPoolExecutor
+        from apscheduler.schedulers.background import BackgroundScheduler
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        try:
+            for s in self.sites:
+                lock = SiteLock(self.cluster.site(s))
+                lock.acquire()
+                self._locks.append(lock)
+        except BaseException:
+            self._release()
+            raise
+        for name in {n for ln in self.links for n in (ln.source, ln.target)}:
+            try:
+                self.cluster.site(name).engine  # noqa: B018 - connect once from this thread (engines are shared)
+            except MultimasterError:
+                pass  # an unreachable peer: its link fails and backs off
+        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 3)},
+                                    job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        for st in self.stats.links.values():
+            ln = st.link
+            if ln.cron:
+                trig = cron_trigger(ln.cron, ln.jitter)
+                first = None
+            else:
+                trig = IntervalTrigger(seconds=max(ln.interval, 0.05), jitter=ln.jitter or None)
+                first = _now_dt()
+            sched.add_job(self._refresh, trig, args=[st], id=st.name, name=f"refresh {st.name}",
+                          **({"next_run_time": first} if first else {}))
+        if self.purge_every:
+            sched.add_job(self._purge, IntervalTrigger(seconds=self.purge_every), id="purge", name="purge")
+        if self.verify_site is not None:
+            assert self.topo.verify is not None
+            sched.add_job(self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify",
+                          max_instances=1, coalesce=True)
+        self._scheduler = sched
+        if self.metrics_port is not None:
+            from multimaster.ops.metrics import MetricsServer
+
+            self._metrics = MetricsServer(self, self.metrics_host, self.metrics_port)
+            self._metrics.start()
+        sched.start()
+        _emit("started", self.log_format, sites=",".join(self.sites), links=len(self.links), pid=os.getpid(),
+              verify=f"'{self.topo.verify.cron}' at {self.verify_site}" if self.verify_site and self.topo.verify else None,
+              metrics=f"http://{self.metrics_host}:{self._metrics.port}/metrics" if self._metrics else None)
+
+    def stop(self) -> None:
+        """Ask every refresh to end after its current batch, wait for them, release the locks."""
+        self._stopping.set()
+        if self._scheduler is not None:
+            self._scheduler.shutdown(wait=True)
+            self._scheduler = None
+        if self._metrics is not None:
+            self._metrics.stop()
+            self._metrics = None
+        if self._spark is not None and self._own_spark:
+            try:
+                self._spark.stop()
+            except Exception:  # noqa: BLE001 - the JVM may be gone already
+                pass
+        self._spark = None
+        self.cluster.close()
+        self._release()
+        _emit("stopped", self.log_format, sites=",".join(self.sites))
+
+    def _release(self) -> None:
+        for lock in self._locks:
+            lock.release()
+        self._locks = []
+
+    def run_forever(self, install_signals: bool = True) -> None:
+        """Start, wait for SIGINT/SIGTERM (or :meth:`request_stop`), stop cleanly."""
+        if install_signals:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, lambda signum, _frame: self.request_stop(signal.Signals(signum).name))
+        self.start()
+        try:
+            while not self._stopping.wait(0.5):
+                pass
+        finally:
+            self.stop()
+
+    def request_stop(self, why: str = "") -> None:
+        if not self._stopping.is_set():
+            _emit("stopping", self.log_format, reason=why or None)
+        self._stopping.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    # ---- jobs ------------------------------------------------------------------------------
+    def backoff(self, st: LinkState) -> float:
+        base = max(st.link.interval if not st.link.cron else 1.0, 1.0)
+        return float(min(self.max_backoff, base * 2 ** max(0, st.failures - 1)))
+
+    def _refresh(self, st: LinkState) -> None:
+        if self.stopping or time.time() < st.retry_at:
+            return
+        st.running = True
+        try:
+            res = refresh_link(self.cluster, st.link.target, st.link.source, batch_size=self.batch_size, stop=self._stopping.is_set)
+        except Exception as e:  # noqa: BLE001 - a job must not die: record and back off
+            res = RefreshResult(st.link.target, st.link.source, error=f"{type(e).__name__}: {e}")
+        finally:
+            st.running = False
+        st.runs += 1
+        st.pulled += res.pulled
+        st.applied += res.applied
+        st.conflicts += res.conflicts
+        st.last_seconds = res.seconds
+        retry = None
+        if res.error:
+            st.failures += 1
+            st.errors += 1
+            st.last_error = res.error
+            retry = self.backoff(st)
+            st.retry_at = time.time() + retry
+        else:
+            st.failures = 0
+            st.retry_at = 0.0
+        if res.pulled or res.error or log.isEnabledFor(logging.DEBUG):
+            _emit("refresh", self.log_format, link=st.name, pulled=res.pulled, applied=res.applied, conflicts=res.conflicts,
+                  batches=res.batches, seconds=round(res.seconds, 4), error=res.error, retry_in_s=retry)
+
+    def _purge(self) -> None:
+        for s in self.sites:
+            if self.stopping:
+                return
+            try:
+                rep = purge_site(self.cluster, s, self.purge_policy)
+                self.stats.purged[s] = self.stats.purged.get(s, 0) + rep.purged
+                _emit("purge", self.log_format, site=s, purged=rep.purged,
+                      log=sum(t.log_left for t in rep.tables.values()), expired=",".join(rep.expired) or None)
+            except Exception as e:  # noqa: BLE001 - logged, retried on the next run
+                self.stats.purge_errors += 1
+                _emit("purge", self.log_format, site=s, error=f"{type(e).__name__}: {e}")
+
+    def _spark_session(self) -> Any:
+        """The scheduled checks' SparkSession: started on the first run (PySpark is imported here
+        and nowhere before), reused by the next ones."""
+        if self._spark is not None:
+            try:
+                if self._spark.sparkContext._jsc is not None:  # still alive
+                    return self._spark
+            except Exception:  # noqa: BLE001 - a dead session: start another
+                pass
+            self._spark = None
+        assert self.topo.verify is not None
+        from multimaster.spark.jdbc import dialect_of, find_jars
+        from multimaster.spark.session import get_spark
+
+        jars = find_jars({dialect_of(s.url) for s in self.topo.sites.values() if s.verify})
+        try:
+            from pyspark import SparkContext
+
+            fresh = SparkContext._active_spark_context is None
+        except ImportError:
+            fresh = True  # get_spark raises the readable MissingDependency
+        self._spark = get_spark(self.topo.verify.master, jars)
+        self._own_spark = fresh
+        return self._spark
+
+    def run_verify(self) -> dict[str, Any] | None:
+        """The scheduled check, once: verify the cluster, store the result (or the error) at the
+        verify site, log one line. Never raises: a failure is recorded and logged."""
+        cfg = self.topo.verify
+        if cfg is None or self.stopping:
+            return None
+        started = verifications.now_iso()
+        t0 = time.perf_counter()
+        res: Any = None
+        error = None
+        try:
+            from multimaster.spark import verify as spark_verify
+
+            res = spark_verify(self.topo, tables=list(cfg.tables) if cfg.tables else None, master=cfg.master,
+                               checksum_only=cfg.checksum_only, spark=self._spark_session())
+        except Exception as e:  # noqa: BLE001 - Java missing, a site down ...: recorded, retried on the next run
+            msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            error = f"{type(e).__name__}: {msg[:1000]}"
+        seconds = time.perf_counter() - t0
+        self.stats.verifications += 1
+        if error:
+            self.stats.verify_errors += 1
+        stored = None
+        store_error = None
+        try:
+            vid = verifications.store(self.cluster, res, error=error, started_at=started, seconds=seconds, source="scheduled")
+            stored = verifications.last(self.cluster)
+            if stored is not None and stored["id"] != vid:
+                stored = None
+        except Exception as e:  # noqa: BLE001 - the verify site itself may be down
+            store_error = f"{type(e).__name__}: {str(getattr(e, 'orig', e)).strip().splitlines()[0] if str(e).strip() else ''}"
+        self.stats.last_verification = stored or {
+            "site": self.verify_site, "started_at": started, "seconds": seconds, "converged": res.converged if res else None,
+            "status": res.status if res else verifications.ERROR, "tables": {t: r.status for t, r in res.tables.items()} if res else {},
+            "error": error, "source": "scheduled"}
+        _emit("verify", self.log_format, site=self.verify_site, status=res.status if res else verifications.ERROR,
+              tables=",".join(f"{t}:{r.status}" for t, r in res.tables.items()) if res else None, seconds=round(seconds, 3),
+              id=stored["id"] if stored else None, error=error or (f"not stored: {store_error}" if store_error else None))
+        return self.stats.last_verification
+
+
+def _now_dt() -> Any:
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc)
+
+
+def setup_logging(fmt: str = "text", level: int = logging.INFO, stream: Any = None) -> None:
+    """One line per event on stderr (the message already carries the JSON when fmt is json)."""
+    h = logging.StreamHandler(stream)
+    h.setFormatter(logging.Formatter("%(message)s" if fmt == "json" else "%(asctime)s %(levelname)s %(message)s"))
+    root = logging.getLogger("multimaster")
+    root.handlers[:] = [h]
+    root.setLevel(level)
+    root.propagate = False
+

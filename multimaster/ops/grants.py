@@ -1,0 +1,86 @@
+"""Least privileges for pulling: what the refresher of each peer needs at a site.
+
+A peer's refresher only reads this site's change logs (``_mm_log_<t>``, ``_mm_log2_<t>``) and the
+purge horizon (``_mm_purges``); it writes nothing here. :func:`grant_statements` lists, per peer
+that pulls from `site`, the statements creating a login (``mm_pull_<peer>``, no password: set it
+yourself, it is never printed) with exactly that read access. Give the peer's machine a topology
+whose URL for this site uses that login, e.g. ``postgresql+psycopg://mm_pull_eu2:${MM_PULL_PW}@.../db``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import make_url
+
+from multimaster.config.topology import Topology
+from multimaster.dialects.schema import names
+from multimaster.engine.site import Site
+from multimaster.errors import ConfigError, MultimasterError
+
+__all__ = ["PeerGrants", "grant_statements", "apply_grants"]
+
+
+@dataclass
+class PeerGrants:
+    peer: str
+    login: str
+    statements: list[str] = field(default_factory=list)
+
+
+def _login(peer: str) -> str:
+    return "mm_pull_" + "".join(ch if ch.isalnum() else "_" for ch in peer.lower())
+
+
+def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
+    """The statements to run at `site` (as its owner) for every peer that pulls from it."""
+    if site not in topo.sites:
+        raise ConfigError([f"site '{site}' is not defined under sites"])
+    s = Site(site, topo.sites[site].url)
+    d = s.dialect
+    pullers = sorted({ln.target for ln in topo.links if ln.source == site})
+    out = []
+    db = make_url(s.url).database or ""
+    for peer in pullers:
+        login = _login(peer)
+        g = PeerGrants(peer, login)
+        if d.name == "sqlite":
+            g.statements.append(f"-- {site} is a SQLite file: give '{peer}' read access to {db} (and its -wal/-shm files) "
+                                "at the file-system level; SQLite has no logins")
+        elif d.name == "postgresql":
+            tables = ", ".join(f"_mm.{d.quote(names(t)[k])}" for t in topo.tables for k in ("log", "log2")) + ", _mm._mm_purges"
+            g.statements += [
+                f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}') THEN "
+                f"CREATE ROLE {login} LOGIN; END IF; END $$",
+                f"GRANT CONNECT ON DATABASE {d.quote(db)} TO {login}",
+                f"GRANT USAGE ON SCHEMA _mm TO {login}",
+                f"GRANT SELECT ON {tables} TO {login}",
+            ]
+        else:
+            user = f"'{login}'@'%'"
+            g.statements.append(f"CREATE USER IF NOT EXISTS {user}")
+            objs = [names(t)[k] for t in topo.tables for k in ("log", "log2")] + ["_mm_purges"]
+            g.statements += [f"GRANT SELECT ON {d.quote(db)}.{d.quote(o)} TO {user}" for o in objs]
+        out.append(g)
+    s.dispose()
+    return out
+
+
+def apply_grants(topo: Topology, site: str) -> list[PeerGrants]:
+    """Run :func:`grant_statements` at `site` (after `init`: the logs must exist)."""
+    plan = grant_statements(topo, site)
+    s = Site(site, topo.sites[site].url)
+    try:
+        if s.dialect.name == "sqlite":
+            return plan
+        with s.engine.connect() as conn:
+            with conn.begin():
+                if not s.installed_tables(conn):
+                    raise MultimasterError(f"site '{site}' has no multimaster objects yet; run 'multimaster init' first")
+            for g in plan:
+                with conn.begin():
+                    for sql in g.statements:
+                        conn.exec_driver_sql(sql.replace("%", "%%"))
+        return plan
+    finally:
+        s.dispose()

@@ -1,0 +1,178 @@
+"""Install and uninstall: logs, snapshots, shadows and triggers at every site (`multimaster init`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from multimaster.config.topology import Topology
+from multimaster.dialects.schema import TableInfo, compare_schemas
+from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.site import Site
+from multimaster.errors import BaseRowsDiffer, SchemaError
+
+__all__ = ["InitReport", "init", "uninstall"]
+
+@dataclass
+class InitReport:
+    sites: dict[str, list[str]] = field(default_factory=dict)  # site -> tables newly installed
+    copied: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {target site: rows}
+    base_rows: dict[str, int] = field(default_factory=dict)
+
+
+def _rows_sorted(conn: Connection, site: Site, info: TableInfo, chunk: int = 5000):  # type: ignore[no-untyped-def]
+    q = site.dialect.quote
+    cols = ", ".join([q(info.key.name)] + [q(c) for c in info.column_names])
+    res = conn.exec_driver_sql(f"SELECT {cols} FROM {q(info.name)} ORDER BY {q(info.key.name)}")
+    while True:
+        part = res.fetchmany(chunk)
+        if not part:
+            break
+        yield from (tuple(r) for r in part)
+
+
+def _norm(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, float) and v.is_integer():
+        return int(v)
+    return v
+
+
+def _compare_base(table: str, a: Site, ca: Connection, b: Site, cb: Connection, info_a: TableInfo, info_b: TableInfo) -> None:
+    ita, itb = _rows_sorted(ca, a, info_a), _rows_sorted(cb, b, info_b)
+    while True:
+        ra, rb = next(ita, None), next(itb, None)
+        if ra is None and rb is None:
+            return
+        if ra is None or rb is None or tuple(map(_norm, ra)) != tuple(map(_norm, rb)):
+            def show(r: Any) -> str:
+                return "no row" if r is None else f"key {r[0]}: {dict(zip(info_a.column_names, r[1:]))}"
+            raise BaseRowsDiffer(table, a.name, b.name, f"first difference: '{a.name}' has {show(ra)}, '{b.name}' has {show(rb)}")
+
+
+def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitReport:
+    """Install logs, snapshots, shadows and triggers at every site. Idempotent.
+
+    Checks first, touches nothing until every check passed: every site reachable, every table
+    present with the same columns everywhere, base rows equal (or all but one site empty, whose
+    rows are then copied). Each site is then installed in one transaction."""
+    cl, own = as_cluster(topo)
+    t = cl.topo
+    say = progress or (lambda _m: None)
+    rep = InitReport()
+    try:
+        sites = {n: cl.site(n) for n in t.sites}
+        for s in sites.values():
+            s.engine  # noqa: B018 - connect now: unreachable sites fail before anything is written
+        infos: dict[str, dict[str, TableInfo]] = {tb: {} for tb in t.tables}
+        installed: dict[str, set[str]] = {}
+        problems: list[str] = []
+        for n, s in sites.items():
+            with s.read() as conn:
+                installed[n] = set(s.installed_tables(conn))
+                problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(t.tables)))
+                for tb in t.tables:
+                    try:
+                        infos[tb][n] = s.info(conn, tb, t)
+                    except SchemaError as e:
+                        problems.extend(e.problems)
+        if problems:
+            raise SchemaError(problems)
+        dialects = {n: s.dialect.name for n, s in sites.items()}
+        for tb in t.tables:
+            problems.extend(compare_schemas(tb, infos[tb], dialects))
+        if problems:
+            raise SchemaError(problems)
+        copy_from: dict[str, tuple[str, list[str]]] = {}
+        for tb in t.tables:
+            have = [n for n in sites if tb in installed[n]]
+            fresh = [n for n in sites if tb not in installed[n]]
+            if not fresh:
+                continue
+            if have:
+                raise SchemaError([
+                    f"table '{tb}' is already replicated at {have} but not at {fresh}; "
+                    "bring a new site in with 'multimaster add-site' (online instantiation), not init"
+                ])
+            counts = {}
+            for n in fresh:
+                with sites[n].read() as conn:
+                    counts[n] = conn.exec_driver_sql(f"SELECT count(*) FROM {sites[n].dialect.quote(tb)}").scalar() or 0
+            nonempty = [n for n in fresh if counts[n] > 0]
+            if len(nonempty) > 1:
+                ref = nonempty[0]
+                for other in nonempty[1:]:
+                    with sites[ref].read() as ca, sites[other].read() as cb:
+                        _compare_base(tb, sites[ref], ca, sites[other], cb, infos[tb][ref], infos[tb][other])
+            if nonempty:
+                empties = [n for n in fresh if counts[n] == 0]
+                if empties:
+                    copy_from[tb] = (nonempty[0], empties)
+            rep.base_rows[tb] = counts[nonempty[0]] if nonempty else 0
+        # every check passed: install, one transaction per site
+        for n, s in sites.items():
+            say(f"installing at {n}")
+            s.dialect.prepare_site(s.engine)
+            newly = []
+            with s.write() as conn:
+                s.dialect.install_site(conn, n)
+                s.dialect.install_ops(conn)
+                for tb in t.tables:
+                    info = infos[tb][n]
+                    s.dialect.install_table(conn, info)
+                    for peer in t.peers_of(n):
+                        s.dialect.install_snapshot(conn, info, peer)
+                        s.dialect.ensure_link(conn, peer, tb)
+                    if tb not in installed[n]:
+                        newly.append(tb)
+                        if tb in copy_from and n in copy_from[tb][1]:
+                            src = sites[copy_from[tb][0]]
+                            rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, infos[tb][src.name], info, say)
+                        s.dialect.register_table(conn, info)
+                    s.dialect.install_capture(conn, info)
+            rep.sites[n] = newly
+        return rep
+    finally:
+        if own:
+            cl.close()
+
+
+def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress) -> int:
+    """Copy the base rows of one site into an empty one, inside the target's install transaction
+    (before its capture triggers exist, so nothing is captured)."""
+    q = dst.dialect.quote
+    cols = [info_dst.key.name, *info_dst.column_names]
+    sql = f"INSERT INTO {q(info_dst.name)} ({', '.join(q(c) for c in cols)}) VALUES ({dst.dialect.ph(len(cols))})"
+    n = 0
+    with src.read() as sconn:
+        batch: list[tuple[Any, ...]] = []
+        adapters = dst.dialect.value_adapters(info_dst)  # values as the target's driver stores them exactly
+        for row in _rows_sorted(sconn, src, info_src):
+            batch.append((row[0], *(v if f is None else f(v) for f, v in zip(adapters, row[1:]))))
+            if len(batch) >= 10_000:
+                dconn.exec_driver_sql(sql, batch)
+                n += len(batch)
+                batch = []
+                say(f"copied {n} rows of {info_dst.name} from {src.name} to {dst.name}")
+        if batch:
+            dconn.exec_driver_sql(sql, batch)
+            n += len(batch)
+    return n
+
+
+def uninstall(topo: Topology | Cluster, site: str | None = None) -> dict[str, list[str]]:
+    """Remove every object multimaster created; user tables and rows stay as they are."""
+    cl, own = as_cluster(topo)
+    try:
+        out = {}
+        for n in [site] if site else list(cl.topo.sites):
+            s = cl.site(n)
+            with s.write() as conn:
+                out[n] = s.dialect.uninstall(conn, list(cl.topo.tables), cl.topo.peers_of(n))
+        return out
+    finally:
+        if own:
+            cl.close()

@@ -1,0 +1,382 @@
+"""Sites that join and leave while every other site keeps writing.
+
+**add-site** (online instantiation, Oracle Streams 2.8; a bulk load combined with incremental
+replication from a capture point, IDAA 3.3). The new site NAME is listed in the topology file with
+its links, its tables exist and are empty. Then ``add_site(topo, NAME, PEER)``:
+
+1. checks everything first (nothing is written unless all checks pass): NAME pulls from PEER,
+   PEER is installed, NAME's tables match PEER's and are empty, every site linked to NAME answers;
+2. opens one consistent read of PEER (a snapshot: SQLite's WAL read transaction, REPEATABLE READ
+   on servers) and, in one transaction at NAME, copies PEER's rows *with their identities*
+   (shadow rows: rid, key, deleted, v_* versions), PEER's change log and dedupe record (so a change
+   PEER already applied is a duplicate at NAME whichever route brings it), the table's base, and
+   the clock — in batches, with progress; installs logs, snapshots and triggers at NAME;
+3. sets NAME's watermarks: for PEER, PEER's second-order position read in the same snapshot (the
+   capture point: everything up to it is in the copy); for another peer Q, PEER's own watermark
+   for Q (PEER's unapplied snapshot rows of Q are copied too), or Q's current position when PEER
+   does not pull Q (what NAME misses from Q reaches PEER and, relayed, NAME);
+4. at every site pulling from NAME: creates the snapshot of NAME and its watermark (PEER starts
+   at NAME's position after the copy, others at 0 and drop what they have as duplicates).
+
+Nothing is lost (everything not in the copy is past a watermark) and nothing is applied twice
+(everything in the copy is in NAME's change log or dedupe record). Running it again finishes an
+interrupted add-site.
+
+**remove-site** retires a site: checks that every puller has pulled its changes (or --force),
+drops the other sites' snapshots, watermarks and puller records of it (releasing the log entries
+kept for it) and uninstalls its replication objects; its rows stay. Then remove it and its links
+from the topology file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+from sqlalchemy.engine import Connection
+
+from multimaster.dialects.schema import TableInfo, compare_schemas
+from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.site import Site
+from multimaster.errors import ConfigError, MultimasterError, SchemaError
+from multimaster.ops.install import uninstall
+from multimaster.ops.status import status
+
+if TYPE_CHECKING:
+    from multimaster.config.topology import Topology
+
+__all__ = ["add_site", "remove_site", "AddSiteReport", "RemoveSiteReport", "SiteNotDrained"]
+
+Progress = Callable[[str], None]
+
+
+class SiteNotDrained(MultimasterError):
+    def __init__(self, site: str, details: list[str]):
+        super().__init__(
+            f"site '{site}' still has changes its pullers have not applied ({'; '.join(details)}). "
+            f"Refresh them first (multimaster refresh -t FILE), or pass --force to drop those changes."
+        )
+
+
+@dataclass
+class AddSiteReport:
+    site: str
+    peer: str
+    rows: dict[str, int] = field(default_factory=dict)  # table -> rows copied
+    identities: dict[str, int] = field(default_factory=dict)  # table -> shadow rows copied
+    log_entries: dict[str, int] = field(default_factory=dict)  # table -> change-log entries copied
+    watermarks: dict[str, dict[str, int]] = field(default_factory=dict)  # peer -> table -> seq2 at NAME
+    pullers: list[str] = field(default_factory=list)  # sites now holding a snapshot of NAME
+    already_installed: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+@dataclass
+class RemoveSiteReport:
+    site: str
+    cleaned: dict[str, list[str]] = field(default_factory=dict)  # other site -> what was dropped there
+    unreachable: list[str] = field(default_factory=list)
+    uninstalled: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+
+def _consistent_read(conn: Connection) -> None:
+    """Make `conn`'s next transaction read one snapshot across statements where the database needs
+    to be asked (REPEATABLE READ); SQLite's WAL read transaction already does."""
+    try:
+        levels = conn.dialect.get_isolation_level_values(conn.connection.dbapi_connection)
+    except Exception:  # noqa: BLE001 - a dialect that cannot tell: keep its default
+        levels = []
+    if "REPEATABLE READ" in levels:
+        conn.execution_options(isolation_level="REPEATABLE READ")
+
+
+def _stream(conn: Connection, sql: str, params: Any = (), size: int = 5000) -> Iterator[list[tuple[Any, ...]]]:
+    res = conn.execution_options(stream_results=True).exec_driver_sql(sql, params)
+    while True:
+        part = res.fetchmany(size)
+        if not part:
+            return
+        yield [tuple(r) for r in part]
+
+
+def _copy_rows(src: Connection, select: str, dst: Connection, insert: str, size: int,
+               progress: Callable[[int], None] | None = None) -> int:
+    """Stream `select` from `src` into `insert` at `dst` in batches of `size`; rows copied."""
+    n = 0
+    for part in _stream(src, select, size=size):
+        dst.exec_driver_sql(insert, part)
+        n += len(part)
+        if progress:
+            progress(n)
+    return n
+
+
+def _max_seq2(conn: Connection, site: Site, table: str) -> int:
+    """The second-order position below which every entry is committed and visible to `conn`:
+    the highest seq2, or just below the dialect's read horizon when entries commit out of order
+    (what lies between is in the copy too and arrives again as a duplicate)."""
+    d = site.dialect
+    horizon = getattr(d, "log2_horizon", None)
+    if horizon is None:
+        return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table)['log2']}").scalar() or 0)
+    top, h = conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0), {horizon} FROM {d.obj(table)['log2']}").first()
+    return max(0, min(int(top), int(h) - 1))
+
+
+def _read_clock(conn: Connection, site: Site) -> int:
+    fn = getattr(site.dialect, "read_clock", None)
+    v = fn(conn) if fn else conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
+    return int(v or 0)
+
+
+def _advance_clock(conn: Connection, site: Site, hlc: int) -> None:
+    """The new site's whole clock to at least the source's (no table given: MySQL moves every
+    table's clock row and the site's floor), so its next change sorts after everything copied."""
+    fn = getattr(site.dialect, "advance_clock", None)
+    if fn:
+        fn(conn, hlc)
+    else:
+        d = site.dialect
+        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {d.caps.placeholder})", (hlc,))
+
+
+def add_site(topo: "Topology | Cluster", name: str, peer: str, *, replace: bool = False, batch_size: int = 5000,
+             progress: Progress | None = None) -> AddSiteReport:
+    """Bring site `name` into a running cluster by copying `peer` at a recorded log position."""
+    cl, own = as_cluster(topo)
+    say = progress or (lambda _m: None)
+    try:
+        return _add_site(cl, name, peer, replace, batch_size, say)
+    finally:
+        if own:
+            cl.close()
+
+
+def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int, say: Progress) -> AddSiteReport:
+    t = cl.topo
+    problems = [f"site '{s}' is not defined under sites (add it to the topology file first)" for s in (name, peer) if s not in t.sites]
+    if not problems and name == peer:
+        problems.append("a site cannot be instantiated from itself: --from names an existing site")
+    if not problems and peer not in t.peers_of(name):
+        problems.append(f"links: '{name}' must pull from '{peer}' (add a link from {peer} to {name}) to be instantiated from it")
+    if problems:
+        raise ConfigError(problems, str(t.path) if t.path else None)
+    rep = AddSiteReport(name, peer)
+    nsite, psite = cl.site(name), cl.site(peer)
+    sources = t.peers_of(name)
+    pullers = [ln.target for ln in t.links if ln.source == name]
+    # ---- checks: every site we will read or write answers and is installed ----------------
+    for s in {*sources, *pullers, peer}:
+        with cl.site(s).read() as conn:
+            cl.site(s).require_installed(conn, t)
+    with nsite.read() as conn:
+        installed = nsite.installed_tables(conn)
+    if installed and replace:
+        say(f"{name}: dropping its replication objects (--replace)")
+        uninstall(cl, name)
+        installed = []
+    rep.already_installed = bool(installed)
+    if not installed:
+        pinfo: dict[str, TableInfo] = {}
+        ninfo: dict[str, TableInfo] = {}
+        schema_problems: list[str] = []
+        with psite.read() as pc, nsite.read() as nc:
+            # what would stop the install half-way (MySQL: triggers refused under binary logging)
+            schema_problems += [f"site '{name}': {m}" for m in nsite.dialect.install_problems(nc, list(t.tables))]
+            for tb in t.tables:
+                pinfo[tb] = psite.info(pc, tb, t)
+                try:
+                    ninfo[tb] = nsite.info(nc, tb, t)
+                except SchemaError as e:
+                    schema_problems += e.problems
+                    continue
+                schema_problems += compare_schemas(tb, {peer: pinfo[tb], name: ninfo[tb]},
+                                                   {peer: psite.dialect.name, name: nsite.dialect.name})
+                n = nc.exec_driver_sql(f"SELECT count(*) FROM {nsite.dialect.quote(tb)}").scalar() or 0
+                if n and not replace:
+                    schema_problems.append(
+                        f"table '{tb}' at site '{name}' has {n} rows; add-site copies '{peer}''s rows into empty tables "
+                        "(--replace deletes them first)")
+        if schema_problems:
+            raise SchemaError(schema_problems)
+        _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
+    else:
+        say(f"{name}: already installed; checking the sites that pull from it")
+    # ---- the sites that pull from NAME --------------------------------------------------
+    with nsite.read() as conn:
+        npos = {tb: _max_seq2(conn, nsite, tb) for tb in t.tables}
+    for s in pullers:
+        site = cl.site(s)
+        with site.write() as conn:
+            for tb in t.tables:
+                info = site.info(conn, tb, t)
+                site.dialect.install_snapshot(conn, info, name)
+                site.dialect.ensure_link(conn, name, tb)
+                if s == peer and site.dialect.watermark(conn, name, tb) == 0:
+                    site.dialect.upsert_watermark(conn, name, tb, npos[tb])  # the peer already holds all NAME has
+        rep.pullers.append(s)
+        say(f"{s}: snapshot of {name} ready")
+    return rep
+
+
+def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo: dict[str, TableInfo], replace: bool,
+          batch_size: int, say: Progress, rep: AddSiteReport) -> None:
+    t = cl.topo
+    nsite, psite = cl.site(name), cl.site(peer)
+    nd, pd = nsite.dialect, psite.dialect
+    sources = t.peers_of(name)
+    peer_sources = set(t.peers_of(peer))
+    # a position in every other source's log, read before the copy (any position is complete:
+    # what NAME skips there reaches PEER, which NAME pulls from)
+    other_pos: dict[str, dict[str, int]] = {}
+    for q in sources:
+        if q != peer and q not in peer_sources:
+            qs = cl.site(q)
+            with qs.read() as conn:
+                other_pos[q] = {tb: _max_seq2(conn, qs, tb) for tb in t.tables}
+    nd.prepare_site(nsite.engine)
+    with psite.engine.connect() as pconn:
+        _consistent_read(pconn)
+        with pconn.begin(), nsite.write() as nconn:
+            hlc = _read_clock(pconn, psite)
+            nd.install_site(nconn, name)
+            nd.install_ops(nconn)
+            for tb in t.tables:
+                pi, ni = pinfo[tb], ninfo[tb]
+                po, no = pd.obj(tb), nd.obj(tb)
+                pos = _max_seq2(pconn, psite, tb)  # the capture point
+                pwm = {q: pd.watermark(pconn, q, tb) for q in peer_sources}
+                if replace:
+                    nconn.exec_driver_sql(f"DELETE FROM {nd.quote(tb)}")
+                nd.install_table(nconn, ni)
+                for q in sources:
+                    nd.install_snapshot(nconn, ni, q)
+                    nd.ensure_link(nconn, q, tb)
+                # rows, with the keys they have at PEER
+                cols = [pi.key.name, *pi.column_names]
+                sel = ", ".join(pd.quote(c) for c in cols)
+                ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
+                rep.rows[tb] = _copy_rows(pconn, f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}", nconn, ins,
+                                     batch_size, lambda n: say(f"{tb}: copied {n} rows from {peer} to {name}"))
+                # identities
+                scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
+                sq = ", ".join(pd.quote(c) for c in scols)
+                ins = f"INSERT INTO {no['shadow']} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
+                n = _copy_rows(pconn, f"SELECT {sq} FROM {po['shadow']} ORDER BY rid", nconn, ins, batch_size)
+                # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
+                fresh = pd.fresh_identities(pconn, pi)
+                if fresh:
+                    nconn.exec_driver_sql(f"INSERT INTO {no['shadow']} (rid, key) VALUES ({nd.ph(2)})", fresh)
+                    n += len(fresh)
+                rep.identities[tb] = n
+                # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
+                lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
+                lq = ", ".join(pd.quote(c) for c in lcols)
+                ins = f"INSERT INTO {no['log']} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
+                rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", nconn, ins, batch_size,
+                                            lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"))
+                ph = pd.caps.placeholder
+                origins = pconn.exec_driver_sql(f"SELECT origin, max_ver FROM _mm_origins WHERE tbl = {ph}", (tb,)).all()
+                if origins:
+                    nconn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({nd.ph(3)})",
+                                          [(tb, o, v) for o, v in origins])
+                # PEER's own changes up to the capture point are in the copy: applied at NAME too
+                own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po['log']} WHERE origin = {ph}", (peer,)).scalar()
+                if own_top:
+                    nd.mark_applied(nconn, tb, peer, own_top)
+                reg = pconn.exec_driver_sql(f"SELECT key_col, renumber, columns, base_max FROM _mm_tables WHERE tbl = {ph}", (tb,)).first()
+                nconn.exec_driver_sql(f"INSERT INTO _mm_tables (tbl, key_col, renumber, columns, base_max) VALUES ({nd.ph(5)})",
+                                      (tb, reg[0], reg[1], reg[2], reg[3]))
+                # watermarks: where NAME starts pulling each source
+                for q in sources:
+                    if q == peer:
+                        wm = pos
+                    elif q in peer_sources:
+                        wm = pwm[q]
+                        _copy_waiting(pconn, psite, nconn, nsite, pi, q)
+                    else:
+                        wm = other_pos[q][tb]
+                    nd.upsert_watermark(nconn, q, tb, wm)
+                    rep.watermarks.setdefault(q, {})[tb] = wm
+                nd.install_capture(nconn, ni)
+                nd.after_apply(nconn, ni)
+            _advance_clock(nconn, nsite, hlc)
+    say(f"{name}: installed from {peer}")
+
+
+def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site, info: TableInfo, q: str) -> None:
+    """PEER's snapshot rows of `q` not yet applied there: pulled by PEER (below its watermark),
+    not in the copy, so NAME takes them over."""
+    cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in info.column_names] + \
+        ["o_" + c for c in info.column_names] + ["applied"]
+    sel = ", ".join(psite.dialect.quote(c) for c in cols)
+    rows = [tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q)['snap']} WHERE applied <> 1")]
+    if rows:
+        nd = nsite.dialect
+        nconn.exec_driver_sql(
+            f"{nd.insert_ignore} INTO {nd.obj(info.name, q)['snap']} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})", rows)
+
+
+# ---------------------------------------------------------------------------------------------
+# remove-site
+
+
+def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, progress: Progress | None = None) -> RemoveSiteReport:
+    """Retire site `name` (still listed in the topology file, with its links)."""
+    cl, own = as_cluster(topo)
+    say = progress or (lambda _m: None)
+    try:
+        t = cl.topo
+        if name not in t.sites:
+            raise ConfigError([f"site '{name}' is not defined under sites (remove-site reads its links: keep it in the file until done)"])
+        rep = RemoveSiteReport(name)
+        pullers = [ln.target for ln in t.links if ln.source == name]
+        sources = t.peers_of(name)
+        if not force:
+            details: list[str] = []
+            st = status(cl)
+            if not st["sites"][name].get("reachable"):
+                raise SiteNotDrained(name, [f"'{name}' cannot be reached, so whether its changes were pulled is unknown"])
+            for ln in st["links"]:
+                if ln["from"] == name and (ln.get("waiting") or ln.get("error")):
+                    details.append(f"'{ln['to']}': {ln.get('waiting', '?')} waiting" + (f" ({ln['error']})" if ln.get("error") else ""))
+            if details:
+                raise SiteNotDrained(name, details)
+        for s in dict.fromkeys([*pullers, *sources]):
+            site = cl.site(s)
+            dropped: list[str] = []
+            try:
+                with site.write() as conn:
+                    d = site.dialect
+                    ph = d.caps.placeholder
+                    if s in pullers:
+                        for tb in t.tables:
+                            snap = d.obj(tb, name)["snap"]
+                            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
+                            dropped.append(f"snapshot {snap}")
+                        conn.exec_driver_sql(f"DELETE FROM _mm_watermarks WHERE peer = {ph}", (name,))
+                        conn.exec_driver_sql(f"DELETE FROM _mm_links WHERE peer = {ph}", (name,))
+                        dropped.append("watermarks")
+                    if s in sources:
+                        conn.exec_driver_sql(f"DELETE FROM _mm_pullers WHERE peer = {ph}", (name,))
+                        dropped.append("puller record (log entries kept for it are released)")
+            except MultimasterError:
+                rep.unreachable.append(s)
+                continue
+            rep.cleaned[s] = dropped
+            say(f"{s}: dropped what it kept for {name}")
+        try:
+            out = uninstall(cl, name)
+            rep.uninstalled = out.get(name, [])
+            say(f"{name}: replication objects removed (its rows stay)")
+        except MultimasterError:
+            rep.unreachable.append(name)
+        return rep
+    finally:
+        if own:
+            cl.close()

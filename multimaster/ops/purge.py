@@ -1,0 +1,308 @@
+"""Log purge: change logs that do not grow forever.
+
+The paper's change logs are append-only; a cluster that runs for months must drop entries every
+peer has pulled. At site X, for table t, one purge (one transaction at X):
+
+1. reads the watermark every *puller* of X (a site with a link from X) holds for X and remembers
+   it in X's ``_mm_pullers`` (watermarks only grow, so the last value seen of an unreachable puller
+   is a safe lower bound);
+2. W = the lowest watermark among *live* pullers. A puller that has not refreshed from X for
+   longer than the retention is *expired*: it no longer holds entries back, status reports it,
+   and its next refresh fails with :class:`PurgedPastWatermark` (re-instantiate it with add-site);
+3. deletes the change-log entries whose second-order ``A`` record every live puller has pulled
+   (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
+   the highest rowid), and none at or after a change of the same origin still waiting in one of
+   X's snapshots. Where the second-order log is a view over the change log (every built-in
+   dialect, ``Dialect.log2_is_view``) the append record goes with the entry, and pullers drop
+   applied snapshot rows in their own purge (step 6); where it is a trigger-filled table, the
+   delete trigger writes ``P`` records into it and pullers drop their snapshot copies when they
+   pull them (the paper's purge records);
+4. raises ``_mm_origins.max_ver`` of each origin to the highest version purged: the reconciler's
+   dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
+   an origin's changes are applied in version order everywhere);
+5. records the horizon in ``_mm_purges`` (view: the highest change-log entry purged; table: the
+   second-order records deleted, seq2 <= W, never the newest);
+6. drops X's own applied snapshot rows (nothing reads them again).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, Callable
+
+from multimaster.config.topology import parse_duration
+from multimaster.core.versions import HLC_SHIFT, now_iso
+from multimaster.errors import ConfigError, MultimasterError
+
+if TYPE_CHECKING:
+    from multimaster.config.topology import Topology
+    from multimaster.engine.cluster import Cluster
+
+__all__ = ["PurgePolicy", "PurgeReport", "TablePurge", "PullerState", "purge", "purge_site", "pullers"]
+
+
+@dataclass(frozen=True)
+class PurgePolicy:
+    """When entries may go.
+
+    retention: a puller that has not refreshed for longer is expired and stops holding entries.
+    min_age: only entries whose version is older than this go (a margin for copies in transit).
+    snapshots: also drop this site's applied snapshot rows."""
+
+    retention: float = 7 * 86400.0
+    min_age: float = 3600.0
+    snapshots: bool = True
+
+    @classmethod
+    def parse(cls, retention: str | float | None = None, min_age: str | float | None = None, snapshots: bool = True) -> "PurgePolicy":
+        problems = []
+        vals: dict[str, float] = {}
+        for name, v in (("retention", retention), ("min_age", min_age)):
+            if v is None:
+                continue
+            try:
+                vals[name] = parse_duration(v)
+            except ValueError as e:
+                problems.append(f"--{name.replace('_', '-')}: {e}")
+        if problems:
+            raise ConfigError(problems)
+        return cls(snapshots=snapshots, **vals)
+
+
+@dataclass
+class PullerState:
+    """What site `source` knows of one site that pulls from it, for one table."""
+
+    peer: str
+    table: str
+    watermark: int
+    last_success_at: str | None
+    reachable: bool
+    expired: bool
+    away_s: float | None
+
+
+@dataclass
+class TablePurge:
+    table: str
+    keep_from: int = 0  # W: second-order records above it are kept
+    held_by: list[str] = field(default_factory=list)  # live pullers at the lowest watermark
+    purged: int = 0  # change-log entries deleted
+    log2_deleted: int = 0
+    snapshot_rows: int = 0
+    log_left: int = 0
+    log2_left: int = 0
+
+
+@dataclass
+class PurgeReport:
+    site: str
+    tables: dict[str, TablePurge] = field(default_factory=dict)
+    pullers: list[PullerState] = field(default_factory=list)
+    dry_run: bool = False
+    error: str | None = None
+
+    @property
+    def expired(self) -> list[str]:
+        return sorted({p.peer for p in self.pullers if p.expired})
+
+    @property
+    def purged(self) -> int:
+        return sum(t.purged for t in self.tables.values())
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site, "dry_run": self.dry_run, "error": self.error, "expired": self.expired,
+            "tables": {t: vars(tp) for t, tp in self.tables.items()},
+            "pullers": [vars(p) for p in self.pullers],
+        }
+
+
+def _age_s(iso: str | None, now: float) -> float | None:
+    if not iso:
+        return None
+    try:
+        ts = datetime.strptime(iso[:19], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    except ValueError:
+        return None
+    return max(0.0, now - ts)
+
+
+def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None = None, record: bool = True) -> list[PullerState]:
+    """The sites pulling from `site`, their watermarks and whether they are expired.
+
+    Reads every puller (unreachable ones: the last value `site` recorded) and, when `record`,
+    writes what it read into `site`'s ``_mm_pullers``."""
+    now = time.time() if now is None else now
+    topo = cl.topo
+    src = cl.site(site)
+    d = src.dialect
+    ph = d.caps.placeholder
+    out: list[PullerState] = []
+    seen: dict[tuple[str, str], tuple[int, str | None]] = {}
+    for ln in topo.links:
+        if ln.source != site:
+            continue
+        p = cl.site(ln.target)
+        try:
+            with p.read() as conn:
+                if not p.installed_tables(conn):
+                    continue
+                last = p.dialect.link_row(conn, site).get("last_success_at")
+                for tb in topo.tables:
+                    r = conn.exec_driver_sql(f"SELECT seq2 FROM _mm_watermarks WHERE peer = {p.dialect.caps.placeholder} "
+                                             f"AND tbl = {p.dialect.caps.placeholder}", (site, tb)).first()
+                    if r is not None:
+                        seen[(ln.target, tb)] = (int(r[0] or 0), last)
+        except MultimasterError:
+            continue
+        except Exception:  # noqa: BLE001 - an unreachable or half-installed puller: use what was recorded
+            continue
+    stamp = now_iso()
+    with (src.write() if record else src.read()) as conn:
+        stored = {(r[0], r[1]): (int(r[2] or 0), r[3], r[4]) for r in conn.exec_driver_sql(
+            "SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM _mm_pullers")}
+        for ln in topo.links:
+            if ln.source != site:
+                continue
+            for tb in topo.tables:
+                key = (ln.target, tb)
+                old = stored.get(key)
+                if key in seen:
+                    wm, last = seen[key]
+                    if old is not None:
+                        wm = max(wm, old[0])
+                        last = last or old[1]
+                    reachable = True
+                else:
+                    wm, last = (old[0], old[1]) if old else (0, None)
+                    reachable = False
+                first = old[2] if old else stamp
+                if record:
+                    if old is None:
+                        conn.exec_driver_sql(
+                            f"INSERT INTO _mm_pullers (peer, tbl, seq2, last_success_at, first_seen_at, checked_at) VALUES ({d.ph(6)})",
+                            (ln.target, tb, wm, last, first, stamp))
+                    else:
+                        conn.exec_driver_sql(
+                            f"UPDATE _mm_pullers SET seq2 = {ph}, last_success_at = {ph}, checked_at = {ph} WHERE peer = {ph} AND tbl = {ph}",
+                            (wm, last, stamp, ln.target, tb))
+                away = _age_s(last or first, now)
+                out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
+    return out
+
+
+def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, dry_run: bool = False,
+               now: float | None = None) -> PurgeReport:
+    """Purge the change logs of one site (see the module docstring). One transaction per table."""
+    policy = policy or PurgePolicy()
+    now = time.time() if now is None else now
+    topo = cl.topo
+    src = cl.site(site)
+    d = src.dialect
+    ph = d.caps.placeholder
+    rep = PurgeReport(site, dry_run=dry_run)
+    with src.read() as conn:
+        src.require_installed(conn, topo)
+    rep.pullers = pullers(cl, site, policy, now=now, record=not dry_run)
+    cutoff = f"{(int((now - policy.min_age) * 1000) << HLC_SHIFT):019d}:"
+    for tb in topo.tables:
+        tp = TablePurge(tb)
+        rep.tables[tb] = tp
+        o = d.obj(tb)
+        live = [p for p in rep.pullers if p.table == tb and not p.expired]
+        with (src.read() if dry_run else src.write()) as conn:
+            max_seq, max_seq2 = conn.exec_driver_sql(
+                f"SELECT (SELECT max(seq) FROM {o['log']}), (SELECT max(seq2) FROM {o['log2']})").first() or (None, None)
+            if live:
+                w = min(p.watermark for p in live)
+                tp.held_by = sorted(p.peer for p in live if p.watermark == w)
+            else:
+                w = int(max_seq2 or 0)
+            tp.keep_from = w
+            if max_seq is not None:
+                waiting = " ".join(
+                    f"AND NOT EXISTS (SELECT 1 FROM {d.obj(tb, q)['snap']} s WHERE s.applied <> 1 AND s.origin = l.origin AND s.ver <= l.ver)"
+                    for q in topo.peers_of(site)
+                )
+                cand = conn.exec_driver_sql(
+                    f"SELECT l.seq, l.origin, l.ver FROM {o['log']} l WHERE l.seq < {ph} AND l.ver < {ph} "
+                    f"AND NOT EXISTS (SELECT 1 FROM {o['log2']} a WHERE a.seq = l.seq AND a.op = 'A' AND a.seq2 > {ph}) {waiting}",
+                    (int(max_seq), cutoff, w),
+                ).all()
+                tp.purged = len(cand)
+                if cand and not dry_run:
+                    top: dict[str, str] = {}
+                    for _seq, origin, ver in cand:
+                        if origin not in top or ver > top[origin]:
+                            top[origin] = ver
+                    for origin, ver in top.items():
+                        cur = conn.exec_driver_sql(
+                            f"SELECT max_ver FROM _mm_origins WHERE tbl = {ph} AND origin = {ph}", (tb, origin)).scalar()
+                        if cur is None:
+                            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({d.ph(3)})", (tb, origin, ver))
+                        elif ver > cur:
+                            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
+                    conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
+            if d.log2_is_view:
+                # every purged entry took its append record along: the horizon is the highest one
+                tp.log2_deleted = tp.purged
+                if tp.purged and not dry_run:
+                    _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
+            elif max_seq2 is not None:
+                hi = min(w, int(max_seq2) - 1)
+                r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
+                tp.log2_deleted = int(r[0] or 0) if r else 0
+                if tp.log2_deleted and not dry_run:
+                    conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
+                    _record_horizon(conn, d, tb, int(r[1]), tp.purged)
+            if policy.snapshots:
+                for q in topo.peers_of(site):
+                    snap = d.obj(tb, q)["snap"]
+                    if dry_run:
+                        tp.snapshot_rows += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 1").scalar() or 0)
+                    else:
+                        tp.snapshot_rows += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1").rowcount or 0
+            tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
+            tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0)
+    return rep
+
+
+def _record_horizon(conn: Any, d: Any, tb: str, horizon: int, purged: int) -> None:
+    """Remember in ``_mm_purges`` the highest second-order position purged (pullers below it
+    missed changes: :func:`multimaster.engine.refresh.check_not_purged`)."""
+    ph = d.caps.placeholder
+    if conn.exec_driver_sql(f"SELECT 1 FROM _mm_purges WHERE tbl = {ph}", (tb,)).first() is None:
+        conn.exec_driver_sql(f"INSERT INTO _mm_purges (tbl, horizon, purged, purged_at) VALUES ({d.ph(4)})",
+                             (tb, horizon, purged, now_iso()))
+    else:
+        conn.exec_driver_sql(
+            f"UPDATE _mm_purges SET horizon = {d.greatest}(horizon, {ph}), purged = purged + {ph}, purged_at = {ph} WHERE tbl = {ph}",
+            (horizon, purged, now_iso(), tb))
+
+
+def purge(topo: "Topology | Cluster", site: str | None = None, policy: PurgePolicy | None = None, *, dry_run: bool = False,
+          progress: Callable[[str], None] | None = None) -> list[PurgeReport]:
+    """Purge every site's change logs (only `site` if given). A site that fails is reported in its
+    report's `error`; the others are still purged."""
+    from multimaster.engine.cluster import as_cluster
+
+    cl, own = as_cluster(topo)
+    try:
+        if site is not None and site not in cl.topo.sites:
+            raise ConfigError([f"site '{site}' is not defined under sites"])
+        out = []
+        for n in [site] if site else list(cl.topo.sites):
+            try:
+                out.append(purge_site(cl, n, policy, dry_run=dry_run))
+            except MultimasterError as e:
+                out.append(PurgeReport(n, dry_run=dry_run, error=str(e)))
+            if progress:
+                r = out[-1]
+                progress(f"{n}: " + (r.error or f"purged {r.purged} change-log entries"))
+        return out
+    finally:
+        if own:
+            cl.close()

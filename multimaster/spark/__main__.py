@@ -1,5 +1,0 @@
-"""`python -m multimaster.spark verify -t FILE ...` (same command as `multimaster verify`)."""
-
-from .cli import main
-
-main()
