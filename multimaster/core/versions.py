@@ -49,3 +49,11 @@ def hlc_now(floor: int = 0) -> int:
 def now_iso() -> str:
     """The current UTC time as the bookkeeping tables store it ('2026-01-02T03:04:05Z'): sorts as text."""
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def started_at_now() -> str:
+    """The current UTC time as a verify run's start is written ('2026-01-02T03:04:05+00:00',
+    VerifyResult.started_at and `_mm_verifications.started_at`)."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

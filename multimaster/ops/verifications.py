@@ -12,10 +12,10 @@ This module never imports PySpark: it stores and reads plain data.
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 from multimaster.config.topology import Topology
+from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
 from multimaster.errors import MultimasterError
 
@@ -32,11 +32,6 @@ KEEP = 1000
 ERROR = "error"
 _TABLE_KEYS = ("status", "rows", "identities", "differing", "counts", "columns", "waiting_total", "mode", "buckets",
                "buckets_differing", "seconds")
-
-
-def started_at_now() -> str:
-    """UTC, as VerifyResult.started_at is written (2026-01-02T03:04:05+00:00)."""
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
 def summarize(result: "VerifyResult | dict[str, Any]") -> dict[str, Any]:

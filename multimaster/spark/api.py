@@ -84,7 +84,8 @@ def verify(
     sources = {s: jdbc_source(s, topo.sites[s].url, fetchsize) for s in chosen}
     jar_paths = find_jars({src.dialect for src in sources.values()}, jars)
 
-    from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds, now_iso
+    from multimaster.core.versions import started_at_now as now_iso
+    from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds
     from multimaster.spark.schema import reflect_table
     from multimaster.spark.session import get_spark
     from multimaster.spark.waiting import waiting_changes, waiting_rids

@@ -411,8 +411,6 @@ def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], pl
     return ChecksumOutcome(rows, fps, nb, differing, full)
 
 
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def elapsed(t0: float) -> float:
