@@ -36,6 +36,7 @@ from sqlalchemy.engine import make_url
 
 from multimaster.config.cron import cron_trigger
 from multimaster.config.topology import Link, Topology
+from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
 from multimaster.engine.refresh import refresh_link
@@ -361,7 +362,7 @@ class Daemon:
         cfg = self.topo.verify
         if cfg is None or self.stopping:
             return None
-        started = verifications.now_iso()
+        started = started_at_now()
         t0 = time.perf_counter()
         res: Any = None
         error = None
