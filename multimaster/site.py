@@ -39,10 +39,9 @@ class Site:
     def engine(self) -> Engine:
         if self._engine is None:
             u = make_url(self.url)
-            if u.get_backend_name() == "sqlite" and not self.create:
-                db = u.database or ""
-                if db and db != ":memory:" and not db.startswith("file:") and not os.path.exists(db):
-                    raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
+            db = self.dialect.database_file(self.url)  # connecting would create it empty
+            if db is not None and not self.create and not os.path.exists(db):
+                raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
             eng = create_engine(self.url, **self.dialect.engine_kwargs(self.url))
             self.dialect.prepare_engine(eng)
             try:
