@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_verify.py                    # 3 x 1M rows, checksum on 3 x 10M
     .venv/bin/python benchmarks/bench_verify.py --rows 100000 --big-rows 1000000   # quicker
 
-Measures, on three converged SQLite sites of --rows rows each:
+Measures, on three converged SQLite sites of --rows rows each (set up by `multimaster init`):
   - full compare (Spark local[*]): seconds cold (incl. session start) and warm, rows compared/s;
   - peak memory: the Python driver process (ru_maxrss) and the JVM (VmHWM);
   - the same comparison by a plain single-process Python script (sqlite3, dicts) as the baseline;
@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from multimaster.spark.fixtures import make_sqlite_cluster  # noqa: E402
+from multimaster import api  # noqa: E402
 from multimaster.config.topology import load_topology  # noqa: E402
 
 BASELINE = r'''
@@ -66,6 +66,33 @@ def jvm_peak_mb(spark) -> float | None:
     except Exception:  # noqa: BLE001
         return None
     return None
+
+
+def make_sqlite_cluster(directory: Path, n_sites: int, rows: int) -> Path:
+    """n SQLite sites s1..sn (mesh) holding the same `rows` rows of items(id, name, qty, price),
+    then `multimaster init` (the rows are the common base): a converged cluster."""
+    import shutil
+
+    import yaml
+
+    directory.mkdir(parents=True, exist_ok=True)
+    names = [f"s{i + 1}" for i in range(n_sites)]
+    first = directory / "s1.db"
+    for p in directory.glob("s*.db*"):
+        p.unlink()
+    c = sqlite3.connect(first, isolation_level=None)
+    c.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)")
+    c.execute("BEGIN")
+    c.executemany("INSERT INTO items VALUES (?,?,?,?)", ((i, f"item {i}", i % 97, round(i * 0.25, 2)) for i in range(1, rows + 1)))
+    c.execute("COMMIT")
+    c.close()
+    for s in names[1:]:
+        shutil.copyfile(first, directory / f"{s}.db")
+    doc = {"sites": {s: {"url": f"sqlite:///{directory / (s + '.db')}"} for s in names}, "tables": {"items": {"key": "id"}}, "links": "mesh"}
+    path = directory / "topology.yml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    api.init(load_topology(path))
+    return path
 
 
 def build(directory: Path, rows: int) -> Path:

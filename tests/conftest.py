@@ -1,4 +1,4 @@
-"""Shared fixtures. `backend` runs a test over every database (sqlite always; server databases
+"""Shared pytest setup. `backend` runs a test over every database (sqlite always; server databases
 when they answer, and always under CI where MM_REQUIRE_SERVERS=1 turns a missing server into a
 failure instead of a skip)."""
 

@@ -43,8 +43,8 @@ def verify_command(
     """Check that all sites hold the same rows (Spark over JDBC); optionally repair from one site."""
     import time
 
-    from multimaster.errors import ConfigError, MultimasterError
     from multimaster.core.versions import started_at_now
+    from multimaster.errors import ConfigError, MultimasterError
     from multimaster.spark.jdbc import MissingDependency
 
     started = started_at_now()

@@ -192,12 +192,18 @@ def _expand_env(url: str, where: str, problems: list[str]) -> str:
     return _VAR.sub(sub, url)
 
 
-def _resolve_sqlite(url: str, base: Path | None) -> str:
+def _resolve_file(url: str, base: Path | None) -> str:
+    """A database file named by a relative path (SQLite) resolves against the topology file's folder."""
     u = make_url(url)
-    if not u.drivername.startswith("sqlite") or base is None:
+    if base is None:
         return url
-    db = u.database
-    if not db or db == ":memory:" or os.path.isabs(db):
+    try:
+        from multimaster.dialects import get_dialect
+
+        db = get_dialect(u.get_backend_name()).database_file(url)
+    except Exception:  # noqa: BLE001 - a database multimaster does not support: init names it
+        return url
+    if db is None or os.path.isabs(db):
         return url
     return u.set(database=str((base / db).resolve())).render_as_string(hide_password=False)
 
@@ -383,7 +389,7 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
     for name, s in model.sites.items():
         url = _expand_env(s.url, f"sites.{name}.url", problems)
         try:
-            url = _resolve_sqlite(url, base)
+            url = _resolve_file(url, base)
             make_url(url)
         except Exception:
             problems.append(f"sites.{name}.url: '{hidden_url(url)}' is not a database URL (e.g. sqlite:///s1.db)")

@@ -434,6 +434,64 @@ class Dialect:
     def ph(self, n: int) -> str:
         return ", ".join([self.caps.placeholder] * n)
 
+    # ---- outside the engine: verify's readers and repair (multimaster/spark/), pull grants ----
+    # (multimaster/grants.py) and site files (site.py, topology.py). Each dialect declares these in
+    # one section at the end of its class; nothing outside multimaster/dialects/ branches on a name.
+
+    @dataclass(frozen=True)
+    class Jdbc:
+        """How Spark's JDBC source reads a site of this database (plain data: no PySpark, no JVM).
+        A dialect declares ``jdbc = Dialect.Jdbc(...)``."""
+
+        #: the JDBC driver class, passed as the `driver` property so Spark loads exactly this one
+        driver: str
+        #: the driver's jar file name under /usr/share/java (MM_JDBC_JARS overrides it) ...
+        jar: str
+        #: ... and the Debian package that installs it, named in the error when the jar is missing
+        package: str
+        #: JDBC URL prefix; Spark also chooses its own SQL dialect (quoting, types) from it
+        scheme: str
+        #: port used when the SQLAlchemy URL names none, in ``<scheme>://host:port/database``;
+        #: None: the database is a file and the URL is ``<scheme>:<absolute path>`` (database_file)
+        default_port: int | None = None
+        #: the Spark SQL type the driver is asked to return for each canonical value kind
+        #: (multimaster/spark/schema.py), as the read's `customSchema`, before verify's own cast;
+        #: None: the driver reports the declared column types, which are right
+        read_types: dict[str, str] | None = None
+
+    #: how Spark reads this database; None: verify cannot read it
+    jdbc: Jdbc | None = None
+    #: the schema multimaster's objects live in, for connections that do not have multimaster's
+    #: search path (verify's readers, repair); None: next to the replicated tables
+    mm_schema: str | None = None
+    #: the database has logins that privileges are granted to (False: access is the file's)
+    has_logins: bool = True
+    #: the statement opening repair's write transaction on an engine made with
+    #: `writer_engine_kwargs` (None: SQLAlchemy's own begin)
+    writer_begin: str | None = None
+
+    def mm_name(self, name: str) -> str:
+        """The quoted name of multimaster object `name`, qualified with `mm_schema` if any."""
+        return f"{self.quote(self.mm_schema)}.{self.quote(name)}" if self.mm_schema else self.quote(name)
+
+    def database_file(self, url: str) -> str | None:
+        """The path of the file `url`'s database lives in, as written in the URL (connecting to a
+        missing one would create it empty; a relative one resolves against the topology file's
+        folder); None for a server database or one that is no plain file."""
+        return None
+
+    def writer_engine_kwargs(self) -> dict[str, Any]:
+        """create_engine options of a plain engine (none of multimaster's connection hooks) that
+        writes at a site with the capture guard set: verify's repair."""
+        return {}
+
+    def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
+        """Statements run at `site` by its owner (idempotent) creating `login`, the login `peer`'s
+        refresher pulls with, allowed to SELECT `objects` (multimaster objects, unqualified: the
+        change logs, second-order logs and purge horizon) and nothing else; comments (``--``) where
+        the database has no logins."""
+        raise NotImplementedError
+
 
 def shadow_key_index(table: str) -> str:
     """Name of the (non-unique) index on the key of a natural-key table's shadow, which holds one

@@ -12,7 +12,8 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
-from multimaster.dialects.schema import TableInfo, introspect
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine.schema import introspect
 from multimaster.errors import NotInstalled, SiteUnreachable
 
 __all__ = ["Site", "open_sites"]
@@ -39,10 +40,9 @@ class Site:
     def engine(self) -> Engine:
         if self._engine is None:
             u = make_url(self.url)
-            if u.get_backend_name() == "sqlite" and not self.create:
-                db = u.database or ""
-                if db and db != ":memory:" and not db.startswith("file:") and not os.path.exists(db):
-                    raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
+            db = self.dialect.database_file(self.url)  # connecting would create it empty
+            if db is not None and not self.create and not os.path.exists(db):
+                raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
             eng = create_engine(self.url, **self.dialect.engine_kwargs(self.url))
             self.dialect.prepare_engine(eng)
             try:

@@ -8,8 +8,9 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from multimaster.config.topology import Topology
-from multimaster.dialects.schema import TableInfo, compare_schemas
+from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import BaseRowsDiffer, SchemaError
 

@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sqlalchemy.engine import Connection
 
-from multimaster.dialects.schema import TableInfo, compare_schemas
+from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, SchemaError
 from multimaster.ops.install import uninstall

@@ -24,10 +24,9 @@ def _engines(topo: Topology, sites: list[str]) -> dict[str, sa.Engine]:
     engines = {}
     for s in sites:
         url = topo.sites[s].url
-        if dialect_of(url) == "sqlite":
-            db = sa.engine.make_url(url).database or ""
-            if not Path(db).exists():  # connecting would create an empty file
-                raise SiteUnreachable(s, hidden_url(url), f"the SQLite file {db} does not exist")
+        db = dialect_of(url).database_file(url)
+        if db is not None and not Path(db).exists():  # connecting would create an empty file
+            raise SiteUnreachable(s, hidden_url(url), f"the database file {db} does not exist")
         eng = sa.create_engine(url, poolclass=sa.pool.NullPool)
         try:
             with eng.connect() as c:

@@ -86,8 +86,9 @@ class SiteReader:
 
     def _options(self) -> dict[str, str]:
         opts = dict(self.src.properties)
-        if self.src.dialect == "sqlite":
-            opts["customSchema"] = custom_schema(self.plan)
+        read_types = self.src.jdbc.read_types
+        if read_types is not None:
+            opts["customSchema"] = custom_schema(self.plan, read_types)
         return opts
 
     def read(self, predicates: list[str] | None = None):

@@ -11,9 +11,9 @@ shadow rows for them with SQLAlchemy. Per target site and table, the plan holds:
 
 Every op also replaces the target's shadow row by the reference's (rid, key, deleted, versions),
 or removes it when the reference has none. The executor applies one transaction per site and
-table with the capture guard set (SQLite: `_mm_state.applying = 1` inside BEGIN IMMEDIATE, reset
-before COMMIT; PostgreSQL: `mm.applying` set locally; MariaDB: `@mm_applying`), so the repair is
-not captured as new changes.
+table with the capture guard set (the dialect's `set_applying`, as the reconciler does: SQLite:
+`_mm_state.applying = 1` inside BEGIN IMMEDIATE, reset before COMMIT; PostgreSQL: `mm.applying`
+set locally; MariaDB: `@mm_applying`), so the repair is not captured as new changes.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import sqlalchemy as sa
 
 from multimaster.config.topology import Topology, load_topology
 from multimaster.errors import ConfigError, MultimasterError
-from multimaster.spark.jdbc import dialect_of, find_jars, jdbc_source, quote
+from multimaster.spark.jdbc import dialect_of, find_jars, jdbc_source
 
 __all__ = ["RepairOp", "RepairPlan", "plan_repair", "apply_plan", "TooManyDifferences"]
 
@@ -92,8 +92,7 @@ def _jsonable_op(o: RepairOp) -> dict[str, Any]:
 
 
 def _mm(url: str, name: str) -> str:
-    d = dialect_of(url)
-    return f"{quote(d, '_mm')}.{quote(d, name)}" if d == "postgresql" else quote(d, name)
+    return dialect_of(url).mm_name(name)
 
 
 def _chunks(xs: list, n: int = 500):
@@ -202,8 +201,7 @@ def plan_repair(
 
 
 def _reference_rows(eng: sa.Engine, url: str, tp, rows) -> tuple[dict[Any, dict], dict[str, dict]]:
-    d = dialect_of(url)
-    q = lambda n: quote(d, n)  # noqa: E731
+    q = dialect_of(url).quote
     keys = sorted({r["key"] for r in rows if r["op"] != "delete" and r["key"] is not None})
     rids = sorted({r["rid"] for r in rows})
     vals: dict[Any, dict] = {}
@@ -224,48 +222,28 @@ def _reference_rows(eng: sa.Engine, url: str, tp, rows) -> tuple[dict[Any, dict]
     return vals, shadow
 
 
-def _guard(conn: sa.Connection, dialect: str, on: bool) -> None:
-    """Set / reset the capture guard inside the open write transaction."""
-    if dialect == "sqlite":
-        try:
-            from multimaster.dialects import get_dialect  # the core's way, when present
-
-            get_dialect("sqlite").set_applying(conn, on)
-            return
-        except Exception:  # noqa: BLE001 - core not importable: do it per docs/concepts.md
-            pass
-        conn.exec_driver_sql(f"UPDATE _mm_state SET applying = {1 if on else 0}")
-    elif dialect == "postgresql":
-        conn.execute(sa.text("SELECT set_config('mm.applying', :v, true)"), {"v": "on" if on else "off"})
-    else:
-        conn.exec_driver_sql(f"SET @mm_applying = {1 if on else 0}")
-
-
 def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) -> dict[str, dict[str, dict[str, int]]]:
     """Execute `plan`: one transaction per site and table, capture guard on. Returns the counts."""
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     for site, tabs in plan.ops.items():
         url = topo.sites[site].url
         d = dialect_of(url)
-        kw: dict[str, Any] = {"poolclass": sa.pool.NullPool}
-        if d == "sqlite":
-            kw["connect_args"] = {"isolation_level": None, "timeout": 30}
-        eng = sa.create_engine(url, **kw)
-        q = lambda n: quote(d, n)  # noqa: E731
+        eng = sa.create_engine(url, poolclass=sa.pool.NullPool, **d.writer_engine_kwargs())
+        q = d.quote
         try:
             for table, ops in tabs.items():
                 key, cols = plan.keys[table], plan.columns[table]
                 sh = _mm(url, f"_mm_shadow_{table}")
                 with eng.connect() as conn:
-                    if d == "sqlite":
-                        conn.exec_driver_sql("BEGIN IMMEDIATE")
+                    if d.writer_begin:
+                        conn.exec_driver_sql(d.writer_begin)
                         tx = None
                     else:
                         tx = conn.begin()
                     try:
-                        _guard(conn, d, True)
+                        d.set_applying(conn, True)  # the capture guard: nothing below is captured
                         shadow_cols = [c["name"] for c in sa.inspect(conn).get_columns(
-                            f"_mm_shadow_{table}", **({"schema": "_mm"} if d == "postgresql" else {}))]
+                            f"_mm_shadow_{table}", **({"schema": d.mm_schema} if d.mm_schema else {}))]
                         gone = [o.old_key for o in ops if o.op in ("delete", "rekey")]
                         for ch in _chunks(gone):
                             conn.execute(sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(
@@ -299,7 +277,7 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                             sets = ", ".join(f"{q(c)} = :p{i}" for i, c in enumerate(cols))
                             conn.execute(sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
                                          [{"k": o.key, **{f"p{i}": o.values.get(c) for i, c in enumerate(cols)}} for o in upd])
-                        _guard(conn, d, False)
+                        d.set_applying(conn, False)
                         if tx is not None:
                             tx.commit()
                         else:

@@ -27,17 +27,6 @@ SPARK_TYPE = {
     "timestamp": "TIMESTAMP",
     "binary": "BINARY",
 }
-# what the SQLite JDBC driver is asked for (customSchema) before the cast to the canonical kind
-SQLITE_READ = {
-    "long": "BIGINT",
-    "double": "DOUBLE",
-    "decimal": "STRING",
-    "boolean": "BIGINT",
-    "string": "STRING",
-    "date": "STRING",
-    "timestamp": "STRING",
-    "binary": "BINARY",
-}
 
 
 def canonical_kind(t: T.TypeEngine) -> str:
@@ -94,7 +83,7 @@ class TablePlan:
         return [c.name for c in self.columns]
 
 
-def _pg_schema_kw(src: JdbcSource) -> dict:
+def _mm_schema_kw(src: JdbcSource) -> dict:
     return {"schema": src.mm_schema} if src.mm_schema else {}
 
 
@@ -112,7 +101,7 @@ def reflect_table(table: str, key: str, exclude: list[str], engines: dict[str, s
             problems.append(f"site '{site}': table '{table}' does not exist")
             continue
         try:
-            shadow = insp.get_columns(f"_mm_shadow_{table}", **_pg_schema_kw(sources[site]))
+            shadow = insp.get_columns(f"_mm_shadow_{table}", **_mm_schema_kw(sources[site]))
         except sa.exc.NoSuchTableError:
             problems.append(f"site '{site}': '_mm_shadow_{table}' does not exist (run 'multimaster init' first)")
             continue
@@ -160,17 +149,10 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     skey = src.user("key")
     vals = ", ".join(f"t.{src.user(c.name)} AS {c.alias}" for c in plan.columns)
     vals = (", " + vals) if vals else ""
-    if d == "mysql":
-        orphan_rid = f"CONCAT('?key:', CAST(t.{k} AS CHAR))"
-    elif d == "postgresql":
-        orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
-    else:
-        orphan_rid = f"'?key:' || CAST(t.{k} AS TEXT)"
+    orphan_rid = d.concat("'?key:'", d.cast_text(f"t.{k}"))
     # a site's own rows inserted since its shadow last caught up (SQLite writes the shadow lazily)
     # have their identity in the change log
-    from multimaster.dialects import get_dialect
-
-    fresh = get_dialect(d).fresh_identities_select(plan.table)
+    fresh = d.fresh_identities_select(plan.table)
     if fresh:
         orphan_rid = f"coalesce(f.rid, {orphan_rid})"
         orphan_from = f"{t} t LEFT JOIN ({fresh}) f ON f.key = t.{k}"
@@ -186,9 +168,10 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     )
 
 
-def custom_schema(plan: TablePlan) -> str:
-    """customSchema for SQLite reads (the driver otherwise guesses types from the first row)."""
+def custom_schema(plan: TablePlan, read_types: dict[str, str]) -> str:
+    """customSchema of a read whose driver is told the types (`Dialect.Jdbc.read_types`: kind ->
+    Spark type; SQLite's driver would guess them from the first row)."""
     key = "BIGINT" if plan.key_kind == "long" else "STRING"
     parts = ["mm_rid STRING", f"mm_key {key}", "mm_st INT"]
-    parts += [f"{c.alias} {SQLITE_READ[c.kind]}" for c in plan.columns]
+    parts += [f"{c.alias} {read_types[c.kind]}" for c in plan.columns]
     return ", ".join(parts)

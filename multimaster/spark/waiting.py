@@ -11,16 +11,15 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from multimaster.config.topology import Topology
-from multimaster.spark.jdbc import dialect_of, quote
+from multimaster.spark.jdbc import dialect_of
 from multimaster.spark.result import Waiting
 
 __all__ = ["waiting_changes", "waiting_rids", "mm_name"]
 
 
 def mm_name(url: str, name: str) -> str:
-    d = dialect_of(url)
-    q = quote(d, name)
-    return f"{quote(d, '_mm')}.{q}" if d == "postgresql" else q
+    """The qualified, quoted name of multimaster object `name` at the site of `url`."""
+    return dialect_of(url).mm_name(name)
 
 
 def _watermark(conn: sa.Connection, url: str, source: str, table: str) -> int:

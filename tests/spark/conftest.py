@@ -1,4 +1,4 @@
-"""One quiet local SparkSession for the whole test run, and small SQLite clusters."""
+"""One quiet local SparkSession for the whole test run, and small SQLite clusters built by `multimaster init`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
 pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'pyspark>=4')")
 
-from multimaster.spark.fixtures import make_sqlite_cluster  # noqa: E402
+from mm_spark_helpers import make_sqlite_cluster, require_server  # noqa: E402,F401 - require_server kept importable from here
 from multimaster.spark.jdbc import MissingDependency, find_jars  # noqa: E402
 from multimaster.spark.session import check_java, quiet_conf  # noqa: E402
 
@@ -40,8 +40,7 @@ def spark():
 
 @pytest.fixture
 def cluster(tmp_path: Path) -> Path:
-    """Three SQLite sites s1, s2, s3 (mesh) with the same 200 rows; returns the topology path."""
+    """Three SQLite sites s1, s2, s3 (mesh) with the same 200 rows, then `multimaster init`;
+    returns the topology path."""
     return make_sqlite_cluster(tmp_path / "sites", 3, 200)
 
-
-from mm_spark_helpers import require_server  # noqa: E402,F401 - kept importable from here

@@ -7,8 +7,9 @@ import sqlite3
 import pytest
 
 from multimaster.spark import verify
-from multimaster.spark.fixtures import write_topology
 from multimaster.config.topology import load_topology
+
+from mm_spark_helpers import write_topology
 
 api = pytest.importorskip("multimaster.api", reason="the core engine (multimaster.api) is not there yet")
 

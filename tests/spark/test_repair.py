@@ -8,11 +8,10 @@ from typer.testing import CliRunner
 
 from multimaster.spark import verify
 from multimaster.cli import app
-from multimaster.spark.fixtures import sql_site
 from multimaster.spark.repair import apply_plan, plan_repair
 from multimaster.config.topology import load_topology
 
-from mm_spark_helpers import make_every_kind, uncaptured
+from mm_spark_helpers import make_every_kind, sql_site, uncaptured
 
 
 def log_counts(cluster):

@@ -1,19 +1,22 @@
 """A mixed cluster: one SQLite, one PostgreSQL and one MariaDB site (different column types:
-INTEGER vs BIGINT vs INT), in uniquely named databases dropped afterwards. Skipped when a server
-does not answer; with MM_REQUIRE_SERVERS=1 that is a failure instead."""
+INTEGER vs BIGINT vs INT), in uniquely named databases dropped afterwards, set up by `multimaster
+init`; the sites are made to differ behind replication's back (capture guard on). Skipped when a
+server does not answer; with MM_REQUIRE_SERVERS=1 that is a failure instead."""
 
 from __future__ import annotations
 
+import sqlite3
 import uuid
 
 import pytest
 import sqlalchemy as sa
 
+from multimaster import api
 from multimaster.spark import verify
-from multimaster.spark.fixtures import fill_server_site, make_sqlite_site, write_topology
 from multimaster.spark.repair import apply_plan, plan_repair
+from multimaster.config.topology import load_topology
 
-from mm_spark_helpers import require_server
+from mm_spark_helpers import client, require_server, row, uncaptured, write_topology
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 MY_ADMIN = "mysql+pymysql://root@127.0.0.1:3306/"
@@ -50,15 +53,36 @@ def my_db():
     eng.dispose()
 
 
+#: the same table, each database with types of its own
+DDL = {
+    "s1": "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)",
+    "pg": "CREATE TABLE items(id BIGINT PRIMARY KEY, name VARCHAR(100), qty BIGINT, price DOUBLE PRECISION)",
+    "my": "CREATE TABLE items(id INT PRIMARY KEY, name VARCHAR(100), qty INT, price DOUBLE)",
+}
+
+
+def _fill(url: str, ddl: str, ph: str) -> None:
+    """The table and rows 1..ROWS, written by a plain client before init (the common base)."""
+    c = client(url)
+    cur = c.cursor()
+    cur.execute(ddl)
+    cur.executemany(f"INSERT INTO items (id, name, qty, price) VALUES ({', '.join([ph] * 4)})", [row(i) for i in range(1, ROWS + 1)])
+    if not isinstance(c, sqlite3.Connection):  # the others run in a transaction
+        c.commit()
+    c.close()
+
+
 @pytest.fixture
 def mixed(tmp_path, pg_db, my_db):
     names = ["s1", "pg", "my"]
-    urls = {"s1": make_sqlite_site(tmp_path / "s1.db", "s1", ["pg", "my"], ROWS)}
-    fill_server_site(pg_db, "pg", ["s1", "my"], ROWS)
-    fill_server_site(my_db, "my", ["s1", "pg"], ROWS)
-    urls["pg"], urls["my"] = pg_db, my_db
+    (tmp_path / "s1.db").touch()
+    urls = {"s1": f"sqlite:///{tmp_path / 's1.db'}", "pg": pg_db, "my": my_db}
+    for s, ph in zip(names, ("?", "%s", "%s")):
+        _fill(urls[s], DDL[s], ph)
     assert list(urls) == names
-    return write_topology(tmp_path / "topology.yml", urls), urls
+    path = write_topology(tmp_path / "topology.yml", urls)
+    api.init(load_topology(path))
+    return path, urls
 
 
 def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
@@ -71,13 +95,11 @@ def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
     cs = verify(topo, spark=spark, checksum_only=True, buckets=8).tables["items"]
     assert cs.converged and cs.fingerprints == t.fingerprints
 
-    pg = sa.create_engine(urls["pg"], poolclass=sa.pool.NullPool)
-    my = sa.create_engine(urls["my"], poolclass=sa.pool.NullPool)
-    with pg.begin() as c:
-        c.execute(sa.text("UPDATE items SET qty = 1000, price = 0.5 WHERE id = 3"))
-    with my.begin() as c:
-        c.execute(sa.text("DELETE FROM items WHERE id = 4"))
-        c.execute(sa.text("DELETE FROM _mm_shadow_items WHERE `key` = 4"))
+    with uncaptured(urls["pg"]) as c:
+        c.execute("UPDATE items SET qty = 1000, price = 0.5 WHERE id = 3")
+    with uncaptured(urls["my"]) as c:
+        c.execute("DELETE FROM items WHERE id = 4")
+        c.execute("DELETE FROM _mm_shadow_items WHERE `key` = 4")
     res = verify(topo, spark=spark)
     t = res.tables["items"]
     assert t.status == "diverged"
@@ -90,7 +112,9 @@ def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
                              "my": {"items": {"delete": 0, "insert": 1, "rekey": 0, "update": 0}}}
     apply_plan(topo, plan)
     assert verify(topo, spark=spark).converged
-    with my.connect() as c:
-        assert c.execute(sa.text("SELECT count(*) FROM _mm_log_items")).scalar() == 0
-    pg.dispose()
-    my.dispose()
+    for s in ("pg", "my"):  # neither the divergence nor the repair was captured
+        c = client(urls[s])
+        cur = c.cursor()
+        cur.execute("SELECT count(*) FROM _mm._mm_log_items" if s == "pg" else "SELECT count(*) FROM _mm_log_items")
+        assert cur.fetchone()[0] == 0, s
+        c.close()

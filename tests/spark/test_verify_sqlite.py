@@ -10,10 +10,9 @@ from typer.testing import CliRunner
 
 from multimaster.spark import VerifyResult, verify
 from multimaster.cli import app
-from multimaster.spark.fixtures import rid
 from multimaster.config.topology import load_topology
 
-from mm_spark_helpers import captured, make_every_kind, uncaptured
+from mm_spark_helpers import base_rid as rid, captured, make_every_kind, uncaptured
 
 
 def test_converged(spark, cluster):

@@ -455,5 +455,23 @@ class MySQLDialect(Dialect):
         insert trigger gives the key, and InnoDB moves the counter past every key inserted.)"""
         self._sync_maxkey(conn, info)
 
+    # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
+    jdbc = Dialect.Jdbc(
+        driver="org.mariadb.jdbc.Driver",  # reads MariaDB and MySQL alike
+        jar="mariadb-java-client.jar",
+        package="libmariadb-java",
+        # not jdbc:mariadb: Spark picks its MySQL dialect (backquotes, types) only for jdbc:mysql
+        scheme="jdbc:mysql",
+        default_port=3306,
+        read_types=None,  # the driver reports each column's declared type
+    )
+
+    def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
+        # a user without a password (the owner sets it, never printed), from any host
+        user = f"'{login}'@'%'"
+        return [f"CREATE USER IF NOT EXISTS {user}"] + [
+            f"GRANT SELECT ON {self.quote(database)}.{self.quote(o)} TO {user}" for o in objects
+        ]
+
 
 DIALECT = MySQLDialect()

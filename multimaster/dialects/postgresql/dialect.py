@@ -359,5 +359,29 @@ class PostgreSQLDialect(Dialect):
                 (seq,),
             )
 
+    # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
+    jdbc = Dialect.Jdbc(
+        driver="org.postgresql.Driver",
+        jar="postgresql.jar",
+        package="libpostgresql-jdbc-java",
+        scheme="jdbc:postgresql",
+        default_port=5432,
+        read_types=None,  # the driver reports each column's declared type
+    )
+    #: verify's and repair's plain connections do not have multimaster's search path (prepare_engine)
+    mm_schema = SCHEMA
+
+    def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
+        # a role, not a user with a password: the owner sets it (never printed); USAGE on the schema
+        # is needed to reach anything in it
+        tables = ", ".join(f"{SCHEMA}.{self.quote(o)}" for o in objects)
+        return [
+            f"DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = '{login}') THEN "
+            f"CREATE ROLE {login} LOGIN; END IF; END $$",
+            f"GRANT CONNECT ON DATABASE {self.quote(database)} TO {login}",
+            f"GRANT USAGE ON SCHEMA {SCHEMA} TO {login}",
+            f"GRANT SELECT ON {tables} TO {login}",
+        ]
+
 
 DIALECT = PostgreSQLDialect()

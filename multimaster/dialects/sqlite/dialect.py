@@ -332,5 +332,46 @@ class SQLiteDialect(Dialect):
             (peer, table, seq2),
         )
 
+    # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
+    jdbc = Dialect.Jdbc(
+        driver="org.sqlite.JDBC",
+        jar="sqlite-jdbc.jar",
+        package="libxerial-sqlite-jdbc-java",
+        scheme="jdbc:sqlite",
+        default_port=None,  # a file: jdbc:sqlite:/abs/path.db
+        # the driver types a column from the value in its first row (SQLite columns have affinities,
+        # not types), so every read names its types: exact decimals and dates arrive as their text
+        read_types={
+            "long": "BIGINT",
+            "double": "DOUBLE",
+            "decimal": "STRING",
+            "boolean": "BIGINT",
+            "string": "STRING",
+            "date": "STRING",
+            "timestamp": "STRING",
+            "binary": "BINARY",
+        },
+    )
+    has_logins = False  # who may read the file is the file system's business
+    #: one writer per file: repair takes the write lock up front, so no application write commits
+    #: between what it reads and what it writes (a deferred transaction would fail to upgrade)
+    writer_begin = "BEGIN IMMEDIATE"
+
+    def database_file(self, url: str) -> str | None:
+        from sqlalchemy.engine import make_url
+
+        db = make_url(url).database
+        # "file:" names an SQLite URI filename, opened by its own rules, not a path
+        return db if db and db != ":memory:" and not db.startswith("file:") else None
+
+    def writer_engine_kwargs(self) -> dict[str, Any]:
+        # isolation_level=None: pysqlite issues no BEGIN of its own, writer_begin does; wait up to
+        # 30 s for the write lock
+        return {"connect_args": {"isolation_level": None, "timeout": 30}}
+
+    def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
+        return [f"-- {site} is a SQLite file: give '{peer}' read access to {database} (and its -wal/-shm files) "
+                "at the file-system level; SQLite has no logins"]
+
 
 DIALECT = SQLiteDialect()
