@@ -14,8 +14,8 @@ incarnations of one key the greatest rid supersedes every smaller one, so the ta
 the greatest live incarnation of each key. For such tables `states` must hold every incarnation of
 the keys the changes touch.
 
-Nothing here touches a database; ``multimaster.engine.reconcile`` reads the inputs and executes the plan with
-set-based SQL through the site's dialect. The same plan runs on every dialect.
+Nothing here touches a database; ``multimaster.engine.reconcile`` reads the inputs and ``multimaster.engine.apply``
+executes the plan with set-based SQL through the site's dialect. The same plan runs on every dialect.
 """
 
 from __future__ import annotations
