@@ -352,7 +352,7 @@ def test_interrupted_refresh_leaves_nothing_half_done(backend, tmp_path, monkeyp
     for i in range(30):
         cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, 0)", (f"r{i}", i))
     calls = {"n": 0}
-    real = eng._execute
+    real = eng.execute_plan
 
     def crash_on_second_batch(*a, **k):  # type: ignore[no-untyped-def]
         calls["n"] += 1
@@ -360,11 +360,11 @@ def test_interrupted_refresh_leaves_nothing_half_done(backend, tmp_path, monkeyp
             raise RuntimeError("power cut")
         return real(*a, **k)
 
-    monkeypatch.setattr(eng, "_execute", crash_on_second_batch)
+    monkeypatch.setattr(eng, "execute_plan", crash_on_second_batch)
     res = api.refresh(cl.topo, "s2", "s1", batch_size=10)
     assert res[0].error and "power cut" in res[0].error
     assert len(cl.rows("s2", "items")) == 10  # the first batch committed, the second rolled back whole
-    monkeypatch.setattr(eng, "_execute", real)
+    monkeypatch.setattr(eng, "execute_plan", real)
     cl.refresh_until_quiet()
     assert len(cl.rows("s2", "items")) == 30
     cl.assert_converged()

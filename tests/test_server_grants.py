@@ -7,7 +7,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
 from clusters import ITEMS, make_cluster
-from multimaster.engine.reconcile import pull_batch
+from multimaster.engine.pull import pull_batch
 from multimaster.ops.grants import apply_grants, grant_statements
 from multimaster.engine.site import Site
 

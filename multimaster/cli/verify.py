@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 
@@ -52,17 +53,7 @@ def verify_command(
 
     def store(res=None, error: Optional[str] = None) -> None:
         """--record: keep the final result (after a repair, the verify run after it) or the error."""
-        from multimaster.config.topology import load_topology
-        from multimaster.ops import verifications
-
-        try:
-            vid = verifications.store(load_topology(topology), res, error=error, started_at=started,
-                                      seconds=time.perf_counter() - t0, source="manual")
-        except Exception as e:  # noqa: BLE001 - the verify site may be what is down
-            msg = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            _fail(f"the result could not be recorded: {type(e).__name__}: {msg[:500]}")
-        if not as_json:
-            typer.echo(f"recorded as verification {vid}", err=True)
+        _store(topology, res, error, started, t0, as_json)
 
     def failed(msg: str, recordable: bool = True) -> None:
         if record and recordable:
@@ -70,39 +61,8 @@ def verify_command(
         _fail(msg)
 
     try:
-        from multimaster.spark import api
-        from multimaster.spark import report as rep
-
-        def run():
-            return api.verify(str(topology), tables=table or None, master=master, partitions=partitions,
-                              sample_limit=sample, checksum_only=checksum_only, buckets=buckets)
-
-        res = run()
-        out: dict = {"verify": res.to_dict()}
-        if not as_json:
-            rep.render_rich(res)
-        plan = None
-        if repair_from is not None:
-            from multimaster.spark.repair import apply_plan, plan_repair
-
-            plan = plan_repair(str(topology), repair_from, table or None, master=master, partitions=partitions)
-            if not as_json:
-                rep.render_plan(plan, applied=False if not apply else True)
-            out["repair"] = {"plan": plan.to_dict(), "applied": False}
-            if apply and plan.total:
-                apply_plan(str(topology), plan)
-                out["repair"]["applied"] = True
-                res = run()
-                out["after"] = res.to_dict()
-                if not as_json:
-                    typer.echo("After the repair:")
-                    rep.render_rich(res)
-        if report is not None:
-            report.write_text(rep.to_html(res))
-            if not as_json:
-                typer.echo(f"HTML report written to {report}")
-        if as_json:
-            sys.stdout.write(json.dumps(out if repair_from else res.to_dict(), indent=2, default=str) + "\n")
+        res = _verify(topology, table or None, master, partitions, sample, checksum_only, buckets, repair_from, apply,
+                      report, as_json)
     except MissingDependency as e:
         failed(str(e))
     except ConfigError as e:  # a bad topology or option: not a run worth recording
@@ -115,6 +75,75 @@ def verify_command(
     if record:
         store(res)
     raise typer.Exit(res.exit_code)
+
+
+def _store(topology: Path, res: Any, error: str | None, started: str, t0: float, as_json: bool) -> None:
+    """Store the result (or the error) in _mm_verifications at the verify site, with the time since
+    `t0` (time.perf_counter()); exit 2 when that fails."""
+    import time
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops import verifications
+
+    try:
+        vid = verifications.store(load_topology(topology), res, error=error, started_at=started,
+                                  seconds=time.perf_counter() - t0, source="manual")
+    except Exception as e:  # noqa: BLE001 - the verify site may be what is down
+        msg = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        _fail(f"the result could not be recorded: {type(e).__name__}: {msg[:500]}")
+    if not as_json:
+        typer.echo(f"recorded as verification {vid}", err=True)
+
+
+def _verify(topology: Path, tables: list[str] | None, master: str, partitions: int, sample: int, checksum_only: bool,
+            buckets: int, repair_from: str | None, apply: bool, report: Path | None, as_json: bool) -> Any:
+    """Check the sites (and repair from `repair_from` when asked), print the result (or, with
+    `as_json`, the JSON document), write the HTML `report`. Returns the final result."""
+    from multimaster.spark import api
+    from multimaster.spark import report as rep
+
+    def run() -> Any:
+        return api.verify(str(topology), tables=tables, master=master, partitions=partitions,
+                          sample_limit=sample, checksum_only=checksum_only, buckets=buckets)
+
+    res = run()
+    out: dict = {"verify": res.to_dict()}
+    if not as_json:
+        rep.render_rich(res)
+    if repair_from is not None:
+        after = _repair(topology, tables, master, partitions, repair_from, apply, as_json, out, run)
+        if after is not None:
+            res = after
+    if report is not None:
+        report.write_text(rep.to_html(res))
+        if not as_json:
+            typer.echo(f"HTML report written to {report}")
+    if as_json:
+        sys.stdout.write(json.dumps(out if repair_from else res.to_dict(), indent=2, default=str) + "\n")
+    return res
+
+
+def _repair(topology: Path, tables: list[str] | None, master: str, partitions: int, repair_from: str, apply: bool,
+            as_json: bool, out: dict[str, Any], run: Callable[[], Any]) -> Any:
+    """Plan making every site equal to `repair_from` and show it (into `out["repair"]`); with
+    `apply`, apply it and verify again (`run`): returns that result, else None."""
+    from multimaster.spark import report as rep
+    from multimaster.spark.repair import apply_plan, plan_repair
+
+    plan = plan_repair(str(topology), repair_from, tables, master=master, partitions=partitions)
+    if not as_json:
+        rep.render_plan(plan, applied=False if not apply else True)
+    out["repair"] = {"plan": plan.to_dict(), "applied": False}
+    if apply and plan.total:
+        apply_plan(str(topology), plan)
+        out["repair"]["applied"] = True
+        res = run()
+        out["after"] = res.to_dict()
+        if not as_json:
+            typer.echo("After the repair:")
+            rep.render_rich(res)
+        return res
+    return None
 
 
 app = typer.Typer(add_completion=False, help="multimaster Spark convergence checker")

@@ -273,31 +273,57 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
         if tname.lower() in tl:
             problems.append(f"{where}: duplicate table name (same as '{tl[tname.lower()]}' ignoring case)")
         tl[tname.lower()] = tname
-        for col in [t.key, *t.columns, *t.exclude]:
-            _check_ident("column", col, 48, where, problems)
-        if t.key in t.exclude:
-            problems.append(f"{where}.exclude: the key column '{t.key}' cannot be excluded")
-        if t.key in t.columns:
-            problems.append(f"{where}.columns.{t.key}: the key column takes no policy")
-        _policy_problems(t.policy, f"{where}.policy", sites, problems)
-        seen: dict[str, str] = {}
-        for col, p in t.columns.items():
-            _policy_problems(p, f"{where}.columns.{col}", sites, problems)
-        for gname, g in t.groups.items():
-            _check_ident("group", gname, 48, f"{where}.groups", problems)
-            _policy_problems(g.policy, f"{where}.groups.{gname}.policy", sites, problems)
-            if g.policy == "additive":
-                problems.append(f"{where}.groups.{gname}.policy: 'additive' applies to single numeric columns, not groups")
-            for col in g.columns:
-                _check_ident("column", col, 48, f"{where}.groups.{gname}", problems)
-                if col in seen:
-                    problems.append(f"{where}.groups.{gname}: column '{col}' is already in group '{seen[col]}'")
-                if col in t.columns:
-                    problems.append(f"{where}.groups.{gname}: column '{col}' also has its own policy under columns")
-                if col == t.key:
-                    problems.append(f"{where}.groups.{gname}: the key column '{col}' cannot be in a group")
-                seen[col] = gname
-    links = model.links
+        _table_problems(t, where, sites, problems)
+    for n in _link_problems(model.links, sites, problems):
+        if n not in sites:
+            problems.append(f"links: site '{n}' is not defined under sites")
+    for d, label in ((model.refresh.interval, "refresh.interval"), (model.refresh.jitter, "refresh.jitter")):
+        try:
+            parse_duration(d)
+        except ValueError as e:
+            problems.append(f"{label}: {e}")
+    if model.verify is not None:
+        _verify_problems(model, problems)
+
+
+def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[str]) -> None:
+    """The problems of one table's entry (`where`: 'tables.<name>'): its column names, its key,
+    its policies and its groups."""
+    for col in [t.key, *t.columns, *t.exclude]:
+        _check_ident("column", col, 48, where, problems)
+    if t.key in t.exclude:
+        problems.append(f"{where}.exclude: the key column '{t.key}' cannot be excluded")
+    if t.key in t.columns:
+        problems.append(f"{where}.columns.{t.key}: the key column takes no policy")
+    _policy_problems(t.policy, f"{where}.policy", sites, problems)
+    seen: dict[str, str] = {}
+    for col, p in t.columns.items():
+        _policy_problems(p, f"{where}.columns.{col}", sites, problems)
+    for gname, g in t.groups.items():
+        _check_ident("group", gname, 48, f"{where}.groups", problems)
+        _policy_problems(g.policy, f"{where}.groups.{gname}.policy", sites, problems)
+        if g.policy == "additive":
+            problems.append(f"{where}.groups.{gname}.policy: 'additive' applies to single numeric columns, not groups")
+        for col in g.columns:
+            _group_column_problems(t, f"{where}.groups.{gname}", col, seen, problems)
+            seen[col] = gname
+
+
+def _group_column_problems(t: TableConfig, where: str, col: str, seen: dict[str, str], problems: list[str]) -> None:
+    """The problems of column `col` of a group (`where`: 'tables.<name>.groups.<group>'); `seen`:
+    column -> the group it was met in before."""
+    _check_ident("column", col, 48, where, problems)
+    if col in seen:
+        problems.append(f"{where}: column '{col}' is already in group '{seen[col]}'")
+    if col in t.columns:
+        problems.append(f"{where}: column '{col}' also has its own policy under columns")
+    if col == t.key:
+        problems.append(f"{where}: the key column '{col}' cannot be in a group")
+
+
+def _link_problems(links: Any, sites: set[str], problems: list[str]) -> list[str]:
+    """The problems of the `links` entry (a star, a chain or a list of links). Returns the site
+    names it mentions, for the caller to check against `sites`."""
     names: list[str] = []
     if isinstance(links, dict) and "star" in links:
         names = [links["star"]]
@@ -323,16 +349,7 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
                         parse_duration(d)
                     except ValueError as e:
                         problems.append(f"links[{i}]: {e}")
-    for n in names:
-        if n not in sites:
-            problems.append(f"links: site '{n}' is not defined under sites")
-    for d, label in ((model.refresh.interval, "refresh.interval"), (model.refresh.jitter, "refresh.jitter")):
-        try:
-            parse_duration(d)
-        except ValueError as e:
-            problems.append(f"{label}: {e}")
-    if model.verify is not None:
-        _verify_problems(model, problems)
+    return names
 
 
 def _verify_problems(model: _TopologyModel, problems: list[str]) -> None:
@@ -385,6 +402,21 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         raise ConfigError(_format_pydantic(e), source) from None
     problems: list[str] = []
     check_topology(model, problems)
+    sites = _site_configs(model, base, problems)
+    if problems:
+        raise ConfigError(problems, source)
+    names = list(model.sites)
+    links = expand_links(model.links, names, parse_duration(model.refresh.interval), parse_duration(model.refresh.jitter))
+    if len(names) > 1:
+        problems += _unreachable(names, links)
+        if problems:
+            raise ConfigError(problems, source)
+    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify)
+
+
+def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str]) -> dict[str, SiteConfig]:
+    """Each site's configuration with ${VAR} expanded in its URL and a relative SQLite path
+    resolved against `base` (the topology file's folder)."""
     sites: dict[str, SiteConfig] = {}
     for name, s in model.sites.items():
         url = _expand_env(s.url, f"sites.{name}.url", problems)
@@ -394,26 +426,25 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         except Exception:
             problems.append(f"sites.{name}.url: '{hidden_url(url)}' is not a database URL (e.g. sqlite:///s1.db)")
         sites[name] = SiteConfig(url=url, verify=s.verify)
-    if problems:
-        raise ConfigError(problems, source)
-    names = list(model.sites)
-    links = expand_links(model.links, names, parse_duration(model.refresh.interval), parse_duration(model.refresh.jitter))
-    if len(names) > 1:
-        reach = {s: {s} for s in names}
-        changed = True
-        while changed:
-            changed = False
-            for ln in links:
-                if not reach[ln.source] <= reach[ln.target]:
-                    reach[ln.target] |= reach[ln.source]
-                    changed = True
-        for s in names:
-            missing = set(names) - reach[s]
-            if missing:
-                problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links)")
-        if problems:
-            raise ConfigError(problems, source)
-    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify)
+    return sites
+
+
+def _unreachable(names: list[str], links: list[Link]) -> list[str]:
+    """A problem for every site that some other site's changes never reach over `links`."""
+    problems = []
+    reach = {s: {s} for s in names}
+    changed = True
+    while changed:
+        changed = False
+        for ln in links:
+            if not reach[ln.source] <= reach[ln.target]:
+                reach[ln.target] |= reach[ln.source]
+                changed = True
+    for s in names:
+        missing = set(names) - reach[s]
+        if missing:
+            problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links)")
+    return problems
 
 
 def load_topology(path: str | os.PathLike[str]) -> Topology:

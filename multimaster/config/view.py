@@ -84,30 +84,9 @@ def view(topo: Topology) -> TopologyView:
     for ln in topo.links:
         nxt[ln.source].append(ln)
     for a in sites:
-        # hops: breadth-first over links in the direction changes flow (source -> target)
-        dist: dict[str, int] = {a: 0}
-        dq = deque([a])
-        while dq:
-            u = dq.popleft()
-            for ln in nxt[u]:
-                if ln.target not in dist:
-                    dist[ln.target] = dist[u] + 1
-                    dq.append(ln.target)
+        dist = _hops(a, nxt)
         out.hops[a] = {b: dist.get(b) for b in sites if b != a}
-        # delay: cheapest route by worst-case wait per link
-        best: dict[str, float] = {a: 0.0}
-        prev: dict[str, str] = {}
-        heap = [(0.0, a)]
-        while heap:
-            c, u = heapq.heappop(heap)
-            if c > best.get(u, float("inf")):
-                continue
-            for ln in nxt[u]:
-                nc = c + _worst(ln)
-                if nc < best.get(ln.target, float("inf")):
-                    best[ln.target] = nc
-                    prev[ln.target] = u
-                    heapq.heappush(heap, (nc, ln.target))
+        best, prev = _fastest(a, nxt)
         out.delay[a] = {b: best.get(b) for b in sites if b != a}
         out.route[a] = {}
         for b in sites:
@@ -118,6 +97,39 @@ def view(topo: Topology) -> TopologyView:
                 path.append(prev[path[-1]])
             out.route[a][b] = path[::-1]
     return out
+
+
+def _hops(a: str, nxt: dict[str, list[Link]]) -> dict[str, int]:
+    """Site -> the fewest links a change of `a` crosses to reach it (`nxt`: the links out of each
+    site): breadth-first over links in the direction changes flow (source -> target)."""
+    dist: dict[str, int] = {a: 0}
+    dq = deque([a])
+    while dq:
+        u = dq.popleft()
+        for ln in nxt[u]:
+            if ln.target not in dist:
+                dist[ln.target] = dist[u] + 1
+                dq.append(ln.target)
+    return dist
+
+
+def _fastest(a: str, nxt: dict[str, list[Link]]) -> tuple[dict[str, float], dict[str, str]]:
+    """The cheapest route from `a` to every site it reaches, by worst-case wait per link: (site ->
+    its delay, site -> the site before it on the route)."""
+    best: dict[str, float] = {a: 0.0}
+    prev: dict[str, str] = {}
+    heap = [(0.0, a)]
+    while heap:
+        c, u = heapq.heappop(heap)
+        if c > best.get(u, float("inf")):
+            continue
+        for ln in nxt[u]:
+            nc = c + _worst(ln)
+            if nc < best.get(ln.target, float("inf")):
+                best[ln.target] = nc
+                prev[ln.target] = u
+                heapq.heappush(heap, (nc, ln.target))
+    return best, prev
 
 
 def _fmt_s(v: float | None) -> str:

@@ -14,8 +14,8 @@ incarnations of one key the greatest rid supersedes every smaller one, so the ta
 the greatest live incarnation of each key. For such tables `states` must hold every incarnation of
 the keys the changes touch.
 
-Nothing here touches a database; ``multimaster.engine.reconcile`` reads the inputs and executes the plan with
-set-based SQL through the site's dialect. The same plan runs on every dialect.
+Nothing here touches a database; ``multimaster.engine.reconcile`` reads the inputs and ``multimaster.engine.apply``
+executes the plan with set-based SQL through the site's dialect. The same plan runs on every dialect.
 """
 
 from __future__ import annotations
@@ -175,7 +175,6 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
     processed: list[Change] = []
     parked: list[Change] = []
     conflicts: list[ConflictRecord] = []
-    cols = spec.columns
     slot_of = spec.slot_of
     natural = not spec.renumber
     # natural keys: every incarnation known here, per key
@@ -190,54 +189,75 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
             continue
         st = rows.get(ch.rid)
         if ch.op == "I":
-            if st is None:
-                if natural:
-                    _new_incarnation(spec, ch, rows, lives, conflicts)
-                else:
-                    rows[ch.rid] = RowState(ch.rid, ch.key, None, {}, list(ch.new), existed=False)
-                    rows[ch.rid].changed = set(range(len(cols)))
-            elif st.values is None:
-                pass  # a deleted identity (or incarnation) stays dead: the insert changes nothing
-            elif natural:
-                # the same incarnation inserted at two sites (both had seen the same history)
-                _merge(spec, st, ch, spec.all_mask, conflicts, "insert_insert", slot_of)
-            processed.append(ch)
+            _plan_insert(spec, ch, st, rows, lives, conflicts, slot_of)
         elif ch.op == "U":
             if st is None:
                 parked.append(ch)
                 held.add(ch.origin)
                 continue
-            if st.values is None:
-                conflicts.append(ConflictRecord(
-                    spec.name, ch.rid, "update_delete", None,
-                    tuple(cols[i] for i in _bits(ch.mask)), st.deleted, None, ch.ver,
-                    {cols[i]: ch.new[i] for i in _bits(ch.mask)}, "delete-wins", "delete"))
-            else:
-                _merge(spec, st, ch, ch.mask, conflicts, "update_update", slot_of)
-            processed.append(ch)
+            _plan_update(spec, ch, st, conflicts, slot_of)
         elif ch.op == "D":
-            if st is None:
-                if natural:
-                    _new_incarnation(spec, ch, rows, lives, conflicts)
-                else:
-                    rows[ch.rid] = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
-            elif st.values is None:
-                if st.deleted is None or ch.ver < st.deleted:
-                    st.deleted = ch.ver
-                    st.deleted_changed = True
-            else:
-                diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i])]
-                if diff:
-                    conflicts.append(ConflictRecord(
-                        spec.name, ch.rid, "delete_update", None, tuple(cols[i] for i in diff),
-                        None, {cols[i]: st.values[i] for i in diff}, ch.ver, None, "delete-wins", "delete"))
-                st.values = None
-                st.deleted = ch.ver
-                st.deleted_changed = True
-            processed.append(ch)
+            _plan_delete(spec, ch, st, rows, lives, conflicts)
         else:
             raise ValueError(f"unknown change type {ch.op!r} in change {ch.ver}")
+        processed.append(ch)
     return Plan(rows, processed, parked, conflicts)
+
+
+def _plan_insert(spec: TableSpec, ch: Change, st: RowState | None, rows: dict[str, RowState],
+                 lives: dict[Any, list[RowState]], conflicts: list[ConflictRecord], slot_of: dict[int, int]) -> None:
+    """An insert: a new identity (a natural key: a new incarnation) unless this site knows it; a
+    known deleted one stays dead; a natural key's live incarnation inserted at two sites merges."""
+    if st is None:
+        if not spec.renumber:
+            _new_incarnation(spec, ch, rows, lives, conflicts)
+        else:
+            rows[ch.rid] = RowState(ch.rid, ch.key, None, {}, list(ch.new), existed=False)
+            rows[ch.rid].changed = set(range(len(spec.columns)))
+    elif st.values is None:
+        pass  # a deleted identity (or incarnation) stays dead: the insert changes nothing
+    elif not spec.renumber:
+        # the same incarnation inserted at two sites (both had seen the same history)
+        _merge(spec, st, ch, spec.all_mask, conflicts, "insert_insert", slot_of)
+
+
+def _plan_update(spec: TableSpec, ch: Change, st: RowState, conflicts: list[ConflictRecord], slot_of: dict[int, int]) -> None:
+    """An update of a known identity: discarded if it is deleted (a delete wins), else merged
+    slot by slot."""
+    cols = spec.columns
+    if st.values is None:
+        conflicts.append(ConflictRecord(
+            spec.name, ch.rid, "update_delete", None,
+            tuple(cols[i] for i in _bits(ch.mask)), st.deleted, None, ch.ver,
+            {cols[i]: ch.new[i] for i in _bits(ch.mask)}, "delete-wins", "delete"))
+    else:
+        _merge(spec, st, ch, ch.mask, conflicts, "update_update", slot_of)
+
+
+def _plan_delete(spec: TableSpec, ch: Change, st: RowState | None, rows: dict[str, RowState],
+                 lives: dict[Any, list[RowState]], conflicts: list[ConflictRecord]) -> None:
+    """A delete: of an unknown identity, a tombstone (a natural key: a dead incarnation); of a
+    deleted one, the lowest delete version is kept; of a live row, it goes, whatever was updated
+    concurrently (a `delete_update` conflict)."""
+    cols = spec.columns
+    if st is None:
+        if not spec.renumber:
+            _new_incarnation(spec, ch, rows, lives, conflicts)
+        else:
+            rows[ch.rid] = RowState(ch.rid, ch.key, ch.ver, {}, None, existed=False)
+    elif st.values is None:
+        if st.deleted is None or ch.ver < st.deleted:
+            st.deleted = ch.ver
+            st.deleted_changed = True
+    else:
+        diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i])]
+        if diff:
+            conflicts.append(ConflictRecord(
+                spec.name, ch.rid, "delete_update", None, tuple(cols[i] for i in diff),
+                None, {cols[i]: st.values[i] for i in diff}, ch.ver, None, "delete-wins", "delete"))
+        st.values = None
+        st.deleted = ch.ver
+        st.deleted_changed = True
 
 
 def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], lives: dict[Any, list[RowState]],
@@ -298,62 +318,83 @@ def _last_ver(st: RowState) -> str | None:
 
 
 def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list[ConflictRecord], kind: str, slot_of: dict[int, int]) -> None:
+    """Merge the columns of `mask` of change `ch` into the live row `st`, slot by slot: a slot's
+    change clashes when the row's value is not the change's "before" value (an `insert_insert`
+    always clashes); additive slots add deltas, the others keep the version their policy picks."""
     assert st.values is not None
-    cols = spec.columns
     by_slot: dict[int, list[int]] = {}
     for i in _bits(mask):
         by_slot.setdefault(slot_of[i], []).append(i)
     for si, idx in by_slot.items():
         slot = spec.slots[si]
         local_ver = st.versions.get(slot.name) or _default_ver(spec, st)
-        cur = [st.values[i] for i in idx]
-        new = [ch.new[i] for i in idx]
         if kind == "insert_insert":
             clash = True
         else:
             clash = not all(_same(ch.old[i], st.values[i]) for i in idx)
-        pol = slot.policy
-        if pol.is_additive:
-            i = idx[0]
-            old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
-            if kind == "insert_insert":
-                merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
-            elif _same(old_v, cur_v):
-                merged = new_v  # nothing concurrent: exactly the new value (no float drift)
-            elif cur_v is None or old_v is None or new_v is None:
-                merged = new_v if ch.ver > local_ver else cur_v
-            else:
-                merged = cur_v + (new_v - old_v)
-            if clash:
-                conflicts.append(ConflictRecord(
-                    spec.name, st.rid, kind, slot.name, (cols[i],), local_ver, {cols[i]: cur_v},
-                    ch.ver, {cols[i]: new_v}, pol.name, "merged"))
-            if not _same(merged, cur_v):
-                st.values[i] = merged
-                st.changed.add(i)
-            if ch.ver > local_ver:
-                st.versions[slot.name] = ch.ver
-                st.changed_slots.add(slot.name)
-            continue
-        if not clash and ch.ver > local_ver:
-            winner_remote = True
+        if slot.policy.is_additive:
+            _merge_additive(spec, st, ch, slot, idx[0], local_ver, clash, kind, conflicts)
         else:
-            names = tuple(cols[i] for i in idx)
-            local_c = Candidate(dict(zip(names, cur)), local_ver, local_ver[20:])
-            remote_c = Candidate(dict(zip(names, new)), ch.ver, ch.origin)
-            won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, local_c, remote_c))
-            winner_remote = won is remote_c
-            if clash or not winner_remote:
-                conflicts.append(ConflictRecord(
-                    spec.name, st.rid, kind, slot.name, names, local_ver, local_c.values,
-                    ch.ver, remote_c.values, pol.name, "remote" if winner_remote else "local"))
-        if winner_remote:
-            for i, v in zip(idx, new):
-                if not _same(st.values[i], v):
-                    st.values[i] = v
-                    st.changed.add(i)
-            st.versions[slot.name] = ch.ver
-            st.changed_slots.add(slot.name)
+            _merge_by_policy(spec, st, ch, slot, idx, local_ver, clash, kind, conflicts)
+
+
+def _merge_additive(spec: TableSpec, st: RowState, ch: Change, slot: Slot, i: int, local_ver: str, clash: bool, kind: str,
+                    conflicts: list[ConflictRecord]) -> None:
+    """An additive column `i`: the row keeps its value plus the change's delta (both inserts'
+    values for an `insert_insert`); a clash is recorded as `merged`."""
+    assert st.values is not None
+    cols = spec.columns
+    pol = slot.policy
+    old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
+    if kind == "insert_insert":
+        merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
+    elif _same(old_v, cur_v):
+        merged = new_v  # nothing concurrent: exactly the new value (no float drift)
+    elif cur_v is None or old_v is None or new_v is None:
+        merged = new_v if ch.ver > local_ver else cur_v
+    else:
+        merged = cur_v + (new_v - old_v)
+    if clash:
+        conflicts.append(ConflictRecord(
+            spec.name, st.rid, kind, slot.name, (cols[i],), local_ver, {cols[i]: cur_v},
+            ch.ver, {cols[i]: new_v}, pol.name, "merged"))
+    if not _same(merged, cur_v):
+        st.values[i] = merged
+        st.changed.add(i)
+    if ch.ver > local_ver:
+        st.versions[slot.name] = ch.ver
+        st.changed_slots.add(slot.name)
+
+
+def _merge_by_policy(spec: TableSpec, st: RowState, ch: Change, slot: Slot, idx: list[int], local_ver: str, clash: bool,
+                     kind: str, conflicts: list[ConflictRecord]) -> None:
+    """A slot of columns `idx` under a choosing policy: a newer change without a clash wins
+    outright; otherwise the policy picks between the row's values and the change's, and a clash
+    (or a remote change that lost) is recorded."""
+    assert st.values is not None
+    cols = spec.columns
+    pol = slot.policy
+    cur = [st.values[i] for i in idx]
+    new = [ch.new[i] for i in idx]
+    if not clash and ch.ver > local_ver:
+        winner_remote = True
+    else:
+        names = tuple(cols[i] for i in idx)
+        local_c = Candidate(dict(zip(names, cur)), local_ver, local_ver[20:])
+        remote_c = Candidate(dict(zip(names, new)), ch.ver, ch.origin)
+        won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, local_c, remote_c))
+        winner_remote = won is remote_c
+        if clash or not winner_remote:
+            conflicts.append(ConflictRecord(
+                spec.name, st.rid, kind, slot.name, names, local_ver, local_c.values,
+                ch.ver, remote_c.values, pol.name, "remote" if winner_remote else "local"))
+    if winner_remote:
+        for i, v in zip(idx, new):
+            if not _same(st.values[i], v):
+                st.values[i] = v
+                st.changed.add(i)
+        st.versions[slot.name] = ch.ver
+        st.changed_slots.add(slot.name)
 
 
 @dataclass(frozen=True)

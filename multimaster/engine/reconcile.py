@@ -1,25 +1,32 @@
-"""The engine's I/O: refresh (pull a peer's change log into a snapshot) and reconcile (apply it).
+"""Reconcile: apply the changes pulled into a table's snapshots to the table, in one transaction.
 
-Decisions are made by :mod:`multimaster.core.planner` on plain data; this module reads the inputs,
-executes the plan through the site's dialect, and keeps every batch in one local transaction.
+:func:`reconcile_table` is a short sequence of named steps: catch the shadow up with the site's own
+inserts, gather the candidates (new snapshot rows, one per version, less those applied here
+already), apply the plain ones set-based (:mod:`multimaster.engine.fastpath`), let
+:mod:`multimaster.core.planner` decide the rest in version order and execute its plan
+(:mod:`multimaster.engine.apply`), mark what is applied (`_mm_origins`) and what waits, relay what
+peers need, move the clock. Reading a peer's change log into a snapshot is
+:mod:`multimaster.engine.pull`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
-from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, assign_keys, plan
+from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, plan
 from multimaster.core.versions import ver_hlc
+from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import fastpath
+from multimaster.engine.apply import Applied, execute_plan
+from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
-__all__ = ["ReconcileResult", "RefreshResult", "reconcile_table", "pull_batch", "log_select_columns"]
+__all__ = ["ReconcileResult", "RefreshResult", "reconcile_table"]
 
 
 @dataclass
@@ -59,96 +66,17 @@ class RefreshResult:
         return sum(len(r.conflicts) for r in self.reconciled.values())
 
 
-def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
-    q = site.dialect.quote
-    cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", f"{prefix}key", f"{prefix}mask"]
-    cols += [prefix + q("n_" + c) for c in info.column_names]
-    cols += [prefix + q("o_" + c) for c in info.column_names]
-    return cols
 
+@dataclass
+class _Candidates:
+    """The scratch table of candidate changes (one row per version, none applied here yet) and what
+    the later steps need to know of it."""
 
-def _json(v: Any) -> Any:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return {"$hex": bytes(v).hex()}
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return str(v)
-
-
-# ---------------------------------------------------------------------------------------------
-# pull
-
-
-def pull_batch(source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int) -> list[tuple[Any, ...]]:
-    """Read up to `limit` second-order log entries of `source` past `watermark`, joined with the
-    change log rows they reference. Returns rows (seq2, op2, seq, ver, origin, op, rid, key, mask,
-    n..., o...). Entries for changes that originated at `target` are kept (to advance the
-    watermark) but their change columns are None."""
-    o = source.dialect.obj(info.name)
-    q = source.dialect.quote
-    ph = source.dialect.caps.placeholder
-    cols = ", ".join(log_select_columns(source, info, "l."))
-    sql = (
-        f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
-        f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph}{'' if source.dialect.log2_horizon is None else ' AND l2.seq2 < ' + source.dialect.log2_horizon} "
-        f"ORDER BY l2.seq2 LIMIT {int(limit)}"
-    )
-    del q
-    with source.read() as sconn:
-        return [tuple(r) for r in sconn.exec_driver_sql(sql, (target.name, watermark))]
-
-
-def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]],
-                applied: bool = False) -> tuple[int, int]:
-    """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2).
-
-    `applied=True` stores them as applied: the caller reconciles them in the same transaction (see
-    reconcile_table's `fresh`), which saves marking every row afterwards."""
-    d = site.dialect
-    o = d.obj(info.name, peer)
-    ncols = len(info.columns)
-    width = 6 + 2 * ncols
-    appended = []
-    purged = []
-    adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
-    conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
-    for r in rows:
-        _seq2, op2, seq = r[0], r[1], r[2]
-        if op2 == "A":
-            if r[3] is None:
-                continue  # the change came from this site, or was purged already
-            vals = r[3:3 + width]
-            if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
-                raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
-            if conv:  # values as this site's driver stores them exactly (dialects/types.py)
-                vals = list(vals)
-                for i, f in conv:
-                    vals[i] = f(vals[i])
-            appended.append((seq, *vals))
-        elif op2 == "P":
-            purged.append((seq,))
-        else:
-            raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
-    if appended:
-        cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        d.store_snapshot_rows(conn, o['snap'], cols, appended, applied)
-    if purged:
-        conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
-    last = rows[-1][0] if rows else 0
-    return len(appended), last
-
-
-# ---------------------------------------------------------------------------------------------
-# reconcile
-
-
-def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
-    n = len(info.columns)
-    ver, origin, op, rid, key, mask = r[0], r[1], r[2], r[3], r[4], r[5]
-    if op not in ("I", "U", "D") or not isinstance(ver, str) or mask is None or rid is None:
-        raise CorruptChange(info.name, peer, ver, f"malformed change (op={op!r}, mask={mask!r}, rid={rid!r})")
-    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6:6 + n]), tuple(r[6 + n:6 + 2 * n]))
+    table: str
+    columns: list[str]  # the change log's columns, as log_select_columns names them
+    per_origin: dict[str, tuple[int, str]]  # origin -> (changes, highest version)
+    total: int  # rows of `table`
+    pending: int  # new snapshot rows read (the same change from two peers counts twice)
 
 
 def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int,
@@ -163,31 +91,54 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
 
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
-    q = d.quote
-    ph = d.caps.placeholder
     res = ReconcileResult(info.name)
-    own = d.obj(info.name)
     snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
     d.lock_for_apply(conn, info)
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)
-    # 1. candidates, one per version: rows not applied yet (or pulled in this transaction, `fresh`:
-    # peer -> lowest pseq stored), less those already applied here (arrived over another route)
+    # 1. candidates, one per version
+    cands = _candidates(conn, site, info, snaps, fresh)
+    if cands is None:
+        return res
+    res.duplicates += max(0, cands.pending - cands.total)
+    max_hlc = ver_hlc(max(top for _, top in cands.per_origin.values()))
+    # on error the transaction rolls back, and the capture guard and scratch tables with it
+    d.set_applying(conn, True)
+    # 2. the plain changes, set-based
+    fr, rest = _apply_plain(conn, site, info, cands, base_max, res)
+    # 3. the rest: the planner decides, in version order; then its plan is executed
+    p, new_keys = _plan_rest(conn, site, info, fr, rest)
+    _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+    # 4. changes waiting for their row stay in the snapshots, to be tried again
+    _park(conn, d, snaps, cands.table, p.parked)
+    # 5. what is applied is known for good: the highest version per origin
+    _mark_applied(conn, d, info, cands, bool(p.parked))
+    # 6. relay: changes some peer of this site needs enter the change log
+    if relay is None or relay:
+        _relay(conn, site, info, cands, relay)
+    # 7. the clock moves past every version received
+    d.advance_clock(conn, max_hlc, info.name)
+    d.after_apply(conn, info)
+    d.set_applying(conn, False)
+    d.drop_temp(conn, cands.table)
+    res.applied = cands.total - len(p.parked)
+    res.parked = len(p.parked)
+    res.conflicts = p.conflicts
+    return res
+
+
+def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, str],
+                fresh: dict[str, int] | None) -> _Candidates | None:
+    """Step 1: copy the new snapshot rows of every peer into a scratch table, one per version, less
+    those already applied here (arrived over another route), and mark them applied in the
+    snapshots. None (and no scratch table) when there is nothing to apply."""
+    d = site.dialect
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
-    counts: dict[str, int] = {}
-    selects: dict[str, str] = {}
-    for p_, snap in snaps.items():
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
-        new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
-        counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
-        # (table names are checked plain identifiers)
-        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND NOT EXISTS "
-                       f"(SELECT 1 FROM _mm_origins g WHERE g.tbl = '{info.name}' AND g.origin = s.origin AND g.max_ver >= s.ver)")
+    counts, selects = _new_rows(conn, info, snaps, lcols, fresh)
     sources = [p_ for p_, n in counts.items() if n]
     if not sources:
-        return res
-    n_rows = sum(counts.values())
+        return None
     if len(sources) == 1:  # one peer's log holds each version once: no de-duplication needed
         d.create_temp(conn, cand, selects[sources[0]], index=None)
     else:  # the same change may come from several peers: keep one
@@ -200,63 +151,119 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     total = sum(n for n, _ in per_origin.values())
     if not total:
         d.drop_temp(conn, cand)
-        return res
-    res.duplicates += max(0, n_rows - total)
-    max_hlc = ver_hlc(max(top for _, top in per_origin.values()))
-    # on error the transaction rolls back, and the capture guard and scratch tables with it
-    d.set_applying(conn, True)
-    # 3. the plain changes, set-based
-    new_keys = None
+        return None
+    return _Candidates(cand, lcols, per_origin, total, sum(counts.values()))
+
+
+def _new_rows(conn: Connection, info: TableInfo, snaps: dict[str, str], lcols: list[str],
+              fresh: dict[str, int] | None) -> tuple[dict[str, int], dict[str, str]]:
+    """Per peer, how many snapshot rows are new, and the SELECT of those not applied here yet.
+
+    New: not applied yet (rows that waited for their row, `applied = 2`, are tried again) or pulled
+    in this transaction (`fresh`: peer -> lowest pseq stored). Applied here: `_mm_origins` holds a
+    version at least as high from the same origin."""
+    counts: dict[str, int] = {}
+    selects: dict[str, str] = {}
+    for p_, snap in snaps.items():
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
+        new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
+        counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
+        # (table names are checked plain identifiers)
+        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND NOT EXISTS "
+                       f"(SELECT 1 FROM _mm_origins g WHERE g.tbl = '{info.name}' AND g.origin = s.origin AND g.max_ver >= s.ver)")
+    return counts, selects
+
+
+def _apply_plain(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, base_max: int,
+                 res: ReconcileResult) -> tuple[fastpath.FastResult, str]:
+    """Step 2: apply the plain changes set-based (fastpath.py) and count them in `res`. Returns what
+    the fast path did and the SELECT of the candidates left for the planner, in version order."""
+    d = site.dialect
+    lcols = cands.columns
+    cand = cands.table
     rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows without locking them: only where no other writer
     # of this table can commit meanwhile (Dialect.set_based_apply); elsewhere the planner's locked path
     if fastpath.enabled() and d.set_based_apply:
-        fr = fastpath.apply_fast(conn, site, info, cand, base_max, total)
+        fr = fastpath.apply_fast(conn, site, info, cand, base_max, cands.total)
         res.inserted += fr.inserted
         res.updated += fr.updated
         res.deleted += fr.deleted
         if fr.done:
             rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
-    # 4. the rest: the planner decides, in version order
+    return fr, rest
+
+
+def _plan_rest(conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastResult,
+               rest: str) -> tuple[Plan, dict[str, int] | None]:
+    """Step 3: the planner decides the changes `rest` selects (those the fast path left), in version
+    order, from the state this site holds of their rows. Returns the plan and, when the fast path
+    already numbered the new identities (no key shifts), their keys. Drops the fast path's tables."""
+    d = site.dialect
+    ph = d.caps.placeholder
     ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)] if fr.left else []
     states = _load_states(conn, site, info, {c.rid for c in ordered}, [c.key for c in ordered]) if ordered else {}
     p = plan(info.spec, ordered, states)
+    new_keys: dict[str, int] | None = None
     if fr.keyed and p.new_rids:
         new_keys = dict(conn.exec_driver_sql(
             f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
     for name in (fr.keyed, fr.done):
         if name:
             d.drop_temp(conn, name)
-    _execute(conn, site, info, p, base_max, res, new_keys)
-    if p.parked:
-        for snap in snaps.values():
-            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-    if p.parked:
-        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in p.parked])
-    # 5. what is applied is known for good: the highest version per origin
-    tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin")} if p.parked
-            else {o_: top for o_, (_, top) in per_origin.items()})
+    return p, new_keys
+
+
+def _count(res: ReconcileResult, done: Applied) -> None:
+    """Add what executing a plan did to `res`."""
+    res.inserted += done.inserted
+    res.updated += done.updated
+    res.deleted += done.deleted
+    res.renumbered += done.renumbered
+
+
+def _park(conn: Connection, d: Dialect, snaps: dict[str, str], cand: str, parked: list[Change]) -> None:
+    """Step 4: a change that must wait for its row (and the later changes of its origin) is marked
+    `applied = 2` in every snapshot, to be tried again, and leaves the candidates."""
+    if not parked:
+        return
+    ph = d.caps.placeholder
+    for snap in snaps.values():
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in parked])
+    conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in parked])
+
+
+def _mark_applied(conn: Connection, d: Dialect, info: TableInfo, cands: _Candidates, parked: bool) -> None:
+    """Step 5: raise `_mm_origins` to the highest version applied per origin (read again from the
+    candidates when some were parked)."""
+    tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cands.table} GROUP BY origin")} if parked
+            else {o_: top for o_, (_, top) in cands.per_origin.items()})
     for origin, top in tops.items():
         d.mark_applied(conn, info.name, origin, top)
-    # 6. relay: changes some peer of this site needs enter the change log with their own version
-    # and origin, and get their second-order records
-    if relay is None or relay:
-        before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
-        inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
-        conn.exec_driver_sql(
-            f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver",
-            tuple(relay or ()))
-        d.record_relayed(conn, info, before)
-    d.advance_clock(conn, max_hlc, info.name)
-    d.after_apply(conn, info)
-    d.set_applying(conn, False)
-    d.drop_temp(conn, cand)
-    res.applied = total - len(p.parked)
-    res.parked = len(p.parked)
-    res.conflicts = p.conflicts
-    del q
-    return res
+
+
+def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, relay: Sequence[str] | None) -> None:
+    """Step 6: the applied changes whose origin is in `relay` (None: all) enter the change log with
+    their own version and origin, and get their second-order records."""
+    d = site.dialect
+    ph = d.caps.placeholder
+    own = d.obj(info.name)
+    lcols = cands.columns
+    before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
+    inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
+    conn.exec_driver_sql(
+        f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
+        tuple(relay or ()))
+    d.record_relayed(conn, info, before)
+
+
+def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
+    n = len(info.columns)
+    ver, origin, op, rid, key, mask = r[0], r[1], r[2], r[3], r[4], r[5]
+    if op not in ("I", "U", "D") or not isinstance(ver, str) or mask is None or rid is None:
+        raise CorruptChange(info.name, peer, ver, f"malformed change (op={op!r}, mask={mask!r}, rid={rid!r})")
+    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6:6 + n]), tuple(r[6 + n:6 + 2 * n]))
 
 
 def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], keys: Sequence[Any] = ()) -> dict[str, RowState]:
@@ -296,100 +303,3 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
         out[r[0]] = RowState(r[0], r[1], r[2], versions, values)
     conn.exec_driver_sql(f"DELETE FROM {tmp}")
     return out
-
-
-def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int, res: ReconcileResult,
-             new_keys: dict[str, int] | None = None) -> None:
-    d = site.dialect
-    q = d.quote
-    ph = d.caps.placeholder
-    o = d.obj(info.name)
-    table = q(info.name)
-    keyc = q(info.key.name)
-    cols = info.column_names
-    spec = info.spec
-    new = p.new_rids
-    # keys of new identities, and shifts of the existing ones
-    if new and spec.renumber and new_keys is not None:
-        for rid in new:
-            p.rows[rid].key = new_keys[rid]
-    elif new and spec.renumber:
-        max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o['shadow']}").scalar()
-        max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o['shadow']}").scalar()
-        max_key = max_key if max_key is not None else base_max
-        if max_rid is None or new[0] > max_rid:
-            below = [max(0, max_key - base_max)] * len(new)
-        else:
-            below = []
-            for rid in new:
-                pk = conn.exec_driver_sql(
-                    f"SELECT key FROM {o['shadow']} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
-                ).scalar()
-                below.append(max(0, (pk if pk is not None else base_max) - base_max))
-        ka = assign_keys(new, below, base_max)
-        shifts = [s for s in ka.shifts if s[1] is None or s[1] > s[0]]
-        moving = [s for s in shifts if s[0] < max_key]
-        if moving:
-            offset = max_key + len(new) + 1
-            d.shift_keys(conn, info, moving, offset)
-            for st in p.rows.values():
-                if st.existed:
-                    for low, high, delta in moving:
-                        if st.key > low and (high is None or st.key <= high):
-                            st.key += delta
-                            res.renumbered += 1
-                            break
-        for rid in new:
-            p.rows[rid].key = ka.keys[rid]
-    # user table: deletes, inserts, updates
-    dels = [(st.key,) for st in p.rows.values() if st.existed and st.alive_before and st.values is None]
-    if dels:
-        conn.exec_driver_sql(f"DELETE FROM {table} WHERE {keyc} = {ph}", dels)
-    ins = [(st.key, *st.values) for st in p.rows.values() if st.values is not None and not st.alive_before]
-    if ins:
-        collist = ", ".join([keyc] + [q(c) for c in cols])
-        conn.exec_driver_sql(f"INSERT INTO {table} ({collist}) VALUES ({d.ph(len(cols) + 1)})", ins)
-    groups: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
-    for st in p.rows.values():
-        if st.alive_before and st.values is not None and st.changed:
-            idx = tuple(sorted(st.changed))
-            groups.setdefault(idx, []).append((*(st.values[i] for i in idx), st.key))
-    for idx, params in groups.items():
-        d.bulk_update(conn, table, [q(cols[i]) for i in idx], keyc, params)
-    # shadow
-    slots = [s.name for s in spec.slots]
-    new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
-    if new_rows:
-        collist = ", ".join(["rid", "key", "deleted"] + [q("v_" + s) for s in slots])
-        conn.exec_driver_sql(f"INSERT INTO {o['shadow']} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
-    sgroups: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
-    for st in p.rows.values():
-        if st.existed and (st.changed_slots or st.deleted_changed):
-            sl = tuple(sorted(st.changed_slots))
-            sgroups.setdefault((st.deleted_changed, sl), []).append(
-                ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
-            )
-    for (delc, sl), params in sgroups.items():
-        d.bulk_update(conn, o["shadow"], (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
-    # conflicts
-    if p.conflicts:
-        key_of = {rid: st.key for rid, st in p.rows.items()}
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_conflicts (tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, remote_values, policy, decision) "
-            f"VALUES ({d.ph(12)})",
-            [
-                (
-                    c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
-                    json.dumps(list(c.columns)), c.local_ver,
-                    None if c.local_values is None else json.dumps({k: _json(v) for k, v in c.local_values.items()}),
-                    c.remote_ver,
-                    None if c.remote_values is None else json.dumps({k: _json(v) for k, v in c.remote_values.items()}),
-                    c.policy, c.decision,
-                )
-                for c in p.conflicts
-            ],
-        )
-    res.inserted += len(ins)
-    res.deleted += len(dels)
-    res.updated += sum(len(v) for v in groups.values())
-

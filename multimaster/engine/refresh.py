@@ -3,9 +3,11 @@ target, with retries of transient failures; reconcile and catch-up on their own.
 
 from __future__ import annotations
 
+import functools
 import random
 import time
-from typing import Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, Callable, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -14,7 +16,8 @@ from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
-from multimaster.engine.reconcile import ReconcileResult, RefreshResult, pull_batch, reconcile_table, store_batch
+from multimaster.engine.pull import pull_batch, store_batch
+from multimaster.engine.reconcile import ReconcileResult, RefreshResult, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, PurgedPastWatermark
 
@@ -66,43 +69,9 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
     peers = t.peers_of(target)
     try:
         for tb in t.tables:
-            with tgt.read() as conn:
-                tgt.require_installed(conn, t)
-                info = tgt.info(conn, tb, t)
-                base_max = _base_max(conn, tgt, tb)
-            rr = ReconcileResult(tb)
-            while True:
-                with tgt.read() as conn:
-                    wm = tgt.dialect.watermark(conn, source, tb)
-                rows = pull_batch(src, tgt, None, info, wm, batch)
-                check_not_purged(src, target, tb, wm)
-                if not rows:
-                    break
-                def apply_batch(conn: Connection) -> tuple[int, ReconcileResult | None] | None:
-                    if tgt.dialect.watermark(conn, source, tb) != wm:
-                        return None  # another refresher moved it: read again
-                    stored, last = store_batch(conn, tgt, info, source, rows, applied=reconcile_)
-                    tgt.dialect.upsert_watermark(conn, source, tb, last)
-                    if reconcile_:
-                        fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
-                        r = reconcile_table(conn, tgt, info, peers, base_max, relay_origins(t, target, info), fresh)
-                        tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
-                        return stored, r
-                    tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
-                    return stored, None
-
-                done = write_retrying(tgt, apply_batch)
-                if done is None:
-                    continue
-                res.pulled += done[0]
-                if done[1] is not None:
-                    rr.add(done[1])
-                res.batches += 1
-                if progress:
-                    progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
-                if len(rows) < batch or (stop is not None and stop()):
-                    break
-            res.reconciled[tb] = rr
+            info, base_max = _table_at(tgt, t, tb)
+            link = _LinkTable(t, target, source, tgt, src, tb, info, base_max, peers, reconcile_)
+            res.reconciled[tb] = _refresh_table(link, batch, res, progress, stop)
             if stop is not None and stop():
                 break
         if res.pulled == 0:
@@ -116,6 +85,79 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+@dataclass(frozen=True)
+class _LinkTable:
+    """One table of a link being refreshed: what each of its batches needs."""
+
+    topo: Topology
+    target: str
+    source: str
+    tgt: Site
+    src: Site
+    table: str
+    info: TableInfo
+    base_max: int
+    peers: list[str]
+    reconcile_: bool
+
+
+def _table_at(tgt: Site, t: Topology, tb: str) -> tuple[TableInfo, int]:
+    """Table `tb` as the target site holds it, and its base max key (refusing a target where
+    multimaster is not installed)."""
+    with tgt.read() as conn:
+        tgt.require_installed(conn, t)
+        info = tgt.info(conn, tb, t)
+        base_max = _base_max(conn, tgt, tb)
+    return info, base_max
+
+
+def _refresh_table(link: _LinkTable, batch: int, res: RefreshResult, progress: Progress | None,
+                   stop: Callable[[], bool] | None) -> ReconcileResult:
+    """Pull and apply one table of a link in batches of `batch` changes until none is left (or
+    `stop` says so), counting them in `res`. Returns what reconciling did."""
+    tgt, src, source, target, tb = link.tgt, link.src, link.source, link.target, link.table
+    rr = ReconcileResult(tb)
+    while True:
+        with tgt.read() as conn:
+            wm = tgt.dialect.watermark(conn, source, tb)
+        rows = pull_batch(src, tgt, None, link.info, wm, batch)
+        check_not_purged(src, target, tb, wm)
+        if not rows:
+            break
+        done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm))
+        if done is None:
+            continue
+        res.pulled += done[0]
+        if done[1] is not None:
+            rr.add(done[1])
+        res.batches += 1
+        if progress:
+            progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
+        if len(rows) < batch or (stop is not None and stop()):
+            break
+    return rr
+
+
+def _apply_batch(conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]],
+                 wm: int) -> tuple[int, ReconcileResult | None] | None:
+    """In the target's write transaction: store the pulled `rows` in the snapshot, move the
+    watermark past them, reconcile (when asked) and record the link's statistics. Returns (changes
+    stored, what reconciling did), or None when another refresher moved the watermark from `wm`
+    meanwhile (read again)."""
+    tgt, source, tb, info = link.tgt, link.source, link.table, link.info
+    if tgt.dialect.watermark(conn, source, tb) != wm:
+        return None  # another refresher moved it: read again
+    stored, last = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
+    tgt.dialect.upsert_watermark(conn, source, tb, last)
+    if link.reconcile_:
+        fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
+        r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
+        tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
+        return stored, r
+    tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
+    return stored, None
 
 
 #: attempts of one write transaction that failed transiently (deadlock, serialization failure, lock timeout)

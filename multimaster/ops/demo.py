@@ -74,6 +74,59 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
     fake = Faker()
     Faker.seed(seed)
     directory = Path(directory)
+    paths = _create_sites(directory)
+    topo = load_topology(directory / "topology.yaml")
+    t0 = time.perf_counter()
+    init_rep = init(topo)
+    say(f"[bold]3 SQLite sites in {directory}[/]: installed; base rows copied from s1: {init_rep.copied}")
+
+    # ---- the workload: applications at each site, plain sqlite3 -------------------------------
+    changes: Counter[str] = Counter()
+    conns = {s: _connect(p) for s, p in paths.items()}
+    _workload(conns, changes, rnd, fake, size, console)
+    # refresh once so every site shares the customers, then make deliberate conflicts
+    totals: Counter[str] = Counter()
+    with Cluster(topo) as cl:
+        _count_refresh(refresh(cl), totals)
+        _make_conflicts(conns, changes)
+        for c in conns.values():
+            c.close()
+        # ---- replicate until quiet -----------------------------------------------------------
+        rounds = 1  # the refresh before the deliberate conflicts
+        while rounds < 20:
+            rounds += 1
+            res = refresh(cl)
+            _count_refresh(res, totals)
+            if all(r.pulled == 0 for r in res):
+                break
+        st = status(cl)
+        conf = conflicts(cl, limit=0)
+    elapsed = time.perf_counter() - t0
+    # ---- compare the sites row by row ------------------------------------------------------------
+    comparison = _compare(paths)
+    mm100 = _rows(paths["s1"], "flights")[0]
+    converged = all(v["identical"] for v in comparison.values()) and st.get("converging", False)
+    by_kind = Counter((c["tbl"], c["kind"], c["policy"], c["decision"]) for c in conf)
+    report = {
+        "directory": str(directory),
+        "changes_per_site": dict(changes),
+        "rounds": rounds,
+        "seconds": round(elapsed, 2),
+        "pulled": totals["pulled"],
+        "applied": totals["applied"],
+        "conflicts": [{"table": k[0], "kind": k[1], "policy": k[2], "decision": k[3], "count": n} for k, n in sorted(by_kind.items())],
+        "comparison": comparison,
+        "last_seat": {"flight": mm100[1], "seats_left": mm100[2], "last_passenger": mm100[3], "overbooked": mm100[2] < 0},
+        "converged": converged,
+    }
+    if console:
+        _print_report(console, report, conf, paths)
+    return report
+
+
+def _create_sites(directory: Path) -> dict[str, Path]:
+    """A fresh `directory` with the topology file and the three site databases, the common base
+    rows at s1 only (init copies them to the empty sites). Returns each site's database file."""
     if directory.exists():
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
@@ -86,14 +139,13 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
             if s == "s1":
                 c.executemany("INSERT INTO flights (code, seats_left) VALUES (?, ?)",
                               [("MM100", 1), ("MM200", 10), ("MM300", 42)])
-    topo = load_topology(directory / "topology.yaml")
-    t0 = time.perf_counter()
-    init_rep = init(topo)
-    say(f"[bold]3 SQLite sites in {directory}[/]: installed; base rows copied from s1: {init_rep.copied}")
+    return paths
 
-    # ---- the workload: applications at each site, plain sqlite3 -------------------------------
-    changes: Counter[str] = Counter()
-    conns = {s: _connect(p) for s, p in paths.items()}
+
+def _workload(conns: dict[str, sqlite3.Connection], changes: Counter[str], rnd: random.Random, fake: Faker, size: int,
+              console: Console | None) -> None:
+    """Applications at every site at once: `size` rounds of inserts at each site (their keys
+    collide), every fifth round an update, every 25th a delete. Counts the changes per site."""
     progress = Progress(disable=console is None, console=console)
     with progress:
         task = progress.add_task("workload", total=size * len(SITES))
@@ -114,78 +166,55 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
                         changes[s] += 1
                 c.commit()
                 progress.advance(task)
-    # refresh once so every site shares the customers, then make deliberate conflicts
-    totals: Counter[str] = Counter()
-    with Cluster(topo) as cl:
-        for r in refresh(cl):
-            totals["pulled"] += r.pulled
-            totals["applied"] += r.applied
-        shared = [r[0] for r in conns["s1"].execute("SELECT id FROM customers ORDER BY id LIMIT 5")]
-        for s in SITES:
-            c = conns[s]
-            # everyone edits the same customer: latest timestamp wins, per column
-            c.execute("UPDATE customers SET tier = ? WHERE id = ?", (f"edited-at-{s}", shared[0]))
-            # s1 moves customer 2, s2 renames them: different columns, both survive
-            if s == "s1":
-                c.execute("UPDATE customers SET street = ?, city = ? WHERE id = ?", ("1 Main St", "Boston", shared[1]))
-            if s == "s2":
-                c.execute("UPDATE customers SET name = ? WHERE id = ?", ("Renamed At LA", shared[1]))
-            # s3 deletes customer 3 while s1 updates it: the delete wins
-            if s == "s3":
-                c.execute("DELETE FROM customers WHERE id = ?", (shared[2],))
-            if s == "s1":
-                c.execute("UPDATE customers SET balance = balance + 100 WHERE id = ?", (shared[2],))
-            c.commit()
-            changes[s] += 2
-        # the airline case: one seat left on MM100; New York and Los Angeles both sell it
-        for s, who in (("s1", "Ada (NY)"), ("s2", "Grace (LA)")):
-            conns[s].execute("UPDATE flights SET seats_left = seats_left - 1, last_passenger = ? WHERE code = 'MM100'", (who,))
-            conns[s].commit()
-            changes[s] += 1
-        # everyone sells a seat on MM200 (10 seats): additive leaves 7
-        for s in SITES:
-            conns[s].execute("UPDATE flights SET seats_left = seats_left - 1 WHERE code = 'MM200'")
-            conns[s].commit()
-            changes[s] += 1
-        for c in conns.values():
-            c.close()
-        # ---- replicate until quiet -----------------------------------------------------------
-        rounds = 1  # the refresh before the deliberate conflicts
-        while rounds < 20:
-            rounds += 1
-            res = refresh(cl)
-            for r in res:
-                totals["pulled"] += r.pulled
-                totals["applied"] += r.applied
-            if all(r.pulled == 0 for r in res):
-                break
-        st = status(cl)
-        conf = conflicts(cl, limit=0)
-    elapsed = time.perf_counter() - t0
-    # ---- compare the sites row by row ------------------------------------------------------------
+
+
+def _make_conflicts(conns: dict[str, sqlite3.Connection], changes: Counter[str]) -> None:
+    """Deliberate conflicts on rows every site shares: edits of the same customer, of different
+    columns of another, a delete against an update, and the last seat of a flight sold twice."""
+    shared = [r[0] for r in conns["s1"].execute("SELECT id FROM customers ORDER BY id LIMIT 5")]
+    for s in SITES:
+        c = conns[s]
+        # everyone edits the same customer: latest timestamp wins, per column
+        c.execute("UPDATE customers SET tier = ? WHERE id = ?", (f"edited-at-{s}", shared[0]))
+        # s1 moves customer 2, s2 renames them: different columns, both survive
+        if s == "s1":
+            c.execute("UPDATE customers SET street = ?, city = ? WHERE id = ?", ("1 Main St", "Boston", shared[1]))
+        if s == "s2":
+            c.execute("UPDATE customers SET name = ? WHERE id = ?", ("Renamed At LA", shared[1]))
+        # s3 deletes customer 3 while s1 updates it: the delete wins
+        if s == "s3":
+            c.execute("DELETE FROM customers WHERE id = ?", (shared[2],))
+        if s == "s1":
+            c.execute("UPDATE customers SET balance = balance + 100 WHERE id = ?", (shared[2],))
+        c.commit()
+        changes[s] += 2
+    # the airline case: one seat left on MM100; New York and Los Angeles both sell it
+    for s, who in (("s1", "Ada (NY)"), ("s2", "Grace (LA)")):
+        conns[s].execute("UPDATE flights SET seats_left = seats_left - 1, last_passenger = ? WHERE code = 'MM100'", (who,))
+        conns[s].commit()
+        changes[s] += 1
+    # everyone sells a seat on MM200 (10 seats): additive leaves 7
+    for s in SITES:
+        conns[s].execute("UPDATE flights SET seats_left = seats_left - 1 WHERE code = 'MM200'")
+        conns[s].commit()
+        changes[s] += 1
+
+
+def _count_refresh(results: list[Any], totals: Counter[str]) -> None:
+    """Add the changes pulled and applied by one refresh of every link to `totals`."""
+    for r in results:
+        totals["pulled"] += r.pulled
+        totals["applied"] += r.applied
+
+
+def _compare(paths: dict[str, Path]) -> dict[str, Any]:
+    """Per table, the rows at each site and whether every site holds exactly the rows of s1."""
     comparison = {}
     for tb in ("customers", "flights"):
         data = {s: _rows(paths[s], tb) for s in SITES}
         same = all(data[s] == data["s1"] for s in SITES)
         comparison[tb] = {"rows": {s: len(v) for s, v in data.items()}, "identical": same}
-    mm100 = _rows(paths["s1"], "flights")[0]
-    converged = all(v["identical"] for v in comparison.values()) and st.get("converging", False)
-    by_kind = Counter((c["tbl"], c["kind"], c["policy"], c["decision"]) for c in conf)
-    report = {
-        "directory": str(directory),
-        "changes_per_site": dict(changes),
-        "rounds": rounds,
-        "seconds": round(elapsed, 2),
-        "pulled": totals["pulled"],
-        "applied": totals["applied"],
-        "conflicts": [{"table": k[0], "kind": k[1], "policy": k[2], "decision": k[3], "count": n} for k, n in sorted(by_kind.items())],
-        "comparison": comparison,
-        "last_seat": {"flight": mm100[1], "seats_left": mm100[2], "last_passenger": mm100[3], "overbooked": mm100[2] < 0},
-        "converged": converged,
-    }
-    if console:
-        _print_report(console, report, conf, paths)
-    return report
+    return comparison
 
 
 def _print_report(console: Console, rep: dict[str, Any], conf: list[dict[str, Any]], paths: dict[str, Path]) -> None:

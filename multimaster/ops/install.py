@@ -68,77 +68,110 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         sites = {n: cl.site(n) for n in t.sites}
         for s in sites.values():
             s.engine  # noqa: B018 - connect now: unreachable sites fail before anything is written
-        infos: dict[str, dict[str, TableInfo]] = {tb: {} for tb in t.tables}
-        installed: dict[str, set[str]] = {}
-        problems: list[str] = []
-        for n, s in sites.items():
-            with s.read() as conn:
-                installed[n] = set(s.installed_tables(conn))
-                problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(t.tables)))
-                for tb in t.tables:
-                    try:
-                        infos[tb][n] = s.info(conn, tb, t)
-                    except SchemaError as e:
-                        problems.extend(e.problems)
-        if problems:
-            raise SchemaError(problems)
-        dialects = {n: s.dialect.name for n, s in sites.items()}
-        for tb in t.tables:
-            problems.extend(compare_schemas(tb, infos[tb], dialects))
-        if problems:
-            raise SchemaError(problems)
-        copy_from: dict[str, tuple[str, list[str]]] = {}
-        for tb in t.tables:
-            have = [n for n in sites if tb in installed[n]]
-            fresh = [n for n in sites if tb not in installed[n]]
-            if not fresh:
-                continue
-            if have:
-                raise SchemaError([
-                    f"table '{tb}' is already replicated at {have} but not at {fresh}; "
-                    "bring a new site in with 'multimaster add-site' (online instantiation), not init"
-                ])
-            counts = {}
-            for n in fresh:
-                with sites[n].read() as conn:
-                    counts[n] = conn.exec_driver_sql(f"SELECT count(*) FROM {sites[n].dialect.quote(tb)}").scalar() or 0
-            nonempty = [n for n in fresh if counts[n] > 0]
-            if len(nonempty) > 1:
-                ref = nonempty[0]
-                for other in nonempty[1:]:
-                    with sites[ref].read() as ca, sites[other].read() as cb:
-                        _compare_base(tb, sites[ref], ca, sites[other], cb, infos[tb][ref], infos[tb][other])
-            if nonempty:
-                empties = [n for n in fresh if counts[n] == 0]
-                if empties:
-                    copy_from[tb] = (nonempty[0], empties)
-            rep.base_rows[tb] = counts[nonempty[0]] if nonempty else 0
+        chk = _check_schemas(t, sites)
+        _check_base_rows(t, chk, rep)
         # every check passed: install, one transaction per site
-        for n, s in sites.items():
-            say(f"installing at {n}")
-            s.dialect.prepare_site(s.engine)
-            newly = []
-            with s.write() as conn:
-                s.dialect.install_site(conn, n)
-                s.dialect.install_ops(conn)
-                for tb in t.tables:
-                    info = infos[tb][n]
-                    s.dialect.install_table(conn, info)
-                    for peer in t.peers_of(n):
-                        s.dialect.install_snapshot(conn, info, peer)
-                        s.dialect.ensure_link(conn, peer, tb)
-                    if tb not in installed[n]:
-                        newly.append(tb)
-                        if tb in copy_from and n in copy_from[tb][1]:
-                            src = sites[copy_from[tb][0]]
-                            rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, infos[tb][src.name], info, say)
-                        s.dialect.register_table(conn, info)
-                    s.dialect.install_capture(conn, info)
-            rep.sites[n] = newly
+        for n in sites:
+            rep.sites[n] = _install_at(t, n, chk, rep, say)
         return rep
     finally:
         if own:
             cl.close()
+
+
+@dataclass
+class _Checked:
+    """What init's checks found: per table and site its description, per site the tables installed
+    there already, and per table the base rows to copy: (from site, to the empty sites)."""
+
+    sites: dict[str, Site]
+    infos: dict[str, dict[str, TableInfo]]
+    installed: dict[str, set[str]]
+    copy_from: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+
+
+def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
+    """Read every table at every site; raise SchemaError listing every problem (a site that cannot
+    hold the install, a table missing or unusable, columns that differ between sites)."""
+    infos: dict[str, dict[str, TableInfo]] = {tb: {} for tb in t.tables}
+    installed: dict[str, set[str]] = {}
+    problems: list[str] = []
+    for n, s in sites.items():
+        with s.read() as conn:
+            installed[n] = set(s.installed_tables(conn))
+            problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(t.tables)))
+            for tb in t.tables:
+                try:
+                    infos[tb][n] = s.info(conn, tb, t)
+                except SchemaError as e:
+                    problems.extend(e.problems)
+    if problems:
+        raise SchemaError(problems)
+    dialects = {n: s.dialect.name for n, s in sites.items()}
+    for tb in t.tables:
+        problems.extend(compare_schemas(tb, infos[tb], dialects))
+    if problems:
+        raise SchemaError(problems)
+    return _Checked(sites, infos, installed)
+
+
+def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
+    """For every table not installed anywhere yet: the sites that hold rows must hold the same rows
+    (BaseRowsDiffer names the first difference); the empty sites get them copied (`chk.copy_from`).
+    A table installed at some sites only is refused: that is add-site's job."""
+    sites = chk.sites
+    for tb in t.tables:
+        have = [n for n in sites if tb in chk.installed[n]]
+        fresh = [n for n in sites if tb not in chk.installed[n]]
+        if not fresh:
+            continue
+        if have:
+            raise SchemaError([
+                f"table '{tb}' is already replicated at {have} but not at {fresh}; "
+                "bring a new site in with 'multimaster add-site' (online instantiation), not init"
+            ])
+        counts = {}
+        for n in fresh:
+            with sites[n].read() as conn:
+                counts[n] = conn.exec_driver_sql(f"SELECT count(*) FROM {sites[n].dialect.quote(tb)}").scalar() or 0
+        nonempty = [n for n in fresh if counts[n] > 0]
+        if len(nonempty) > 1:
+            ref = nonempty[0]
+            for other in nonempty[1:]:
+                with sites[ref].read() as ca, sites[other].read() as cb:
+                    _compare_base(tb, sites[ref], ca, sites[other], cb, chk.infos[tb][ref], chk.infos[tb][other])
+        if nonempty:
+            empties = [n for n in fresh if counts[n] == 0]
+            if empties:
+                chk.copy_from[tb] = (nonempty[0], empties)
+        rep.base_rows[tb] = counts[nonempty[0]] if nonempty else 0
+
+
+def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progress) -> list[str]:
+    """Install site `n` in one transaction: site objects, then per table its log, shadow, snapshots
+    of its peers, links, base rows copied (when it was empty) and capture triggers. Returns the
+    tables newly installed there."""
+    s = chk.sites[n]
+    say(f"installing at {n}")
+    s.dialect.prepare_site(s.engine)
+    newly = []
+    with s.write() as conn:
+        s.dialect.install_site(conn, n)
+        s.dialect.install_ops(conn)
+        for tb in t.tables:
+            info = chk.infos[tb][n]
+            s.dialect.install_table(conn, info)
+            for peer in t.peers_of(n):
+                s.dialect.install_snapshot(conn, info, peer)
+                s.dialect.ensure_link(conn, peer, tb)
+            if tb not in chk.installed[n]:
+                newly.append(tb)
+                if tb in chk.copy_from and n in chk.copy_from[tb][1]:
+                    src = chk.sites[chk.copy_from[tb][0]]
+                    rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, chk.infos[tb][src.name], info, say)
+                s.dialect.register_table(conn, info)
+            s.dialect.install_capture(conn, info)
+    return newly
 
 
 def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress) -> int:

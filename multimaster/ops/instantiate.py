@@ -160,13 +160,7 @@ def add_site(topo: "Topology | Cluster", name: str, peer: str, *, replace: bool 
 
 def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int, say: Progress) -> AddSiteReport:
     t = cl.topo
-    problems = [f"site '{s}' is not defined under sites (add it to the topology file first)" for s in (name, peer) if s not in t.sites]
-    if not problems and name == peer:
-        problems.append("a site cannot be instantiated from itself: --from names an existing site")
-    if not problems and peer not in t.peers_of(name):
-        problems.append(f"links: '{name}' must pull from '{peer}' (add a link from {peer} to {name}) to be instantiated from it")
-    if problems:
-        raise ConfigError(problems, str(t.path) if t.path else None)
+    _check_add_site(t, name, peer)
     rep = AddSiteReport(name, peer)
     nsite, psite = cl.site(name), cl.site(peer)
     sources = t.peers_of(name)
@@ -208,6 +202,26 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
         _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
+    _connect_pullers(cl, name, peer, pullers, rep, say)
+    return rep
+
+
+def _check_add_site(t: Topology, name: str, peer: str) -> None:
+    """Raise ConfigError unless both sites are defined, differ, and `name` pulls from `peer`."""
+    problems = [f"site '{s}' is not defined under sites (add it to the topology file first)" for s in (name, peer) if s not in t.sites]
+    if not problems and name == peer:
+        problems.append("a site cannot be instantiated from itself: --from names an existing site")
+    if not problems and peer not in t.peers_of(name):
+        problems.append(f"links: '{name}' must pull from '{peer}' (add a link from {peer} to {name}) to be instantiated from it")
+    if problems:
+        raise ConfigError(problems, str(t.path) if t.path else None)
+
+
+def _connect_pullers(cl: Cluster, name: str, peer: str, pullers: list[str], rep: AddSiteReport, say: Progress) -> None:
+    """Give every site that pulls from `name` a snapshot of it and a link; `peer`, if it has not
+    pulled from `name` yet, starts at the end of `name`'s change log (it holds all `name` has)."""
+    t = cl.topo
+    nsite = cl.site(name)
     # ---- the sites that pull from NAME --------------------------------------------------
     with nsite.read() as conn:
         npos = {tb: _max_seq2(conn, nsite, tb) for tb in t.tables}
@@ -222,7 +236,6 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
                     site.dialect.upsert_watermark(conn, name, tb, npos[tb])  # the peer already holds all NAME has
         rep.pullers.append(s)
         say(f"{s}: snapshot of {name} ready")
-    return rep
 
 
 def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo: dict[str, TableInfo], replace: bool,
@@ -339,15 +352,7 @@ def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, p
         pullers = [ln.target for ln in t.links if ln.source == name]
         sources = t.peers_of(name)
         if not force:
-            details: list[str] = []
-            st = status(cl)
-            if not st["sites"][name].get("reachable"):
-                raise SiteNotDrained(name, [f"'{name}' cannot be reached, so whether its changes were pulled is unknown"])
-            for ln in st["links"]:
-                if ln["from"] == name and (ln.get("waiting") or ln.get("error")):
-                    details.append(f"'{ln['to']}': {ln.get('waiting', '?')} waiting" + (f" ({ln['error']})" if ln.get("error") else ""))
-            if details:
-                raise SiteNotDrained(name, details)
+            _check_drained(cl, name)
         for s in dict.fromkeys([*pullers, *sources]):
             site = cl.site(s)
             dropped: list[str] = []
@@ -381,3 +386,17 @@ def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, p
     finally:
         if own:
             cl.close()
+
+
+def _check_drained(cl: Cluster, name: str) -> None:
+    """Raise SiteNotDrained unless `name` answers and every site pulling from it has pulled all it
+    has, without error."""
+    details: list[str] = []
+    st = status(cl)
+    if not st["sites"][name].get("reachable"):
+        raise SiteNotDrained(name, [f"'{name}' cannot be reached, so whether its changes were pulled is unknown"])
+    for ln in st["links"]:
+        if ln["from"] == name and (ln.get("waiting") or ln.get("error")):
+            details.append(f"'{ln['to']}': {ln.get('waiting', '?')} waiting" + (f" ({ln['error']})" if ln.get("error") else ""))
+    if details:
+        raise SiteNotDrained(name, details)

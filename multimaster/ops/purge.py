@@ -138,9 +138,31 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
     now = time.time() if now is None else now
     topo = cl.topo
     src = cl.site(site)
-    d = src.dialect
-    ph = d.caps.placeholder
     out: list[PullerState] = []
+    seen = _watermarks_held(cl, site)
+    stamp = now_iso()
+    with (src.write() if record else src.read()) as conn:
+        stored = {(r[0], r[1]): (int(r[2] or 0), r[3], r[4]) for r in conn.exec_driver_sql(
+            "SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM _mm_pullers")}
+        for ln in topo.links:
+            if ln.source != site:
+                continue
+            for tb in topo.tables:
+                key = (ln.target, tb)
+                old = stored.get(key)
+                wm, last, reachable = _merge_watermark(seen.get(key), old)
+                first = old[2] if old else stamp
+                if record:
+                    _record_puller(conn, src.dialect, ln.target, tb, old is None, wm, last, first, stamp)
+                away = _age_s(last or first, now)
+                out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
+    return out
+
+
+def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int, str | None]]:
+    """(puller, table) -> (the watermark the puller holds for `site`, its last successful refresh
+    from `site`), for every puller that answers and has multimaster installed."""
+    topo = cl.topo
     seen: dict[tuple[str, str], tuple[int, str | None]] = {}
     for ln in topo.links:
         if ln.source != site:
@@ -160,38 +182,34 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
             continue
         except Exception:  # noqa: BLE001 - an unreachable or half-installed puller: use what was recorded
             continue
-    stamp = now_iso()
-    with (src.write() if record else src.read()) as conn:
-        stored = {(r[0], r[1]): (int(r[2] or 0), r[3], r[4]) for r in conn.exec_driver_sql(
-            "SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM _mm_pullers")}
-        for ln in topo.links:
-            if ln.source != site:
-                continue
-            for tb in topo.tables:
-                key = (ln.target, tb)
-                old = stored.get(key)
-                if key in seen:
-                    wm, last = seen[key]
-                    if old is not None:
-                        wm = max(wm, old[0])
-                        last = last or old[1]
-                    reachable = True
-                else:
-                    wm, last = (old[0], old[1]) if old else (0, None)
-                    reachable = False
-                first = old[2] if old else stamp
-                if record:
-                    if old is None:
-                        conn.exec_driver_sql(
-                            f"INSERT INTO _mm_pullers (peer, tbl, seq2, last_success_at, first_seen_at, checked_at) VALUES ({d.ph(6)})",
-                            (ln.target, tb, wm, last, first, stamp))
-                    else:
-                        conn.exec_driver_sql(
-                            f"UPDATE _mm_pullers SET seq2 = {ph}, last_success_at = {ph}, checked_at = {ph} WHERE peer = {ph} AND tbl = {ph}",
-                            (wm, last, stamp, ln.target, tb))
-                away = _age_s(last or first, now)
-                out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
-    return out
+    return seen
+
+
+def _merge_watermark(seen: tuple[int, str | None] | None,
+                     old: tuple[int, str | None, str | None] | None) -> tuple[int, str | None, bool]:
+    """(watermark, last success, reachable) of one puller and table, from what it holds now
+    (`seen`, None: it did not answer) and what was recorded (`old`): watermarks only grow."""
+    if seen is not None:
+        wm, last = seen
+        if old is not None:
+            wm = max(wm, old[0])
+            last = last or old[1]
+        return wm, last, True
+    wm, last = (old[0], old[1]) if old else (0, None)
+    return wm, last, False
+
+
+def _record_puller(conn: Any, d: Any, peer: str, tb: str, new: bool, wm: int, last: str | None, first: str, stamp: str) -> None:
+    """Write one puller's state into ``_mm_pullers`` (insert when `new`, else update)."""
+    ph = d.caps.placeholder
+    if new:
+        conn.exec_driver_sql(
+            f"INSERT INTO _mm_pullers (peer, tbl, seq2, last_success_at, first_seen_at, checked_at) VALUES ({d.ph(6)})",
+            (peer, tb, wm, last, first, stamp))
+    else:
+        conn.exec_driver_sql(
+            f"UPDATE _mm_pullers SET seq2 = {ph}, last_success_at = {ph}, checked_at = {ph} WHERE peer = {ph} AND tbl = {ph}",
+            (wm, last, stamp, peer, tb))
 
 
 def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, dry_run: bool = False,
@@ -202,7 +220,6 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
     topo = cl.topo
     src = cl.site(site)
     d = src.dialect
-    ph = d.caps.placeholder
     rep = PurgeReport(site, dry_run=dry_run)
     with src.read() as conn:
         src.require_installed(conn, topo)
@@ -213,6 +230,7 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
         rep.tables[tb] = tp
         o = d.obj(tb)
         live = [p for p in rep.pullers if p.table == tb and not p.expired]
+        peers = topo.peers_of(site)
         with (src.read() if dry_run else src.write()) as conn:
             max_seq, max_seq2 = conn.exec_driver_sql(
                 f"SELECT (SELECT max(seq) FROM {o['log']}), (SELECT max(seq2) FROM {o['log2']})").first() or (None, None)
@@ -222,52 +240,87 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
             else:
                 w = int(max_seq2 or 0)
             tp.keep_from = w
+            cand: list[Any] = []
             if max_seq is not None:
-                waiting = " ".join(
-                    f"AND NOT EXISTS (SELECT 1 FROM {d.obj(tb, q)['snap']} s WHERE s.applied <> 1 AND s.origin = l.origin AND s.ver <= l.ver)"
-                    for q in topo.peers_of(site)
-                )
-                cand = conn.exec_driver_sql(
-                    f"SELECT l.seq, l.origin, l.ver FROM {o['log']} l WHERE l.seq < {ph} AND l.ver < {ph} "
-                    f"AND NOT EXISTS (SELECT 1 FROM {o['log2']} a WHERE a.seq = l.seq AND a.op = 'A' AND a.seq2 > {ph}) {waiting}",
-                    (int(max_seq), cutoff, w),
-                ).all()
+                cand = _purge_log(conn, d, tb, peers, int(max_seq), cutoff, w, dry_run)
                 tp.purged = len(cand)
-                if cand and not dry_run:
-                    top: dict[str, str] = {}
-                    for _seq, origin, ver in cand:
-                        if origin not in top or ver > top[origin]:
-                            top[origin] = ver
-                    for origin, ver in top.items():
-                        cur = conn.exec_driver_sql(
-                            f"SELECT max_ver FROM _mm_origins WHERE tbl = {ph} AND origin = {ph}", (tb, origin)).scalar()
-                        if cur is None:
-                            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({d.ph(3)})", (tb, origin, ver))
-                        elif ver > cur:
-                            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
-                    conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
-            if d.log2_is_view:
-                # every purged entry took its append record along: the horizon is the highest one
-                tp.log2_deleted = tp.purged
-                if tp.purged and not dry_run:
-                    _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
-            elif max_seq2 is not None:
-                hi = min(w, int(max_seq2) - 1)
-                r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
-                tp.log2_deleted = int(r[0] or 0) if r else 0
-                if tp.log2_deleted and not dry_run:
-                    conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
-                    _record_horizon(conn, d, tb, int(r[1]), tp.purged)
+            _purge_log2(conn, d, tp, cand, w, max_seq2, dry_run)
             if policy.snapshots:
-                for q in topo.peers_of(site):
-                    snap = d.obj(tb, q)["snap"]
-                    if dry_run:
-                        tp.snapshot_rows += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 1").scalar() or 0)
-                    else:
-                        tp.snapshot_rows += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1").rowcount or 0
+                tp.snapshot_rows += _drop_applied_snapshot_rows(conn, d, tb, peers, dry_run)
             tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
             tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0)
     return rep
+
+
+def _purge_log(conn: Any, d: Any, tb: str, peers: list[str], max_seq: int, cutoff: str, w: int, dry_run: bool) -> list[Any]:
+    """Steps 3 and 4: the change-log entries of `tb` every live puller has pulled (second-order
+    position <= `w`), older than `cutoff`, never the newest (`max_seq`), none at or after a change of
+    the same origin waiting in a snapshot of `peers`; unless `dry_run`, raise ``_mm_origins`` to the
+    highest version among them and delete them. Returns them as (seq, origin, ver)."""
+    o = d.obj(tb)
+    ph = d.caps.placeholder
+    waiting = " ".join(
+        f"AND NOT EXISTS (SELECT 1 FROM {d.obj(tb, q)['snap']} s WHERE s.applied <> 1 AND s.origin = l.origin AND s.ver <= l.ver)"
+        for q in peers
+    )
+    cand = conn.exec_driver_sql(
+        f"SELECT l.seq, l.origin, l.ver FROM {o['log']} l WHERE l.seq < {ph} AND l.ver < {ph} "
+        f"AND NOT EXISTS (SELECT 1 FROM {o['log2']} a WHERE a.seq = l.seq AND a.op = 'A' AND a.seq2 > {ph}) {waiting}",
+        (int(max_seq), cutoff, w),
+    ).all()
+    if cand and not dry_run:
+        _raise_origins(conn, d, tb, cand)
+        conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
+    return cand
+
+
+def _raise_origins(conn: Any, d: Any, tb: str, cand: list[Any]) -> None:
+    """Raise ``_mm_origins.max_ver`` of every origin of `cand` (seq, origin, ver) to the highest
+    version of it purged: the dedupe record once the entries are gone."""
+    ph = d.caps.placeholder
+    top: dict[str, str] = {}
+    for _seq, origin, ver in cand:
+        if origin not in top or ver > top[origin]:
+            top[origin] = ver
+    for origin, ver in top.items():
+        cur = conn.exec_driver_sql(
+            f"SELECT max_ver FROM _mm_origins WHERE tbl = {ph} AND origin = {ph}", (tb, origin)).scalar()
+        if cur is None:
+            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({d.ph(3)})", (tb, origin, ver))
+        elif ver > cur:
+            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
+
+
+def _purge_log2(conn: Any, d: Any, tp: TablePurge, cand: list[Any], w: int, max_seq2: Any, dry_run: bool) -> None:
+    """Step 5: the second-order records that went (a view: with their entries; a table: those at
+    or below `w`, never the newest, deleted here) and, unless `dry_run`, the horizon recorded."""
+    tb = tp.table
+    if d.log2_is_view:
+        # every purged entry took its append record along: the horizon is the highest one
+        tp.log2_deleted = tp.purged
+        if tp.purged and not dry_run:
+            _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
+    elif max_seq2 is not None:
+        o = d.obj(tb)
+        ph = d.caps.placeholder
+        hi = min(w, int(max_seq2) - 1)
+        r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
+        tp.log2_deleted = int(r[0] or 0) if r else 0
+        if tp.log2_deleted and not dry_run:
+            conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
+            _record_horizon(conn, d, tb, int(r[1]), tp.purged)
+
+
+def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dry_run: bool) -> int:
+    """Step 6: delete (with `dry_run`: count) the applied rows of this site's snapshots of `tb`."""
+    n = 0
+    for q in peers:
+        snap = d.obj(tb, q)["snap"]
+        if dry_run:
+            n += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 1").scalar() or 0)
+        else:
+            n += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1").rowcount or 0
+    return n
 
 
 def _record_horizon(conn: Any, d: Any, tb: str, horizon: int, purged: int) -> None:

@@ -1,0 +1,203 @@
+"""Apply: execute a plan of :mod:`multimaster.core.planner` at a site, with set-based SQL.
+
+The planner has decided everything: which identities are new, which rows are deleted, which
+column values change, which conflicts were resolved how. :func:`execute_plan` carries it out in
+this order, one function per step: the keys of new identities (and the shifts of existing keys
+they cause), the table's deletes, inserts and updates, the shadow's new rows and updates, the
+conflict records. Runs inside the reconcile transaction with the capture guard set.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from multimaster.core.planner import KeyAssignment, Plan, assign_keys
+from multimaster.dialects import Dialect
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine.site import Site
+
+__all__ = ["Applied", "execute_plan"]
+
+
+@dataclass
+class Applied:
+    """What executing a plan did to the table: rows inserted, updated, deleted; existing keys moved."""
+
+    inserted: int = 0
+    updated: int = 0
+    deleted: int = 0
+    renumbered: int = 0
+
+
+def execute_plan(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int,
+                 new_keys: dict[str, int] | None = None) -> Applied:
+    """Carry out `p` at `site`. `new_keys`: the keys of the plan's new identities when they are
+    known already (the fast path numbered them and no existing key shifts); else they are ranked
+    here among the identities the shadow holds."""
+    d = site.dialect
+    done = Applied()
+    # keys of new identities, and shifts of the existing ones
+    done.renumbered = _assign_keys(conn, d, info, p, base_max, new_keys)
+    # user table: deletes, inserts, updates
+    done.deleted = _delete_rows(conn, d, info, p)
+    done.inserted = _insert_rows(conn, d, info, p)
+    done.updated = _update_rows(conn, d, info, p)
+    # shadow
+    _insert_shadow_rows(conn, d, info, p)
+    _update_shadow_rows(conn, d, info, p)
+    # conflicts
+    _record_conflicts(conn, d, p)
+    return done
+
+
+def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_max: int,
+                 new_keys: dict[str, int] | None) -> int:
+    """Give every new identity of a renumbered table its key (base + rank in insertion order),
+    shifting the existing keys that rank after it. Returns how many planned rows moved."""
+    new = p.new_rids
+    if not new or not info.spec.renumber:
+        return 0
+    if new_keys is not None:
+        for rid in new:
+            p.rows[rid].key = new_keys[rid]
+        return 0
+    o = d.obj(info.name)
+    max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o['shadow']}").scalar()
+    max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o['shadow']}").scalar()
+    max_key = max_key if max_key is not None else base_max
+    if max_rid is None or new[0] > max_rid:
+        below = [max(0, max_key - base_max)] * len(new)
+    else:
+        below = _ranks_below(conn, d, info, new, base_max)
+    ka = assign_keys(new, below, base_max)
+    renumbered = _shift_keys(conn, d, info, p, ka, max_key, len(new))
+    for rid in new:
+        p.rows[rid].key = ka.keys[rid]
+    return renumbered
+
+
+def _ranks_below(conn: Connection, d: Dialect, info: TableInfo, new: list[str], base_max: int) -> list[int]:
+    """Per new identity, the rank (key - base) of the greatest identity the shadow holds below it."""
+    o = d.obj(info.name)
+    ph = d.caps.placeholder
+    below = []
+    for rid in new:
+        pk = conn.exec_driver_sql(
+            f"SELECT key FROM {o['shadow']} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
+        ).scalar()
+        below.append(max(0, (pk if pk is not None else base_max) - base_max))
+    return below
+
+
+def _shift_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, ka: KeyAssignment, max_key: int, n_new: int) -> int:
+    """Move the existing keys that the new identities push up, in the table and the shadow, and in
+    the plan's rows. Returns how many planned rows moved."""
+    shifts = [s for s in ka.shifts if s[1] is None or s[1] > s[0]]
+    moving = [s for s in shifts if s[0] < max_key]
+    if not moving:
+        return 0
+    offset = max_key + n_new + 1
+    d.shift_keys(conn, info, moving, offset)
+    renumbered = 0
+    for st in p.rows.values():
+        if st.existed:
+            for low, high, delta in moving:
+                if st.key > low and (high is None or st.key <= high):
+                    st.key += delta
+                    renumbered += 1
+                    break
+    return renumbered
+
+
+def _delete_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> int:
+    """Delete the table rows of identities the plan deleted. Returns how many."""
+    dels = [(st.key,) for st in p.rows.values() if st.existed and st.alive_before and st.values is None]
+    if dels:
+        conn.exec_driver_sql(f"DELETE FROM {d.quote(info.name)} WHERE {d.quote(info.key.name)} = {d.caps.placeholder}", dels)
+    return len(dels)
+
+
+def _insert_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> int:
+    """Insert the table rows of identities that are alive after the plan and were not before. Returns how many."""
+    q = d.quote
+    cols = info.column_names
+    ins = [(st.key, *st.values) for st in p.rows.values() if st.values is not None and not st.alive_before]
+    if ins:
+        collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
+        conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", ins)
+    return len(ins)
+
+
+def _update_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> int:
+    """Update the changed columns of rows alive before and after, one statement per set of changed
+    columns. Returns how many rows."""
+    q = d.quote
+    cols = info.column_names
+    groups: dict[tuple[int, ...], list[tuple[Any, ...]]] = {}
+    for st in p.rows.values():
+        if st.alive_before and st.values is not None and st.changed:
+            idx = tuple(sorted(st.changed))
+            groups.setdefault(idx, []).append((*(st.values[i] for i in idx), st.key))
+    for idx, params in groups.items():
+        d.bulk_update(conn, q(info.name), [q(cols[i]) for i in idx], q(info.key.name), params)
+    return sum(len(v) for v in groups.values())
+
+
+def _insert_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> None:
+    """Add a shadow row for every identity new to this site (live or deleted)."""
+    q = d.quote
+    slots = [s.name for s in info.spec.slots]
+    new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
+    if new_rows:
+        collist = ", ".join(["rid", "key", "deleted"] + [q("v_" + s) for s in slots])
+        conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name)['shadow']} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
+
+
+def _update_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> None:
+    """Write the new slot versions and delete versions of known identities to the shadow, one
+    statement per set of changed fields."""
+    q = d.quote
+    sgroups: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
+    for st in p.rows.values():
+        if st.existed and (st.changed_slots or st.deleted_changed):
+            sl = tuple(sorted(st.changed_slots))
+            sgroups.setdefault((st.deleted_changed, sl), []).append(
+                ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
+            )
+    for (delc, sl), params in sgroups.items():
+        d.bulk_update(conn, d.obj(info.name)["shadow"], (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
+
+
+def _record_conflicts(conn: Connection, d: Dialect, p: Plan) -> None:
+    """Write the plan's conflicts to `_mm_conflicts`, each with the key its row has now."""
+    if p.conflicts:
+        key_of = {rid: st.key for rid, st in p.rows.items()}
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_conflicts (tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, remote_values, policy, decision) "
+            f"VALUES ({d.ph(12)})",
+            [
+                (
+                    c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
+                    json.dumps(list(c.columns)), c.local_ver,
+                    None if c.local_values is None else json.dumps({k: _json(v) for k, v in c.local_values.items()}),
+                    c.remote_ver,
+                    None if c.remote_values is None else json.dumps({k: _json(v) for k, v in c.remote_values.items()}),
+                    c.policy, c.decision,
+                )
+                for c in p.conflicts
+            ],
+        )
+
+
+def _json(v: Any) -> Any:
+    """A value as JSON can hold it: bytes as {"$hex": ...}, numbers, text, booleans and NULL as they
+    are, anything else as its text."""
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$hex": bytes(v).hex()}
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
