@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 
 from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
 from multimaster import api
-from multimaster.dialects import mysql as my
+from multimaster.dialects.mysql import dialect as my
 
 TEXTS = {"notes": {"key": "id", "columns": {"name": "VARCHAR(100)", "body": "text"}}}
 

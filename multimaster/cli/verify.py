@@ -44,10 +44,10 @@ def verify_command(
     import time
 
     from multimaster.errors import ConfigError, MultimasterError
-    from multimaster.ops.verifications import now_iso
+    from multimaster.ops.verifications import started_at_now
     from multimaster.spark.jdbc import MissingDependency
 
-    started = now_iso()
+    started = started_at_now()
     t0 = time.perf_counter()
 
     def store(res=None, error: Optional[str] = None) -> None:

@@ -361,7 +361,7 @@ class Daemon:
         cfg = self.topo.verify
         if cfg is None or self.stopping:
             return None
-        started = verifications.now_iso()
+        started = verifications.started_at_now()
         t0 = time.perf_counter()
         res: Any = None
         error = None
