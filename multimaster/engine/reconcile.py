@@ -6,12 +6,12 @@ executes the plan through the site's dialect, and keeps every batch in one local
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, assign_keys, plan
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects.schema import TableInfo
@@ -67,14 +67,6 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     return cols
 
 
-def _json(v: Any) -> Any:
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return {"$hex": bytes(v).hex()}
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return str(v)
-
-
 # ---------------------------------------------------------------------------------------------
 # pull
 
@@ -91,7 +83,7 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
         f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph}{'' if source.dialect.log2_horizon is None else ' AND l2.seq2 < ' + source.dialect.log2_horizon} "
+        f"WHERE l2.seq2 > {ph} "
         f"ORDER BY l2.seq2 LIMIT {int(limit)}"
     )
     del q
@@ -182,8 +174,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
         counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         # (table names are checked plain identifiers)
-        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND NOT EXISTS "
-                       f"(SELECT 1 FROM _mm_origins g WHERE g.tbl = '{info.name}' AND g.origin = s.origin AND g.max_ver >= s.ver)")
+        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND "
+                       f"{store.origins.not_applied(d, info.name, 's')}")
     sources = [p_ for p_, n in counts.items() if n]
     if not sources:
         return res
@@ -210,8 +202,8 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows without locking them: only where no other writer
-    # of this table can commit meanwhile (Dialect.set_based_apply); elsewhere the planner's locked path
-    if fastpath.enabled() and d.set_based_apply:
+    # of this table can commit meanwhile (Capabilities.set_based_apply); elsewhere the planner's locked path
+    if fastpath.enabled() and d.caps.set_based_apply:
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, total)
         res.inserted += fr.inserted
         res.updated += fr.updated
@@ -238,16 +230,14 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cand} GROUP BY origin")} if p.parked
             else {o_: top for o_, (_, top) in per_origin.items()})
     for origin, top in tops.items():
-        d.mark_applied(conn, info.name, origin, top)
+        store.origins.mark_applied(conn, d, info.name, origin, top)
     # 6. relay: changes some peer of this site needs enter the change log with their own version
-    # and origin, and get their second-order records
+    # and origin (each entry is its own second-order record: the second-order log is a view)
     if relay is None or relay:
-        before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
         inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
         conn.exec_driver_sql(
             f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cand}{inn} ORDER BY ver",
             tuple(relay or ()))
-        d.record_relayed(conn, info, before)
     d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)
     d.set_applying(conn, False)
@@ -373,22 +363,7 @@ def _execute(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: i
         d.bulk_update(conn, o["shadow"], (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
     # conflicts
     if p.conflicts:
-        key_of = {rid: st.key for rid, st in p.rows.items()}
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_conflicts (tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, remote_values, policy, decision) "
-            f"VALUES ({d.ph(12)})",
-            [
-                (
-                    c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
-                    json.dumps(list(c.columns)), c.local_ver,
-                    None if c.local_values is None else json.dumps({k: _json(v) for k, v in c.local_values.items()}),
-                    c.remote_ver,
-                    None if c.remote_values is None else json.dumps({k: _json(v) for k, v in c.remote_values.items()}),
-                    c.policy, c.decision,
-                )
-                for c in p.conflicts
-            ],
-        )
+        store.conflicts.record(conn, d, p.conflicts, {rid: st.key for rid, st in p.rows.items()})
     res.inserted += len(ins)
     res.deleted += len(dels)
     res.updated += sum(len(v) for v in groups.values())

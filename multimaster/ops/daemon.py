@@ -7,7 +7,7 @@ expression from the topology file, with its `jitter`. At most one refresh per li
 (``max_instances=1``, missed runs coalesced). A link whose peer fails backs off exponentially
 (interval, 2x, 4x ... up to ``max_backoff``) while the other links keep running. A lock makes it
 one daemon per site: a lock file next to a SQLite database, a session-level advisory lock on a
-server (``Dialect.daemon_lock_sql``). SIGINT / SIGTERM: the refresh in flight finishes its
+server (``Capabilities.daemon_lock_sql``). SIGINT / SIGTERM: the refresh in flight finishes its
 transaction (the batch being applied commits, the next one does not start), then the process exits.
 
 Every refresh logs one line (JSON with ``--log-format json``): link, changes pulled, applied,
@@ -71,7 +71,7 @@ class SiteLock:
 
     def acquire(self) -> None:
         d = self.site.dialect
-        if d.daemon_lock_sql is None:
+        if d.caps.daemon_lock_sql is None:
             db = (make_url(self.site.url).database or "").removeprefix("file:").split("?")[0]
             if not db or db == ":memory:":
                 return
@@ -96,7 +96,7 @@ class SiteLock:
             return
         self.where = "advisory lock in the site's database"
         conn = self.site.engine.connect()
-        ok = conn.exec_driver_sql(d.daemon_lock_sql, (f"multimaster-daemon-{self.site.name}",)).scalar()
+        ok = conn.exec_driver_sql(d.caps.daemon_lock_sql, (f"multimaster-daemon-{self.site.name}",)).scalar()
         conn.commit()
         if not ok:
             conn.close()

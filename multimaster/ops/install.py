@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo, compare_schemas
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
@@ -119,19 +120,19 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
             newly = []
             with s.write() as conn:
                 s.dialect.install_site(conn, n)
-                s.dialect.install_ops(conn)
+                store.install(conn, s.dialect)
                 for tb in t.tables:
                     info = infos[tb][n]
                     s.dialect.install_table(conn, info)
                     for peer in t.peers_of(n):
                         s.dialect.install_snapshot(conn, info, peer)
-                        s.dialect.ensure_link(conn, peer, tb)
+                        store.links.ensure(conn, s.dialect, peer, tb)
                     if tb not in installed[n]:
                         newly.append(tb)
                         if tb in copy_from and n in copy_from[tb][1]:
                             src = sites[copy_from[tb][0]]
                             rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, infos[tb][src.name], info, say)
-                        s.dialect.register_table(conn, info)
+                        store.tables.register(conn, s.dialect, info)
                     s.dialect.install_capture(conn, info)
             rep.sites[n] = newly
         return rep

@@ -12,16 +12,12 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
 3. deletes the change-log entries whose second-order ``A`` record every live puller has pulled
    (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
    the highest rowid), and none at or after a change of the same origin still waiting in one of
-   X's snapshots. Where the second-order log is a view over the change log (every built-in
-   dialect, ``Dialect.log2_is_view``) the append record goes with the entry, and pullers drop
-   applied snapshot rows in their own purge (step 6); where it is a trigger-filled table, the
-   delete trigger writes ``P`` records into it and pullers drop their snapshot copies when they
-   pull them (the paper's purge records);
+   X's snapshots. The second-order log is a view over the change log, so the append record goes
+   with the entry, and pullers drop applied snapshot rows in their own purge (step 6);
 4. raises ``_mm_origins.max_ver`` of each origin to the highest version purged: the reconciler's
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
-5. records the horizon in ``_mm_purges`` (view: the highest change-log entry purged; table: the
-   second-order records deleted, seq2 <= W, never the newest);
+5. records the horizon in ``_mm_purges``: the highest change-log entry purged (= its seq2);
 6. drops X's own applied snapshot rows (nothing reads them again).
 """
 
@@ -32,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
+from multimaster import store
 from multimaster.config.topology import parse_duration
 from multimaster.core.versions import HLC_SHIFT, now_iso
 from multimaster.errors import ConfigError, MultimasterError
@@ -139,7 +136,6 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
     topo = cl.topo
     src = cl.site(site)
     d = src.dialect
-    ph = d.caps.placeholder
     out: list[PullerState] = []
     seen: dict[tuple[str, str], tuple[int, str | None]] = {}
     for ln in topo.links:
@@ -150,20 +146,18 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
             with p.read() as conn:
                 if not p.installed_tables(conn):
                     continue
-                last = p.dialect.link_row(conn, site).get("last_success_at")
+                last = store.links.row(conn, p.dialect, site).get("last_success_at")
                 for tb in topo.tables:
-                    r = conn.exec_driver_sql(f"SELECT seq2 FROM _mm_watermarks WHERE peer = {p.dialect.caps.placeholder} "
-                                             f"AND tbl = {p.dialect.caps.placeholder}", (site, tb)).first()
-                    if r is not None:
-                        seen[(ln.target, tb)] = (int(r[0] or 0), last)
+                    wm = store.watermarks.find(conn, p.dialect, site, tb)
+                    if wm is not None:
+                        seen[(ln.target, tb)] = (wm, last)
         except MultimasterError:
             continue
         except Exception:  # noqa: BLE001 - an unreachable or half-installed puller: use what was recorded
             continue
     stamp = now_iso()
     with (src.write() if record else src.read()) as conn:
-        stored = {(r[0], r[1]): (int(r[2] or 0), r[3], r[4]) for r in conn.exec_driver_sql(
-            "SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM _mm_pullers")}
+        stored = store.purges.pullers(conn, d)
         for ln in topo.links:
             if ln.source != site:
                 continue
@@ -181,14 +175,7 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
                     reachable = False
                 first = old[2] if old else stamp
                 if record:
-                    if old is None:
-                        conn.exec_driver_sql(
-                            f"INSERT INTO _mm_pullers (peer, tbl, seq2, last_success_at, first_seen_at, checked_at) VALUES ({d.ph(6)})",
-                            (ln.target, tb, wm, last, first, stamp))
-                    else:
-                        conn.exec_driver_sql(
-                            f"UPDATE _mm_pullers SET seq2 = {ph}, last_success_at = {ph}, checked_at = {ph} WHERE peer = {ph} AND tbl = {ph}",
-                            (wm, last, stamp, ln.target, tb))
+                    store.purges.record_puller(conn, d, ln.target, tb, wm, last, first, stamp, new=old is None)
                 away = _age_s(last or first, now)
                 out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
     return out
@@ -239,25 +226,13 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
                         if origin not in top or ver > top[origin]:
                             top[origin] = ver
                     for origin, ver in top.items():
-                        cur = conn.exec_driver_sql(
-                            f"SELECT max_ver FROM _mm_origins WHERE tbl = {ph} AND origin = {ph}", (tb, origin)).scalar()
-                        if cur is None:
-                            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({d.ph(3)})", (tb, origin, ver))
-                        elif ver > cur:
-                            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
+                        store.origins.mark_applied(conn, d, tb, origin, ver)
                     conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
-            if d.log2_is_view:
-                # every purged entry took its append record along: the horizon is the highest one
-                tp.log2_deleted = tp.purged
-                if tp.purged and not dry_run:
-                    _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
-            elif max_seq2 is not None:
-                hi = min(w, int(max_seq2) - 1)
-                r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
-                tp.log2_deleted = int(r[0] or 0) if r else 0
-                if tp.log2_deleted and not dry_run:
-                    conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
-                    _record_horizon(conn, d, tb, int(r[1]), tp.purged)
+            # every purged entry took its append record along (the second-order log is a view over
+            # the change log): the horizon is the highest one
+            tp.log2_deleted = tp.purged
+            if tp.purged and not dry_run:
+                store.purges.record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
             if policy.snapshots:
                 for q in topo.peers_of(site):
                     snap = d.obj(tb, q)["snap"]
@@ -268,19 +243,6 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
             tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
             tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0)
     return rep
-
-
-def _record_horizon(conn: Any, d: Any, tb: str, horizon: int, purged: int) -> None:
-    """Remember in ``_mm_purges`` the highest second-order position purged (pullers below it
-    missed changes: :func:`multimaster.engine.refresh.check_not_purged`)."""
-    ph = d.caps.placeholder
-    if conn.exec_driver_sql(f"SELECT 1 FROM _mm_purges WHERE tbl = {ph}", (tb,)).first() is None:
-        conn.exec_driver_sql(f"INSERT INTO _mm_purges (tbl, horizon, purged, purged_at) VALUES ({d.ph(4)})",
-                             (tb, horizon, purged, now_iso()))
-    else:
-        conn.exec_driver_sql(
-            f"UPDATE _mm_purges SET horizon = {d.greatest}(horizon, {ph}), purged = purged + {ph}, purged_at = {ph} WHERE tbl = {ph}",
-            (horizon, purged, now_iso(), tb))
 
 
 def purge(topo: "Topology | Cluster", site: str | None = None, policy: PurgePolicy | None = None, *, dry_run: bool = False,
