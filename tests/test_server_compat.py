@@ -23,7 +23,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
-from multimaster import api
+from multimaster import api, store
 from multimaster.dialects.mysql import dialect as my
 
 TEXTS = {"notes": {"key": "id", "columns": {"name": "VARCHAR(100)", "body": "text"}}}
@@ -288,7 +288,7 @@ def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, 
         cl.refresh_until_quiet()
         cl.assert_converged()
         with api.Cluster(cl.topo) as c, c.site("s1").write() as conn:
-            c.site("s1").dialect.install_verifications(conn)
+            store.verifications.install(conn, c.site("s1").dialect)
     finally:
         event.remove(Engine, "before_cursor_execute", record)
     assert created

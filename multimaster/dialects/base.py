@@ -1,10 +1,17 @@
 """The seam between the engine and each database: one small module per dialect.
 
-A dialect module ``multimaster/dialects/<sqlalchemy dialect name>.py`` exposes ``DIALECT``, an
-instance of a :class:`Dialect` subclass, and its SQL lives in ``triggers/<name>/*.sql`` templates
-with ``$placeholders`` only (identifiers and column lists are built in Python, every identifier
-quoted). The engine never branches on a dialect's name: it calls these methods and reads the
+A dialect is a folder ``multimaster/dialects/<sqlalchemy dialect name>/``: ``dialect.py`` exposing
+``DIALECT``, an instance of a :class:`Dialect` subclass, beside its SQL templates (``*.sql``,
+``$placeholders`` only; identifiers and column lists are built in Python, every identifier
+quoted). A dialect holds what differs per database and nothing else: SQL syntax, one complete
+:class:`Capabilities` object, install (objects and triggers), locking and the clock, connections.
+The bookkeeping tables (``_mm_*``) are read and written by :mod:`multimaster.store`, with this
+syntax. The engine never branches on a dialect's name: it calls these methods and reads the
 capabilities. See docs/adding-a-dialect.md.
+
+The defaults here are standard SQL, or what two built-in dialects share, or "nothing to do";
+never one database's own behaviour. What every database does its own way raises
+NotImplementedError here.
 """
 
 from __future__ import annotations
@@ -13,28 +20,53 @@ import importlib
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.core.versions import BASE_VER
 from multimaster.dialects.schema import TableInfo, names
+from multimaster.errors import SchemaError
 
 __all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index"]
 
 
 @dataclass(frozen=True)
 class Capabilities:
-    """What a database can do, each with the reason it matters to the engine."""
+    """What a database can do and how the framework must talk to it, declared once per dialect
+    (every field, no defaults), each with the reason it matters. Code and tests branch on these,
+    never on a dialect's name."""
 
-    #: DDL runs inside a transaction and rolls back with it (init is then all-or-nothing per site).
+    #: DDL runs inside a transaction and rolls back with it: init is then all-or-nothing per site
+    #: (otherwise it is idempotent, and checks what it can before writing: Dialect.install_problems)
     transactional_ddl: bool
-    #: longest identifier; object names are checked against it at init.
+    #: longest object name, counted in `identifier_unit`; the names of the objects made for a table
+    #: are checked against it at init (a database that truncated them would mix two tables' objects)
     max_identifier_length: int
-    #: parameter marker used with exec_driver_sql (DB-API paramstyle).
+    #: what max_identifier_length counts: "bytes" or "characters"
+    identifier_unit: str
+    #: parameter marker used with exec_driver_sql (the driver's DB-API paramstyle); with "%s" a
+    #: literal % in a statement is written %% (rendered templates are escaped so)
     placeholder: str
-    #: one writer at a time: the apply transaction takes the write lock up front.
+    #: one writer at a time per database: the apply transaction takes the write lock up front
+    #: (BEGIN IMMEDIATE) and excludes every other writer
     single_writer: bool
+    #: the reconciler may apply plain changes set-based (engine/fastpath.py), reading rows and then
+    #: writing them without row locks: only where no other writer of the table can commit while the
+    #: apply transaction runs; elsewhere the planner's path, which locks rows first (lock_rows)
+    set_based_apply: bool
+    #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
+    #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file
+    #: next to the database
+    daemon_lock_sql: str | None
+    #: column definition of a generated primary key (the verification log's id)
+    serial_pk: str
+    #: the change-log column an entry's identity is written to (read back as ``rid``): a dialect
+    #: may store it elsewhere and derive ``rid`` (SQLite: ``xrid``, rid = coalesce(xrid, ver), so a
+    #: capture trigger computes a new row's version once)
+    log_rid_column: str
+    #: the schema holding every object multimaster creates, apart from the user's tables (None: the
+    #: connection's own schema; bookkeeping tables are then named unqualified)
+    bookkeeping_schema: str | None
 
 
 def templates_dir(dialect: str) -> Path:
@@ -43,31 +75,62 @@ def templates_dir(dialect: str) -> Path:
     return Path(__file__).resolve().parent / dialect
 
 
+#: the objects of :func:`names` that are relations (tables, views): they live in the bookkeeping
+#: schema; triggers and indexes take no schema qualifier
+_RELATIONS = ("log", "log2", "shadow", "tombstones", "snap")
+
+
 class Dialect:
+    #: the SQLAlchemy dialect name (its folder under multimaster/dialects/)
     name: str = ""
+    #: the database's name in messages
+    title: str = ""
     caps: Capabilities
-    #: INSERT that skips rows whose unique key exists ("INSERT OR IGNORE", "INSERT IGNORE", ...)
-    insert_ignore: str = "INSERT"
-    #: the two-argument maximum function ("max" in SQLite, "GREATEST" elsewhere)
-    greatest: str = "GREATEST"
 
-    #: SQL expression: exclusive upper bound of the second-order log `seq2` a peer may read now,
-    #: so an entry committed later can never land below a watermark already handed out (None: every
-    #: committed entry is final, as with SQLite's single writer).
-    log2_horizon: str | None = None
+    # ---- SQL syntax --------------------------------------------------------------------------
+    def quote(self, ident: str) -> str:
+        return '"' + ident.replace('"', '""') + '"'
 
-    #: the second-order log is a view over the change log (every entry its own append record,
-    #: seq2 = seq; SQLite, docs/decisions.md) rather than a table filled by a trigger on the log:
-    #: purge then has no second-order rows to delete and records its horizon from the log alone
-    log2_is_view: bool = False
+    def ph(self, n: int) -> str:
+        """`n` parameter markers, comma-separated."""
+        return ", ".join([self.caps.placeholder] * n)
 
-    #: the reconciler may apply plain changes set-based (multimaster/fastpath.py), reading rows and
-    #: then writing them without row locks: only true where no other writer of the table can commit
-    #: while the apply transaction runs
-    set_based_apply: bool = False
+    def mm_table(self, name: str) -> str:
+        """The name to use in SQL for the bookkeeping table (or replication object) `name`: qualified
+        by the bookkeeping schema when there is one."""
+        s = self.caps.bookkeeping_schema
+        return f"{s}.{name}" if s else name
 
-    #: null-safe equality operator
-    null_safe_eq: str = "IS NOT DISTINCT FROM"
+    def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
+        """The objects of `table` (and of the snapshot of `peer`), quoted, relations qualified."""
+        return {k: self.mm_table(self.quote(v)) if k in _RELATIONS else self.quote(v) for k, v in names(table, peer).items()}
+
+    def concat(self, *parts: str) -> str:
+        return " || ".join(parts)
+
+    def cast_text(self, expr: str) -> str:
+        return f"CAST({expr} AS TEXT)"
+
+    def greatest(self, *exprs: str) -> str:
+        """The largest of `exprs` (none of them NULL: databases disagree on NULLs)."""
+        return f"GREATEST({', '.join(exprs)})"
+
+    def null_safe_eq(self, a: str, b: str) -> str:
+        """`a` equals `b`, two NULLs being equal."""
+        return f"{a} IS NOT DISTINCT FROM {b}"
+
+    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
+        """INSERT of `source` (``VALUES (...)`` or a SELECT) into `table` (`cols`), skipping rows whose
+        unique key already exists."""
+        raise NotImplementedError
+
+    def upsert(self, table: str, row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+        """(statement, parameters) inserting `row` (column -> value) into `table`, or, when a row
+        with the same `keys` exists, setting its other columns to `row`'s values."""
+        cols = list(row)
+        sets = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
+        return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
+                f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}", tuple(row.values()))
 
     def temp_name(self, name: str) -> str:
         """The name to use for a connection-local scratch table."""
@@ -76,137 +139,19 @@ class Dialect:
     def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
         """Create a connection-local table from a SELECT; `keys` becomes unique, `index` indexed
         (when the SELECT has such a column)."""
-        base = name.strip('"').strip("`")
-        conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-        conn.exec_driver_sql(f"CREATE TEMPORARY TABLE {name} AS {select}")
-        if keys:
-            conn.exec_driver_sql(f"CREATE UNIQUE INDEX {self.quote(base + '_k')} ON {name} ({keys})")
-        if index and index != keys and f" {index}" in select.replace(",", " ").replace(".", " "):
-            conn.exec_driver_sql(f"CREATE INDEX {self.quote(base + '_i')} ON {name} ({index})")
+        raise NotImplementedError
 
     def drop_temp(self, conn: Connection, name: str) -> None:
         conn.exec_driver_sql(f"DROP TABLE IF EXISTS {name}")
-
-    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
-        """UPDATE target SET ... FROM from_clause WHERE where (the join condition)."""
-        conn.exec_driver_sql(f"UPDATE {target} SET {', '.join(sets)} FROM {from_clause} WHERE {where}")
-
-    def update_target_ref(self, target: str, column: str) -> str:
-        """How a SET expression of update_from refers to the target's current value."""
-        return f"{target}.{column}"
 
     def temp_rids(self, conn: Connection) -> str:
         """Create (if needed) and name a connection-local table with one TEXT column `rid`."""
         raise NotImplementedError
 
-    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
-        """INSERT of `source` (``VALUES (...)`` or a SELECT) into `table` (`cols`), skipping rows whose
-        unique key already exists."""
-        return f"{self.insert_ignore} INTO {table} ({cols}) {source}"
-
-    def value_adapters(self, info: TableInfo) -> list[Any]:
-        """Per replicated column of `info` at this site, a converter from a value as any peer's
-        driver returned it to one this site's driver stores exactly, or None (dialects/types.py).
-        The default is SQLite's (ISO-8601 text for dates and times, decimals as exact text)."""
-        from multimaster.dialects import types
-
-        return [types.adapter(types.SQLITE, types.kind_of(self.name, c)) for c in info.columns]
-
-    def is_retryable(self, exc: BaseException) -> bool:
-        """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
-        return "database is locked" in str(getattr(exc, "orig", exc))
-
-    # ---- templates -------------------------------------------------------------------------
-    def render(self, template: str, **values: Any) -> list[str]:
-        """Render triggers/<dialect>/<template>.sql; statements are separated by a line '--'."""
-        text = (templates_dir(self.name) / f"{template}.sql").read_text()
-        stmts = []
-        for chunk in text.split("\n--\n"):
-            lines = [ln for ln in chunk.splitlines() if not ln.lstrip().startswith("--")]
-            sql = Template("\n".join(lines)).substitute(**values).strip()
-            if sql:
-                stmts.append(sql)
-        return stmts
-
-    def quote(self, ident: str) -> str:
-        return '"' + ident.replace('"', '""') + '"'
-
-    # ---- connections -----------------------------------------------------------------------
-    def prepare_engine(self, engine: Engine) -> None:
-        """Install connection event hooks (pragmas, transaction begin)."""
-
-    def engine_kwargs(self, url: str) -> dict[str, Any]:
-        return {}
-
-    def begin_write(self, conn: Connection) -> None:
-        """Called first in every transaction that writes replicated data (takes locks early)."""
-
-    # ---- install ---------------------------------------------------------------------------
-    def install_site(self, conn: Connection, site: str) -> None:
-        raise NotImplementedError
-
-    def install_table(self, conn: Connection, info: TableInfo) -> None:
-        raise NotImplementedError
-
-    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
-        raise NotImplementedError
-
-    def install_capture(self, conn: Connection, info: TableInfo) -> None:
-        raise NotImplementedError
-
-    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
-        raise NotImplementedError
-
-    def installed_tables(self, conn: Connection) -> list[str]:
-        raise NotImplementedError
-
-    # ---- apply -----------------------------------------------------------------------------
-    def set_applying(self, conn: Connection, on: bool) -> None:
-        raise NotImplementedError
-
-    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
-        raise NotImplementedError
-
-    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
-        """Move existing keys: rows with low < key <= high get key + delta, in the user table and the
-        shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
-        q = self.quote
-        p = self.caps.placeholder
-        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name)["shadow"], q("key"))):
-            for low, high, delta in shifts:
-                if high is None:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))
-                else:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} <= {p}", (delta + offset, low, high))
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {p} WHERE {col} > {p}", (offset, offset))
-
-    def after_apply(self, conn: Connection, info: TableInfo) -> None:
-        """Dialect follow-ups after keys were assigned (move a sequence past the highest key)."""
-
-    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
-        """Called first when reconciling `info` at this site: take whatever lock the capture
-        triggers take to give keys and versions (SQLite: none, BEGIN IMMEDIATE already holds it)."""
-
-    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
-        """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
-        read, so an application's concurrent update waits instead of being overwritten."""
-
-    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
-        """Move this site's clock to at least `hlc` (a version of `table` received from a peer)."""
-        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {self.greatest}(hlc, {self.caps.placeholder})", (hlc,))
-
-    def read_clock(self, conn: Connection) -> int | None:
-        v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
-        return None if v is None else int(v)
-
-    def mark_applied(self, conn: Connection, table: str, origin: str, ver: str) -> None:
-        """Raise `_mm_origins.max_ver` of (table, origin) to at least `ver`."""
-        p = self.caps.placeholder
-        cur = conn.exec_driver_sql(f"SELECT max_ver FROM _mm_origins WHERE tbl = {p} AND origin = {p}", (table, origin)).first()
-        if cur is None:
-            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({p}, {p}, {p})", (table, origin, ver))
-        elif cur[0] < ver:
-            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {p} WHERE tbl = {p} AND origin = {p}", (ver, table, origin))
+    def update_from(self, conn: Connection, target: str, sets: list[str], from_clause: str, where: str) -> None:
+        """UPDATE target SET ... FROM from_clause WHERE where (the join condition); a SET expression
+        refers to the target's current value as ``<target>.<column>``."""
+        conn.exec_driver_sql(f"UPDATE {target} SET {', '.join(sets)} FROM {from_clause} WHERE {where}")
 
     def bulk_update(self, conn: Connection, table: str, set_cols: list[str], where_col: str, rows: list[tuple[Any, ...]]) -> None:
         """UPDATE table SET set_cols WHERE where_col = ..., for many rows: each row is the new values
@@ -224,194 +169,82 @@ class Dialect:
             self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols) + 1)})"),
             [(*r, flag) for r in rows])
 
-    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
-        """Second-order records for the change-log entries the reconciler just relayed (seq >
-        `after_seq`). Default: nothing, the trigger on the change log writes them."""
-
-    def fresh_identities_select(self, table: str) -> str | None:
-        """A SELECT of (rid, key) for this site's own rows not yet in the shadow, for readers that
-        cannot write (verify); None where the shadow is kept eagerly."""
-        return None
-
-    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
-        """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
-        return []
-
-    def catch_up(self, conn: Connection, info: TableInfo) -> None:
-        """Bring the shadow of `info` up to date with this site's own changes, for dialects whose
-        capture triggers write the shadow lazily (SQLite, renumbered tables). Inside a write
-        transaction; a no-op where the shadow is kept eagerly."""
-
-    # ---- bookkeeping shared by SQL dialects (plain SQL, overridable) -------------------------
-    def prepare_site(self, engine: Engine) -> None:
-        """One-time settings outside any transaction (SQLite: WAL journal)."""
-
-    def concat(self, *parts: str) -> str:
-        return " || ".join(parts)
-
-    def ensure_link(self, conn: Connection, peer: str, table: str) -> None:
-        p = self.caps.placeholder
-        if conn.exec_driver_sql(f"SELECT 1 FROM _mm_watermarks WHERE peer = {p} AND tbl = {p}", (peer, table)).first() is None:
-            conn.exec_driver_sql(f"INSERT INTO _mm_watermarks (peer, tbl, seq2) VALUES ({p}, {p}, 0)", (peer, table))
-        if conn.exec_driver_sql(f"SELECT 1 FROM _mm_links WHERE peer = {p}", (peer,)).first() is None:
-            conn.exec_driver_sql(f"INSERT INTO _mm_links (peer) VALUES ({p})", (peer,))
-
-    def register_table(self, conn: Connection, info: TableInfo) -> None:
-        """Record the table and give its base rows their identities (the common base)."""
-        import json
-
-        q = self.quote
-        o = self.obj(info.name)
-        key = q(info.key.name)
-        base_max = 0
-        if info.spec.renumber:
-            base_max = conn.exec_driver_sql(f"SELECT coalesce(max({key}), 0) FROM {q(info.name)}").scalar() or 0
-            rid = self.concat(f"'{BASE_VER}#'", self.cast_text(key))
-        else:
-            rid = self.concat("'k:'", self.cast_text(key))
-        conn.exec_driver_sql(f"INSERT INTO {o['shadow']} (rid, key) SELECT {rid}, {key} FROM {q(info.name)}")
-        conn.exec_driver_sql(
-            f"INSERT INTO _mm_tables (tbl, key_col, renumber, columns, base_max) VALUES ({self.ph(5)})",
-            (info.name, info.key.name, 1 if info.spec.renumber else 0, json.dumps(list(info.column_names)), int(base_max)),
-        )
-
-    def cast_text(self, expr: str) -> str:
-        return f"CAST({expr} AS TEXT)"
-
-    def base_max(self, conn: Connection, table: str) -> int:
-        p = self.caps.placeholder
-        return int(conn.exec_driver_sql(f"SELECT base_max FROM _mm_tables WHERE tbl = {p}", (table,)).scalar() or 0)
-
-    def watermark(self, conn: Connection, peer: str, table: str) -> int:
-        p = self.caps.placeholder
-        v = conn.exec_driver_sql(f"SELECT seq2 FROM _mm_watermarks WHERE peer = {p} AND tbl = {p}", (peer, table)).scalar()
-        return int(v or 0)
-
-    def link_stats(self, conn: Connection, peer: str, pulled: int, applied: int, conflicts: int, at: str) -> None:
-        p = self.caps.placeholder
-        conn.exec_driver_sql(
-            f"UPDATE _mm_links SET pulled = pulled + {p}, applied = applied + {p}, conflicts = conflicts + {p}, "
-            f"last_success_at = {p} WHERE peer = {p}",
-            (pulled, applied, conflicts, at, peer),
-        )
-
-    def link_error(self, conn: Connection, peer: str, message: str, at: str) -> None:
-        p = self.caps.placeholder
-        conn.exec_driver_sql(f"UPDATE _mm_links SET last_error = {p}, last_error_at = {p} WHERE peer = {p}", (message[:2000], at, peer))
-
-    def link_row(self, conn: Connection, peer: str) -> dict[str, Any]:
-        p = self.caps.placeholder
-        r = conn.exec_driver_sql(
-            f"SELECT last_success_at, last_error, last_error_at, pulled, applied, conflicts FROM _mm_links WHERE peer = {p}", (peer,)
-        ).first()
-        keys = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
-        return dict(zip(keys, r)) if r else dict.fromkeys(keys)
-
-    def unapplied(self, conn: Connection, table: str, peer: str) -> tuple[int, str | None]:
-        snap = self.obj(table, peer)["snap"]
-        r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {snap} WHERE applied <> 1").first()
-        return (int(r[0] or 0), r[1]) if r else (0, None)
-
-    def waiting(self, conn: Connection, table: str, watermark: int, puller: str) -> tuple[int, str | None]:
-        """Changes in this site's logs past `watermark` that `puller` has not pulled yet."""
-        o = self.obj(table)
-        p = self.caps.placeholder
-        r = conn.exec_driver_sql(
-            f"SELECT count(*), min(l.ver) FROM {o['log2']} l2 JOIN {o['log']} l ON l.seq = l2.seq "
-            f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
-            (watermark, puller),
-        ).first()
-        return (int(r[0] or 0), r[1]) if r else (0, None)
-
-    def site_status(self, conn: Connection, tables: list[str]) -> dict[str, Any]:
-        st = conn.exec_driver_sql("SELECT site FROM _mm_state").first()
-        out: dict[str, Any] = {"name": st[0] if st else None, "hlc": self.read_clock(conn) if st else None, "tables": {}}
-        out["conflicts"] = int(conn.exec_driver_sql("SELECT count(*) FROM _mm_conflicts").scalar() or 0)
-        for t in tables:
-            o = self.obj(t)
-            out["tables"][t] = {
-                "log": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0),
-                "log2": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0),
-                "tombstones": int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['shadow']} WHERE deleted IS NOT NULL").scalar() or 0),
-                "rows": int(conn.exec_driver_sql(f"SELECT count(*) FROM {self.quote(t)}").scalar() or 0),
-            }
-        return out
-
-    def conflicts_since(self, conn: Connection, since: str) -> int:
-        """Conflicts recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS'; detected_at sorts as text)."""
-        p = self.caps.placeholder
-        return int(conn.exec_driver_sql(f"SELECT count(*) FROM _mm_conflicts WHERE detected_at >= {p}", (since,)).scalar() or 0)
-
-    def conflict_rows(self, conn: Connection, table: str | None, limit: int) -> list[Any]:
-        p = self.caps.placeholder
-        where = f"WHERE tbl = {p}" if table else ""
-        params = (table,) if table else ()
-        lim = f" LIMIT {int(limit)}" if limit else ""
-        return [
-            r._mapping
-            for r in conn.exec_driver_sql(
-                "SELECT id, detected_at, tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, "
-                f"remote_values, policy, decision FROM _mm_conflicts {where} ORDER BY id DESC{lim}",
-                params,
-            )
-        ]
-
-    # ---- operations: log purge and the daemon lock (multimaster/purge.py, daemon.py) ----------
-    #: SQL taking a session-level lock named by its one parameter without waiting, returning a
-    #: true value when taken (PostgreSQL: pg_try_advisory_lock(hashtext(%s)); MariaDB:
-    #: GET_LOCK(%s, 0)). None: the daemon locks a file next to the database (SQLite).
-    daemon_lock_sql: str | None = None
-    #: column type of a generated primary key (the verification log's id)
-    serial_pk: str = "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY"
-    #: where recorded verify runs are kept (multimaster/verifications.py)
-    verifications_table: str = "_mm_verifications"
-
-    def install_ops(self, conn: Connection) -> None:
-        """The purge bookkeeping every site keeps (idempotent): `_mm_origins` (per table and
-        origin, the highest version purged: the dedupe record once its log entry is gone),
-        `_mm_purges` (per table, the highest second-order sequence purged: a puller whose
-        watermark is below it has missed changes) and `_mm_pullers` (the last watermark seen of
-        every site that pulls from this one)."""
-        for sql in (
-            "CREATE TABLE IF NOT EXISTS _mm_origins (tbl VARCHAR(64) NOT NULL, origin VARCHAR(64) NOT NULL, "
-            "max_ver VARCHAR(96) NOT NULL, PRIMARY KEY (tbl, origin))",
-            "CREATE TABLE IF NOT EXISTS _mm_purges (tbl VARCHAR(64) NOT NULL PRIMARY KEY, horizon BIGINT NOT NULL DEFAULT 0, "
-            "purged BIGINT NOT NULL DEFAULT 0, purged_at VARCHAR(32))",
-            "CREATE TABLE IF NOT EXISTS _mm_pullers (peer VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, "
-            "seq2 BIGINT NOT NULL DEFAULT 0, last_success_at VARCHAR(32), first_seen_at VARCHAR(32), checked_at VARCHAR(32), "
-            "PRIMARY KEY (peer, tbl))",
-        ):
-            conn.exec_driver_sql(sql)
-        self.install_verifications(conn)
-
-    def install_verifications(self, conn: Connection) -> None:
-        """`_mm_verifications` (idempotent): one row per recorded verify run (scheduled by the daemon
-        or `verify --record`): when, how long, converged or not, the status per table, the result's
-        counts as JSON, the error of a run that could not complete. See multimaster/verifications.py."""
-        conn.exec_driver_sql(
-            f"CREATE TABLE IF NOT EXISTS _mm_verifications (id {self.serial_pk}, started_at VARCHAR(40) NOT NULL, "
-            "seconds DOUBLE PRECISION, converged SMALLINT, status VARCHAR(16) NOT NULL, table_status TEXT, summary TEXT, "
-            "error TEXT, source VARCHAR(16))"
-        )
-
-    def has_verifications(self, conn: Connection) -> bool:
-        from sqlalchemy import inspect
-
-        return bool(inspect(conn).has_table("_mm_verifications"))
-
-    #: the change log column an entry's row identity is written to (read back as ``rid``); SQLite
-    #: stores it in ``xrid`` and derives ``rid`` from the version when it is NULL (a new row's
-    #: identity is its insert's version: the capture trigger then computes the version once)
-    log_rid_column: str = "rid"
-
     def log_write_columns(self, cols: Sequence[str]) -> list[str]:
         """`cols` (change log columns as read) as the columns to write them to."""
-        return [self.log_rid_column if c == "rid" else c for c in cols]
+        return [self.caps.log_rid_column if c == "rid" else c for c in cols]
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        """Per replicated column of `info` at this site, a converter from a value as any peer's
+        driver returned it to one this site's driver stores exactly, or None (dialects/types.py)."""
+        raise NotImplementedError
+
+    def render(self, template: str, **values: Any) -> list[str]:
+        """Render <dialect>/<template>.sql: statements are separated by a line '--', lines starting
+        with '--' are comments, ``$name`` is a placeholder and ``$$`` passes through unchanged
+        (PL/pgSQL dollar quoting). With a "%s" paramstyle a literal % comes out as %%."""
+        text = (templates_dir(self.name) / f"{template}.sql").read_text().replace("$$", "\x00")
+        stmts = []
+        for chunk in text.split("\n--\n"):
+            lines = [ln for ln in chunk.splitlines() if not ln.lstrip().startswith("--")]
+            sql = Template("\n".join(lines)).substitute(**values).strip().replace("\x00", "$$")
+            if sql:
+                stmts.append(sql.replace("%", "%%") if self.caps.placeholder == "%s" else sql)
+        return stmts
+
+    # ---- connections -------------------------------------------------------------------------
+    def engine_kwargs(self, url: str) -> dict[str, Any]:
+        """Extra arguments of create_engine for this database."""
+        return {}
+
+    def prepare_engine(self, engine: Engine) -> None:
+        """Install connection event hooks (session settings, transaction begin). Default: none."""
+
+    def prepare_site(self, engine: Engine) -> None:
+        """One-time settings outside any transaction, before install. Default: none."""
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
+        raise NotImplementedError
+
+    # ---- install -----------------------------------------------------------------------------
+    def install_site(self, conn: Connection, site: str) -> None:
+        """The site's own objects (site template: state, clock, bookkeeping tables) and its name."""
+        raise NotImplementedError
+
+    def install_table(self, conn: Connection, info: TableInfo) -> None:
+        """Change log, second-order log view, shadow and tombstones of a replicated table."""
+        raise NotImplementedError
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        """The snapshot of `peer`'s change log of `info` (snapshot template)."""
+        self._check_names(info, [peer])
+        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
+                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
+            conn.exec_driver_sql(sql)
+
+    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+        """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
+        raise NotImplementedError
+
+    def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
+        """Drop every object multimaster created; returns what was dropped ("kind name")."""
+        raise NotImplementedError
+
+    def table_kind(self, conn: Connection, name: str) -> str | None:
+        """What the object `name` (unqualified, in the bookkeeping schema) is: "view", "table" (any
+        other relation) or None when there is none."""
+        raise NotImplementedError
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
-        """What stops `init` at this site before anything is written (e.g. objects in an older
-        layout that the new one cannot take over). One message per problem."""
-        return []
+        """What stops `init` at this site before anything is written, one message per problem: a
+        table installed by an earlier multimaster whose second-order log is a table (today a view
+        over the change log: its positions do not carry over, init must not adopt them)."""
+        out = []
+        for t in tables:
+            name = names(t)["log2"]
+            if self.table_kind(conn, name) == "table":
+                out.append(self.older_layout(t, self.mm_table(name)))
+        return out
 
     @staticmethod
     def older_layout(table: str, obj: str) -> str:
@@ -422,17 +255,87 @@ class Dialect:
                 f"({obj}); its positions do not carry over to today's layout. Refresh every site until "
                 "quiet, run 'multimaster uninstall' and then 'multimaster init' again")
 
-    def purge_horizon(self, conn: Connection, table: str) -> int:
-        """The highest second-order sequence number purged from this site's log of `table`."""
+    def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
+        """Refuse a table (or peer) whose objects' names the database would not take whole (the
+        tombstones view's name is the longest of a table's own objects)."""
+        limit, unit = self.caps.max_identifier_length, self.caps.identifier_unit
+        size = (lambda s: len(s.encode())) if unit == "bytes" else len
+        long = sorted({v for p in (None, *peers) for v in names(info.name, p).values() if size(v) > limit})
+        if long:
+            raise SchemaError([
+                f"table '{info.name}': object name '{n}' is longer than {self.title}'s {limit} {unit}; "
+                "use a shorter table or site name" for n in long
+            ])
+
+    def _log_cols(self, info: TableInfo) -> str:
+        """The n_/o_ column pairs of a change log or snapshot, as declared in their templates."""
+        q = self.quote
+        parts = []
+        for c in info.columns:
+            t = f" {c.type_sql}" if c.type_sql else ""
+            parts.append(f",\n  {q('n_' + c.name)}{t},\n  {q('o_' + c.name)}{t}")
+        return "".join(parts)
+
+    def _keytype(self, info: TableInfo) -> str:
+        """The type the framework's own tables (shadow, change log, snapshots) keep a key in."""
+        return info.key.type_sql
+
+    # ---- apply: capture guard, locks, keys, clock ---------------------------------------------
+    def set_applying(self, conn: Connection, on: bool) -> None:
+        """Set (or reset) the capture guard for this transaction: while set, the capture triggers
+        skip the changes the reconciler applies. Invisible to every other connection."""
+        raise NotImplementedError
+
+    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Called first when reconciling `info` at this site: take whatever lock the capture
+        triggers take to give keys and versions. Default: none (the write transaction holds it)."""
+
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
+        read, so an application's concurrent update waits instead of being overwritten."""
+        raise NotImplementedError
+
+    def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
+        """Move existing keys: rows with low < key <= high get key + delta, in the user table and the
+        shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
+        q = self.quote
         p = self.caps.placeholder
-        return int(conn.exec_driver_sql(f"SELECT horizon FROM _mm_purges WHERE tbl = {p}", (table,)).scalar() or 0)
+        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name)["shadow"], q("key"))):
+            for low, high, delta in shifts:
+                if high is None:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))
+                else:
+                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} <= {p}", (delta + offset, low, high))
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {p} WHERE {col} > {p}", (offset, offset))
 
-    # ---- helpers shared by SQL dialects ---------------------------------------------------
-    def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
-        return {k: self.quote(v) for k, v in names(table, peer).items()}
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Follow-ups after keys were assigned: move whatever gives a plain insert its key (a
+        sequence, a counter) past the highest key."""
+        raise NotImplementedError
 
-    def ph(self, n: int) -> str:
-        return ", ".join([self.caps.placeholder] * n)
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        """Move this site's clock to at least `hlc` (a version of `table` received from a peer; no
+        table: the whole site's clock, as add-site does)."""
+        raise NotImplementedError
+
+    def read_clock(self, conn: Connection) -> int | None:
+        """This site's clock: at least every version it gave or received (None: not installed)."""
+        raise NotImplementedError
+
+    def catch_up(self, conn: Connection, info: TableInfo) -> None:
+        """Bring the shadow of `info` up to date with this site's own changes, for dialects whose
+        capture triggers write the shadow lazily (SQLite, renumbered tables). Inside a write
+        transaction. Default: nothing (the capture triggers keep the shadow)."""
+
+    def fresh_identities_select(self, table: str) -> str | None:
+        """A SELECT of (rid, key) for this site's own rows not yet in the shadow (see catch_up), for
+        readers that cannot write (verify). Default: None (the shadow is kept eagerly)."""
+        return None
+
+    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
+        """(rid, key) of this site's own rows not yet in the shadow (see catch_up); read-only."""
+        sql = self.fresh_identities_select(info.name) if info.spec.renumber else None
+        return [] if sql is None else [tuple(r) for r in conn.exec_driver_sql(f"{sql} ORDER BY rid")]
 
     # ---- outside the engine: verify's readers and repair (multimaster/spark/), pull grants ----
     # (multimaster/grants.py) and site files (site.py, topology.py). Each dialect declares these in

@@ -9,12 +9,12 @@ conflict records. Runs inside the reconcile transaction with the capture guard s
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.core.planner import KeyAssignment, Plan, assign_keys
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
@@ -173,31 +173,5 @@ def _update_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) 
 
 
 def _record_conflicts(conn: Connection, d: Dialect, p: Plan) -> None:
-    """Write the plan's conflicts to `_mm_conflicts`, each with the key its row has now."""
-    if p.conflicts:
-        key_of = {rid: st.key for rid, st in p.rows.items()}
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_conflicts (tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, remote_values, policy, decision) "
-            f"VALUES ({d.ph(12)})",
-            [
-                (
-                    c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
-                    json.dumps(list(c.columns)), c.local_ver,
-                    None if c.local_values is None else json.dumps({k: _json(v) for k, v in c.local_values.items()}),
-                    c.remote_ver,
-                    None if c.remote_values is None else json.dumps({k: _json(v) for k, v in c.remote_values.items()}),
-                    c.policy, c.decision,
-                )
-                for c in p.conflicts
-            ],
-        )
-
-
-def _json(v: Any) -> Any:
-    """A value as JSON can hold it: bytes as {"$hex": ...}, numbers, text, booleans and NULL as they
-    are, anything else as its text."""
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return {"$hex": bytes(v).hex()}
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return str(v)
+    """Write the plan's conflicts to the conflict log, each with the key its row has now."""
+    store.conflicts.record(conn, d, p.conflicts, {rid: st.key for rid, st in p.rows.items()})

@@ -140,7 +140,7 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     default_ver = "s.rid" if spec.renumber else f"'{BASE_VER}'"
     conds = []
     for i, c in enumerate(info.column_names):
-        conds.append(f"((c.mask & {1 << i}) = 0 OR t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)})")
+        conds.append(f"((c.mask & {1 << i}) = 0 OR {d.null_safe_eq('t.' + q(c), 'c.' + q('o_' + c))})")
     for s in spec.slots:
         smask = sum(1 << i for i in s.columns)
         conds.append(f"((c.mask & {smask}) = 0 OR c.ver > coalesce(s.{q('v_' + s.name)}, {default_ver}))")
@@ -208,7 +208,7 @@ def _apply_updates(conn: Connection, site: Site, info: TableInfo, upd: str) -> i
     n_upd = conn.exec_driver_sql(f"SELECT count(*) FROM {upd} WHERE ok = 1").scalar() or 0
     if n_upd:
         sets = [
-            f"{q(c)} = CASE WHEN (u.mask & {1 << i}) <> 0 THEN u.{q('n_' + c)} ELSE {d.update_target_ref(t, q(c))} END"
+            f"{q(c)} = CASE WHEN (u.mask & {1 << i}) <> 0 THEN u.{q('n_' + c)} ELSE {t}.{q(c)} END"
             for i, c in enumerate(info.column_names)
         ]
         d.update_from(conn, t, sets, f"{upd} u", f"u.ok = 1 AND {t}.{keyc} = u.lkey")
@@ -216,7 +216,7 @@ def _apply_updates(conn: Connection, site: Site, info: TableInfo, upd: str) -> i
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)
             v = q("v_" + s.name)
-            vsets.append(f"{v} = CASE WHEN (u.mask & {smask}) <> 0 THEN u.ver ELSE {d.update_target_ref(shadow, v)} END")
+            vsets.append(f"{v} = CASE WHEN (u.mask & {smask}) <> 0 THEN u.ver ELSE {shadow}.{v} END")
         # (a natural key's shadow holds every incarnation of the key: the row is the rid's)
         srow = f"{shadow}.key = u.lkey" if spec.renumber else f"{shadow}.rid = u.rid"
         d.update_from(conn, shadow, vsets, f"{upd} u", f"u.ok = 1 AND {srow}")
@@ -232,7 +232,7 @@ def _deletes(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     t = q(info.name)
     keyc = q(info.key.name)
     shadow = d.obj(info.name)["shadow"]
-    dconds = [f"t.{q(c)} {d.null_safe_eq} c.{q('o_' + c)}" for c in info.column_names]
+    dconds = [d.null_safe_eq("t." + q(c), "c." + q("o_" + c)) for c in info.column_names]
     dele = d.temp_name("_mm_tmp_fd")
     d.create_temp(
         conn, dele,

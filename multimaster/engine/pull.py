@@ -40,7 +40,7 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
         f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph}{'' if source.dialect.log2_horizon is None else ' AND l2.seq2 < ' + source.dialect.log2_horizon} "
+        f"WHERE l2.seq2 > {ph} "
         f"ORDER BY l2.seq2 LIMIT {int(limit)}"
     )
     del q

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, plan
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
@@ -135,7 +136,7 @@ def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, 
     d = site.dialect
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
-    counts, selects = _new_rows(conn, info, snaps, lcols, fresh)
+    counts, selects = _new_rows(conn, d, info, snaps, lcols, fresh)
     sources = [p_ for p_, n in counts.items() if n]
     if not sources:
         return None
@@ -155,7 +156,7 @@ def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, 
     return _Candidates(cand, lcols, per_origin, total, sum(counts.values()))
 
 
-def _new_rows(conn: Connection, info: TableInfo, snaps: dict[str, str], lcols: list[str],
+def _new_rows(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], lcols: list[str],
               fresh: dict[str, int] | None) -> tuple[dict[str, int], dict[str, str]]:
     """Per peer, how many snapshot rows are new, and the SELECT of those not applied here yet.
 
@@ -169,8 +170,8 @@ def _new_rows(conn: Connection, info: TableInfo, snaps: dict[str, str], lcols: l
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
         counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         # (table names are checked plain identifiers)
-        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND NOT EXISTS "
-                       f"(SELECT 1 FROM _mm_origins g WHERE g.tbl = '{info.name}' AND g.origin = s.origin AND g.max_ver >= s.ver)")
+        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND "
+                       f"{store.origins.not_applied(d, info.name, 's')}")
     return counts, selects
 
 
@@ -184,8 +185,8 @@ def _apply_plain(conn: Connection, site: Site, info: TableInfo, cands: _Candidat
     rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows without locking them: only where no other writer
-    # of this table can commit meanwhile (Dialect.set_based_apply); elsewhere the planner's locked path
-    if fastpath.enabled() and d.set_based_apply:
+    # of this table can commit meanwhile (Capabilities.set_based_apply); elsewhere the planner's locked path
+    if fastpath.enabled() and d.caps.set_based_apply:
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, cands.total)
         res.inserted += fr.inserted
         res.updated += fr.updated
@@ -240,22 +241,20 @@ def _mark_applied(conn: Connection, d: Dialect, info: TableInfo, cands: _Candida
     tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cands.table} GROUP BY origin")} if parked
             else {o_: top for o_, (_, top) in cands.per_origin.items()})
     for origin, top in tops.items():
-        d.mark_applied(conn, info.name, origin, top)
+        store.origins.mark_applied(conn, d, info.name, origin, top)
 
 
 def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, relay: Sequence[str] | None) -> None:
     """Step 6: the applied changes whose origin is in `relay` (None: all) enter the change log with
-    their own version and origin, and get their second-order records."""
+    their own version and origin (each entry is its own second-order record: the second-order log is a view)."""
     d = site.dialect
     ph = d.caps.placeholder
     own = d.obj(info.name)
     lcols = cands.columns
-    before = conn.exec_driver_sql(f"SELECT coalesce(max(seq), 0) FROM {own['log']}").scalar()
     inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
     conn.exec_driver_sql(
         f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
         tuple(relay or ()))
-    d.record_relayed(conn, info, before)
 
 
 def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:

@@ -12,6 +12,7 @@ from typing import Any, Callable, TypeVar
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
+from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
@@ -51,7 +52,7 @@ def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | Non
 
 
 def _base_max(conn: Connection, site: Site, table: str) -> int:
-    return site.dialect.base_max(conn, table)
+    return store.tables.base_max(conn, site.dialect, table)
 
 
 def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | None = None, reconcile_: bool = True,
@@ -76,7 +77,7 @@ def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | Non
                 break
         if res.pulled == 0:
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
-                tgt.dialect.link_stats(conn, source, 0, 0, 0, now_iso())
+                store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
     except MultimasterError as e:
         res.error = str(e)
         _record_error(tgt, source, res.error)
@@ -121,7 +122,7 @@ def _refresh_table(link: _LinkTable, batch: int, res: RefreshResult, progress: P
     rr = ReconcileResult(tb)
     while True:
         with tgt.read() as conn:
-            wm = tgt.dialect.watermark(conn, source, tb)
+            wm = store.watermarks.read(conn, tgt.dialect, source, tb)
         rows = pull_batch(src, tgt, None, link.info, wm, batch)
         check_not_purged(src, target, tb, wm)
         if not rows:
@@ -147,16 +148,16 @@ def _apply_batch(conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ..
     stored, what reconciling did), or None when another refresher moved the watermark from `wm`
     meanwhile (read again)."""
     tgt, source, tb, info = link.tgt, link.source, link.table, link.info
-    if tgt.dialect.watermark(conn, source, tb) != wm:
+    if store.watermarks.read(conn, tgt.dialect, source, tb) != wm:
         return None  # another refresher moved it: read again
     stored, last = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
-    tgt.dialect.upsert_watermark(conn, source, tb, last)
+    store.watermarks.write(conn, tgt.dialect, source, tb, last)
     if link.reconcile_:
         fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
         r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
-        tgt.dialect.link_stats(conn, source, stored, r.applied, len(r.conflicts), now_iso())
+        store.links.stats(conn, tgt.dialect, source, stored, r.applied, len(r.conflicts), now_iso())
         return stored, r
-    tgt.dialect.link_stats(conn, source, stored, 0, 0, now_iso())
+    store.links.stats(conn, tgt.dialect, source, stored, 0, 0, now_iso())
     return stored, None
 
 
@@ -184,7 +185,7 @@ def write_retrying(site: Site, fn: Callable[[Connection], T]) -> T:
 def _record_error(tgt: Site, source: str, msg: str) -> None:
     try:
         with tgt.write() as conn:
-            tgt.dialect.link_error(conn, source, msg, now_iso())
+            store.links.error(conn, tgt.dialect, source, msg, now_iso())
     except Exception:  # noqa: BLE001 - the target itself may be what failed
         pass
 
@@ -253,6 +254,6 @@ def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None
     Called by refresh after each pull: the horizon is read after the pulled rows, so a purge that
     raced the pull is seen."""
     with src.read() as conn:
-        h = src.dialect.purge_horizon(conn, table)
+        h = store.purges.horizon(conn, src.dialect, table)
     if h > watermark:
         raise PurgedPastWatermark(src.name, target, table, watermark, h)

@@ -10,6 +10,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
+from multimaster import store
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
@@ -67,7 +68,6 @@ class Site:
         with self.engine.connect() as conn:
             conn.execution_options(mm_write=True)
             with conn.begin():
-                self.dialect.begin_write(conn)
                 yield conn
 
     def dispose(self) -> None:
@@ -81,7 +81,7 @@ class Site:
         return self._infos[table]
 
     def installed_tables(self, conn: Connection) -> list[str]:
-        return self.dialect.installed_tables(conn)
+        return store.tables.installed(conn, self.dialect)
 
     def require_installed(self, conn: Connection, topo: Topology) -> None:
         have = set(self.installed_tables(conn))

@@ -7,6 +7,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
@@ -157,19 +158,19 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
     newly = []
     with s.write() as conn:
         s.dialect.install_site(conn, n)
-        s.dialect.install_ops(conn)
+        store.install(conn, s.dialect)
         for tb in t.tables:
             info = chk.infos[tb][n]
             s.dialect.install_table(conn, info)
             for peer in t.peers_of(n):
                 s.dialect.install_snapshot(conn, info, peer)
-                s.dialect.ensure_link(conn, peer, tb)
+                store.links.ensure(conn, s.dialect, peer, tb)
             if tb not in chk.installed[n]:
                 newly.append(tb)
                 if tb in chk.copy_from and n in chk.copy_from[tb][1]:
                     src = chk.sites[chk.copy_from[tb][0]]
                     rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, chk.infos[tb][src.name], info, say)
-                s.dialect.register_table(conn, info)
+                store.tables.register(conn, s.dialect, info)
             s.dialect.install_capture(conn, info)
     return newly
 

@@ -35,11 +35,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, SchemaError
+from multimaster.errors import ConfigError, MultimasterError, NotInstalled, SchemaError
 from multimaster.ops.install import uninstall
 from multimaster.ops.status import status
 
@@ -118,32 +119,10 @@ def _copy_rows(src: Connection, select: str, dst: Connection, insert: str, size:
 
 
 def _max_seq2(conn: Connection, site: Site, table: str) -> int:
-    """The second-order position below which every entry is committed and visible to `conn`:
-    the highest seq2, or just below the dialect's read horizon when entries commit out of order
-    (what lies between is in the copy too and arrives again as a duplicate)."""
+    """The second-order position below which every entry is committed and visible to `conn`: the
+    highest seq2 (change-log entries commit in seq = seq2 order on every dialect)."""
     d = site.dialect
-    horizon = getattr(d, "log2_horizon", None)
-    if horizon is None:
-        return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table)['log2']}").scalar() or 0)
-    top, h = conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0), {horizon} FROM {d.obj(table)['log2']}").first()
-    return max(0, min(int(top), int(h) - 1))
-
-
-def _read_clock(conn: Connection, site: Site) -> int:
-    fn = getattr(site.dialect, "read_clock", None)
-    v = fn(conn) if fn else conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
-    return int(v or 0)
-
-
-def _advance_clock(conn: Connection, site: Site, hlc: int) -> None:
-    """The new site's whole clock to at least the source's (no table given: MySQL moves every
-    table's clock row and the site's floor), so its next change sorts after everything copied."""
-    fn = getattr(site.dialect, "advance_clock", None)
-    if fn:
-        fn(conn, hlc)
-    else:
-        d = site.dialect
-        conn.exec_driver_sql(f"UPDATE _mm_state SET hlc = {d.greatest}(hlc, {d.caps.placeholder})", (hlc,))
+    return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table)['log2']}").scalar() or 0)
 
 
 def add_site(topo: "Topology | Cluster", name: str, peer: str, *, replace: bool = False, batch_size: int = 5000,
@@ -231,9 +210,9 @@ def _connect_pullers(cl: Cluster, name: str, peer: str, pullers: list[str], rep:
             for tb in t.tables:
                 info = site.info(conn, tb, t)
                 site.dialect.install_snapshot(conn, info, name)
-                site.dialect.ensure_link(conn, name, tb)
-                if s == peer and site.dialect.watermark(conn, name, tb) == 0:
-                    site.dialect.upsert_watermark(conn, name, tb, npos[tb])  # the peer already holds all NAME has
+                store.links.ensure(conn, site.dialect, name, tb)
+                if s == peer and store.watermarks.read(conn, site.dialect, name, tb) == 0:
+                    store.watermarks.write(conn, site.dialect, name, tb, npos[tb])  # the peer already holds all NAME has
         rep.pullers.append(s)
         say(f"{s}: snapshot of {name} ready")
 
@@ -257,20 +236,20 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
     with psite.engine.connect() as pconn:
         _consistent_read(pconn)
         with pconn.begin(), nsite.write() as nconn:
-            hlc = _read_clock(pconn, psite)
+            hlc = pd.read_clock(pconn) or 0
             nd.install_site(nconn, name)
-            nd.install_ops(nconn)
+            store.install(nconn, nd)
             for tb in t.tables:
                 pi, ni = pinfo[tb], ninfo[tb]
                 po, no = pd.obj(tb), nd.obj(tb)
                 pos = _max_seq2(pconn, psite, tb)  # the capture point
-                pwm = {q: pd.watermark(pconn, q, tb) for q in peer_sources}
+                pwm = {q: store.watermarks.read(pconn, pd, q, tb) for q in peer_sources}
                 if replace:
                     nconn.exec_driver_sql(f"DELETE FROM {nd.quote(tb)}")
                 nd.install_table(nconn, ni)
                 for q in sources:
                     nd.install_snapshot(nconn, ni, q)
-                    nd.ensure_link(nconn, q, tb)
+                    store.links.ensure(nconn, nd, q, tb)
                 # rows, with the keys they have at PEER
                 cols = [pi.key.name, *pi.column_names]
                 sel = ", ".join(pd.quote(c) for c in cols)
@@ -294,18 +273,16 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                 ins = f"INSERT INTO {no['log']} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
                 rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", nconn, ins, batch_size,
                                             lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"))
-                ph = pd.caps.placeholder
-                origins = pconn.exec_driver_sql(f"SELECT origin, max_ver FROM _mm_origins WHERE tbl = {ph}", (tb,)).all()
-                if origins:
-                    nconn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({nd.ph(3)})",
-                                          [(tb, o, v) for o, v in origins])
+                store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
                 # PEER's own changes up to the capture point are in the copy: applied at NAME too
+                ph = pd.caps.placeholder
                 own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po['log']} WHERE origin = {ph}", (peer,)).scalar()
                 if own_top:
-                    nd.mark_applied(nconn, tb, peer, own_top)
-                reg = pconn.exec_driver_sql(f"SELECT key_col, renumber, columns, base_max FROM _mm_tables WHERE tbl = {ph}", (tb,)).first()
-                nconn.exec_driver_sql(f"INSERT INTO _mm_tables (tbl, key_col, renumber, columns, base_max) VALUES ({nd.ph(5)})",
-                                      (tb, reg[0], reg[1], reg[2], reg[3]))
+                    store.origins.mark_applied(nconn, nd, tb, peer, own_top)
+                reg = store.tables.registration(pconn, pd, tb)
+                if reg is None:  # checked first: PEER lost it meanwhile
+                    raise NotInstalled(peer, f"replication objects for table(s) {[tb]}")
+                store.tables.copy_in(nconn, nd, tb, reg)
                 # watermarks: where NAME starts pulling each source
                 for q in sources:
                     if q == peer:
@@ -315,11 +292,13 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                         _copy_waiting(pconn, psite, nconn, nsite, pi, q)
                     else:
                         wm = other_pos[q][tb]
-                    nd.upsert_watermark(nconn, q, tb, wm)
+                    store.watermarks.write(nconn, nd, q, tb, wm)
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
                 nd.after_apply(nconn, ni)
-            _advance_clock(nconn, nsite, hlc)
+            # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
+            # floor) to at least the source's, so its next change sorts after everything copied
+            nd.advance_clock(nconn, hlc)
     say(f"{name}: installed from {peer}")
 
 
@@ -332,8 +311,8 @@ def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site
     rows = [tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q)['snap']} WHERE applied <> 1")]
     if rows:
         nd = nsite.dialect
-        nconn.exec_driver_sql(
-            f"{nd.insert_ignore} INTO {nd.obj(info.name, q)['snap']} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})", rows)
+        collist = ", ".join(nd.quote(c) for c in cols)
+        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q)["snap"], collist, f"VALUES ({nd.ph(len(cols))})"), rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,17 +338,15 @@ def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, p
             try:
                 with site.write() as conn:
                     d = site.dialect
-                    ph = d.caps.placeholder
                     if s in pullers:
                         for tb in t.tables:
                             snap = d.obj(tb, name)["snap"]
                             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
                             dropped.append(f"snapshot {snap}")
-                        conn.exec_driver_sql(f"DELETE FROM _mm_watermarks WHERE peer = {ph}", (name,))
-                        conn.exec_driver_sql(f"DELETE FROM _mm_links WHERE peer = {ph}", (name,))
+                        store.links.forget(conn, d, name)
                         dropped.append("watermarks")
                     if s in sources:
-                        conn.exec_driver_sql(f"DELETE FROM _mm_pullers WHERE peer = {ph}", (name,))
+                        store.purges.forget_puller(conn, d, name)
                         dropped.append("puller record (log entries kept for it are released)")
             except MultimasterError:
                 rep.unreachable.append(s)

@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from multimaster import store
 from multimaster.config.topology import Topology, parse_duration
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.errors import ConfigError, MultimasterError
@@ -68,13 +69,11 @@ def health(topo: Topology | Cluster, sites: list[str] | None = None, *, since: s
             if not d.get("reachable") or not d.get("installed"):
                 continue
             s = cl.site(n)
-            ph = s.dialect.caps.placeholder
             try:
                 with s.read() as conn:
                     if since is not None:
-                        d["conflicts_since"] = int(conn.exec_driver_sql(
-                            f"SELECT count(*) FROM _mm_conflicts WHERE detected_at >= {ph}", (since,)).scalar() or 0)
-                    d["purge"] = {tb: {"horizon": s.dialect.purge_horizon(conn, tb)} for tb in cl.topo.tables}
+                        d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
+                    d["purge"] = {tb: {"horizon": store.purges.horizon(conn, s.dialect, tb)} for tb in cl.topo.tables}
                     for tb in cl.topo.tables:
                         d["tables"][tb]["snapshot_rows"] = sum(
                             int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj(tb, p)['snap']}").scalar() or 0)

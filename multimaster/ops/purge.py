@@ -12,16 +12,12 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
 3. deletes the change-log entries whose second-order ``A`` record every live puller has pulled
    (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
    the highest rowid), and none at or after a change of the same origin still waiting in one of
-   X's snapshots. Where the second-order log is a view over the change log (every built-in
-   dialect, ``Dialect.log2_is_view``) the append record goes with the entry, and pullers drop
-   applied snapshot rows in their own purge (step 6); where it is a trigger-filled table, the
-   delete trigger writes ``P`` records into it and pullers drop their snapshot copies when they
-   pull them (the paper's purge records);
+   X's snapshots. The second-order log is a view over the change log, so the append record goes
+   with the entry, and pullers drop applied snapshot rows in their own purge (step 6);
 4. raises ``_mm_origins.max_ver`` of each origin to the highest version purged: the reconciler's
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
-5. records the horizon in ``_mm_purges`` (view: the highest change-log entry purged; table: the
-   second-order records deleted, seq2 <= W, never the newest);
+5. records the horizon in ``_mm_purges``: the highest change-log entry purged (= its seq2);
 6. drops X's own applied snapshot rows (nothing reads them again).
 """
 
@@ -32,6 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
+from multimaster import store
 from multimaster.config.topology import parse_duration
 from multimaster.core.versions import HLC_SHIFT, now_iso
 from multimaster.errors import ConfigError, MultimasterError
@@ -142,8 +139,7 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
     seen = _watermarks_held(cl, site)
     stamp = now_iso()
     with (src.write() if record else src.read()) as conn:
-        stored = {(r[0], r[1]): (int(r[2] or 0), r[3], r[4]) for r in conn.exec_driver_sql(
-            "SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM _mm_pullers")}
+        stored = store.purges.pullers(conn, src.dialect)
         for ln in topo.links:
             if ln.source != site:
                 continue
@@ -153,7 +149,7 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
                 wm, last, reachable = _merge_watermark(seen.get(key), old)
                 first = old[2] if old else stamp
                 if record:
-                    _record_puller(conn, src.dialect, ln.target, tb, old is None, wm, last, first, stamp)
+                    store.purges.record_puller(conn, src.dialect, ln.target, tb, wm, last, first, stamp, new=old is None)
                 away = _age_s(last or first, now)
                 out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
     return out
@@ -172,12 +168,11 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
             with p.read() as conn:
                 if not p.installed_tables(conn):
                     continue
-                last = p.dialect.link_row(conn, site).get("last_success_at")
+                last = store.links.row(conn, p.dialect, site).get("last_success_at")
                 for tb in topo.tables:
-                    r = conn.exec_driver_sql(f"SELECT seq2 FROM _mm_watermarks WHERE peer = {p.dialect.caps.placeholder} "
-                                             f"AND tbl = {p.dialect.caps.placeholder}", (site, tb)).first()
-                    if r is not None:
-                        seen[(ln.target, tb)] = (int(r[0] or 0), last)
+                    wm = store.watermarks.find(conn, p.dialect, site, tb)
+                    if wm is not None:
+                        seen[(ln.target, tb)] = (wm, last)
         except MultimasterError:
             continue
         except Exception:  # noqa: BLE001 - an unreachable or half-installed puller: use what was recorded
@@ -197,19 +192,6 @@ def _merge_watermark(seen: tuple[int, str | None] | None,
         return wm, last, True
     wm, last = (old[0], old[1]) if old else (0, None)
     return wm, last, False
-
-
-def _record_puller(conn: Any, d: Any, peer: str, tb: str, new: bool, wm: int, last: str | None, first: str, stamp: str) -> None:
-    """Write one puller's state into ``_mm_pullers`` (insert when `new`, else update)."""
-    ph = d.caps.placeholder
-    if new:
-        conn.exec_driver_sql(
-            f"INSERT INTO _mm_pullers (peer, tbl, seq2, last_success_at, first_seen_at, checked_at) VALUES ({d.ph(6)})",
-            (peer, tb, wm, last, first, stamp))
-    else:
-        conn.exec_driver_sql(
-            f"UPDATE _mm_pullers SET seq2 = {ph}, last_success_at = {ph}, checked_at = {ph} WHERE peer = {ph} AND tbl = {ph}",
-            (wm, last, stamp, peer, tb))
 
 
 def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, dry_run: bool = False,
@@ -244,7 +226,7 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
             if max_seq is not None:
                 cand = _purge_log(conn, d, tb, peers, int(max_seq), cutoff, w, dry_run)
                 tp.purged = len(cand)
-            _purge_log2(conn, d, tp, cand, w, max_seq2, dry_run)
+            _purge_log2(conn, d, tp, cand, dry_run)
             if policy.snapshots:
                 tp.snapshot_rows += _drop_applied_snapshot_rows(conn, d, tb, peers, dry_run)
             tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
@@ -277,38 +259,20 @@ def _purge_log(conn: Any, d: Any, tb: str, peers: list[str], max_seq: int, cutof
 def _raise_origins(conn: Any, d: Any, tb: str, cand: list[Any]) -> None:
     """Raise ``_mm_origins.max_ver`` of every origin of `cand` (seq, origin, ver) to the highest
     version of it purged: the dedupe record once the entries are gone."""
-    ph = d.caps.placeholder
     top: dict[str, str] = {}
     for _seq, origin, ver in cand:
         if origin not in top or ver > top[origin]:
             top[origin] = ver
     for origin, ver in top.items():
-        cur = conn.exec_driver_sql(
-            f"SELECT max_ver FROM _mm_origins WHERE tbl = {ph} AND origin = {ph}", (tb, origin)).scalar()
-        if cur is None:
-            conn.exec_driver_sql(f"INSERT INTO _mm_origins (tbl, origin, max_ver) VALUES ({d.ph(3)})", (tb, origin, ver))
-        elif ver > cur:
-            conn.exec_driver_sql(f"UPDATE _mm_origins SET max_ver = {ph} WHERE tbl = {ph} AND origin = {ph}", (ver, tb, origin))
+        store.origins.mark_applied(conn, d, tb, origin, ver)
 
 
-def _purge_log2(conn: Any, d: Any, tp: TablePurge, cand: list[Any], w: int, max_seq2: Any, dry_run: bool) -> None:
-    """Step 5: the second-order records that went (a view: with their entries; a table: those at
-    or below `w`, never the newest, deleted here) and, unless `dry_run`, the horizon recorded."""
-    tb = tp.table
-    if d.log2_is_view:
-        # every purged entry took its append record along: the horizon is the highest one
-        tp.log2_deleted = tp.purged
-        if tp.purged and not dry_run:
-            _record_horizon(conn, d, tb, max(int(c[0]) for c in cand), tp.purged)
-    elif max_seq2 is not None:
-        o = d.obj(tb)
-        ph = d.caps.placeholder
-        hi = min(w, int(max_seq2) - 1)
-        r = conn.exec_driver_sql(f"SELECT count(*), max(seq2) FROM {o['log2']} WHERE seq2 <= {ph}", (hi,)).first()
-        tp.log2_deleted = int(r[0] or 0) if r else 0
-        if tp.log2_deleted and not dry_run:
-            conn.exec_driver_sql(f"DELETE FROM {o['log2']} WHERE seq2 <= {ph}", (hi,))
-            _record_horizon(conn, d, tb, int(r[1]), tp.purged)
+def _purge_log2(conn: Any, d: Any, tp: TablePurge, cand: list[Any], dry_run: bool) -> None:
+    """Step 5: every purged entry took its append record along (the second-order log is a view
+    over the change log): unless `dry_run`, the horizon recorded is the highest one."""
+    tp.log2_deleted = tp.purged
+    if tp.purged and not dry_run:
+        store.purges.record_horizon(conn, d, tp.table, max(int(c[0]) for c in cand), tp.purged)
 
 
 def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dry_run: bool) -> int:
@@ -321,19 +285,6 @@ def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dr
         else:
             n += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1").rowcount or 0
     return n
-
-
-def _record_horizon(conn: Any, d: Any, tb: str, horizon: int, purged: int) -> None:
-    """Remember in ``_mm_purges`` the highest second-order position purged (pullers below it
-    missed changes: :func:`multimaster.engine.refresh.check_not_purged`)."""
-    ph = d.caps.placeholder
-    if conn.exec_driver_sql(f"SELECT 1 FROM _mm_purges WHERE tbl = {ph}", (tb,)).first() is None:
-        conn.exec_driver_sql(f"INSERT INTO _mm_purges (tbl, horizon, purged, purged_at) VALUES ({d.ph(4)})",
-                             (tb, horizon, purged, now_iso()))
-    else:
-        conn.exec_driver_sql(
-            f"UPDATE _mm_purges SET horizon = {d.greatest}(horizon, {ph}), purged = purged + {ph}, purged_at = {ph} WHERE tbl = {ph}",
-            (horizon, purged, now_iso(), tb))
 
 
 def purge(topo: "Topology | Cluster", site: str | None = None, policy: PurgePolicy | None = None, *, dry_run: bool = False,

@@ -6,6 +6,7 @@ import json
 import time
 from typing import Any
 
+from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms
 from multimaster.engine.cluster import Cluster, as_cluster
@@ -34,9 +35,9 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                     tables = s.installed_tables(conn)
                     d["installed"] = sorted(tables) == sorted(t.tables)
                     if tables:
-                        d.update(s.dialect.site_status(conn, list(t.tables)))
+                        d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
                         if since is not None:
-                            d["conflicts_since"] = s.dialect.conflicts_since(conn, since)
+                            d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
             except MultimasterError as e:
                 d["reachable"] = False
                 d["error"] = str(e)
@@ -51,14 +52,14 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 out["links"].append(entry)
                 continue
             with tgt.read() as tconn:
-                entry.update(tgt.dialect.link_row(conn=tconn, peer=ln.source))
-                wms = {tb: tgt.dialect.watermark(tconn, ln.source, tb) for tb in t.tables}
-                pending_local = {tb: tgt.dialect.unapplied(tconn, tb, ln.source) for tb in t.tables}
+                entry.update(store.links.row(tconn, tgt.dialect, ln.source))
+                wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
+                pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
             waiting_total = 0
             oldest: str | None = None
             with src.read() as sconn:
                 for tb in t.tables:
-                    w, o = src.dialect.waiting(sconn, tb, wms[tb], ln.target)
+                    w, o = store.links.waiting(sconn, src.dialect, tb, wms[tb], ln.target)
                     entry["tables"][tb] = {"watermark": wms[tb], "waiting": w, "unapplied": pending_local[tb][0]}
                     waiting_total += w + pending_local[tb][0]
                     for cand in (o, pending_local[tb][1]):
@@ -84,7 +85,7 @@ def conflicts(topo: Topology | Cluster, site: str | None = None, table: str | No
             with s.read() as conn:
                 if not s.installed_tables(conn):
                     continue
-                for r in s.dialect.conflict_rows(conn, table, limit):
+                for r in store.conflicts.rows(conn, s.dialect, table, limit):
                     d = dict(r)
                     d["site"] = n
                     for k in ("columns", "local_values", "remote_values"):

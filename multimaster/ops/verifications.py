@@ -18,6 +18,7 @@ from multimaster.config.topology import Topology
 from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
 from multimaster.errors import MultimasterError
+from multimaster.store import verifications as records
 
 if TYPE_CHECKING:  # pragma: no cover
     from rich.table import Table
@@ -67,19 +68,10 @@ def store(topo: "Topology | Cluster", result: "VerifyResult | dict[str, Any] | N
                    json.dumps(s, default=str), error, source)
         else:
             row = (started_at or started_at_now(), seconds, None, ERROR, None, None, (error or "")[:4000], source)
-        d = site.dialect
-        p = d.caps.placeholder
-        table = d.verifications_table
         with site.write() as conn:
-            if not d.has_verifications(conn):
-                d.install_verifications(conn)
-            conn.exec_driver_sql(
-                f"INSERT INTO {table} (started_at, seconds, converged, status, table_status, summary, error, source) "
-                f"VALUES ({d.ph(8)})", row)
-            vid = int(conn.exec_driver_sql(f"SELECT max(id) FROM {table}").scalar() or 0)
-            if vid > KEEP:
-                conn.exec_driver_sql(f"DELETE FROM {table} WHERE id <= {p}", (vid - KEEP,))
-        return vid
+            if not records.exists(conn, site.dialect):
+                records.install(conn, site.dialect)
+            return records.insert(conn, site.dialect, row, KEEP)
     finally:
         if own:
             cl.close()
@@ -91,13 +83,10 @@ def last(topo: "Topology | Cluster") -> dict[str, Any] | None:
     cl, own = _cluster(topo)
     try:
         site = cl.site(cl.topo.verify_site)
-        d = site.dialect
         with site.read() as conn:
-            if not d.has_verifications(conn):
+            if not records.exists(conn, site.dialect):
                 return None
-            r = conn.exec_driver_sql(
-                "SELECT id, started_at, seconds, converged, status, table_status, summary, error, source "
-                f"FROM {d.verifications_table} ORDER BY id DESC LIMIT 1").first()
+            r = records.last(conn, site.dialect)
         if r is None:
             return None
         return {

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
 from multimaster.dialects.schema import TableInfo, names
-from multimaster.errors import SchemaError
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
@@ -89,22 +88,21 @@ _GRANT_SUPER = re.compile(r"^GRANT\s+(ALL(\s+PRIVILEGES)?|([A-Z_ ]+,\s*)*SUPER(\
 
 class MySQLDialect(Dialect):
     name = "mysql"
+    title = "MySQL"
     caps = Capabilities(
         transactional_ddl=False,  # CREATE/DROP commit implicitly: init is idempotent instead
         max_identifier_length=64,
+        identifier_unit="characters",
         placeholder="%s",  # PyMySQL / mysqlclient
         single_writer=False,  # writers of one table queue on its _mm_clock row, other tables are free
+        #: not set-based: its statements would lock rows in another order than applications do and
+        #: make them deadlock victims (measured); the planner's path locks rows in key order first
+        set_based_apply=False,
+        daemon_lock_sql="SELECT GET_LOCK(%s, 0)",
+        serial_pk="BIGINT AUTO_INCREMENT PRIMARY KEY",
+        log_rid_column="rid",
+        bookkeeping_schema=None,  # the site's database
     )
-    insert_ignore = "INSERT IGNORE"
-    greatest = "GREATEST"
-    #: no read horizon: every writer of a table's change log holds its _mm_clock row until COMMIT
-    #: (the capture triggers update it, the reconciler locks it in lock_rows before it relays) and
-    #: seq is an AUTO_INCREMENT taken at insert, so entries commit in seq (= seq2) order
-    log2_horizon = None
-    #: the second-order log is a view over the change log, seq2 = seq (triggers/mysql/table.sql)
-    log2_is_view = True
-    daemon_lock_sql = "SELECT GET_LOCK(%s, 0)"
-    serial_pk = "BIGINT AUTO_INCREMENT PRIMARY KEY"
 
     def quote(self, ident: str) -> str:
         return "`" + ident.replace("`", "``") + "`"
@@ -115,9 +113,18 @@ class MySQLDialect(Dialect):
     def cast_text(self, expr: str) -> str:
         return f"CAST({expr} AS CHAR)"
 
-    def render(self, template: str, **values: Any) -> list[str]:
-        # statements run through the driver's paramstyle: a literal % is written %%
-        return [s.replace("%", "%%") for s in super().render(template, **values)]
+    def null_safe_eq(self, a: str, b: str) -> str:
+        return f"{a} <=> {b}"
+
+    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
+        return f"INSERT IGNORE INTO {table} ({cols}) {source}"
+
+    def upsert(self, table: str, row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
+        cols = list(row)
+        upd = [c for c in cols if c not in keys]
+        # not VALUES(col): deprecated in MySQL 8.0.20; the new values are passed again
+        return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
+                f"ON DUPLICATE KEY UPDATE {', '.join(f'{c} = %s' for c in upd)}", (*row.values(), *(row[c] for c in upd)))
 
     # ---- connections -----------------------------------------------------------------------
     def engine_kwargs(self, url: str) -> dict[str, Any]:
@@ -170,11 +177,6 @@ class MySQLDialect(Dialect):
         )
         return "_mm_tmp_rids"
 
-    #: not set-based: its statements would lock rows in another order than applications do and
-    #: make them deadlock victims (measured); the planner's path locks rows in key order first
-    set_based_apply = False
-    null_safe_eq = "<=>"
-
     def create_temp(self, conn: Connection, name: str, select: str, keys: str | None = None, index: str | None = "rid") -> None:
         # CREATE INDEX and a DROP TABLE without TEMPORARY commit implicitly in MySQL: keys are
         # declared in the CREATE TEMPORARY TABLE itself, drops say TEMPORARY
@@ -219,29 +221,23 @@ class MySQLDialect(Dialect):
             conn.exec_driver_sql(sql)
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
 
+    def table_kind(self, conn: Connection, name: str) -> str | None:
+        kind = conn.exec_driver_sql(
+            "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (name,)).scalar()
+        return None if kind is None else "view" if kind == "VIEW" else "table"
+
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
-        """Found before init writes anything, since MySQL's DDL cannot be rolled back: a site
-        installed by an earlier multimaster, whose second-order log is a table (its positions do not
-        carry over to the view: init must not adopt them), and capture triggers that could not be
-        created (binary logging on, creators not trusted, no SUPER)."""
-        out = []
-        for t in tables:
-            name = names(t)["log2"]
-            if conn.exec_driver_sql(
-                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
-                "AND TABLE_TYPE <> 'VIEW'", (name,)).first() is not None:
-                out.append(self.older_layout(t, name))
+        """Found before init writes anything, since MySQL's DDL cannot be rolled back: the base's
+        (an earlier layout), and capture triggers that could not be created (binary logging on,
+        creators not trusted, no SUPER)."""
+        out = super().install_problems(conn, tables)
         row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").first()
         log_bin, trust = _on(row[0]), _on(row[1])
         if not log_bin or trust:
             return out  # no need to look at privileges
         msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
         return out + ([msg] if msg else [])
-
-    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
-        """Nothing to do: the second-order log is a view in which every change log entry is its
-        own append record (triggers/mysql/table.sql). The relayed entries were written under the
-        table's clock row, which lock_rows took before any row was read."""
 
     def has_super(self, conn: Connection) -> bool:
         """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
@@ -257,19 +253,6 @@ class MySQLDialect(Dialect):
         except Exception:  # noqa: BLE001 - cannot tell beyond USER_PRIVILEGES
             return False
         return any(_GRANT_SUPER.match(g) for g in grants)
-
-    def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
-        long = sorted({v for p in (None, *peers) for v in [*names(info.name, p).values(), "_mm_rank_" + info.name]
-                       if len(v) > self.caps.max_identifier_length})
-        if long:
-            raise SchemaError([
-                f"table '{info.name}': object name '{n}' is longer than MySQL's {self.caps.max_identifier_length} "
-                "characters; use a shorter table or site name" for n in long
-            ])
-
-    def _log_cols(self, info: TableInfo) -> str:
-        q = self.quote
-        return "".join(f",\n  {q('n_' + c.name)} {c.type_sql},\n  {q('o_' + c.name)} {c.type_sql}" for c in info.columns)
 
     def _keytype(self, info: TableInfo) -> str:
         t = info.key.type_sql
@@ -302,12 +285,6 @@ class MySQLDialect(Dialect):
                 (names(info.name)["shadow"], shadow_key_index(info.name)),
             ).first():
                 conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
-
-    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
-        self._check_names(info, [peer])
-        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
-                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
-            conn.exec_driver_sql(sql)
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
@@ -373,13 +350,6 @@ class MySQLDialect(Dialect):
             f"UPDATE _mm_clock SET maxkey = (SELECT coalesce(max(`key`), 0) FROM {shadow}) WHERE tbl = %s", (info.name,)
         )
 
-    def installed_tables(self, conn: Connection) -> list[str]:
-        if conn.exec_driver_sql(
-            "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tables'"
-        ).first() is None:
-            return []
-        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
-
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []
         pat = "\\_mm\\_%"
@@ -439,16 +409,6 @@ class MySQLDialect(Dialect):
     def read_clock(self, conn: Connection) -> int | None:
         v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
         return None if v is None else int(v)
-
-    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
-        from multimaster.core.versions import now_iso
-
-        at = now_iso()
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (%s, %s, %s, %s) "
-            "ON DUPLICATE KEY UPDATE seq2 = %s, pulled_at = %s",  # not VALUES(col): deprecated in MySQL 8.0.20
-            (peer, table, seq2, at, seq2, at),
-        )
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """The next rank counts every identity now known. (AUTO_INCREMENT needs no move: the

@@ -17,21 +17,37 @@ _HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM 
 
 class SQLiteDialect(Dialect):
     name = "sqlite"
+    title = "SQLite"
     caps = Capabilities(
         transactional_ddl=True,  # CREATE/DROP roll back with the transaction
         max_identifier_length=1000,  # no practical limit
+        identifier_unit="characters",
         placeholder="?",
         single_writer=True,  # one writer per file: BEGIN IMMEDIATE before applying
+        set_based_apply=True,  # BEGIN IMMEDIATE: the apply transaction is the only writer
+        daemon_lock_sql=None,  # no server: the daemon locks a file next to the database
+        serial_pk="INTEGER PRIMARY KEY",  # the rowid
+        log_rid_column="xrid",  # rid is a generated column: coalesce(xrid, ver) (sqlite/table.sql)
+        bookkeeping_schema=None,  # one schema per file
     )
 
-    insert_ignore = "INSERT OR IGNORE"
-    set_based_apply = True  # BEGIN IMMEDIATE: the apply transaction is the only writer
-    greatest = "max"
-    serial_pk = "INTEGER PRIMARY KEY"
+    def greatest(self, *exprs: str) -> str:
+        return f"max({', '.join(exprs)})"  # the scalar max() of two or more arguments
 
-    null_safe_eq = "IS"
-    log2_is_view = True  # triggers/sqlite/table.sql
-    log_rid_column = "xrid"  # rid is a generated column: coalesce(xrid, ver) (triggers/sqlite/table.sql)
+    def null_safe_eq(self, a: str, b: str) -> str:
+        return f"{a} IS {b}"
+
+    def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
+        return f"INSERT OR IGNORE INTO {table} ({cols}) {source}"
+
+    def value_adapters(self, info: TableInfo) -> list[Any]:
+        """ISO-8601 text for dates and times, decimals as exact text (dialects/types.py)."""
+        from multimaster.dialects import types
+
+        return [types.adapter(types.SQLITE, types.kind_of(self.name, c)) for c in info.columns]
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        return "database is locked" in str(getattr(exc, "orig", exc))
 
     def temp_name(self, name: str) -> str:
         return f"temp.{self.quote(name)}"
@@ -88,14 +104,6 @@ class SQLiteDialect(Dialect):
             "INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,)
         )
 
-    def _log_cols(self, info: TableInfo) -> str:
-        q = self.quote
-        parts = []
-        for c in info.columns:
-            t = f" {c.type_sql}" if c.type_sql else ""
-            parts.append(f",\n  {q('n_' + c.name)}{t},\n  {q('o_' + c.name)}{t}")
-        return "".join(parts)
-
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
         o = self.obj(info.name)
@@ -143,17 +151,6 @@ class SQLiteDialect(Dialect):
         conn.exec_driver_sql(f"DROP VIEW IF EXISTS {o['tombstones']}")
         conn.exec_driver_sql(f"DROP TABLE {o['shadow']}")
         return cols
-
-    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
-        for sql in self.render(
-            "snapshot",
-            table=self.quote(info.name),
-            peer=peer,
-            keytype=info.key.type_sql,
-            logcols=self._log_cols(info),
-            **self.obj(info.name, peer),
-        ):
-            conn.exec_driver_sql(sql)
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
@@ -250,11 +247,8 @@ class SQLiteDialect(Dialect):
 
     def _join_renumber(self, info: TableInfo) -> str:
         q = self.quote
-        text = (self._tdir() / "renumber.sql").read_text()
-        from string import Template
-
-        body = Template(text).substitute(key=q(info.key.name), table=q(info.name), lastinsertkey=self._last_insert_key(info))
-        return "\n".join(ln for ln in body.splitlines() if not ln.lstrip().startswith("--"))
+        return "\n".join(self.render("renumber", key=q(info.key.name), table=q(info.name),
+                                      lastinsertkey=self._last_insert_key(info)))
 
     def _catchup_sql(self, info: TableInfo) -> str:
         o = self.obj(info.name)
@@ -266,10 +260,6 @@ class SQLiteDialect(Dialect):
             f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
         )
 
-    def record_relayed(self, conn: Connection, info: TableInfo, after_seq: int) -> None:
-        """Nothing to do: the second-order log is a view in which every change log entry is its
-        own append record (triggers/sqlite/table.sql)."""
-
     def fresh_identities_select(self, table: str) -> str | None:
         o = self.obj(table)
         name = table.replace("'", "''")
@@ -277,34 +267,14 @@ class SQLiteDialect(Dialect):
         return (f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
                 f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
 
-    def fresh_identities(self, conn: Connection, info: TableInfo) -> list[tuple[Any, ...]]:
-        if not info.spec.renumber:
-            return []
-        sql = self.fresh_identities_select(info.name)
-        return [tuple(r) for r in conn.exec_driver_sql(f"{sql} ORDER BY rid")]
-
     def catch_up(self, conn: Connection, info: TableInfo) -> None:
         if info.spec.renumber:
             for stmt in self._catchup_sql(info).split(";\n"):
                 conn.exec_driver_sql(stmt.strip().rstrip(";"))
 
-    def _tdir(self):  # type: ignore[no-untyped-def]
-        from multimaster.dialects.base import templates_dir
-
-        return templates_dir(self.name)
-
-    def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
-        out = []
-        for t in tables:
-            name = names(t)["log2"]
-            if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,)).first():
-                out.append(self.older_layout(t, name))
-        return out
-
-    def installed_tables(self, conn: Connection) -> list[str]:
-        if not conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type='table' AND name='_mm_tables'").first():
-            return []
-        return [r[0] for r in conn.exec_driver_sql("SELECT tbl FROM _mm_tables ORDER BY tbl")]
+    def table_kind(self, conn: Connection, name: str) -> str | None:
+        v = conn.exec_driver_sql("SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,)).scalar()
+        return None if v is None else str(v)
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []
@@ -325,12 +295,20 @@ class SQLiteDialect(Dialect):
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("UPDATE _mm_state SET applying = ?", (1 if on else 0,))
 
-    def upsert_watermark(self, conn: Connection, peer: str, table: str, seq2: int) -> None:
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_watermarks (peer, tbl, seq2, pulled_at) VALUES (?, ?, ?, strftime('%Y-%m-%dT%H:%M:%fZ','now')) "
-            "ON CONFLICT(peer, tbl) DO UPDATE SET seq2 = excluded.seq2, pulled_at = excluded.pulled_at",
-            (peer, table, seq2),
-        )
+    def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
+        """Nothing to lock: BEGIN IMMEDIATE made the apply transaction the only writer."""
+
+    def after_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Nothing to move: a plain insert takes max(rowid) + 1, and with AUTOINCREMENT
+        sqlite_sequence follows every larger key inserted."""
+
+    def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
+        """The site's floor ``_mm_state.hlc``, which every capture trigger reads."""
+        conn.exec_driver_sql("UPDATE _mm_state SET hlc = max(hlc, ?)", (hlc,))
+
+    def read_clock(self, conn: Connection) -> int | None:
+        v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
+        return None if v is None else int(v)
 
     # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
     jdbc = Dialect.Jdbc(

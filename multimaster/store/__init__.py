@@ -1,0 +1,35 @@
+"""The bookkeeping tables every site keeps (``_mm_*``), one module per concern; each module is the
+only code that reads or writes its tables:
+
+- :mod:`~multimaster.store.watermarks` ``_mm_watermarks``: per peer and table, the position pulled;
+- :mod:`~multimaster.store.links` ``_mm_links``: per peer, the last success, the last error, totals;
+  and a link's lag (changes waiting at the peer, unapplied here);
+- :mod:`~multimaster.store.origins` ``_mm_origins``: per table and origin, the highest version
+  applied (the duplicate filter);
+- :mod:`~multimaster.store.conflicts` ``_mm_conflicts``: the conflict log;
+- :mod:`~multimaster.store.purges` ``_mm_purges``, ``_mm_pullers``: the purge horizon, the pullers;
+- :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
+- :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts.
+
+Every function takes ``(conn, d: Dialect, ...)`` and builds its SQL with the dialect's syntax only
+(placeholder, quoting, upsert, qualified names). What is database mechanics stays in the dialect:
+the clock, key shifts, locks, the capture guard, catch-up, the objects made at install
+(``_mm_state`` and the tables of each dialect's site template).
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from multimaster.dialects.base import Dialect
+from multimaster.store import conflicts, links, origins, purges, tables, verifications, watermarks
+
+__all__ = ["conflicts", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
+
+
+def install(conn: Connection, d: Dialect) -> None:
+    """The bookkeeping tables that are the same SQL on every database (idempotent), after the
+    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_verifications``."""
+    origins.install(conn, d)
+    purges.install(conn, d)
+    verifications.install(conn, d)

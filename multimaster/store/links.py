@@ -1,0 +1,73 @@
+"""``_mm_links``: per peer this site pulls from, the last success, the last error and running
+totals; and a link's lag read from the logs and snapshots (for status)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from multimaster.dialects.base import Dialect
+from multimaster.store import watermarks
+
+__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting"]
+
+_ROW = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
+
+
+def ensure(conn: Connection, d: Dialect, peer: str, table: str) -> None:
+    """The link from `peer` exists for `table`: its watermark row and its statistics row."""
+    watermarks.ensure(conn, d, peer, table)
+    links = d.mm_table("_mm_links")
+    if conn.exec_driver_sql(f"SELECT 1 FROM {links} WHERE peer = {d.caps.placeholder}", (peer,)).first() is None:
+        conn.exec_driver_sql(f"INSERT INTO {links} (peer) VALUES ({d.caps.placeholder})", (peer,))
+
+
+def stats(conn: Connection, d: Dialect, peer: str, pulled: int, applied: int, conflicts: int, at: str) -> None:
+    """A successful refresh from `peer` at `at`: add its counts."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {d.mm_table('_mm_links')} SET pulled = pulled + {p}, applied = applied + {p}, conflicts = conflicts + {p}, "
+        f"last_success_at = {p} WHERE peer = {p}",
+        (pulled, applied, conflicts, at, peer),
+    )
+
+
+def error(conn: Connection, d: Dialect, peer: str, message: str, at: str) -> None:
+    """A failed refresh from `peer` at `at` (the message is cut to 2,000 characters)."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {d.mm_table('_mm_links')} SET last_error = {p}, last_error_at = {p} WHERE peer = {p}",
+                         (message[:2000], at, peer))
+
+
+def row(conn: Connection, d: Dialect, peer: str) -> dict[str, Any]:
+    """The link's row: last_success_at, last_error, last_error_at, pulled, applied, conflicts
+    (all None when there is none)."""
+    r = conn.exec_driver_sql(f"SELECT {', '.join(_ROW)} FROM {d.mm_table('_mm_links')} WHERE peer = {d.caps.placeholder}",
+                             (peer,)).first()
+    return dict(zip(_ROW, r)) if r else dict.fromkeys(_ROW)
+
+
+def forget(conn: Connection, d: Dialect, peer: str) -> None:
+    """Drop the link from `peer` and its watermarks."""
+    watermarks.forget(conn, d, peer)
+    conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_links')} WHERE peer = {d.caps.placeholder}", (peer,))
+
+
+def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int, str | None]:
+    """Changes of `peer` in this site's snapshot not applied yet: how many, the oldest version."""
+    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {d.obj(table, peer)['snap']} WHERE applied <> 1").first()
+    return (int(r[0] or 0), r[1]) if r else (0, None)
+
+
+def waiting(conn: Connection, d: Dialect, table: str, watermark: int, puller: str) -> tuple[int, str | None]:
+    """Changes in this site's logs past `watermark` that `puller` has not pulled yet: how many, the
+    oldest version."""
+    o = d.obj(table)
+    p = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT count(*), min(l.ver) FROM {o['log2']} l2 JOIN {o['log']} l ON l.seq = l2.seq "
+        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
+        (watermark, puller),
+    ).first()
+    return (int(r[0] or 0), r[1]) if r else (0, None)

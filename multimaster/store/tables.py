@@ -1,0 +1,82 @@
+"""``_mm_tables``: per replicated table, its key column, renumbering on/off, replicated columns
+(JSON), the base's highest key (``caught_up`` belongs to the SQLite dialect's catch-up); and the
+counts `status` shows per site."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Sequence
+
+from sqlalchemy.engine import Connection
+
+from multimaster.core.versions import BASE_VER
+from multimaster.dialects.base import Dialect
+from multimaster.dialects.schema import TableInfo
+from multimaster.store import conflicts
+
+__all__ = ["installed", "register", "base_max", "registration", "copy_in", "site_status"]
+
+_REG = ("key_col", "renumber", "columns", "base_max")
+
+
+def installed(conn: Connection, d: Dialect) -> list[str]:
+    """The tables replicated at this site (none when it is not installed)."""
+    if d.table_kind(conn, "_mm_tables") is None:
+        return []
+    return [r[0] for r in conn.exec_driver_sql(f"SELECT tbl FROM {d.mm_table('_mm_tables')} ORDER BY tbl")]
+
+
+def register(conn: Connection, d: Dialect, info: TableInfo) -> None:
+    """Record the table and give its base rows their identities (the common base)."""
+    q = d.quote
+    o = d.obj(info.name)
+    key = q(info.key.name)
+    base_max = 0
+    if info.spec.renumber:
+        base_max = conn.exec_driver_sql(f"SELECT coalesce(max({key}), 0) FROM {q(info.name)}").scalar() or 0
+        rid = d.concat(f"'{BASE_VER}#'", d.cast_text(key))
+    else:
+        rid = d.concat("'k:'", d.cast_text(key))
+    conn.exec_driver_sql(f"INSERT INTO {o['shadow']} (rid, key) SELECT {rid}, {key} FROM {q(info.name)}")
+    renumber = 1 if info.spec.renumber else 0
+    copy_in(conn, d, info.name, (info.key.name, renumber, json.dumps(list(info.column_names)), int(base_max)))
+
+
+def base_max(conn: Connection, d: Dialect, table: str) -> int:
+    """The highest key of the common base (keys above it are base_max + rank)."""
+    return int(conn.exec_driver_sql(f"SELECT base_max FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}",
+                                    (table,)).scalar() or 0)
+
+
+def registration(conn: Connection, d: Dialect, table: str) -> tuple[Any, ...] | None:
+    """(key_col, renumber, columns, base_max) of `table`, None when it is not registered."""
+    r = conn.exec_driver_sql(f"SELECT {', '.join(_REG)} FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}",
+                             (table,)).first()
+    return None if r is None else tuple(r)
+
+
+def copy_in(conn: Connection, d: Dialect, table: str, reg: Sequence[Any]) -> None:
+    """Register `table` with `reg` (a registration(), e.g. read at another site by add-site)."""
+    conn.exec_driver_sql(f"INSERT INTO {d.mm_table('_mm_tables')} (tbl, {', '.join(_REG)}) VALUES ({d.ph(1 + len(_REG))})",
+                         (table, *reg))
+
+
+def site_status(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str, Any]:
+    """The site's name and clock, its conflicts, and per table the change log, second-order log,
+    tombstone and row counts."""
+    st = conn.exec_driver_sql(f"SELECT site FROM {d.mm_table('_mm_state')}").first()
+    out: dict[str, Any] = {"name": st[0] if st else None, "hlc": d.read_clock(conn) if st else None, "tables": {}}
+    out["conflicts"] = conflicts.count(conn, d)
+    for t in tables:
+        o = d.obj(t)
+        out["tables"][t] = {
+            "log": _count(conn, o["log"]),
+            "log2": _count(conn, o["log2"]),
+            "tombstones": _count(conn, o["shadow"], "deleted IS NOT NULL"),
+            "rows": _count(conn, d.quote(t)),
+        }
+    return out
+
+
+def _count(conn: Connection, table: str, where: str | None = None) -> int:
+    return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else "")).scalar() or 0)

@@ -1,0 +1,42 @@
+"""``_mm_watermarks``: per peer this site pulls from and table, the last second-order position
+pulled (``seq2``) and when."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Connection
+
+from multimaster.core.versions import now_iso
+from multimaster.dialects.base import Dialect
+
+__all__ = ["read", "find", "write", "ensure", "forget"]
+
+
+def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
+    """The watermark of (peer, table), None when there is no row."""
+    p = d.caps.placeholder
+    sql = f"SELECT seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {p} AND tbl = {p}"
+    r = conn.exec_driver_sql(sql, (peer, table)).first()
+    return None if r is None else int(r[0] or 0)
+
+
+def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
+    """The watermark of (peer, table); 0 when nothing was pulled yet."""
+    return find(conn, d, peer, table) or 0
+
+
+def write(conn: Connection, d: Dialect, peer: str, table: str, seq2: int) -> None:
+    """Set the watermark of (peer, table) to `seq2`, stamped now."""
+    sql, params = d.upsert(d.mm_table("_mm_watermarks"), {"peer": peer, "tbl": table, "seq2": seq2, "pulled_at": now_iso()},
+                           ("peer", "tbl"))
+    conn.exec_driver_sql(sql, params)
+
+
+def ensure(conn: Connection, d: Dialect, peer: str, table: str) -> None:
+    """A watermark row for (peer, table), at 0 when new."""
+    if find(conn, d, peer, table) is None:
+        conn.exec_driver_sql(f"INSERT INTO {d.mm_table('_mm_watermarks')} (peer, tbl, seq2) VALUES ({d.ph(2)}, 0)", (peer, table))
+
+
+def forget(conn: Connection, d: Dialect, peer: str) -> None:
+    """Drop every watermark of `peer` (it no longer is a peer of this site)."""
+    conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_watermarks')} WHERE peer = {d.caps.placeholder}", (peer,))
