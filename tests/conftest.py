@@ -4,11 +4,8 @@ failure instead of a skip)."""
 
 from __future__ import annotations
 
-
 import pytest
-
 from clusters import BACKENDS, Backend, server_unavailable
-
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
-
 from clusters import TestCluster, make_cluster
+
 from multimaster import api
+from multimaster.config.topology import load_topology
+from multimaster.core.versions import HLC_SHIFT, hlc_now
 from multimaster.errors import ConfigError, SchemaError
 from multimaster.ops.instantiate import SiteNotDrained, add_site, remove_site
 from multimaster.ops.purge import PurgePolicy, purge_site
-from multimaster.config.topology import load_topology
-from multimaster.core.versions import HLC_SHIFT, hlc_now
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 BASE = [("stock", 1, "counter", 0), ("stock", 2, "widgets", 10)]
@@ -133,7 +133,7 @@ def _set_clock_floor(cl: TestCluster, site: str, hlc: int) -> None:
 def _log_versions(cl: TestCluster, site: str, table: str) -> list[tuple[str, str]]:
     with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
         d = c.site(site).dialect
-        return [(str(o), str(v)) for o, v in conn.exec_driver_sql(f"SELECT origin, ver FROM {d.obj(table)['log']} ORDER BY seq")]
+        return [(str(o), str(v)) for o, v in conn.exec_driver_sql(f"SELECT origin, ver FROM {d.obj(table).log} ORDER BY seq")]
 
 
 def test_new_site_clock_starts_past_everything_it_copied(backend, tmp_path):  # type: ignore[no-untyped-def]

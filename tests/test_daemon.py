@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-
 from clusters import make_cluster
+
 from multimaster import api
 from multimaster.ops.daemon import Daemon, DaemonAlreadyRunning, cron_trigger
 

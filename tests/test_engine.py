@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from clusters import ITEMS, make_cluster
+
 from multimaster import api
 from multimaster.errors import BaseRowsDiffer, SchemaError
 

@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 import yaml
-
 from clusters import TestCluster, make_cluster
+
 from multimaster import api
-from multimaster.ops.instantiate import add_site
 from multimaster.config.topology import load_topology
+from multimaster.ops.instantiate import add_site
 
 TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"},
                  "config": {"columns": {"n": "additive"}}}}

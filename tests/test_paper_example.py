@@ -13,7 +13,6 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from clusters import ITEMS, make_cluster
 
 X = 3

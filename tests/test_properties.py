@@ -17,10 +17,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from clusters import make_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from clusters import make_cluster
 
 SITE_NAMES = ["s1", "s2", "s3", "s4", "s5"]
 COLS = ["name", "price", "qty"]  # sorted: bit i of a mask is COLS[i]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 import pytest
-
 from clusters import make_cluster
+
 from multimaster import api
 from multimaster.ops.purge import PurgePolicy, purge, purge_site
 

@@ -19,10 +19,10 @@ import uuid
 from typing import Any, Iterator
 
 import pytest
+from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
 from multimaster import api, store
 from multimaster.dialects.mysql import dialect as my
 
@@ -50,7 +50,7 @@ def pg_backend() -> Iterator[Backend]:
 
 def _log_count(cl: TestCluster, site: str, table: str) -> int:
     with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
-        return int(conn.exec_driver_sql(f"SELECT count(*) FROM {c.site(site).dialect.obj(table)['log']}").scalar() or 0)
+        return int(conn.exec_driver_sql(f"SELECT count(*) FROM {c.site(site).dialect.obj(table).log}").scalar() or 0)
 
 
 # ---- text changes compared as bytes ----------------------------------------------------------
@@ -137,6 +137,7 @@ def test_mysql_insert_takes_the_rank_triggers_version_only_for_its_own_row(mysql
     import time
 
     from clusters import ITEMS
+
     from multimaster.engine.site import Site
 
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], {**ITEMS, "other": {"key": "id", "columns": {"name": "text"}}})

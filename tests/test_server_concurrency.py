@@ -8,9 +8,9 @@ import threading
 import time
 
 import pytest
+from clusters import ITEMS, make_cluster
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from clusters import ITEMS, make_cluster
 from multimaster import api
 from multimaster.engine.site import Site
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from clusters import ITEMS, make_cluster
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError
 
-from clusters import ITEMS, make_cluster
 from multimaster.engine.pull import pull_batch
-from multimaster.ops.grants import apply_grants, grant_statements
 from multimaster.engine.site import Site
+from multimaster.ops.grants import apply_grants, grant_statements
 
 
 def test_pulling_with_least_privileges(backend, tmp_path):  # type: ignore[no-untyped-def]

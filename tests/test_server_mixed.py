@@ -13,12 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from clusters import BACKENDS, Backend, server_unavailable
 
-from clusters import BACKENDS, Backend
-from clusters import server_unavailable
 from multimaster import api
-from multimaster.errors import SchemaError
 from multimaster.config.topology import load_topology
+from multimaster.errors import SchemaError
 
 UTC = dt.timezone.utc
 COLS = ["i", "b", "d", "f", "t", "ok", "day", "at", "atz", "data"]

@@ -6,8 +6,8 @@ import textwrap
 
 import pytest
 
-from multimaster.errors import ConfigError
 from multimaster.config.topology import load_topology
+from multimaster.errors import ConfigError
 
 
 def write(tmp_path, text):  # type: ignore[no-untyped-def]

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from clusters import ITEMS, SQLiteBackend, make_cluster
+
 from multimaster import api
-from multimaster.ops import verifications
-from multimaster.errors import ConfigError
-from multimaster.spark.result import TableResult, VerifyResult, Waiting
 from multimaster.config.topology import load_topology
+from multimaster.errors import ConfigError
+from multimaster.ops import verifications
+from multimaster.spark.result import TableResult, VerifyResult, Waiting
 
 CLI = str(Path(sys.executable).parent / "multimaster")
 

@@ -24,7 +24,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.dialects.schema import TableInfo, names
+from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
 __all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index"]
@@ -101,9 +101,9 @@ class Dialect:
         s = self.caps.bookkeeping_schema
         return f"{s}.{name}" if s else name
 
-    def obj(self, table: str, peer: str | None = None) -> dict[str, str]:
+    def obj(self, table: str, peer: str | None = None) -> Names:
         """The objects of `table` (and of the snapshot of `peer`), quoted, relations qualified."""
-        return {k: self.mm_table(self.quote(v)) if k in _RELATIONS else self.quote(v) for k, v in names(table, peer).items()}
+        return names(table, peer).map(lambda k, v: self.mm_table(self.quote(v)) if k in _RELATIONS else self.quote(v))
 
     def concat(self, *parts: str) -> str:
         return " || ".join(parts)
@@ -219,7 +219,7 @@ class Dialect:
         """The snapshot of `peer`'s change log of `info` (snapshot template)."""
         self._check_names(info, [peer])
         for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
-                               logcols=self._log_cols(info), **self.obj(info.name, peer)):
+                               logcols=self._log_cols(info), **self.obj(info.name, peer).mapping()):
             conn.exec_driver_sql(sql)
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
@@ -241,7 +241,7 @@ class Dialect:
         over the change log: its positions do not carry over, init must not adopt them)."""
         out = []
         for t in tables:
-            name = names(t)["log2"]
+            name = names(t).log2
             if self.table_kind(conn, name) == "table":
                 out.append(self.older_layout(t, self.mm_table(name)))
         return out
@@ -260,7 +260,7 @@ class Dialect:
         tombstones view's name is the longest of a table's own objects)."""
         limit, unit = self.caps.max_identifier_length, self.caps.identifier_unit
         size = (lambda s: len(s.encode())) if unit == "bytes" else len
-        long = sorted({v for p in (None, *peers) for v in names(info.name, p).values() if size(v) > limit})
+        long = sorted({v for p in (None, *peers) for v in names(info.name, p).mapping().values() if size(v) > limit})
         if long:
             raise SchemaError([
                 f"table '{info.name}': object name '{n}' is longer than {self.title}'s {limit} {unit}; "
@@ -300,7 +300,7 @@ class Dialect:
         shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
         q = self.quote
         p = self.caps.placeholder
-        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name)["shadow"], q("key"))):
+        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name).shadow, q("key"))):
             for low, high, delta in shifts:
                 if high is None:
                     conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))
@@ -364,9 +364,6 @@ class Dialect:
 
     #: how Spark reads this database; None: verify cannot read it
     jdbc: Jdbc | None = None
-    #: the schema multimaster's objects live in, for connections that do not have multimaster's
-    #: search path (verify's readers, repair); None: next to the replicated tables
-    mm_schema: str | None = None
     #: the database has logins that privileges are granted to (False: access is the file's)
     has_logins: bool = True
     #: the statement opening repair's write transaction on an engine made with
@@ -374,8 +371,9 @@ class Dialect:
     writer_begin: str | None = None
 
     def mm_name(self, name: str) -> str:
-        """The quoted name of multimaster object `name`, qualified with `mm_schema` if any."""
-        return f"{self.quote(self.mm_schema)}.{self.quote(name)}" if self.mm_schema else self.quote(name)
+        """The quoted name of multimaster object `name`, qualified by the bookkeeping schema if any
+        (for connections without multimaster's search path: verify's readers, repair)."""
+        return self.mm_table(self.quote(name))
 
     def database_file(self, url: str) -> str | None:
         """The path of the file `url`'s database lives in, as written in the URL (connecting to a

@@ -7,12 +7,12 @@ carries the :class:`~multimaster.core.planner.TableSpec` the pure planner works 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, Callable
 
 from multimaster.core.planner import TableSpec
 
-__all__ = ["Column", "TableInfo", "names", "MAX_COLUMNS"]
+__all__ = ["Column", "TableInfo", "Names", "names", "MAX_COLUMNS"]
 
 MAX_COLUMNS = 62  # bits of the change mask
 
@@ -38,21 +38,47 @@ class TableInfo:
         return tuple(c.name for c in self.columns)
 
 
-def names(table: str, peer: str | None = None) -> dict[str, str]:
+@dataclass(frozen=True)
+class Names:
+    """The objects multimaster creates for one replicated table (and, when a peer is named, the
+    snapshot of that peer's change log): as created (``names()``), or as written in SQL at a site,
+    quoted and qualified (``Dialect.obj()``)."""
+
+    log: str  #: the change log (first-order log)
+    log2: str  #: the second-order log (a view over the change log)
+    shadow: str  #: identities, keys, tombstones and slot versions
+    tombstones: str  #: the deleted identities (a view over the shadow)
+    cap_i: str  #: capture trigger of inserts
+    cap_u: str  #: capture trigger of updates
+    cap_d: str  #: capture trigger of deletes
+    keyguard: str  #: the trigger refusing updates of a renumbered key
+    catch_u: str  #: SQLite's lazy-shadow catch-up trigger of updates
+    catch_d: str  #: SQLite's lazy-shadow catch-up trigger of deletes
+    snap: str | None = None  #: the snapshot of the peer's change log
+    snap_idx: str | None = None  #: the snapshot's index of rows not applied yet
+
+    def mapping(self) -> dict[str, str]:
+        """The names by field (those given), for the SQL templates' ``$placeholders``."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
+
+    def map(self, fn: Callable[[str, str], str]) -> "Names":
+        """The same objects with each name passed through ``fn(field, name)``."""
+        return Names(**{k: fn(k, v) for k, v in self.mapping().items()})
+
+
+def names(table: str, peer: str | None = None) -> Names:
     """Names of the objects multimaster creates for `table` (and for the snapshot of `peer`)."""
-    n = {
-        "log": f"_mm_log_{table}",
-        "log2": f"_mm_log2_{table}",
-        "shadow": f"_mm_shadow_{table}",
-        "tombstones": f"_mm_tombstones_{table}",
-        "cap_i": f"_mm_cap_i_{table}",
-        "cap_u": f"_mm_cap_u_{table}",
-        "cap_d": f"_mm_cap_d_{table}",
-        "keyguard": f"_mm_key_{table}",
-        "catch_u": f"_mm_catch_u_{table}",
-        "catch_d": f"_mm_catch_d_{table}",
-    }
-    if peer is not None:
-        n["snap"] = f"_mm_snap_{table}__{peer}"
-        n["snap_idx"] = f"_mm_snapi_{table}__{peer}"
-    return n
+    return Names(
+        log=f"_mm_log_{table}",
+        log2=f"_mm_log2_{table}",
+        shadow=f"_mm_shadow_{table}",
+        tombstones=f"_mm_tombstones_{table}",
+        cap_i=f"_mm_cap_i_{table}",
+        cap_u=f"_mm_cap_u_{table}",
+        cap_d=f"_mm_cap_d_{table}",
+        keyguard=f"_mm_key_{table}",
+        catch_u=f"_mm_catch_u_{table}",
+        catch_d=f"_mm_catch_d_{table}",
+        snap=None if peer is None else f"_mm_snap_{table}__{peer}",
+        snap_idx=None if peer is None else f"_mm_snapi_{table}__{peer}",
+    )

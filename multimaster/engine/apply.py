@@ -66,8 +66,8 @@ def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_ma
             p.rows[rid].key = new_keys[rid]
         return 0
     o = d.obj(info.name)
-    max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o['shadow']}").scalar()
-    max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o['shadow']}").scalar()
+    max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o.shadow}").scalar()
+    max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o.shadow}").scalar()
     max_key = max_key if max_key is not None else base_max
     if max_rid is None or new[0] > max_rid:
         below = [max(0, max_key - base_max)] * len(new)
@@ -87,7 +87,7 @@ def _ranks_below(conn: Connection, d: Dialect, info: TableInfo, new: list[str], 
     below = []
     for rid in new:
         pk = conn.exec_driver_sql(
-            f"SELECT key FROM {o['shadow']} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
+            f"SELECT key FROM {o.shadow} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
         ).scalar()
         below.append(max(0, (pk if pk is not None else base_max) - base_max))
     return below
@@ -154,7 +154,7 @@ def _insert_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) 
     new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
     if new_rows:
         collist = ", ".join(["rid", "key", "deleted"] + [q("v_" + s) for s in slots])
-        conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name)['shadow']} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
+        conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name).shadow} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
 
 
 def _update_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> None:
@@ -169,7 +169,7 @@ def _update_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) 
                 ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
             )
     for (delc, sl), params in sgroups.items():
-        d.bulk_update(conn, d.obj(info.name)["shadow"], (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
+        d.bulk_update(conn, d.obj(info.name).shadow, (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
 
 
 def _record_conflicts(conn: Connection, d: Dialect, p: Plan) -> None:

@@ -111,7 +111,7 @@ def _new_identities(conn: Connection, site: Site, info: TableInfo, cand: str, ne
     expression of a new identity's key, or None when the new identities interleave with known ones
     (keys would shift: the planner does it)."""
     d = site.dialect
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     fresh = (f"SELECT c.rid AS rid, max(CASE WHEN c.op = 'I' THEN 1 ELSE 0 END) AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
              f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid")
     if not info.spec.renumber:
@@ -136,7 +136,7 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     spec = info.spec
     t = q(info.name)
     keyc = q(info.key.name)
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     default_ver = "s.rid" if spec.renumber else f"'{BASE_VER}'"
     conds = []
     for i, c in enumerate(info.column_names):
@@ -159,7 +159,7 @@ def _inserts(conn: Connection, site: Site, info: TableInfo, cand: str, newids: s
     """Create and name the scratch table of the plain inserts: new identities inserted once by the
     batch (for a natural key: one no incarnation of which is known here), each with its key."""
     d = site.dialect
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     ins = d.temp_name("_mm_tmp_fi")
     # a natural key with any incarnation known here (alive or dead): the planner decides which lives
     first_life = "" if info.spec.renumber else f" AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.key = c.key)"
@@ -178,7 +178,7 @@ def _apply_inserts(conn: Connection, site: Site, info: TableInfo, ins: str) -> i
     q = d.quote
     spec = info.spec
     t = q(info.name)
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     cols = info.column_names
     n_ins = conn.exec_driver_sql(f"SELECT count(*) FROM {ins}").scalar() or 0
     if n_ins:
@@ -204,7 +204,7 @@ def _apply_updates(conn: Connection, site: Site, info: TableInfo, upd: str) -> i
     spec = info.spec
     t = q(info.name)
     keyc = q(info.key.name)
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     n_upd = conn.exec_driver_sql(f"SELECT count(*) FROM {upd} WHERE ok = 1").scalar() or 0
     if n_upd:
         sets = [
@@ -231,7 +231,7 @@ def _deletes(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     spec = info.spec
     t = q(info.name)
     keyc = q(info.key.name)
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     dconds = [d.null_safe_eq("t." + q(c), "c." + q("o_" + c)) for c in info.column_names]
     dele = d.temp_name("_mm_tmp_fd")
     d.create_temp(
@@ -254,7 +254,7 @@ def _apply_deletes(conn: Connection, site: Site, info: TableInfo, dele: str) -> 
     q = d.quote
     t = q(info.name)
     keyc = q(info.key.name)
-    shadow = d.obj(info.name)["shadow"]
+    shadow = d.obj(info.name).shadow
     n_del = conn.exec_driver_sql(f"SELECT count(*) FROM {dele}").scalar() or 0
     if n_del:
         conn.exec_driver_sql(f"DELETE FROM {t} WHERE {keyc} IN (SELECT lkey FROM {dele})")

@@ -38,8 +38,8 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
     ph = source.dialect.caps.placeholder
     cols = ", ".join(log_select_columns(source, info, "l."))
     sql = (
-        f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o['log2']} l2 "
-        f"LEFT JOIN {o['log']} l ON l.seq = l2.seq AND l.origin <> {ph} "
+        f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o.log2} l2 "
+        f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph} "
         f"WHERE l2.seq2 > {ph} "
         f"ORDER BY l2.seq2 LIMIT {int(limit)}"
     )
@@ -81,8 +81,8 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        d.store_snapshot_rows(conn, o['snap'], cols, appended, applied)
+        d.store_snapshot_rows(conn, o.snap, cols, appended, applied)
     if purged:
-        conn.exec_driver_sql(f"DELETE FROM {o['snap']} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
+        conn.exec_driver_sql(f"DELETE FROM {o.snap} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
     return len(appended), last

@@ -93,7 +93,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
     res = ReconcileResult(info.name)
-    snaps = {p: d.obj(info.name, p)["snap"] for p in peers}
+    snaps = {p: d.obj(info.name, p).snap for p in peers}
     d.lock_for_apply(conn, info)
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)
@@ -253,7 +253,7 @@ def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, re
     lcols = cands.columns
     inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
     conn.exec_driver_sql(
-        f"INSERT INTO {own['log']} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
+        f"INSERT INTO {own.log} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
         tuple(relay or ()))
 
 
@@ -276,12 +276,12 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
     natural = not info.spec.renumber
     if natural and keys:
         kt = d.temp_name("_mm_tmp_keys")
-        d.create_temp(conn, kt, f"SELECT key FROM {o['shadow']} WHERE 1 = 0", index="key")
+        d.create_temp(conn, kt, f"SELECT key FROM {o.shadow} WHERE 1 = 0", index="key")
         distinct: dict[Any, Any] = {}
         for k in keys:
             distinct.setdefault(bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k, k)
         conn.exec_driver_sql(f"INSERT INTO {kt} (key) VALUES ({d.caps.placeholder})", [(k,) for k in distinct.values()])
-        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o['shadow']} s JOIN {kt} k ON k.key = s.key"))
+        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {kt} k ON k.key = s.key"))
         d.drop_temp(conn, kt)
     d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
@@ -291,7 +291,7 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
     live = " AND s.deleted IS NULL" if natural else ""
     sql = (
         f"SELECT s.rid, s.key, s.deleted, t.{q(info.key.name)} IS NOT NULL{vcols}{ucols} FROM {tmp} r "
-        f"JOIN {o['shadow']} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key{live}"
+        f"JOIN {o.shadow} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key{live}"
     )
     out: dict[str, RowState] = {}
     ns = len(slots)

@@ -42,7 +42,7 @@ def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
     out = []
     db = make_url(s.url).database or ""
     # what a refresher reads: the change logs, the second-order logs, the purge horizon
-    objects = [names(t)[k] for t in topo.tables for k in ("log", "log2")] + ["_mm_purges"]
+    objects = [n for t in topo.tables for n in (names(t).log, names(t).log2)] + ["_mm_purges"]
     for peer in pullers:
         login = _login(peer)
         out.append(PeerGrants(peer, login, d.pull_grants(site, peer, login, db, objects)))

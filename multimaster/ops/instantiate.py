@@ -122,7 +122,7 @@ def _max_seq2(conn: Connection, site: Site, table: str) -> int:
     """The second-order position below which every entry is committed and visible to `conn`: the
     highest seq2 (change-log entries commit in seq = seq2 order on every dialect)."""
     d = site.dialect
-    return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table)['log2']}").scalar() or 0)
+    return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}").scalar() or 0)
 
 
 def add_site(topo: "Topology | Cluster", name: str, peer: str, *, replace: bool = False, batch_size: int = 5000,
@@ -259,24 +259,24 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                 # identities
                 scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
                 sq = ", ".join(pd.quote(c) for c in scols)
-                ins = f"INSERT INTO {no['shadow']} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
-                n = _copy_rows(pconn, f"SELECT {sq} FROM {po['shadow']} ORDER BY rid", nconn, ins, batch_size)
+                ins = f"INSERT INTO {no.shadow} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
+                n = _copy_rows(pconn, f"SELECT {sq} FROM {po.shadow} ORDER BY rid", nconn, ins, batch_size)
                 # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
                 fresh = pd.fresh_identities(pconn, pi)
                 if fresh:
-                    nconn.exec_driver_sql(f"INSERT INTO {no['shadow']} (rid, key) VALUES ({nd.ph(2)})", fresh)
+                    nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, key) VALUES ({nd.ph(2)})", fresh)
                     n += len(fresh)
                 rep.identities[tb] = n
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
                 lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
                 lq = ", ".join(pd.quote(c) for c in lcols)
-                ins = f"INSERT INTO {no['log']} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
-                rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po['log']} ORDER BY seq", nconn, ins, batch_size,
+                ins = f"INSERT INTO {no.log} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
+                rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", nconn, ins, batch_size,
                                             lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"))
                 store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
                 # PEER's own changes up to the capture point are in the copy: applied at NAME too
                 ph = pd.caps.placeholder
-                own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po['log']} WHERE origin = {ph}", (peer,)).scalar()
+                own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po.log} WHERE origin = {ph}", (peer,)).scalar()
                 if own_top:
                     store.origins.mark_applied(nconn, nd, tb, peer, own_top)
                 reg = store.tables.registration(pconn, pd, tb)
@@ -308,11 +308,11 @@ def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site
     cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in info.column_names] + \
         ["o_" + c for c in info.column_names] + ["applied"]
     sel = ", ".join(psite.dialect.quote(c) for c in cols)
-    rows = [tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q)['snap']} WHERE applied <> 1")]
+    rows = [tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q).snap} WHERE applied <> 1")]
     if rows:
         nd = nsite.dialect
         collist = ", ".join(nd.quote(c) for c in cols)
-        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q)["snap"], collist, f"VALUES ({nd.ph(len(cols))})"), rows)
+        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q).snap, collist, f"VALUES ({nd.ph(len(cols))})"), rows)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, p
                     d = site.dialect
                     if s in pullers:
                         for tb in t.tables:
-                            snap = d.obj(tb, name)["snap"]
+                            snap = d.obj(tb, name).snap
                             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
                             dropped.append(f"snapshot {snap}")
                         store.links.forget(conn, d, name)

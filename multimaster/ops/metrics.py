@@ -76,7 +76,7 @@ def health(topo: Topology | Cluster, sites: list[str] | None = None, *, since: s
                     d["purge"] = {tb: {"horizon": store.purges.horizon(conn, s.dialect, tb)} for tb in cl.topo.tables}
                     for tb in cl.topo.tables:
                         d["tables"][tb]["snapshot_rows"] = sum(
-                            int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj(tb, p)['snap']}").scalar() or 0)
+                            int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj(tb, p).snap}").scalar() or 0)
                             for p in cl.topo.peers_of(n))
                 ps = pullers(cl, n, policy, record=False)
                 d["pullers"] = [{"peer": p.peer, "table": p.table, "watermark": p.watermark, "last_success_at": p.last_success_at,

@@ -215,7 +215,7 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
         peers = topo.peers_of(site)
         with (src.read() if dry_run else src.write()) as conn:
             max_seq, max_seq2 = conn.exec_driver_sql(
-                f"SELECT (SELECT max(seq) FROM {o['log']}), (SELECT max(seq2) FROM {o['log2']})").first() or (None, None)
+                f"SELECT (SELECT max(seq) FROM {o.log}), (SELECT max(seq2) FROM {o.log2})").first() or (None, None)
             if live:
                 w = min(p.watermark for p in live)
                 tp.held_by = sorted(p.peer for p in live if p.watermark == w)
@@ -229,8 +229,8 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
             _purge_log2(conn, d, tp, cand, dry_run)
             if policy.snapshots:
                 tp.snapshot_rows += _drop_applied_snapshot_rows(conn, d, tb, peers, dry_run)
-            tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log']}").scalar() or 0)
-            tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o['log2']}").scalar() or 0)
+            tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o.log}").scalar() or 0)
+            tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o.log2}").scalar() or 0)
     return rep
 
 
@@ -242,17 +242,17 @@ def _purge_log(conn: Any, d: Any, tb: str, peers: list[str], max_seq: int, cutof
     o = d.obj(tb)
     ph = d.caps.placeholder
     waiting = " ".join(
-        f"AND NOT EXISTS (SELECT 1 FROM {d.obj(tb, q)['snap']} s WHERE s.applied <> 1 AND s.origin = l.origin AND s.ver <= l.ver)"
+        f"AND NOT EXISTS (SELECT 1 FROM {d.obj(tb, q).snap} s WHERE s.applied <> 1 AND s.origin = l.origin AND s.ver <= l.ver)"
         for q in peers
     )
     cand = conn.exec_driver_sql(
-        f"SELECT l.seq, l.origin, l.ver FROM {o['log']} l WHERE l.seq < {ph} AND l.ver < {ph} "
-        f"AND NOT EXISTS (SELECT 1 FROM {o['log2']} a WHERE a.seq = l.seq AND a.op = 'A' AND a.seq2 > {ph}) {waiting}",
+        f"SELECT l.seq, l.origin, l.ver FROM {o.log} l WHERE l.seq < {ph} AND l.ver < {ph} "
+        f"AND NOT EXISTS (SELECT 1 FROM {o.log2} a WHERE a.seq = l.seq AND a.op = 'A' AND a.seq2 > {ph}) {waiting}",
         (int(max_seq), cutoff, w),
     ).all()
     if cand and not dry_run:
         _raise_origins(conn, d, tb, cand)
-        conn.exec_driver_sql(f"DELETE FROM {o['log']} WHERE seq = {ph}", [(c[0],) for c in cand])
+        conn.exec_driver_sql(f"DELETE FROM {o.log} WHERE seq = {ph}", [(c[0],) for c in cand])
     return cand
 
 
@@ -279,7 +279,7 @@ def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dr
     """Step 6: delete (with `dry_run`: count) the applied rows of this site's snapshots of `tb`."""
     n = 0
     for q in peers:
-        snap = d.obj(tb, q)["snap"]
+        snap = d.obj(tb, q).snap
         if dry_run:
             n += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 1").scalar() or 0)
         else:

@@ -68,7 +68,7 @@ class JdbcSource:
     @property
     def mm_schema(self) -> str | None:
         """Where multimaster's objects live (PostgreSQL: schema _mm), None: next to the tables."""
-        return self.dialect.mm_schema
+        return self.dialect.caps.bookkeeping_schema
 
     def mm(self, name: str) -> str:
         """Qualified, quoted name of a multimaster object."""

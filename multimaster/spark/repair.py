@@ -243,7 +243,7 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                     try:
                         d.set_applying(conn, True)  # the capture guard: nothing below is captured
                         shadow_cols = [c["name"] for c in sa.inspect(conn).get_columns(
-                            f"_mm_shadow_{table}", **({"schema": d.mm_schema} if d.mm_schema else {}))]
+                            f"_mm_shadow_{table}", **({"schema": d.caps.bookkeeping_schema} if d.caps.bookkeeping_schema else {}))]
                         gone = [o.old_key for o in ops if o.op in ("delete", "rekey")]
                         for ch in _chunks(gone):
                             conn.execute(sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(

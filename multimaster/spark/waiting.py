@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlalchemy as sa
 
+from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.spark.jdbc import dialect_of
 from multimaster.spark.result import Waiting
@@ -23,11 +24,8 @@ def mm_name(url: str, name: str) -> str:
 
 
 def _watermark(conn: sa.Connection, url: str, source: str, table: str) -> int:
-    row = conn.execute(
-        sa.text(f"SELECT seq2 FROM {mm_name(url, '_mm_watermarks')} WHERE peer = :p AND tbl = :t"),
-        {"p": source, "t": table},
-    ).first()
-    return int(row[0]) if row and row[0] is not None else 0
+    """The position `source`'s change log of `table` is pulled up to at the site of `url`."""
+    return store.watermarks.find(conn, dialect_of(url), source, table) or 0
 
 
 def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -> list[Waiting]:

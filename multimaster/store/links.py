@@ -56,7 +56,7 @@ def forget(conn: Connection, d: Dialect, peer: str) -> None:
 
 def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int, str | None]:
     """Changes of `peer` in this site's snapshot not applied yet: how many, the oldest version."""
-    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {d.obj(table, peer)['snap']} WHERE applied <> 1").first()
+    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {d.obj(table, peer).snap} WHERE applied <> 1").first()
     return (int(r[0] or 0), r[1]) if r else (0, None)
 
 
@@ -66,7 +66,7 @@ def waiting(conn: Connection, d: Dialect, table: str, watermark: int, puller: st
     o = d.obj(table)
     p = d.caps.placeholder
     r = conn.exec_driver_sql(
-        f"SELECT count(*), min(l.ver) FROM {o['log2']} l2 JOIN {o['log']} l ON l.seq = l2.seq "
+        f"SELECT count(*), min(l.ver) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
         f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
         (watermark, puller),
     ).first()

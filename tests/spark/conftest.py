@@ -14,6 +14,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 pytest.importorskip("pyspark", reason="PySpark is not installed (pip install 'pyspark>=4')")
 
 from mm_spark_helpers import make_sqlite_cluster, require_server  # noqa: E402,F401 - require_server kept importable from here
+
 from multimaster.spark.jdbc import MissingDependency, find_jars  # noqa: E402
 from multimaster.spark.session import check_java, quiet_conf  # noqa: E402
 

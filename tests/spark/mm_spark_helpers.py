@@ -20,9 +20,9 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
+from clusters import ITEMS, SQLiteBackend, make_cluster
 from sqlalchemy.engine import make_url
 
-from clusters import ITEMS, SQLiteBackend, make_cluster
 from multimaster import api
 from multimaster.config.topology import load_topology
 from multimaster.core.versions import BASE_VER

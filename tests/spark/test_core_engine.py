@@ -5,11 +5,10 @@ from __future__ import annotations
 import sqlite3
 
 import pytest
-
-from multimaster.spark import verify
-from multimaster.config.topology import load_topology
-
 from mm_spark_helpers import write_topology
+
+from multimaster.config.topology import load_topology
+from multimaster.spark import verify
 
 api = pytest.importorskip("multimaster.api", reason="the core engine (multimaster.api) is not there yet")
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
+from mm_spark_helpers import make_every_kind, sql_site, uncaptured
 from typer.testing import CliRunner
 
-from multimaster.spark import verify
 from multimaster.cli import app
-from multimaster.spark.repair import apply_plan, plan_repair
 from multimaster.config.topology import load_topology
-
-from mm_spark_helpers import make_every_kind, sql_site, uncaptured
+from multimaster.spark import verify
+from multimaster.spark.repair import apply_plan, plan_repair
 
 
 def log_counts(cluster):

@@ -14,9 +14,9 @@ from pathlib import Path
 import yaml
 
 from multimaster import api
+from multimaster.config.topology import load_topology
 from multimaster.ops import verifications
 from multimaster.ops.daemon import Daemon
-from multimaster.config.topology import load_topology
 
 CLI = str(Path(sys.executable).parent / "multimaster")
 

@@ -10,13 +10,12 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
+from mm_spark_helpers import client, require_server, row, uncaptured, write_topology
 
 from multimaster import api
+from multimaster.config.topology import load_topology
 from multimaster.spark import verify
 from multimaster.spark.repair import apply_plan, plan_repair
-from multimaster.config.topology import load_topology
-
-from mm_spark_helpers import client, require_server, row, uncaptured, write_topology
 
 PG_ADMIN = "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 MY_ADMIN = "mysql+pymysql://root@127.0.0.1:3306/"

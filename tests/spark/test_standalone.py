@@ -13,7 +13,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from mm_spark_helpers import make_every_kind
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,13 +6,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from mm_spark_helpers import base_rid as rid
+from mm_spark_helpers import captured, make_every_kind, uncaptured
 from typer.testing import CliRunner
 
-from multimaster.spark import VerifyResult, verify
 from multimaster.cli import app
 from multimaster.config.topology import load_topology
-
-from mm_spark_helpers import base_rid as rid, captured, make_every_kind, uncaptured
+from multimaster.spark import VerifyResult, verify
 
 
 def test_converged(spark, cluster):

@@ -268,7 +268,7 @@ class MySQLDialect(Dialect):
         keyindex = f"KEY {q(shadow_key_index(info.name))} (`key`)" if natural else "UNIQUE KEY (`key`)"
         o = self.obj(info.name)
         for sql in self.render("table", table=q(info.name), tbl_lit=_lit(info.name), keytype=self._keytype(info),
-                               logcols=self._log_cols(info), slotcols=slotcols, keyindex=keyindex, **o):
+                               logcols=self._log_cols(info), slotcols=slotcols, keyindex=keyindex, **o.mapping()):
             conn.exec_driver_sql(sql)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): replace that index
@@ -276,15 +276,15 @@ class MySQLDialect(Dialect):
                 "SELECT INDEX_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s "
                 "AND NON_UNIQUE = 0 AND INDEX_NAME <> 'PRIMARY' GROUP BY INDEX_NAME "
                 "HAVING count(*) = 1 AND max(COLUMN_NAME) = 'key'",
-                (names(info.name)["shadow"],),
+                (names(info.name).shadow,),
             ).all()
             for (name,) in idx:
-                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} DROP INDEX {q(name)}")
+                conn.exec_driver_sql(f"ALTER TABLE {o.shadow} DROP INDEX {q(name)}")
             if idx and not conn.exec_driver_sql(
                 "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s",
-                (names(info.name)["shadow"], shadow_key_index(info.name)),
+                (names(info.name).shadow, shadow_key_index(info.name)),
             ).first():
-                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
+                conn.exec_driver_sql(f"ALTER TABLE {o.shadow} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
@@ -317,8 +317,8 @@ class MySQLDialect(Dialect):
             insrid = "mm_r"
             ridvar = "\n  DECLARE mm_r VARCHAR(255);"
             ridinit = (f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
-                       f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o['shadow']} WHERE `key` = NEW.{key})), ''));")
-            replaced = f"\n    UPDATE {o['shadow']} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
+                       f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o.shadow} WHERE `key` = NEW.{key})), ''));")
+            replaced = f"\n    UPDATE {o.shadow} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", mm_v" for _ in spec.slots)
             # updates and deletes act on the live incarnation
@@ -332,7 +332,7 @@ class MySQLDialect(Dialect):
             "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid, ranked=ranked,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o,
+            ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o.mapping(),
         )
         if spec.renumber:
             stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)
@@ -345,7 +345,7 @@ class MySQLDialect(Dialect):
     def _sync_maxkey(self, conn: Connection, info: TableInfo) -> None:
         if not info.spec.renumber:
             return
-        shadow = self.obj(info.name)["shadow"]
+        shadow = self.obj(info.name).shadow
         conn.exec_driver_sql(
             f"UPDATE _mm_clock SET maxkey = (SELECT coalesce(max(`key`), 0) FROM {shadow}) WHERE tbl = %s", (info.name,)
         )
@@ -379,18 +379,18 @@ class MySQLDialect(Dialect):
         o = self.obj(info.name)
         key = q(info.key.name)
         conn.exec_driver_sql(
-            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
             f"ORDER BY t.{key} FOR UPDATE"
         ).all()
-        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
         if info.spec.renumber:
             # rows whose key a new identity may shift: those with a later identity than the earliest new one
             first_new = conn.exec_driver_sql(
-                f"SELECT r.rid FROM {tmp} r LEFT JOIN {o['shadow']} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
+                f"SELECT r.rid FROM {tmp} r LEFT JOIN {o.shadow} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
             ).scalar()
             if first_new is not None:
                 conn.exec_driver_sql(
-                    f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.`key` = t.{key} WHERE s.rid > %s "
+                    f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.`key` = t.{key} WHERE s.rid > %s "
                     f"ORDER BY t.{key} FOR UPDATE", (first_new,)
                 ).all()
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()

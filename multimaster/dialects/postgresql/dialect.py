@@ -55,7 +55,7 @@ class PostgreSQLDialect(Dialect):
     def _fn(self, table: str) -> dict[str, str]:
         """Names of the per-table trigger functions (in _mm, named like their triggers)."""
         n = names(table)
-        out = {f"fn_{k}": f"{SCHEMA}.{self.quote(n[k])}" for k in ("cap_i", "cap_u", "cap_d")}
+        out = {f"fn_{k}": f"{SCHEMA}.{self.quote(getattr(n, k))}" for k in ("cap_i", "cap_u", "cap_d")}
         out["fn_rank"] = f"{SCHEMA}.{self.quote('_mm_rank_' + table)}"
         out["lock"] = self.quote("_mm_lock_" + table)
         out["rank"] = self.quote("_mm_rank_" + table)
@@ -119,19 +119,19 @@ class PostgreSQLDialect(Dialect):
         o = self.obj(info.name)
         natural = not info.spec.renumber
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
-        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o['shadow']} (key)" if natural else ""
+        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} (key)" if natural else ""
         for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
                                slotcols=slotcols, relid=str(int(relid)), keyunique="" if natural else " UNIQUE",
-                               shadowindex=shadowindex, **o, **self._fn(info.name)):
+                               shadowindex=shadowindex, **o.mapping(), **self._fn(info.name)):
             conn.exec_driver_sql(sql)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
             for (con,) in conn.exec_driver_sql(
                 "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
                 "WHERE c.conrelid = %s::regclass AND c.contype = 'u' AND a.attname = 'key' AND cardinality(c.conkey) = 1",
-                (o["shadow"],),
+                (o.shadow,),
             ).all():
-                conn.exec_driver_sql(f"ALTER TABLE {o['shadow']} DROP CONSTRAINT {q(con)}")
+                conn.exec_driver_sql(f"ALTER TABLE {o.shadow} DROP CONSTRAINT {q(con)}")
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
@@ -160,10 +160,10 @@ class PostgreSQLDialect(Dialect):
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (never, short of a capture gap) ends at this insert's version
             insrid = (f"'k:' || CAST(n.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
-                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o['shadow']} s WHERE s.key = n.{key}), '')")
+                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.key = n.{key}), '')")
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", ver" for _ in spec.slots)
-            replaced = (f",\n  x AS (UPDATE {o['shadow']} s SET deleted = l.ver FROM l "
+            replaced = (f",\n  x AS (UPDATE {o.shadow} s SET deleted = l.ver FROM l "
                         f"WHERE s.key = l.key AND s.deleted IS NULL)")
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
@@ -175,13 +175,13 @@ class PostgreSQLDialect(Dialect):
             lockevents=lockevents,
             allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
             updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            replaced=replaced, live=live, **o, **fns,
+            replaced=replaced, live=live, **o.mapping(), **fns,
         )
         if spec.renumber:
             seq = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()
             seqfix = (f"\n  IF NEW.{key} IS NULL OR NEW.{key} < k THEN\n    PERFORM setval({_lit(seq)}, k);\n  END IF;"
                       if seq else "")
-            stmts += self.render("renumber", table=q(info.name), key=key, shadow=o["shadow"], seqfix=seqfix, **fns)
+            stmts += self.render("renumber", table=q(info.name), key=key, shadow=o.shadow, seqfix=seqfix, **fns)
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {fns['rank']} ON {q(info.name)}"]
         for sql in stmts:
@@ -247,10 +247,10 @@ class PostgreSQLDialect(Dialect):
         o = self.obj(info.name)
         key = q(info.key.name)
         conn.exec_driver_sql(
-            f"SELECT 1 FROM {q(info.name)} t JOIN {o['shadow']} s ON s.key = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.key = t.{key} JOIN {tmp} r ON r.rid = s.rid "
             f"ORDER BY t.{key} FOR UPDATE OF t"
         ).all()
-        conn.exec_driver_sql(f"SELECT 1 FROM {o['shadow']} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.key FOR UPDATE OF s").all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.key FOR UPDATE OF s").all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """Record the floor in ``_mm_state.hlc`` and move the clock sequence past it (``_mm_tick``
@@ -271,7 +271,7 @@ class PostgreSQLDialect(Dialect):
         if seq:
             conn.exec_driver_sql(
                 f"SELECT setval(%s, GREATEST((SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)}), "
-                "(SELECT coalesce(max(key), 0) FROM " + self.obj(info.name)["shadow"] + "), 1))",
+                "(SELECT coalesce(max(key), 0) FROM " + self.obj(info.name).shadow + "), 1))",
                 (seq,),
             )
 
@@ -285,7 +285,6 @@ class PostgreSQLDialect(Dialect):
         read_types=None,  # the driver reports each column's declared type
     )
     #: verify's and repair's plain connections do not have multimaster's search path (prepare_engine)
-    mm_schema = SCHEMA
 
     def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
         # a role, not a user with a password: the owner sets it (never printed); USAGE on the schema

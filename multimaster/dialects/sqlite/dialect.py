@@ -113,7 +113,7 @@ class SQLiteDialect(Dialect):
         shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
                       else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL")
         shadowindex = ("" if info.spec.renumber
-                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o['shadow']} (key)")
+                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} (key)")
         kept = self._unique_key_shadow(conn, info) if not info.spec.renumber else None
         for sql in self.render(
             "table",
@@ -123,12 +123,12 @@ class SQLiteDialect(Dialect):
             keytype=info.key.type_sql,
             logcols=self._log_cols(info),
             slotcols=slotcols,
-            **o,
+            **o.mapping(),
         ):
             conn.exec_driver_sql(sql)
         if kept:
             cols = ", ".join(q(c) for c in kept)
-            conn.exec_driver_sql(f"INSERT INTO {o['shadow']} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
+            conn.exec_driver_sql(f"INSERT INTO {o.shadow} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
             conn.exec_driver_sql("DROP TABLE temp._mm_tmp_shadow")
 
     def _unique_key_shadow(self, conn: Connection, info: TableInfo) -> list[str] | None:
@@ -136,7 +136,7 @@ class SQLiteDialect(Dialect):
         rows move to a scratch table and it is dropped, with the view over it, for install_table to
         create it anew (SQLite cannot drop a constraint) and copy them back; the capture triggers
         are recreated by install_capture. Returns the columns kept, None when nothing to migrate."""
-        shadow = names(info.name)["shadow"]
+        shadow = names(info.name).shadow
         unique = False
         for row in conn.exec_driver_sql(f"PRAGMA index_list({self.quote(shadow)})").all():
             name, is_unique = row[1], row[2]
@@ -145,11 +145,11 @@ class SQLiteDialect(Dialect):
         if not unique:
             return None
         o = self.obj(info.name)
-        cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({o['shadow']})")]
+        cols = [r[1] for r in conn.exec_driver_sql(f"PRAGMA table_info({o.shadow})")]
         conn.exec_driver_sql("DROP TABLE IF EXISTS temp._mm_tmp_shadow")
-        conn.exec_driver_sql(f"CREATE TEMP TABLE _mm_tmp_shadow AS SELECT * FROM {o['shadow']}")
-        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {o['tombstones']}")
-        conn.exec_driver_sql(f"DROP TABLE {o['shadow']}")
+        conn.exec_driver_sql(f"CREATE TEMP TABLE _mm_tmp_shadow AS SELECT * FROM {o.shadow}")
+        conn.exec_driver_sql(f"DROP VIEW IF EXISTS {o.tombstones}")
+        conn.exec_driver_sql(f"DROP TABLE {o.shadow}")
         return cols
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
@@ -164,10 +164,10 @@ class SQLiteDialect(Dialect):
         ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
         updnew, updold = fr["updnew"], fr["updold"]
-        now_ver = _NOW_VER.format(log=o["log"])
+        now_ver = _NOW_VER.format(log=o.log)
         # evaluated twice in an insert (ver and rid): the same value, as 'now' is fixed per statement
         # and the log's last entry is read before the row goes in
-        ver = f"(SELECT printf('%019d:%s', {_HLC.format(log=o['log'])}, site) FROM _mm_state)"
+        ver = f"(SELECT printf('%019d:%s', {_HLC.format(log=o.log)}, site) FROM _mm_state)"
         stamps = []
         for s in spec.slots:
             cond = diff[s.columns[0]]
@@ -187,12 +187,12 @@ class SQLiteDialect(Dialect):
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (INSERT OR REPLACE fires no delete trigger) ends at this insert's version
             insrid = (f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
-                      f"ELSE max(deleted) END FROM {o['shadow']} WHERE key = NEW.{key}), '')")
+                      f"ELSE max(deleted) END FROM {o.shadow} WHERE key = NEW.{key}), '')")
             slots = [q("v_" + s.name) for s in spec.slots]
             shadowinsert = (
-                f"  UPDATE {o['shadow']} SET deleted = {now_ver} WHERE key = NEW.{key} AND deleted IS NULL;\n"
-                f"  INSERT INTO {o['shadow']} (rid, key{''.join(', ' + v for v in slots)})\n"
-                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o['log']} ORDER BY seq DESC LIMIT 1;"
+                f"  UPDATE {o.shadow} SET deleted = {now_ver} WHERE key = NEW.{key} AND deleted IS NULL;\n"
+                f"  INSERT INTO {o.shadow} (rid, key{''.join(', ' + v for v in slots)})\n"
+                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o.log} ORDER BY seq DESC LIMIT 1;"
             )
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
@@ -219,13 +219,13 @@ class SQLiteDialect(Dialect):
             ver=ver,
             shadowinsert=shadowinsert,
             live=live,
-            **o,
+            **o.mapping(),
         )
         if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
             stmts = [f"DROP TRIGGER IF EXISTS {o[t]}" for t in ("cap_i", "cap_u", "cap_d")] + stmts
         if spec.renumber:
             stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
-                                 lastinsertkey=self._last_insert_key(info), **o)
+                                 lastinsertkey=self._last_insert_key(info), **o.mapping())
         for sql in stmts:
             conn.exec_driver_sql(sql)
 
@@ -239,11 +239,11 @@ class SQLiteDialect(Dialect):
         others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
                   f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
                   f"ELSE (SELECT max({key}) FROM {table}) END")
-        return f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o['shadow']}), 0)) + 1)"
+        return f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o.shadow}), 0)) + 1)"
 
     def _last_insert_key(self, info: TableInfo) -> str:
         o = self.obj(info.name)
-        return f"(SELECT CASE WHEN op = 'I' THEN key END FROM {o['log']} ORDER BY seq DESC LIMIT 1)"
+        return f"(SELECT CASE WHEN op = 'I' THEN key END FROM {o.log} ORDER BY seq DESC LIMIT 1)"
 
     def _join_renumber(self, info: TableInfo) -> str:
         q = self.quote
@@ -254,17 +254,17 @@ class SQLiteDialect(Dialect):
         o = self.obj(info.name)
         name = info.name.replace("'", "''")
         return (
-            f"INSERT OR IGNORE INTO {o['shadow']} (rid, key) SELECT rid, key FROM {o['log']} "
+            f"INSERT OR IGNORE INTO {o.shadow} (rid, key) SELECT rid, key FROM {o.log} "
             f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
             f"AND origin = (SELECT site FROM _mm_state);\n"
-            f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o['log']}) WHERE tbl = '{name}';"
+            f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o.log}) WHERE tbl = '{name}';"
         )
 
     def fresh_identities_select(self, table: str) -> str | None:
         o = self.obj(table)
         name = table.replace("'", "''")
         # natural-key tables keep their shadow eagerly: their log entries are all caught up
-        return (f"SELECT rid, key FROM {o['log']} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
+        return (f"SELECT rid, key FROM {o.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
                 f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
 
     def catch_up(self, conn: Connection, info: TableInfo) -> None:
