@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import model as m
-from multimaster import planner, policies
-from multimaster.topology import CustomPolicy, PriorityPolicy
+from multimaster.core import planner, policies
+from multimaster.config.topology import CustomPolicy, PriorityPolicy
 
 SITES = ("s1", "s2", "s3", "s4")
 COLS = ("a", "b", "c")  # sorted: bit i of a mask is COLS[i]

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import model as m
-from multimaster import planner, policies
+from multimaster.core import planner, policies
 from multimaster.errors import ResolverError
-from multimaster.topology import CustomPolicy, PriorityPolicy
+from multimaster.config.topology import CustomPolicy, PriorityPolicy
 
 Candidate, Conflict = policies.Candidate, policies.Conflict
 SITES = ["s1", "s2", "s3", "s4"]

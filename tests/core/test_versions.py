@@ -7,7 +7,7 @@ import time
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from multimaster import versions
+from multimaster.core import versions
 
 hlcs = st.integers(0, 10**19 - 1)
 # site names are identifiers (a first letter or _, then letters, digits, _); a few characters
