@@ -29,12 +29,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+import yaml  # noqa: E402
 from clusters import MySQLBackend, PostgresBackend  # noqa: E402
 
 from multimaster import api  # noqa: E402
 from multimaster.config.topology import load_topology  # noqa: E402
-
-import yaml  # noqa: E402
 
 COLS = {"name": "text", "qty": "int", "price": "real"}
 

@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
+import model as m
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-import model as m
-from multimaster.core import planner, policies
 from multimaster.config.topology import CustomPolicy, PriorityPolicy
+from multimaster.core import planner, policies
 
 SITES = ("s1", "s2", "s3", "s4")
 COLS = ("a", "b", "c")  # sorted: bit i of a mask is COLS[i]

@@ -6,14 +6,14 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import model as m
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import model as m
+from multimaster.config.topology import CustomPolicy, PriorityPolicy
 from multimaster.core import planner, policies
 from multimaster.errors import ResolverError
-from multimaster.config.topology import CustomPolicy, PriorityPolicy
 
 Candidate, Conflict = policies.Candidate, policies.Conflict
 SITES = ["s1", "s2", "s3", "s4"]
