@@ -61,6 +61,12 @@ class Names:
         """The names by field (those given), for the SQL templates' ``$placeholders``."""
         return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}
 
+    def snapshot(self) -> str:
+        """The snapshot of the peer's change log; only names made with a peer have one."""
+        if self.snap is None:
+            raise ValueError(f"no snapshot name: the names of {self.log!r} were made without a peer")
+        return self.snap
+
     def map(self, fn: Callable[[str, str], str]) -> "Names":
         """The same objects with each name passed through ``fn(field, name)``."""
         return Names(**{k: fn(k, v) for k, v in self.mapping().items()})

@@ -7,6 +7,7 @@ the target's write transaction of the batch (`store_batch`), which also reconcil
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -67,13 +68,14 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
         if op2 == "A":
             if r[3] is None:
                 continue  # the change came from this site, or was purged already
-            vals = r[3:3 + width]
+            vals: Sequence[Any] = r[3:3 + width]
             if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
                 raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
             if conv:  # values as this site's driver stores them exactly (dialects/types.py)
-                vals = list(vals)
+                exact = list(vals)
                 for i, f in conv:
-                    vals[i] = f(vals[i])
+                    exact[i] = f(exact[i])
+                vals = exact
             appended.append((seq, *vals))
         elif op2 == "P":
             purged.append((seq,))
@@ -81,7 +83,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
         cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
-        d.store_snapshot_rows(conn, o.snap, cols, appended, applied)
+        d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o.snap} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0

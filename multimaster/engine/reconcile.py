@@ -93,7 +93,7 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
     res = ReconcileResult(info.name)
-    snaps = {p: d.obj(info.name, p).snap for p in peers}
+    snaps = {p: d.obj(info.name, p).snapshot() for p in peers}
     d.lock_for_apply(conn, info)
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)

@@ -5,7 +5,7 @@ comparison of a table across sites."""
 from __future__ import annotations
 
 from sqlalchemy import inspect
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, Inspector
 
 from multimaster.config.topology import TableConfig
 from multimaster.core.planner import Slot, TableSpec
@@ -21,22 +21,24 @@ def _is_integer(col: Column) -> bool:
     return "INT" in t
 
 
-def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> TableInfo:
-    """Read `table` at `site` and check it against its configuration. Raises SchemaError."""
-    insp = inspect(conn)
-    problems: list[str] = []
-    if not insp.has_table(table):
-        raise SchemaError([f"site '{site}': table '{table}' does not exist"])
-    cols = insp.get_columns(table)
+def _reflect_columns(conn: Connection, insp: Inspector, table: str) -> dict[str, Column]:
+    """The columns of `table` as the database declares them, by name, each with its type as SQL
+    of the site's dialect ('' when the database gives none)."""
     dialect = conn.dialect
     by_name: dict[str, Column] = {}
-    for c in cols:
+    for rc in insp.get_columns(table):
         try:
-            type_sql = c["type"].compile(dialect=dialect)
+            type_sql = rc["type"].compile(dialect=dialect)
         except Exception:  # noqa: BLE001 - reflected NullType etc.
-            type_sql = str(c["type"]) if str(c["type"]) != "NULL" else ""
-        by_name[c["name"]] = Column(c["name"], c["type"], type_sql, bool(c.get("nullable", True)))
-    pk = insp.get_pk_constraint(table).get("constrained_columns") or []
+            type_sql = str(rc["type"]) if str(rc["type"]) != "NULL" else ""
+        by_name[rc["name"]] = Column(rc["name"], rc["type"], type_sql, bool(rc.get("nullable", True)))
+    return by_name
+
+
+def _config_problems(site: str, table: str, cfg: TableConfig, by_name: dict[str, Column], pk: list[str]) -> list[str]:
+    """Where the table's configuration names columns the table lacks, or a key that is not its
+    single-column primary key."""
+    problems: list[str] = []
     if cfg.key not in by_name:
         problems.append(f"site '{site}': table '{table}' has no column '{cfg.key}' (tables.{table}.key)")
     elif pk != [cfg.key]:
@@ -47,15 +49,13 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> Tab
     for col in [*cfg.exclude, *cfg.columns, *(c for g in cfg.groups.values() for c in g.columns)]:
         if col not in by_name:
             problems.append(f"site '{site}': table '{table}' has no column '{col}' named in tables.{table}")
-    if problems:
-        raise SchemaError(problems)
-    key = by_name[cfg.key]
-    renumber = cfg.renumber if cfg.renumber is not None else _is_integer(key)
-    if renumber and not _is_integer(key):
-        raise SchemaError([f"site '{site}': tables.{table}: renumber needs an integer key, '{cfg.key}' is {key.type_sql}"])
-    rep = sorted((c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude), key=lambda c: c.name)
-    if len(rep) > MAX_COLUMNS:
-        raise SchemaError([f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"])
+    return problems
+
+
+def _slots(site: str, table: str, cfg: TableConfig, rep: list[Column]) -> list[Slot]:
+    """The conflict slots of the replicated columns `rep`: one per configured group (columns
+    present only), one per other column with its policy; sorted by name. Raises SchemaError for
+    an additive policy on a column that is not numeric."""
     index = {c.name: i for i, c in enumerate(rep)}
     slots: list[Slot] = []
     grouped: set[str] = set()
@@ -73,6 +73,27 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> Tab
             raise SchemaError([f"site '{site}': tables.{table}.columns.{c.name}: 'additive' needs a numeric column, it is {c.type_sql or 'untyped'}"])
         slots.append(Slot(c.name, (index[c.name],), pol))
     slots.sort(key=lambda s: s.name)
+    return slots
+
+
+def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> TableInfo:
+    """Read `table` at `site` and check it against its configuration. Raises SchemaError."""
+    insp = inspect(conn)
+    if not insp.has_table(table):
+        raise SchemaError([f"site '{site}': table '{table}' does not exist"])
+    by_name = _reflect_columns(conn, insp, table)
+    pk = insp.get_pk_constraint(table).get("constrained_columns") or []
+    problems = _config_problems(site, table, cfg, by_name, pk)
+    if problems:
+        raise SchemaError(problems)
+    key = by_name[cfg.key]
+    renumber = cfg.renumber if cfg.renumber is not None else _is_integer(key)
+    if renumber and not _is_integer(key):
+        raise SchemaError([f"site '{site}': tables.{table}: renumber needs an integer key, '{cfg.key}' is {key.type_sql}"])
+    rep = sorted((c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude), key=lambda c: c.name)
+    if len(rep) > MAX_COLUMNS:
+        raise SchemaError([f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"])
+    slots = _slots(site, table, cfg, rep)
     spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots))
     return TableInfo(table, key, tuple(rep), tuple(cfg.exclude), spec)
 

@@ -72,7 +72,8 @@ class SiteLock:
 
     def acquire(self) -> None:
         d = self.site.dialect
-        if d.daemon_lock_sql is None:
+        lock_sql = d.caps.daemon_lock_sql
+        if lock_sql is None:
             db = (make_url(self.site.url).database or "").removeprefix("file:").split("?")[0]
             if not db or db == ":memory:":
                 return
@@ -97,7 +98,7 @@ class SiteLock:
             return
         self.where = "advisory lock in the site's database"
         conn = self.site.engine.connect()
-        ok = conn.exec_driver_sql(d.daemon_lock_sql, (f"multimaster-daemon-{self.site.name}",)).scalar()
+        ok = conn.exec_driver_sql(lock_sql, (f"multimaster-daemon-{self.site.name}",)).scalar()
         conn.commit()
         if not ok:
             conn.close()

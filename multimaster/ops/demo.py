@@ -225,16 +225,16 @@ def _print_report(console: Console, rep: dict[str, Any], conf: list[dict[str, An
         t.add_row(s, str(n))
     console.print(t)
     ct = Table(title=f"conflicts recorded ({sum(c['count'] for c in rep['conflicts'])} across the three sites)")
-    for c in ("table", "kind", "policy", "decision", "count"):
-        ct.add_column(c)
+    for title in ("table", "kind", "policy", "decision", "count"):
+        ct.add_column(title)
     for c in rep["conflicts"]:
         ct.add_row(c["table"], c["kind"], c["policy"], c["decision"], str(c["count"]))
     console.print(ct)
     ex = [c for c in conf if c["site"] == "s1"][:6]
     if ex:
         et = Table(title="examples (as seen at s1)")
-        for c in ("table", "key", "columns", "local", "remote", "decision"):
-            et.add_column(c)
+        for title in ("table", "key", "columns", "local", "remote", "decision"):
+            et.add_column(title)
         for c in ex:
             et.add_row(c["tbl"], str(c["key"]), ",".join(c["columns"]), f"{c['local_values']} from {(c['local_ver'] or '')[20:] or '-'}",
                        f"{c['remote_values']} from {c['remote_ver'][20:]}", c["decision"])

@@ -90,7 +90,8 @@ def _consistent_read(conn: Connection) -> None:
     """Make `conn`'s next transaction read one snapshot across statements where the database needs
     to be asked (REPEATABLE READ); SQLite's WAL read transaction already does."""
     try:
-        levels = conn.dialect.get_isolation_level_values(conn.connection.dbapi_connection)
+        dbapi = conn.connection.dbapi_connection
+        levels = [] if dbapi is None else conn.dialect.get_isolation_level_values(dbapi)
     except Exception:  # noqa: BLE001 - a dialect that cannot tell: keep its default
         levels = []
     if "REPEATABLE READ" in levels:
@@ -312,7 +313,7 @@ def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site
     if rows:
         nd = nsite.dialect
         collist = ", ".join(nd.quote(c) for c in cols)
-        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q).snap, collist, f"VALUES ({nd.ph(len(cols))})"), rows)
+        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q).snapshot(), collist, f"VALUES ({nd.ph(len(cols))})"), rows)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@ def store(topo: "Topology | Cluster", result: "VerifyResult | dict[str, Any] | N
     cl, own = _cluster(topo)
     try:
         site = cl.site(cl.topo.verify_site)
+        row: tuple[Any, ...]
         if result is not None:
             s = summarize(result)
             row = (s["started_at"] or started_at or started_at_now(), float(s["seconds"] if seconds is None else seconds),

@@ -13,7 +13,7 @@ import decimal
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import sqlalchemy as sa
 
@@ -55,7 +55,7 @@ def key_bounds(plan: TablePlan, engines: dict[str, sa.Engine], sources: dict[str
     sh, skey = src.mm(f"_mm_shadow_{plan.table}"), src.user("key")
     with engines[site].connect() as c:
         n = c.execute(sa.text(f"SELECT count(*) FROM {sh}")).scalar_one()
-        pts = []
+        pts: list[str] = []
         for i in range(1, partitions):
             off = n * i // partitions
             v = c.execute(sa.text(f"SELECT {skey} FROM {sh} ORDER BY {skey} LIMIT 1 OFFSET {int(off)}")).scalar()
@@ -162,7 +162,7 @@ def _fp_hex(v: int | None) -> str:
     return f"{(v or 0) & 0xFFFFFFFFFFFFFFFF:016x}"
 
 
-def grouped(sites: list[str], readers: dict[str, Callable[[], Any]], plan: TablePlan):
+def grouped(sites: list[str], readers: Mapping[str, Callable[..., Any]], plan: TablePlan):
     """One row per identity over all sites: mm_rid, then st<i>, k<i>, h<i> per site i
     (state, key, value hash; NULL where site i does not know the identity). One shuffle."""
     from pyspark.sql import functions as F
@@ -186,13 +186,13 @@ def grouped(sites: list[str], readers: dict[str, Callable[[], Any]], plan: Table
     return u.groupBy("mm_rid").agg(*aggs)
 
 
-def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]], plan: TablePlan, sample_limit: int) -> FullOutcome:
-    """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
-    from pyspark import StorageLevel
+def _differences(g, n: int):
+    """Per identity, from the grouped rows of `n` sites: the site columns plus np (sites where the
+    identity is present), anydead, and per site i p<i> (present), miss<i>, extra<i>, ka<i> / ha<i>
+    (present sites agreeing with i on the key / the values), fp<i> (row fingerprint), kodd<i> /
+    vodd<i> (i is in the minority); then keydiff, valdiff and anydiff."""
     from pyspark.sql import functions as F
 
-    n = len(sites)
-    g = grouped(sites, readers, plan)
     present = [F.coalesce(F.col(f"st{i}") == 0, F.lit(False)) for i in range(n)]
     dead = [F.coalesce(F.col(f"st{i}") == 1, F.lit(False)) for i in range(n)]
     npresent = sum((p.cast("int") for p in present[1:]), present[0].cast("int"))
@@ -232,7 +232,13 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
     anydiff = F.col("keydiff") | F.col("valdiff")
     for i in range(n):
         anydiff = anydiff | F.col(f"miss{i}") | F.col(f"extra{i}")
-    d = d.withColumn("anydiff", anydiff)
+    return d.withColumn("anydiff", anydiff)
+
+
+def _totals(d, n: int) -> dict[str, Any]:
+    """One job: identities, differing, valdiff, and per site i rows<i>, fpx<i>, missing<i>,
+    extra<i>, key<i>, values<i> over the difference columns `d` of `n` sites."""
+    from pyspark.sql import functions as F
 
     def isum(c):
         return F.sum(F.col(c).cast("long"))
@@ -247,7 +253,109 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
             isum(f"kodd{i}").alias(f"key{i}"),
             isum(f"vodd{i}").alias(f"values{i}"),
         ]
-    t = d.agg(*tot).collect()[0].asDict()
+    return d.agg(*tot).collect()[0].asDict()
+
+
+def _pick_samples(diff, n: int, counts: dict[str, dict[str, int]], sample_limit: int) -> list[tuple[str, Any]]:
+    """One job: the first `sample_limit` differing identities (by rid) of every kind present, as
+    (kind, row), in kind order then rid order."""
+    from pyspark.sql import functions as F
+
+    picked: list[tuple[str, Any]] = []
+    kind_filters = {
+        "missing": _any([F.col(f"miss{i}") for i in range(n)]),
+        "extra": _any([F.col(f"extra{i}") for i in range(n)]),
+        "key": F.col("keydiff"),
+        "values": F.col("valdiff"),
+    }
+    wanted = [
+        diff.filter(cond).orderBy("mm_rid").limit(sample_limit).withColumn("mm_kind", F.lit(kind))
+        for kind, cond in kind_filters.items()
+        if sum(counts[kind].values()) and sample_limit > 0
+    ]
+    if wanted:
+        sdf = wanted[0]
+        for w in wanted[1:]:
+            sdf = sdf.unionByName(w)
+        got = sdf.collect()
+        order = {k: i for i, k in enumerate(kind_filters)}
+        for r in sorted(got, key=lambda r: (order[r["mm_kind"]], r["mm_rid"])):
+            picked.append((r["mm_kind"], r))
+    return picked
+
+
+def _sampled_values(readers: Mapping[str, Callable[..., Any]], sites: list[str], plan: TablePlan,
+                    rids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """One job: the values of the identities `rids` present at each site, by site and rid (the rid
+    filter reaches the JDBC query)."""
+    from pyspark.sql import functions as F
+
+    values: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in sites}
+    if rids and plan.columns:
+        vparts = [
+            readers[s]().filter(F.col("mm_rid").isin(rids) & (F.col("mm_st") == 0)).withColumn("mm_site", F.lit(i))
+            for i, s in enumerate(sites)
+        ]
+        vdf = vparts[0]
+        for v in vparts[1:]:
+            vdf = vdf.unionByName(v)
+        for r in vdf.collect():
+            values[sites[r["mm_site"]]][r["mm_rid"]] = {c.name: _jsonable(r[c.alias]) for c in plan.columns}
+    return values
+
+
+def _sample(kind: str, r: Any, sites: list[str], values: dict[str, dict[str, dict[str, Any]]], plan: TablePlan) -> Sample:
+    """A sampled identity of `kind`: per site its state, key and values; the sites it is counted
+    against; for a values difference, the columns that differ."""
+    per: dict[str, dict[str, Any]] = {}
+    odd: list[str] = []
+    for i, s in enumerate(sites):
+        st = r[f"st{i}"]
+        entry: dict[str, Any] = {"state": STATE.get(st, "unknown")}
+        if st is not None:
+            entry["key"] = _jsonable(r[f"k{i}"])
+        if st == 0:
+            entry["values"] = values[s].get(r["mm_rid"], {})
+        per[s] = entry
+        flag = {"missing": f"miss{i}", "extra": f"extra{i}", "key": f"kodd{i}", "values": f"vodd{i}"}[kind]
+        if r[flag]:
+            odd.append(s)
+    cols: list[str] = []
+    if kind == "values":
+        vs = [per[s]["values"] for s in sites if per[s]["state"] == "present"]
+        cols = [c.name for c in plan.columns if len({repr(v.get(c.name)) for v in vs}) > 1]
+    return Sample(kind, r["mm_rid"], per, odd, cols)
+
+
+def _column_counts(diff, readers: Mapping[str, Callable[..., Any]], sites: list[str], plan: TablePlan) -> dict[str, int]:
+    """Per column, the identities whose values differ in that column (columns with none left out)."""
+    from pyspark.sql import functions as F
+
+    vd = diff.filter(F.col("valdiff")).select("mm_rid")
+    parts = []
+    for s in sites:
+        df = readers[s]().filter(F.col("mm_st") == 0).join(vd, "mm_rid", "left_semi")
+        parts.append(
+            df.select("mm_rid", *[F.xxhash64(F.to_json(F.struct(F.col(c.alias)))).alias(c.alias) for c in plan.columns])
+        )
+    uv = parts[0]
+    for p in parts[1:]:
+        uv = uv.unionByName(p)
+    per_rid = uv.groupBy("mm_rid").agg(
+        *[(F.min(c.alias) != F.max(c.alias)).alias(c.alias) for c in plan.columns]
+    )
+    cr = per_rid.agg(*[F.sum(F.col(c.alias).cast("long")).alias(c.alias) for c in plan.columns]).collect()[0]
+    return {c.name: int(cr[c.alias] or 0) for c in plan.columns if cr[c.alias]}
+
+
+def compare_full(spark, sites: list[str], readers: Mapping[str, Callable[..., Any]], plan: TablePlan, sample_limit: int) -> FullOutcome:
+    """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+
+    n = len(sites)
+    d = _differences(grouped(sites, readers, plan), n)
+    t = _totals(d, n)
     rows = {s: int(t[f"rows{i}"] or 0) for i, s in enumerate(sites)}
     fps = {s: _fp_hex(t[f"fpx{i}"]) for i, s in enumerate(sites)}
     counts = {k: {s: int(t[f"{k}{i}"] or 0) for i, s in enumerate(sites)} for k in ("missing", "extra", "key", "values")}
@@ -259,78 +367,12 @@ def compare_full(spark, sites: list[str], readers: dict[str, Callable[[], Any]],
 
     diff = d.filter(F.col("anydiff")).persist(StorageLevel.MEMORY_AND_DISK)
     try:
-        picked: list[tuple[str, Any]] = []
-        seen: set[str] = set()
-        kind_filters = {
-            "missing": _any([F.col(f"miss{i}") for i in range(n)]),
-            "extra": _any([F.col(f"extra{i}") for i in range(n)]),
-            "key": F.col("keydiff"),
-            "values": F.col("valdiff"),
-        }
-        # one job: the first `sample_limit` identities of every kind present
-        wanted = [
-            diff.filter(cond).orderBy("mm_rid").limit(sample_limit).withColumn("mm_kind", F.lit(kind))
-            for kind, cond in kind_filters.items()
-            if sum(counts[kind].values()) and sample_limit > 0
-        ]
-        if wanted:
-            sdf = wanted[0]
-            for w in wanted[1:]:
-                sdf = sdf.unionByName(w)
-            got = sdf.collect()
-            order = {k: i for i, k in enumerate(kind_filters)}
-            for r in sorted(got, key=lambda r: (order[r["mm_kind"]], r["mm_rid"])):
-                picked.append((r["mm_kind"], r))
-                seen.add(r["mm_rid"])
-        # values of the sampled identities at every site, one job (the rid filter reaches the JDBC query)
-        rids = sorted(seen)
-        values: dict[str, dict[str, dict[str, Any]]] = {s: {} for s in sites}
-        if rids and plan.columns:
-            vparts = [
-                readers[s]().filter(F.col("mm_rid").isin(rids) & (F.col("mm_st") == 0)).withColumn("mm_site", F.lit(i))
-                for i, s in enumerate(sites)
-            ]
-            vdf = vparts[0]
-            for v in vparts[1:]:
-                vdf = vdf.unionByName(v)
-            for r in vdf.collect():
-                values[sites[r["mm_site"]]][r["mm_rid"]] = {c.name: _jsonable(r[c.alias]) for c in plan.columns}
-        for kind, r in picked:
-            per: dict[str, dict[str, Any]] = {}
-            odd: list[str] = []
-            for i, s in enumerate(sites):
-                st = r[f"st{i}"]
-                entry: dict[str, Any] = {"state": STATE.get(st, "unknown")}
-                if st is not None:
-                    entry["key"] = _jsonable(r[f"k{i}"])
-                if st == 0:
-                    entry["values"] = values[s].get(r["mm_rid"], {})
-                per[s] = entry
-                flag = {"missing": f"miss{i}", "extra": f"extra{i}", "key": f"kodd{i}", "values": f"vodd{i}"}[kind]
-                if r[flag]:
-                    odd.append(s)
-            cols: list[str] = []
-            if kind == "values":
-                vs = [per[s]["values"] for s in sites if per[s]["state"] == "present"]
-                cols = [c.name for c in plan.columns if len({repr(v.get(c.name)) for v in vs}) > 1]
-            samples.append(Sample(kind, r["mm_rid"], per, odd, cols))
+        picked = _pick_samples(diff, n, counts, sample_limit)
+        values = _sampled_values(readers, sites, plan, sorted({r["mm_rid"] for _, r in picked}))
+        samples = [_sample(kind, r, sites, values, plan) for kind, r in picked]
         # per-column counts over every identity whose values differ
         if int(t["valdiff"] or 0) and plan.columns:
-            vd = diff.filter(F.col("valdiff")).select("mm_rid")
-            parts = []
-            for i, s in enumerate(sites):
-                df = readers[s]().filter(F.col("mm_st") == 0).join(vd, "mm_rid", "left_semi")
-                parts.append(
-                    df.select("mm_rid", *[F.xxhash64(F.to_json(F.struct(F.col(c.alias)))).alias(c.alias) for c in plan.columns])
-                )
-            uv = parts[0]
-            for p in parts[1:]:
-                uv = uv.unionByName(p)
-            per_rid = uv.groupBy("mm_rid").agg(
-                *[(F.min(c.alias) != F.max(c.alias)).alias(c.alias) for c in plan.columns]
-            )
-            cr = per_rid.agg(*[F.sum(F.col(c.alias).cast("long")).alias(c.alias) for c in plan.columns]).collect()[0]
-            columns = {c.name: int(cr[c.alias] or 0) for c in plan.columns if cr[c.alias]}
+            columns = _column_counts(diff, readers, sites, plan)
     finally:
         diff.unpersist()
     return FullOutcome(rows, fps, identities, differing, counts, columns, samples)
@@ -359,11 +401,15 @@ def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], pl
     from pyspark.sql import functions as F
 
     h = _row_hash(plan)
-    int_keys = plan.key_kind == "long" and bounds.lo is not None
+    # integer keys with bounds (key_bounds sets lo and hi together): buckets are key ranges
+    lo, hi = bounds.lo, bounds.hi
+    int_keys = plan.key_kind == "long" and lo is not None
     if int_keys:
-        width = max(1, math.ceil((bounds.hi - bounds.lo + 1) / buckets))
-        nb = math.ceil((bounds.hi - bounds.lo + 1) / width)
-        bucket = F.floor((F.col("mm_key") - F.lit(bounds.lo)) / F.lit(width)).cast("int")
+        if lo is None or hi is None:
+            raise ValueError(f"table '{plan.table}': key bounds have lo={lo!r} but hi={hi!r}")
+        width = max(1, math.ceil((hi - lo + 1) / buckets))
+        nb = math.ceil((hi - lo + 1) / width)
+        bucket = F.floor((F.col("mm_key") - F.lit(lo)) / F.lit(width)).cast("int")
     else:
         width, nb = 0, buckets
         bucket = F.pmod(F.xxhash64(F.col("mm_rid")), F.lit(buckets)).cast("int")
@@ -393,11 +439,11 @@ def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], pl
     fps = {s: _fp_hex(v) for s, v in fpx.items()}
     if not differing:
         return ChecksumOutcome(rows, fps, nb, [], None)
-    if int_keys:
+    if int_keys and lo is not None:
         # merge adjacent ranges, spread them over at most `partitions` predicates
         ranges: list[list[int]] = []
         for b in differing:
-            a, z = bounds.lo + b * width, bounds.lo + (b + 1) * width
+            a, z = lo + b * width, lo + (b + 1) * width
             if ranges and ranges[-1][1] == a:
                 ranges[-1][1] = z
             else:

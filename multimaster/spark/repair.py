@@ -265,18 +265,18 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                             params = ", ".join(f":p{i}" for i in range(len(shadow_cols)))
                             conn.execute(sa.text(f"INSERT INTO {sh} ({collist}) VALUES ({params})"),
                                          [{f"p{i}": r[c] for i, c in enumerate(shadow_cols)} for r in srows])
-                        ins = [o for o in ops if o.op in ("insert", "rekey") and o.values is not None]
+                        ins = [(o.key, o.values) for o in ops if o.op in ("insert", "rekey") and o.values is not None]
                         if ins:
                             allc = [key] + cols
                             collist = ", ".join(q(c) for c in allc)
                             params = ", ".join(f":p{i}" for i in range(len(allc)))
                             conn.execute(sa.text(f"INSERT INTO {q(table)} ({collist}) VALUES ({params})"),
-                                         [{f"p{i}": v for i, v in enumerate([o.key] + [o.values.get(c) for c in cols])} for o in ins])
-                        upd = [o for o in ops if o.op == "update" and o.values is not None]
+                                         [{f"p{i}": v for i, v in enumerate([k] + [vals.get(c) for c in cols])} for k, vals in ins])
+                        upd = [(o.key, o.values) for o in ops if o.op == "update" and o.values is not None]
                         if upd and cols:
                             sets = ", ".join(f"{q(c)} = :p{i}" for i, c in enumerate(cols))
                             conn.execute(sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
-                                         [{"k": o.key, **{f"p{i}": o.values.get(c) for i, c in enumerate(cols)}} for o in upd])
+                                         [{"k": k, **{f"p{i}": vals.get(c) for i, c in enumerate(cols)}} for k, vals in upd])
                         d.set_applying(conn, False)
                         if tx is not None:
                             tx.commit()

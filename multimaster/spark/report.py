@@ -7,7 +7,7 @@ import html
 import json
 from typing import Any
 
-from multimaster.spark.result import KIND_LABELS, KINDS, VerifyResult
+from multimaster.spark.result import KIND_LABELS, KINDS, Sample, TableResult, VerifyResult
 
 __all__ = ["render_rich", "to_json", "to_html", "render_plan"]
 
@@ -18,6 +18,29 @@ KIND_COLOR = {"missing": "#d62728", "extra": "#ff7f0e", "key": "#9467bd", "value
 def _fmt(v: Any) -> str:
     s = json.dumps(v, default=str) if not isinstance(v, str) else v
     return s if len(s) <= 40 else s[:37] + "..."
+
+
+def _sample_cell(x: Sample, e: dict[str, Any]) -> str:
+    """One site's cell of a sampled identity: its key and values (the differing columns, else the
+    first three) where present, else its state."""
+    if e.get("state") == "present":
+        vals = e.get("values", {})
+        shown = {c: vals.get(c) for c in (x.columns or list(vals)[:3])}
+        return f"key {e.get('key')} " + ", ".join(f"{c}={_fmt(v)}" for c, v in shown.items())
+    return e.get("state", "unknown") + (f" (key {e['key']})" if "key" in e else "")
+
+
+def _samples_table(name: str, t: TableResult, sites: list[str]) -> Any:
+    """The Rich table of a table's sampled differing identities, one column per site."""
+    from rich.table import Table
+
+    st = Table(title=f"{name}: sample of differing rows ({len(t.samples)})")
+    for c in ("kind", "rid", "counted at", "columns", *sites, "waiting"):
+        st.add_column(c, overflow="fold")
+    for x in t.samples:
+        cells = [_sample_cell(x, x.sites.get(s, {})) for s in sites]
+        st.add_row(x.kind, x.rid, ", ".join(x.odd_sites), ", ".join(x.columns), *cells, "yes" if x.waiting else "")
+    return st
 
 
 def render_rich(res: VerifyResult, console=None) -> None:
@@ -61,21 +84,7 @@ def render_rich(res: VerifyResult, console=None) -> None:
         if t.columns:
             con.print(f"{name}: differing columns: " + ", ".join(f"{c} ({n})" for c, n in sorted(t.columns.items(), key=lambda x: -x[1])))
         if t.samples:
-            st = Table(title=f"{name}: sample of differing rows ({len(t.samples)})")
-            for c in ("kind", "rid", "counted at", "columns", *res.sites, "waiting"):
-                st.add_column(c, overflow="fold")
-            for x in t.samples:
-                cells = []
-                for s in res.sites:
-                    e = x.sites.get(s, {})
-                    if e.get("state") == "present":
-                        vals = e.get("values", {})
-                        shown = {c: vals.get(c) for c in (x.columns or list(vals)[:3])}
-                        cells.append(f"key {e.get('key')} " + ", ".join(f"{c}={_fmt(v)}" for c, v in shown.items()))
-                    else:
-                        cells.append(e.get("state", "unknown") + (f" (key {e['key']})" if "key" in e else ""))
-                st.add_row(x.kind, x.rid, ", ".join(x.odd_sites), ", ".join(x.columns), *cells, "yes" if x.waiting else "")
-            con.print(st)
+            con.print(_samples_table(name, t, res.sites))
         if t.status == "converging":
             con.print(f"[yellow]{name}: {t.waiting_total} change(s) are still on their way; the differences may be "
                       "'not yet converged' rather than diverged. Run refresh and verify again.[/]")

@@ -99,7 +99,7 @@ class VerifyResult:
         return 0 if self.converged else 1
 
     def to_dict(self) -> dict[str, Any]:
-        d = {
+        d: dict[str, Any] = {
             "status": self.status,
             "converged": self.converged,
             "sites": list(self.sites),

@@ -167,7 +167,7 @@ class MySQLDialect(Dialect):
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
-        args = getattr(orig, "args", ())
+        args: tuple[Any, ...] = getattr(orig, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
 
     def temp_rids(self, conn: Connection) -> str:
@@ -232,7 +232,7 @@ class MySQLDialect(Dialect):
         (an earlier layout), and capture triggers that could not be created (binary logging on,
         creators not trusted, no SUPER)."""
         out = super().install_problems(conn, tables)
-        row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").first()
+        row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").one()
         log_bin, trust = _on(row[0]), _on(row[1])
         if not log_bin or trust:
             return out  # no need to look at privileges

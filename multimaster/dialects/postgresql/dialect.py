@@ -115,7 +115,7 @@ class PostgreSQLDialect(Dialect):
         self._check_names(info)
         q = self.quote
         slotcols = "".join(f",\n  {q('v_' + s.name)} text COLLATE \"C\"" for s in info.spec.slots)
-        relid = conn.exec_driver_sql("SELECT %s::regclass::oid::int", (q(info.name),)).scalar()
+        relid = conn.exec_driver_sql("SELECT %s::regclass::oid::int", (q(info.name),)).scalar_one()
         o = self.obj(info.name)
         natural = not info.spec.renumber
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique

@@ -222,7 +222,7 @@ class SQLiteDialect(Dialect):
             **o.mapping(),
         )
         if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
-            stmts = [f"DROP TRIGGER IF EXISTS {o[t]}" for t in ("cap_i", "cap_u", "cap_d")] + stmts
+            stmts = [f"DROP TRIGGER IF EXISTS {t}" for t in (o.cap_i, o.cap_u, o.cap_d)] + stmts
         if spec.renumber:
             stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
                                  lastinsertkey=self._last_insert_key(info), **o.mapping())
