@@ -77,7 +77,7 @@ def test_standalone_cluster_same_result_as_local(spark, cluster, tmp_path):
              "--cores", "2", "--memory", "1g", "--webui-port", str(wweb), url],
             env=env, stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
         r = subprocess.run(
-            [sys.executable, "-m", "multimaster.spark", "verify", "-t", str(cluster), "--master", url, "--json"],
+            [sys.executable, "-m", "multimaster.cli", "verify", "-t", str(cluster), "--master", url, "--json"],
             env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
             capture_output=True, text=True, timeout=240, cwd=str(ROOT))
         assert r.returncode == 1, r.stderr[-3000:]
