@@ -4,6 +4,8 @@ PostgreSQL 15) and, where a setting cannot be switched on here, at the level of 
 - MySQL 8 deprecations: text changes are compared with ``CAST(x AS BINARY)`` (not the ``BINARY``
   operator), and no ``VALUES(col)`` in ``ON DUPLICATE KEY UPDATE``; ``@v := expr`` (deprecated in
   8.0.13, still supported) only in the capture triggers' clock ``UPDATE``, on purpose (docs/mysql.md);
+- ``key`` is reserved in MySQL: no statement multimaster sends names its tables' column ``key``
+  unquoted (nothing rewrites statements on the way);
 - MariaDB capture: an insert takes the rank trigger's clock value only for its own table and row;
 - binary logging without SUPER: init refuses before writing anything (``install_problems``);
 - ``sql_require_primary_key = ON`` (MySQL 8.0.13+): every table the MySQL dialect creates,
@@ -265,6 +267,59 @@ def test_temporary_table_ddl_has_a_primary_key() -> None:
     assert "_mm_row BIGINT AUTO_INCREMENT PRIMARY KEY" in plain
     indexed = d.temp_ddl("`x`", "SELECT ver, rid FROM s", index="rid")
     assert "PRIMARY KEY" in indexed and "INDEX (rid)" in indexed
+
+
+# ---- `key`, a reserved word in MySQL ----------------------------------------------------------
+_LITERAL_OR_QUOTED = re.compile(r"('(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"\\]|\\.)*\")", re.S)
+_BARE_KEY = re.compile(r"(?<![\w$@])key(?![\w$(])")
+
+
+def bare_key(sql: str) -> bool:
+    """Whether `sql` names `key` unquoted outside string literals and quoted identifiers (keywords
+    such as ``PRIMARY KEY`` are upper case)."""
+    parts = _LITERAL_OR_QUOTED.split(sql)
+    return any(_BARE_KEY.search(parts[i]) for i in range(0, len(parts), 2))
+
+
+def test_bare_key_finds_unquoted_key_only() -> None:
+    assert bare_key("SELECT rid, key FROM _mm_shadow_t")
+    assert bare_key("UPDATE s SET deleted = 1 WHERE s.key = %s")
+    assert not bare_key("SELECT rid, `key` FROM _mm_shadow_t WHERE note = 'key'")
+    assert not bare_key('CREATE TABLE t (id INT PRIMARY KEY, "key" TEXT, keyed INT, mykey INT, maxkey INT)')
+
+
+def test_no_statement_multimaster_sends_names_key_bare(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """No rewriting of statements on their way to MariaDB/MySQL: every statement multimaster sends
+    quotes the column `key` of its own tables (Dialect.key_col). Recorded over init, refreshes with
+    key shifts, conflicts, a natural key deleted and inserted again, and the conflict listing."""
+    tables = {"tags": {"key": "code", "auto": False, "columns": {"label": "VARCHAR(50)", "n": "int"},
+                       "config": {"columns": {"n": "additive"}}}, **TEXTS}
+    sent: list[str] = []
+
+    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if conn.dialect.name in ("mysql", "mariadb"):
+            sent.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables, base={"s1": [("notes", 1, "a", "b")]})
+        for s in ("s1", "s2"):
+            cl.execute(s, "INSERT INTO tags (code, label, n) VALUES (?, ?, 1)", (s, s))
+            cl.execute(s, "INSERT INTO tags (code, label, n) VALUES ('both', ?, 1)", (s,))  # one key, two lives
+            cl.execute(s, "INSERT INTO notes (name, body) VALUES (?, 'x')", (s,))  # ranks interleave: keys shift
+            cl.execute(s, "UPDATE notes SET name = ? WHERE id = 1", (s,))  # a conflict
+        cl.refresh_until_quiet()
+        cl.execute("s1", "DELETE FROM tags WHERE code = 's2'")
+        cl.refresh_until_quiet()
+        cl.execute("s2", "INSERT INTO tags (code, label, n) VALUES ('s2', 'again', 5)")  # a later incarnation
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+        assert api.conflicts(cl.topo)
+        api.status(cl.topo)
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+    assert any("key" in sql for sql in sent)
+    assert [sql for sql in sent if bare_key(sql)] == []
 
 
 def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -91,6 +91,13 @@ class Dialect:
     def quote(self, ident: str) -> str:
         return '"' + ident.replace('"', '""') + '"'
 
+    @property
+    def key_col(self) -> str:
+        """The column ``key`` of multimaster's own tables (shadow, change log, snapshots, conflict
+        log), quoted: every statement the framework builds names it so (``key`` is a reserved word
+        in MySQL). Not to be confused with ``_mm_tables.key_col``, the user table's key column."""
+        return self.quote("key")
+
     def ph(self, n: int) -> str:
         """`n` parameter markers, comma-separated."""
         return ", ".join([self.caps.placeholder] * n)
@@ -300,7 +307,7 @@ class Dialect:
         shadow, without ever colliding with a unique key on the way (two passes through `offset`)."""
         q = self.quote
         p = self.caps.placeholder
-        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name).shadow, q("key"))):
+        for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name).shadow, self.key_col)):
             for low, high, delta in shifts:
                 if high is None:
                     conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))

@@ -67,7 +67,7 @@ def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_ma
         return 0
     o = d.obj(info.name)
     max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {o.shadow}").scalar()
-    max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {o.shadow}").scalar()
+    max_key = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {o.shadow}").scalar()
     max_key = max_key if max_key is not None else base_max
     if max_rid is None or new[0] > max_rid:
         below = [max(0, max_key - base_max)] * len(new)
@@ -87,7 +87,7 @@ def _ranks_below(conn: Connection, d: Dialect, info: TableInfo, new: list[str], 
     below = []
     for rid in new:
         pk = conn.exec_driver_sql(
-            f"SELECT key FROM {o.shadow} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
+            f"SELECT {d.key_col} FROM {o.shadow} WHERE rid < {ph} ORDER BY rid DESC LIMIT 1", (rid,)
         ).scalar()
         below.append(max(0, (pk if pk is not None else base_max) - base_max))
     return below
@@ -153,7 +153,7 @@ def _insert_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) 
     slots = [s.name for s in info.spec.slots]
     new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
     if new_rows:
-        collist = ", ".join(["rid", "key", "deleted"] + [q("v_" + s) for s in slots])
+        collist = ", ".join(["rid", d.key_col, "deleted"] + [q("v_" + s) for s in slots])
         conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name).shadow} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
 
 

@@ -100,8 +100,8 @@ def _multi_changed(conn: Connection, site: Site, info: TableInfo, cand: str) -> 
     else:
         # natural keys: every change of a key changed more than once in the batch (another
         # incarnation of it may supersede this one) goes to the planner
-        d.create_temp(conn, multi, f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.key IN "
-                                   f"(SELECT c2.key FROM {cand} c2 GROUP BY c2.key HAVING count(*) > 1)")
+        d.create_temp(conn, multi, f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.{d.key_col} IN "
+                                   f"(SELECT c2.{d.key_col} FROM {cand} c2 GROUP BY c2.{d.key_col} HAVING count(*) > 1)")
     return multi
 
 
@@ -116,15 +116,15 @@ def _new_identities(conn: Connection, site: Site, info: TableInfo, cand: str, ne
              f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid")
     if not info.spec.renumber:
         d.create_temp(conn, newids, fresh)
-        return "c.key"
+        return f"c.{d.key_col}"
     max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {shadow}").scalar()
-    max_key = conn.exec_driver_sql(f"SELECT max(key) FROM {shadow}").scalar()
+    max_key = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {shadow}").scalar()
     start = max_key if max_key is not None else base_max
-    d.create_temp(conn, newids, f"SELECT rid, has_i, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS key FROM ({fresh}) n")
+    d.create_temp(conn, newids, f"SELECT rid, has_i, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS {d.key_col} FROM ({fresh}) n")
     low = conn.exec_driver_sql(f"SELECT min(rid) FROM {newids}").scalar()
     if low is not None and max_rid is not None and low < max_rid:
         return None
-    return "n.key"
+    return f"n.{d.key_col}"
 
 
 def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: str, carry: str) -> str:
@@ -148,8 +148,8 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     upd = d.temp_name("_mm_tmp_fu")
     d.create_temp(
         conn, upd,
-        f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey, c.mask AS mask, CASE WHEN {ok} THEN 1 ELSE 0 END AS ok{carry} "
-        f"FROM {cand} c LEFT JOIN {shadow} s ON s.rid = c.rid LEFT JOIN {t} t ON t.{keyc} = s.key WHERE c.op = 'U'",
+        f"SELECT c.ver AS ver, c.rid AS rid, s.{d.key_col} AS lkey, c.mask AS mask, CASE WHEN {ok} THEN 1 ELSE 0 END AS ok{carry} "
+        f"FROM {cand} c LEFT JOIN {shadow} s ON s.rid = c.rid LEFT JOIN {t} t ON t.{keyc} = s.{d.key_col} WHERE c.op = 'U'",
         index=None,
     )
     return upd
@@ -162,7 +162,7 @@ def _inserts(conn: Connection, site: Site, info: TableInfo, cand: str, newids: s
     shadow = d.obj(info.name).shadow
     ins = d.temp_name("_mm_tmp_fi")
     # a natural key with any incarnation known here (alive or dead): the planner decides which lives
-    first_life = "" if info.spec.renumber else f" AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.key = c.key)"
+    first_life = "" if info.spec.renumber else f" AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.{d.key_col} = c.{d.key_col})"
     d.create_temp(
         conn, ins,
         f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
@@ -187,10 +187,10 @@ def _apply_inserts(conn: Connection, site: Site, info: TableInfo, ins: str) -> i
         conn.exec_driver_sql(f"INSERT INTO {t} ({collist}) SELECT f.nkey, {ncols} FROM {ins} f")
         slots = [q("v_" + s.name) for s in spec.slots]
         if spec.renumber:
-            conn.exec_driver_sql(f"INSERT INTO {shadow} (rid, key) SELECT rid, nkey FROM {ins}")
+            conn.exec_driver_sql(f"INSERT INTO {shadow} (rid, {d.key_col}) SELECT rid, nkey FROM {ins}")
         else:
             conn.exec_driver_sql(
-                f"INSERT INTO {shadow} (rid, key{''.join(', ' + s for s in slots)}) "
+                f"INSERT INTO {shadow} (rid, {d.key_col}{''.join(', ' + s for s in slots)}) "
                 f"SELECT rid, nkey{''.join(', ver' for _ in slots)} FROM {ins}"
             )
     return int(n_ins)
@@ -218,7 +218,7 @@ def _apply_updates(conn: Connection, site: Site, info: TableInfo, upd: str) -> i
             v = q("v_" + s.name)
             vsets.append(f"{v} = CASE WHEN (u.mask & {smask}) <> 0 THEN u.ver ELSE {shadow}.{v} END")
         # (a natural key's shadow holds every incarnation of the key: the row is the rid's)
-        srow = f"{shadow}.key = u.lkey" if spec.renumber else f"{shadow}.rid = u.rid"
+        srow = f"{shadow}.{d.key_col} = u.lkey" if spec.renumber else f"{shadow}.rid = u.rid"
         d.update_from(conn, shadow, vsets, f"{upd} u", f"u.ok = 1 AND {srow}")
     return int(n_upd)
 
@@ -237,8 +237,8 @@ def _deletes(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     d.create_temp(
         conn, dele,
         (
-            f"SELECT c.ver AS ver, c.rid AS rid, s.key AS lkey FROM {cand} c "
-            f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.key "
+            f"SELECT c.ver AS ver, c.rid AS rid, s.{d.key_col} AS lkey FROM {cand} c "
+            f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.{d.key_col} "
             f"WHERE c.op = 'D' AND c.mask = {spec.all_mask} AND {single} AND s.deleted IS NULL"
             + (f" AND {' AND '.join(dconds)}" if dconds else "")
         ),
@@ -258,6 +258,6 @@ def _apply_deletes(conn: Connection, site: Site, info: TableInfo, dele: str) -> 
     n_del = conn.exec_driver_sql(f"SELECT count(*) FROM {dele}").scalar() or 0
     if n_del:
         conn.exec_driver_sql(f"DELETE FROM {t} WHERE {keyc} IN (SELECT lkey FROM {dele})")
-        srow = f"{shadow}.key = u.lkey" if info.spec.renumber else f"{shadow}.rid = u.rid"
+        srow = f"{shadow}.{d.key_col} = u.lkey" if info.spec.renumber else f"{shadow}.rid = u.rid"
         d.update_from(conn, shadow, ["deleted = u.ver"], f"{dele} u", srow)
     return int(n_del)

@@ -23,7 +23,7 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     """The change log's columns in the order the engine reads them: ver, origin, op, rid, key, mask,
     then n_<column> and o_<column> for every replicated column (quoted; `prefix` is an alias, 'l.')."""
     q = site.dialect.quote
-    cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", f"{prefix}key", f"{prefix}mask"]
+    cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
     cols += [prefix + q("o_" + c) for c in info.column_names]
     return cols
@@ -82,7 +82,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
-        cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
+        cols = ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o.snap} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)

@@ -209,7 +209,7 @@ def _plan_rest(conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastR
     new_keys: dict[str, int] | None = None
     if fr.keyed and p.new_rids:
         new_keys = dict(conn.exec_driver_sql(
-            f"SELECT rid, key FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
+            f"SELECT rid, {d.key_col} FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
     for name in (fr.keyed, fr.done):
         if name:
             d.drop_temp(conn, name)
@@ -276,12 +276,13 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
     natural = not info.spec.renumber
     if natural and keys:
         kt = d.temp_name("_mm_tmp_keys")
-        d.create_temp(conn, kt, f"SELECT key FROM {o.shadow} WHERE 1 = 0", index="key")
+        # the scratch column is kv, not key (a reserved word in MySQL): its index names it bare
+        d.create_temp(conn, kt, f"SELECT {d.key_col} AS kv FROM {o.shadow} WHERE 1 = 0", index="kv")
         distinct: dict[Any, Any] = {}
         for k in keys:
             distinct.setdefault(bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k, k)
-        conn.exec_driver_sql(f"INSERT INTO {kt} (key) VALUES ({d.caps.placeholder})", [(k,) for k in distinct.values()])
-        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {kt} k ON k.key = s.key"))
+        conn.exec_driver_sql(f"INSERT INTO {kt} (kv) VALUES ({d.caps.placeholder})", [(k,) for k in distinct.values()])
+        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {kt} k ON k.kv = s.{d.key_col}"))
         d.drop_temp(conn, kt)
     d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
@@ -290,8 +291,8 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
     # a natural key's table row belongs to its live incarnation only
     live = " AND s.deleted IS NULL" if natural else ""
     sql = (
-        f"SELECT s.rid, s.key, s.deleted, t.{q(info.key.name)} IS NOT NULL{vcols}{ucols} FROM {tmp} r "
-        f"JOIN {o.shadow} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.key{live}"
+        f"SELECT s.rid, s.{d.key_col}, s.deleted, t.{q(info.key.name)} IS NOT NULL{vcols}{ucols} FROM {tmp} r "
+        f"JOIN {o.shadow} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.{d.key_col}{live}"
     )
     out: dict[str, RowState] = {}
     ns = len(slots)

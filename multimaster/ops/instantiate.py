@@ -265,7 +265,7 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                 # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
                 fresh = pd.fresh_identities(pconn, pi)
                 if fresh:
-                    nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, key) VALUES ({nd.ph(2)})", fresh)
+                    nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", fresh)
                     n += len(fresh)
                 rep.identities[tb] = n
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on

@@ -39,7 +39,7 @@ def key_bounds(plan: TablePlan, engines: dict[str, sa.Engine], sources: dict[str
         lo = hi = None
         for site, eng in engines.items():
             src = sources[site]
-            sh, skey = src.mm(f"_mm_shadow_{plan.table}"), src.user("key")
+            sh, skey = src.mm(f"_mm_shadow_{plan.table}"), src.dialect.key_col
             t, k = src.user(plan.table), src.user(plan.key)
             with eng.connect() as c:
                 for q in (f"SELECT min({skey}), max({skey}) FROM {sh}", f"SELECT min({k}), max({k}) FROM {t}"):
@@ -52,7 +52,7 @@ def key_bounds(plan: TablePlan, engines: dict[str, sa.Engine], sources: dict[str
     # predicates built from them are complementary at every site)
     site = next(iter(engines))
     src = sources[site]
-    sh, skey = src.mm(f"_mm_shadow_{plan.table}"), src.user("key")
+    sh, skey = src.mm(f"_mm_shadow_{plan.table}"), src.dialect.key_col
     with engines[site].connect() as c:
         n = c.execute(sa.text(f"SELECT count(*) FROM {sh}")).scalar_one()
         pts: list[str] = []

@@ -256,7 +256,7 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                         # natural key's tombstones of earlier lives ('k:' rids) stay: their own ops
                         # (same rid) decide them
                         for ch in _chunks(taken):
-                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE {q('key')} IN :ks "
+                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE {d.key_col} IN :ks "
                                                  f"AND (deleted IS NULL OR rid NOT LIKE 'k:%')").bindparams(
                                 sa.bindparam("ks", expanding=True)), {"ks": ch})
                         srows = [{c: o.shadow.get(c) for c in shadow_cols} for o in ops if o.shadow]

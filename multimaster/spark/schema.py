@@ -146,7 +146,7 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     t = src.user(plan.table)
     sh = src.mm(f"_mm_shadow_{plan.table}")
     k = src.user(plan.key)
-    skey = src.user("key")
+    skey = src.dialect.key_col
     vals = ", ".join(f"t.{src.user(c.name)} AS {c.alias}" for c in plan.columns)
     vals = (", " + vals) if vals else ""
     orphan_rid = d.concat("'?key:'", d.cast_text(f"t.{k}"))
@@ -155,7 +155,7 @@ def read_sql(src: JdbcSource, plan: TablePlan) -> str:
     fresh = d.fresh_identities_select(plan.table)
     if fresh:
         orphan_rid = f"coalesce(f.rid, {orphan_rid})"
-        orphan_from = f"{t} t LEFT JOIN ({fresh}) f ON f.key = t.{k}"
+        orphan_from = f"{t} t LEFT JOIN ({fresh}) f ON f.{skey} = t.{k}"
     else:
         orphan_from = f"{t} t"
     return (

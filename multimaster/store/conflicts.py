@@ -17,6 +17,11 @@ _COLS = ("tbl", "rid", "key", "kind", "slot", "columns", "local_ver", "local_val
          "decision")
 
 
+def _collist(d: Dialect) -> str:
+    """The columns of `_COLS`, `key` quoted (a reserved word in MySQL)."""
+    return ", ".join(d.key_col if c == "key" else c for c in _COLS)
+
+
 def _json(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray, memoryview)):
         return {"$hex": bytes(v).hex()}
@@ -34,7 +39,7 @@ def record(conn: Connection, d: Dialect, conflicts: Sequence[ConflictRecord], ke
     if not conflicts:
         return
     conn.exec_driver_sql(
-        f"INSERT INTO {d.mm_table('_mm_conflicts')} ({', '.join(_COLS)}) VALUES ({d.ph(len(_COLS))})",
+        f"INSERT INTO {d.mm_table('_mm_conflicts')} ({_collist(d)}) VALUES ({d.ph(len(_COLS))})",
         [
             (c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
              json.dumps(list(c.columns)), c.local_ver, _values(c.local_values), c.remote_ver, _values(c.remote_values),
@@ -63,7 +68,7 @@ def rows(conn: Connection, d: Dialect, table: str | None, limit: int) -> list[An
     return [
         r._mapping
         for r in conn.exec_driver_sql(
-            "SELECT id, detected_at, tbl, rid, key, kind, slot, columns, local_ver, local_values, remote_ver, "
+            f"SELECT id, detected_at, tbl, rid, {d.key_col}, kind, slot, columns, local_ver, local_values, remote_ver, "
             f"remote_values, policy, decision FROM {d.mm_table('_mm_conflicts')} {where} ORDER BY id DESC{lim}",
             params,
         )

@@ -37,7 +37,7 @@ def register(conn: Connection, d: Dialect, info: TableInfo) -> None:
         rid = d.concat(f"'{BASE_VER}#'", d.cast_text(key))
     else:
         rid = d.concat("'k:'", d.cast_text(key))
-    conn.exec_driver_sql(f"INSERT INTO {o.shadow} (rid, key) SELECT {rid}, {key} FROM {q(info.name)}")
+    conn.exec_driver_sql(f"INSERT INTO {o.shadow} (rid, {d.key_col}) SELECT {rid}, {key} FROM {q(info.name)}")
     renumber = 1 if info.spec.renumber else 0
     copy_in(conn, d, info.name, (info.key.name, renumber, json.dumps(list(info.column_names)), int(base_max)))
 

@@ -8,15 +8,14 @@ SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql
   second-order log is a view over the change log, seq2 = seq); writers to *different* tables never
   wait for each other;
 - the echo guard is the session variable ``@mm_applying``;
-- ``key`` is a reserved word: the engine's own SQL names a column ``key``, so statements sent
-  through multimaster's connections have that bare word quoted on the way (:func:`quote_key`);
+- ``key`` is a reserved word: every statement naming the column ``key`` of multimaster's own tables
+  quotes it (:attr:`Dialect.key_col`, the templates write `` `key` ``);
 - DDL commits implicitly: ``init`` is not all-or-nothing per site (it is idempotent: rerun it).
 """
 
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from typing import Any, Mapping, Sequence
 
 from sqlalchemy import event
@@ -28,8 +27,6 @@ from multimaster.dialects.schema import TableInfo, names
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
 _TEXTLIKE = ("CHAR", "TEXT", "ENUM", "SET", "JSON")
-_QUOTED = re.compile(r"('(?:[^'\\]|\\.|'')*'|`[^`]*`|\"(?:[^\"\\]|\\.)*\")", re.S)
-_BARE_KEY = re.compile(r"(?<![\w$@])key(?![\w$(])")
 
 
 def _on(v: Any) -> bool:
@@ -48,18 +45,6 @@ def _utc_timestamp(v: Any) -> Any:
 
     d = pc.convert_datetime(v)
     return d.replace(tzinfo=dt.timezone.utc) if isinstance(d, dt.datetime) else d
-
-
-@lru_cache(maxsize=4096)
-def quote_key(sql: str) -> str:
-    """Backquote the bare lower-case word ``key`` (a column of multimaster's own tables) outside
-    string literals and quoted identifiers; keywords (``PRIMARY KEY``) are upper case."""
-    if "key" not in sql:
-        return sql
-    parts = _QUOTED.split(sql)
-    for i in range(0, len(parts), 2):
-        parts[i] = _BARE_KEY.sub("`key`", parts[i])
-    return "".join(parts)
 
 
 def as_bytes(type_sql: str, expr: str) -> str:
@@ -139,10 +124,6 @@ class MySQLDialect(Dialect):
         return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True, "connect_args": {"conv": conv}}
 
     def prepare_engine(self, engine: Engine) -> None:
-        @event.listens_for(engine, "before_cursor_execute", retval=True)
-        def _quote_key(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, executemany: bool) -> Any:
-            return quote_key(statement), parameters
-
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
             cur = dbapi_conn.cursor()

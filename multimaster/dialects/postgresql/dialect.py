@@ -119,7 +119,7 @@ class PostgreSQLDialect(Dialect):
         o = self.obj(info.name)
         natural = not info.spec.renumber
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
-        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} (key)" if natural else ""
+        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})" if natural else ""
         for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
                                slotcols=slotcols, relid=str(int(relid)), keyunique="" if natural else " UNIQUE",
                                shadowindex=shadowindex, **o.mapping(), **self._fn(info.name)):
@@ -160,11 +160,11 @@ class PostgreSQLDialect(Dialect):
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (never, short of a capture gap) ends at this insert's version
             insrid = (f"'k:' || CAST(n.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
-                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.key = n.{key}), '')")
+                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.{self.key_col} = n.{key}), '')")
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", ver" for _ in spec.slots)
             replaced = (f",\n  x AS (UPDATE {o.shadow} s SET deleted = l.ver FROM l "
-                        f"WHERE s.key = l.key AND s.deleted IS NULL)")
+                        f"WHERE s.{self.key_col} = l.{self.key_col} AND s.deleted IS NULL)")
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
         # renumbered tables: the rank trigger takes the table's lock before every inserted row, so the
@@ -247,10 +247,10 @@ class PostgreSQLDialect(Dialect):
         o = self.obj(info.name)
         key = q(info.key.name)
         conn.exec_driver_sql(
-            f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.key = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.{self.key_col} = t.{key} JOIN {tmp} r ON r.rid = s.rid "
             f"ORDER BY t.{key} FOR UPDATE OF t"
         ).all()
-        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.key FOR UPDATE OF s").all()
+        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.{self.key_col} FOR UPDATE OF s").all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """Record the floor in ``_mm_state.hlc`` and move the clock sequence past it (``_mm_tick``
@@ -271,7 +271,7 @@ class PostgreSQLDialect(Dialect):
         if seq:
             conn.exec_driver_sql(
                 f"SELECT setval(%s, GREATEST((SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)}), "
-                "(SELECT coalesce(max(key), 0) FROM " + self.obj(info.name).shadow + "), 1))",
+                f"(SELECT coalesce(max({self.key_col}), 0) FROM " + self.obj(info.name).shadow + "), 1))",
                 (seq,),
             )
 

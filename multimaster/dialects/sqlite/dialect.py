@@ -110,10 +110,10 @@ class SQLiteDialect(Dialect):
         slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
         # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert);
         # a natural key has one shadow row per incarnation: the key is indexed, not unique
-        shadowkeys = ("key INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
-                      else f"rid TEXT PRIMARY KEY,\n  key {info.key.type_sql} NOT NULL")
+        shadowkeys = (f"{self.key_col} INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
+                      else f"rid TEXT PRIMARY KEY,\n  {self.key_col} {info.key.type_sql} NOT NULL")
         shadowindex = ("" if info.spec.renumber
-                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} (key)")
+                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})")
         kept = self._unique_key_shadow(conn, info) if not info.spec.renumber else None
         for sql in self.render(
             "table",
@@ -187,12 +187,12 @@ class SQLiteDialect(Dialect):
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (INSERT OR REPLACE fires no delete trigger) ends at this insert's version
             insrid = (f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
-                      f"ELSE max(deleted) END FROM {o.shadow} WHERE key = NEW.{key}), '')")
+                      f"ELSE max(deleted) END FROM {o.shadow} WHERE {self.key_col} = NEW.{key}), '')")
             slots = [q("v_" + s.name) for s in spec.slots]
             shadowinsert = (
-                f"  UPDATE {o.shadow} SET deleted = {now_ver} WHERE key = NEW.{key} AND deleted IS NULL;\n"
-                f"  INSERT INTO {o.shadow} (rid, key{''.join(', ' + v for v in slots)})\n"
-                f"    SELECT rid, key{''.join(', ver' for _ in slots)} FROM {o.log} ORDER BY seq DESC LIMIT 1;"
+                f"  UPDATE {o.shadow} SET deleted = {now_ver} WHERE {self.key_col} = NEW.{key} AND deleted IS NULL;\n"
+                f"  INSERT INTO {o.shadow} (rid, {self.key_col}{''.join(', ' + v for v in slots)})\n"
+                f"    SELECT rid, {self.key_col}{''.join(', ver' for _ in slots)} FROM {o.log} ORDER BY seq DESC LIMIT 1;"
             )
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
@@ -239,11 +239,11 @@ class SQLiteDialect(Dialect):
         others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
                   f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
                   f"ELSE (SELECT max({key}) FROM {table}) END")
-        return f"(max(coalesce({others}, 0), coalesce((SELECT max(key) FROM {o.shadow}), 0)) + 1)"
+        return f"(max(coalesce({others}, 0), coalesce((SELECT max({self.key_col}) FROM {o.shadow}), 0)) + 1)"
 
     def _last_insert_key(self, info: TableInfo) -> str:
         o = self.obj(info.name)
-        return f"(SELECT CASE WHEN op = 'I' THEN key END FROM {o.log} ORDER BY seq DESC LIMIT 1)"
+        return f"(SELECT CASE WHEN op = 'I' THEN {self.key_col} END FROM {o.log} ORDER BY seq DESC LIMIT 1)"
 
     def _join_renumber(self, info: TableInfo) -> str:
         q = self.quote
@@ -254,7 +254,7 @@ class SQLiteDialect(Dialect):
         o = self.obj(info.name)
         name = info.name.replace("'", "''")
         return (
-            f"INSERT OR IGNORE INTO {o.shadow} (rid, key) SELECT rid, key FROM {o.log} "
+            f"INSERT OR IGNORE INTO {o.shadow} (rid, {self.key_col}) SELECT rid, {self.key_col} FROM {o.log} "
             f"WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') AND op = 'I' "
             f"AND origin = (SELECT site FROM _mm_state);\n"
             f"  UPDATE _mm_tables SET caught_up = (SELECT coalesce(max(seq), 0) FROM {o.log}) WHERE tbl = '{name}';"
@@ -264,7 +264,7 @@ class SQLiteDialect(Dialect):
         o = self.obj(table)
         name = table.replace("'", "''")
         # natural-key tables keep their shadow eagerly: their log entries are all caught up
-        return (f"SELECT rid, key FROM {o.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
+        return (f"SELECT rid, {self.key_col} FROM {o.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
                 f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
 
     def catch_up(self, conn: Connection, info: TableInfo) -> None:
