@@ -32,14 +32,17 @@ def measure(b, rows: int, rounds: int) -> dict[str, float]:  # type: ignore[no-u
     if b.name == "mysql":
         cur.execute("CREATE TABLE plain (id INT AUTO_INCREMENT PRIMARY KEY, name TEXT, qty INT, price DOUBLE)")
         for t in ("items", "plain"):
-            cur.execute(f"CREATE PROCEDURE bulk_{t}(n INT) BEGIN DECLARE i INT DEFAULT 0; "
-                        f"WHILE i < n DO INSERT INTO {t} (name, qty, price) VALUES (CONCAT('r', i), i, 0.5); "
-                        "SET i = i + 1; END WHILE; END")
+            cur.execute(
+                f"CREATE PROCEDURE bulk_{t}(n INT) BEGIN DECLARE i INT DEFAULT 0; "
+                f"WHILE i < n DO INSERT INTO {t} (name, qty, price) VALUES (CONCAT('r', i), i, 0.5); "
+                "SET i = i + 1; END WHILE; END"
+            )
         call = "CALL bulk_{t}(%d)" % rows
     else:
         cur.execute("CREATE TABLE plain (id SERIAL PRIMARY KEY, name TEXT, qty INT, price DOUBLE PRECISION)")
-        call = ("DO $$ BEGIN FOR i IN 1..%d LOOP INSERT INTO {t} (name, qty, price) VALUES ('r' || i, i, 0.5); "
-                "END LOOP; END $$") % rows
+        call = (
+            "DO $$ BEGIN FOR i IN 1..%d LOOP INSERT INTO {t} (name, qty, price) VALUES ('r' || i, i, 0.5); END LOOP; END $$"
+        ) % rows
     c.commit()
     best = {"with_triggers_us": float("inf"), "plain_us": float("inf")}
     for _ in range(rounds):

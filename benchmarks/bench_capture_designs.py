@@ -72,7 +72,7 @@ def measure(b, urls: dict[str, str], n: int, rounds: int, block: int = 100) -> d
         spent = dict.fromkeys(urls, 0.0)
         keys = list(urls)
         for i in range(0, n if r else n // 10, block):
-            for k in keys[i // block % len(keys):] + keys[:i // block % len(keys)]:
+            for k in keys[i // block % len(keys) :] + keys[: i // block % len(keys)]:
                 c = conns[k]
                 cur = c.cursor()
                 t0 = time.perf_counter()

@@ -23,22 +23,30 @@ from pathlib import Path
 N = 15_000
 ITEMS = "CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)"
 STATE = ["CREATE TABLE st (id INTEGER PRIMARY KEY, site TEXT, applying INT, hlc INT)", "INSERT INTO st VALUES (1, 's1', 0, 0)"]
-LOG = ("CREATE TABLE log (seq INTEGER PRIMARY KEY, ver TEXT NOT NULL, origin TEXT, op TEXT, rid TEXT, key INT, mask INT, "
-       "n_name TEXT, o_name TEXT, n_price REAL, o_price REAL, n_qty INT, o_qty INT)")
-LOG2 = ["CREATE TABLE log2 (seq2 INTEGER PRIMARY KEY, seq INT, op TEXT)",
-        "CREATE TRIGGER l2a AFTER INSERT ON log BEGIN INSERT INTO log2 (seq, op) VALUES (NEW.seq, 'A'); END"]
+LOG = (
+    "CREATE TABLE log (seq INTEGER PRIMARY KEY, ver TEXT NOT NULL, origin TEXT, op TEXT, rid TEXT, key INT, mask INT, "
+    "n_name TEXT, o_name TEXT, n_price REAL, o_price REAL, n_qty INT, o_qty INT)"
+)
+LOG2 = [
+    "CREATE TABLE log2 (seq2 INTEGER PRIMARY KEY, seq INT, op TEXT)",
+    "CREATE TRIGGER l2a AFTER INSERT ON log BEGIN INSERT INTO log2 (seq, op) VALUES (NEW.seq, 'A'); END",
+]
 VERIDX = ["CREATE UNIQUE INDEX logv ON log (ver)"]
 SHADOW = ["CREATE TABLE sh (key INTEGER PRIMARY KEY, rid TEXT NOT NULL UNIQUE, deleted TEXT)"]
-HLC = ("max(st.hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM log ORDER BY seq DESC LIMIT 1), 0) + 1, "
-       "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
+HLC = (
+    "max(st.hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM log ORDER BY seq DESC LIMIT 1), 0) + 1, "
+    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)"
+)
 
 
 def capture(shadow: bool) -> str:
     # INSERT ... VALUES with scalar subqueries, as multimaster's triggers (an INSERT ... SELECT that
     # reads its own target goes through a temporary table)
     v = f"(SELECT printf('%019d:%s', {HLC}, site) FROM st)"
-    body = [f"INSERT INTO log (ver, origin, op, rid, key, mask, n_name, n_price, n_qty) VALUES ({v}, (SELECT site FROM st), 'I', "
-            f"'', NEW.id, 7, NEW.name, NEW.price, NEW.qty);"]
+    body = [
+        f"INSERT INTO log (ver, origin, op, rid, key, mask, n_name, n_price, n_qty) VALUES ({v}, (SELECT site FROM st), 'I', "
+        f"'', NEW.id, 7, NEW.name, NEW.price, NEW.qty);"
+    ]
     if shadow:
         body.append("INSERT INTO sh (rid, key) SELECT ver, key FROM log ORDER BY seq DESC LIMIT 1;")
     return "CREATE TRIGGER cap AFTER INSERT ON items WHEN (SELECT applying FROM st) = 0 BEGIN " + " ".join(body) + " END"
@@ -46,8 +54,11 @@ def capture(shadow: bool) -> str:
 
 DESIGNS = {
     "no trigger": [],
-    "change log, second-order log a view (multimaster, SQLite)": [LOG, "CREATE VIEW log2 AS SELECT seq AS seq2, seq, 'A' AS op FROM log",
-                                                                  capture(False)],
+    "change log, second-order log a view (multimaster, SQLite)": [
+        LOG,
+        "CREATE VIEW log2 AS SELECT seq AS seq2, seq, 'A' AS op FROM log",
+        capture(False),
+    ],
     "change log + trigger-filled second-order table": [LOG, *LOG2, capture(False)],
     "  + unique version index": [LOG, *LOG2, *VERIDX, capture(False)],
     "  + shadow row per insert": [LOG, *LOG2, *SHADOW, capture(True)],
@@ -76,8 +87,15 @@ def installed_template(d: Path) -> Path:
 
     for s in ("tpl", "peer"):
         sqlite3.connect(d / f"{s}.db").execute(ITEMS)
-    api.init(parse_topology({"sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in ("tpl", "peer")},
-                             "tables": {"items": {"key": "id"}}, "links": "mesh"}))
+    api.init(
+        parse_topology(
+            {
+                "sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in ("tpl", "peer")},
+                "tables": {"items": {"key": "id"}},
+                "links": "mesh",
+            }
+        )
+    )
     return d / "tpl.db"
 
 

@@ -98,13 +98,20 @@ def apply_rate(b, tmp: Path, n: int) -> dict:  # type: ignore[no-untyped-def, ty
     c = b.connect(plain)
     cur = c.cursor()
     t0 = time.perf_counter()
-    cur.executemany(_sql(b, "INSERT INTO items (id, name, qty, price) VALUES (?, ?, ?, ?)"), [(i + 1, *r) for i, r in enumerate(rows)])
+    cur.executemany(
+        _sql(b, "INSERT INTO items (id, name, qty, price) VALUES (?, ?, ?, ?)"), [(i + 1, *r) for i, r in enumerate(rows)]
+    )
     cur.executemany(_sql(b, "UPDATE items SET qty = qty + 1 WHERE id = ?"), [(i + 1,) for i in range(n)])
     c.commit()
     pdt = time.perf_counter() - t0
     c.close()
-    return {"changes": changes, "apply_changes_s": round(changes / dt), "plain_changes_s": round(2 * n / pdt),
-            "ratio": round((changes / dt) / (2 * n / pdt), 3), "target": 0.25}
+    return {
+        "changes": changes,
+        "apply_changes_s": round(changes / dt),
+        "plain_changes_s": round(2 * n / pdt),
+        "ratio": round((changes / dt) / (2 * n / pdt), 3),
+        "target": 0.25,
+    }
 
 
 def concurrency(b, tmp: Path, seconds: float, clients: int = 8) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -185,9 +192,14 @@ def concurrency(b, tmp: Path, seconds: float, clients: int = 8) -> dict:  # type
         raise errors[0]
     delays = sorted((seen[s][n] - committed[n]) * 1000 for s in seen for n in seen[s] if n in committed)
     q = statistics.quantiles(delays, n=20) if len(delays) > 20 else [float("nan")] * 19
-    return {"clients": clients, "seconds": round(dt, 1), "written_changes_s": round(sum(writes) / dt),
-            "replicated_changes_s_per_site": round(sum(applied.values()) / 2 / dt),
-            "delay_ms_p50": round(statistics.median(delays), 1) if delays else None, "delay_ms_p95": round(q[18], 1)}
+    return {
+        "clients": clients,
+        "seconds": round(dt, 1),
+        "written_changes_s": round(sum(writes) / dt),
+        "replicated_changes_s_per_site": round(sum(applied.values()) / 2 / dt),
+        "delay_ms_p50": round(statistics.median(delays), 1) if delays else None,
+        "delay_ms_p95": round(q[18], 1),
+    }
 
 
 def bulk_transaction(b, tmp: Path, n: int) -> dict:  # type: ignore[no-untyped-def, type-arg]
@@ -201,7 +213,9 @@ def bulk_transaction(b, tmp: Path, n: int) -> dict:  # type: ignore[no-untyped-d
     api.init(topo)
     c = b.connect(urls["b1"])
     cur = c.cursor()
-    cur.executemany(_sql(b, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)"), [(f"bulk-{i}", i, i * 0.5) for i in range(n)])
+    cur.executemany(
+        _sql(b, "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)"), [(f"bulk-{i}", i, i * 0.5) for i in range(n)]
+    )
     c.commit()
     c.close()
     done: dict[str, float] = {}

@@ -40,8 +40,14 @@ def connect(path: Path) -> sqlite3.Connection:
 
 
 def topology(d: Path, sites: list[str]):  # type: ignore[no-untyped-def]
-    return parse_topology({"sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in sites},
-                           "tables": {"items": {"key": "id"}}, "links": "mesh"}, base=d)
+    return parse_topology(
+        {
+            "sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in sites},
+            "tables": {"items": {"key": "id"}},
+            "links": "mesh",
+        },
+        base=d,
+    )
 
 
 def single_row_rate(path: Path, n: int) -> float:
@@ -61,8 +67,13 @@ def capture_overhead(d: Path, n: int, repeats: int = 3) -> dict[str, float]:
     for p in (plain, trig):
         connect(p).execute(SCHEMA)
     connect(d / "peer.db").execute(SCHEMA)
-    t = parse_topology({"sites": {"trig": {"url": f"sqlite:///{trig}"}, "peer": {"url": f"sqlite:///{d / 'peer.db'}"}},
-                        "tables": {"items": {"key": "id"}}, "links": "mesh"})
+    t = parse_topology(
+        {
+            "sites": {"trig": {"url": f"sqlite:///{trig}"}, "peer": {"url": f"sqlite:///{d / 'peer.db'}"}},
+            "tables": {"items": {"key": "id"}},
+            "links": "mesh",
+        }
+    )
     api.init(t)
     without, with_ = [], []
     for _ in range(repeats):  # interleaved: the machine's noise hits both alike
@@ -76,8 +87,10 @@ def make_base(path: Path, rows: int) -> None:
     c = connect(path)
     c.execute(SCHEMA)
     c.execute("BEGIN")
-    c.executemany("INSERT INTO items (id, name, qty, price) VALUES (?, ?, ?, ?)",
-                  ((i, f"base-{i}", i % 100, i * 0.25) for i in range(1, rows + 1)))
+    c.executemany(
+        "INSERT INTO items (id, name, qty, price) VALUES (?, ?, ?, ?)",
+        ((i, f"base-{i}", i % 100, i * 0.25) for i in range(1, rows + 1)),
+    )
     c.execute("COMMIT")
     c.close()
 
@@ -147,8 +160,15 @@ def backlog_memory(d: Path, n: int) -> dict[str, float]:
     c.executemany("INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ((f"n{i}", i, 0.5) for i in range(n)))
     c.execute("COMMIT")
     c.close()
-    (d / "t.yaml").write_text(json.dumps({"sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in ("a", "b")},
-                                          "tables": {"items": {"key": "id"}}, "links": "mesh"}))
+    (d / "t.yaml").write_text(
+        json.dumps(
+            {
+                "sites": {s: {"url": f"sqlite:///{d / (s + '.db')}"} for s in ("a", "b")},
+                "tables": {"items": {"key": "id"}},
+                "links": "mesh",
+            }
+        )
+    )
     code = (
         "import resource, time, sys; from multimaster import api; from multimaster.config.topology import load_topology;"
         f"t=load_topology({str(d / 't.yaml')!r}); t0=time.perf_counter();"
@@ -158,7 +178,13 @@ def backlog_memory(d: Path, n: int) -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout.split()
     pulled, applied, batches, secs, rss_kb = int(out[0]), int(out[1]), int(out[2]), float(out[3]), int(out[4])
     assert pulled == n and applied == n
-    return {"backlog": n, "batches": batches, "seconds": round(secs, 1), "changes_per_s": round(n / secs), "peak_rss_mb": round(rss_kb / 1024, 1)}
+    return {
+        "backlog": n,
+        "batches": batches,
+        "seconds": round(secs, 1),
+        "changes_per_s": round(n / secs),
+        "peak_rss_mb": round(rss_kb / 1024, 1),
+    }
 
 
 def main() -> None:

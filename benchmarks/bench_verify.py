@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from multimaster import api  # noqa: E402
 from multimaster.config.topology import load_topology  # noqa: E402
 
-BASELINE = r'''
+BASELINE = r"""
 import sqlite3, sys, time, resource, json
 paths = sys.argv[1:]
 t0 = time.perf_counter()
@@ -54,7 +54,7 @@ for p in paths[1:]:
     diffs += len(ref) - seen if seen <= len(ref) else 0
 dt = time.perf_counter() - t0
 print(json.dumps({"seconds": dt, "diffs": diffs, "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
-'''
+"""
 
 
 def jvm_peak_mb(spark) -> float | None:
@@ -83,12 +83,18 @@ def make_sqlite_cluster(directory: Path, n_sites: int, rows: int) -> Path:
     c = sqlite3.connect(first, isolation_level=None)
     c.execute("CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)")
     c.execute("BEGIN")
-    c.executemany("INSERT INTO items VALUES (?,?,?,?)", ((i, f"item {i}", i % 97, round(i * 0.25, 2)) for i in range(1, rows + 1)))
+    c.executemany(
+        "INSERT INTO items VALUES (?,?,?,?)", ((i, f"item {i}", i % 97, round(i * 0.25, 2)) for i in range(1, rows + 1))
+    )
     c.execute("COMMIT")
     c.close()
     for s in names[1:]:
         shutil.copyfile(first, directory / f"{s}.db")
-    doc = {"sites": {s: {"url": f"sqlite:///{directory / (s + '.db')}"} for s in names}, "tables": {"items": {"key": "id"}}, "links": "mesh"}
+    doc = {
+        "sites": {s: {"url": f"sqlite:///{directory / (s + '.db')}"} for s in names},
+        "tables": {"items": {"key": "id"}},
+        "links": "mesh",
+    }
     path = directory / "topology.yml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     api.init(load_topology(path))

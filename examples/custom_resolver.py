@@ -56,7 +56,9 @@ def main(directory: Path) -> int:
     from multimaster import api, load_topology
     from multimaster.core.policies import check_resolver
 
-    problems = check_resolver(prefer_higher_tier, samples=[("gold", "silver"), ("bronze", "gold"), ("silver", "silver"), (None, "gold")])
+    problems = check_resolver(
+        prefer_higher_tier, samples=[("gold", "silver"), ("bronze", "gold"), ("silver", "silver"), (None, "gold")]
+    )
     print("prefer_higher_tier:", "order independent" if not problems else problems)
     assert not problems
     bad = check_resolver(prefer_local)

@@ -64,8 +64,10 @@ def main(directory: Path) -> int:
             got = dict(c.execute("SELECT item, qty FROM stock"))
         print(f"{site}: {got}")
         assert got == expected, f"{site} differs from the sum of all movements {expected}"
-    print(f"every warehouse holds the sum of all 300 movements after {rounds} round(s); "
-          f"{n_conflicts} concurrent movements were merged (additive conflicts)")
+    print(
+        f"every warehouse holds the sum of all 300 movements after {rounds} round(s); "
+        f"{n_conflicts} concurrent movements were merged (additive conflicts)"
+    )
     return 0
 
 

@@ -60,9 +60,18 @@ def main(directory: Path) -> int:
     with api.Cluster(topo) as cl:
         for hour in range(24):  # a day of edits; the ship's links are down
             for site in SITES:
-                write(directory, site, "INSERT INTO orders (customer, status, amount) VALUES (?, 'open', ?)",
-                      (f"{site}-h{hour}", rnd.randint(1, 50)))
-                write(directory, site, "UPDATE orders SET amount = amount + ? WHERE id = ?", (rnd.randint(-5, 5), rnd.randint(1, 20)))
+                write(
+                    directory,
+                    site,
+                    "INSERT INTO orders (customer, status, amount) VALUES (?, 'open', ?)",
+                    (f"{site}-h{hour}", rnd.randint(1, 50)),
+                )
+                write(
+                    directory,
+                    site,
+                    "UPDATE orders SET amount = amount + ? WHERE id = ?",
+                    (rnd.randint(-5, 5), rnd.randint(1, 20)),
+                )
                 if rnd.random() < 0.3:
                     write(directory, site, "UPDATE orders SET status = ? WHERE id = ?", (f"{site}-checked", rnd.randint(1, 20)))
             for ln in online:
@@ -87,8 +96,10 @@ def main(directory: Path) -> int:
             rows[site] = c.execute("SELECT id, customer, status, amount FROM orders ORDER BY id").fetchall()
     assert rows["hq"] == rows["branch"] == rows["ship"], "all sites agree"
     assert len(rows["hq"]) == 20 + 24 * 3, "every insert made while apart is kept"
-    print(f"back online: converged after {rounds} round(s): {len(rows['hq'])} orders everywhere, "
-          f"{len(conflicts)} conflicts resolved (see multimaster conflicts)")
+    print(
+        f"back online: converged after {rounds} round(s): {len(rows['hq'])} orders everywhere, "
+        f"{len(conflicts)} conflicts resolved (see multimaster conflicts)"
+    )
     return 0
 
 

@@ -62,9 +62,7 @@ class SiteUnreachable(MultimasterError):
 class NotInstalled(MultimasterError):
     def __init__(self, site: str, what: str = "multimaster objects"):
         self.site = site
-        super().__init__(
-            f"site '{site}' has no {what}; run 'multimaster init -t TOPOLOGY' first"
-        )
+        super().__init__(f"site '{site}' has no {what}; run 'multimaster init -t TOPOLOGY' first")
 
 
 class BaseRowsDiffer(MultimasterError):
@@ -83,8 +81,7 @@ class BaseRowsDiffer(MultimasterError):
 class CorruptChange(MultimasterError):
     def __init__(self, table: str, peer: str, seq: object, reason: str):
         super().__init__(
-            f"change log of peer '{peer}', table '{table}', entry {seq}: {reason}. "
-            "Nothing from this batch was applied."
+            f"change log of peer '{peer}', table '{table}', entry {seq}: {reason}. Nothing from this batch was applied."
         )
 
 

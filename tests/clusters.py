@@ -20,8 +20,17 @@ from multimaster import api
 from multimaster.config.topology import Topology, load_topology
 
 # generic column types -> per-backend DDL
-SQLITE_TYPES = {"int": "INTEGER", "bigint": "INTEGER", "text": "TEXT", "real": "REAL", "decimal": "NUMERIC(12,2)", "bool": "BOOLEAN",
-                "blob": "BLOB", "date": "DATE", "timestamp": "TIMESTAMP"}
+SQLITE_TYPES = {
+    "int": "INTEGER",
+    "bigint": "INTEGER",
+    "text": "TEXT",
+    "real": "REAL",
+    "decimal": "NUMERIC(12,2)",
+    "bool": "BOOLEAN",
+    "blob": "BLOB",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+}
 
 
 class Backend:
@@ -123,8 +132,15 @@ class TestCluster:
                 assert self.rows(s, tb) == ref, f"{tb} differs at {s}"
 
 
-def make_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str, dict[str, Any]], links: Any = "mesh",
-                 base: dict[str, list[tuple[Any, ...]]] | None = None, init: bool = True) -> TestCluster:
+def make_cluster(
+    backend: Backend,
+    tmp: Path,
+    sites: list[str],
+    tables: dict[str, dict[str, Any]],
+    links: Any = "mesh",
+    base: dict[str, list[tuple[Any, ...]]] | None = None,
+    init: bool = True,
+) -> TestCluster:
     """tables: name -> {"key": "id", "columns": {"name": "text", ...}, "auto": True, "config": {...}}"""
     urls = {s: backend.new_site(tmp, s) for s in sites}
     for url in urls.values():
@@ -143,7 +159,9 @@ def make_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str
             tb, row = tb_row[0], tb_row[1:]
             cols = [tables[tb]["key"], *tables[tb]["columns"]]
             q = '"' if backend.name != "mysql" else "`"
-            cl.execute(site, f"INSERT INTO {q}{tb}{q} ({', '.join(q + c + q for c in cols)}) VALUES ({', '.join('?' * len(cols))})", row)
+            cl.execute(
+                site, f"INSERT INTO {q}{tb}{q} ({', '.join(q + c + q for c in cols)}) VALUES ({', '.join('?' * len(cols))})", row
+            )
     if init:
         api.init(cl.topo)
     return cl
@@ -152,10 +170,30 @@ def make_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str
 ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}}}
 
 
-PG_TYPES = {"int": "INTEGER", "bigint": "BIGINT", "text": "TEXT", "real": "DOUBLE PRECISION", "decimal": "NUMERIC(12,2)", "bool": "BOOLEAN",
-            "blob": "BYTEA", "date": "DATE", "timestamp": "TIMESTAMP", "timestamptz": "TIMESTAMPTZ"}
-MYSQL_TYPES = {"int": "INT", "bigint": "BIGINT", "text": "TEXT", "real": "DOUBLE", "decimal": "DECIMAL(12,2)", "bool": "BOOLEAN",
-               "blob": "LONGBLOB", "date": "DATE", "timestamp": "DATETIME(6)", "timestamptz": "TIMESTAMP(6)"}
+PG_TYPES = {
+    "int": "INTEGER",
+    "bigint": "BIGINT",
+    "text": "TEXT",
+    "real": "DOUBLE PRECISION",
+    "decimal": "NUMERIC(12,2)",
+    "bool": "BOOLEAN",
+    "blob": "BYTEA",
+    "date": "DATE",
+    "timestamp": "TIMESTAMP",
+    "timestamptz": "TIMESTAMPTZ",
+}
+MYSQL_TYPES = {
+    "int": "INT",
+    "bigint": "BIGINT",
+    "text": "TEXT",
+    "real": "DOUBLE",
+    "decimal": "DECIMAL(12,2)",
+    "bool": "BOOLEAN",
+    "blob": "LONGBLOB",
+    "date": "DATE",
+    "timestamp": "DATETIME(6)",
+    "timestamptz": "TIMESTAMP(6)",
+}
 
 
 class _ServerBackend(Backend):
@@ -177,7 +215,9 @@ class _ServerBackend(Backend):
         try:
             self._admin("SELECT 1")
         except Exception as e:  # noqa: BLE001 - any failure to talk to the server means: not available
-            raise ConnectionError(f"{self.server.render_as_string(hide_password=True)}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from None
+            raise ConnectionError(
+                f"{self.server.render_as_string(hide_password=True)}: {str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}"
+            ) from None
 
     def url(self, db: str) -> str:
         return self.server.set(database=db).render_as_string(hide_password=False)
@@ -206,8 +246,14 @@ class PostgresBackend(_ServerBackend):
 
     def _dsn(self, db: str | None) -> dict[str, Any]:
         u = self.server
-        return {"host": u.host or "127.0.0.1", "port": u.port or 5432, "user": u.username or "postgres",
-                "password": u.password or None, "dbname": db or "postgres", "connect_timeout": 3}
+        return {
+            "host": u.host or "127.0.0.1",
+            "port": u.port or 5432,
+            "user": u.username or "postgres",
+            "password": u.password or None,
+            "dbname": db or "postgres",
+            "connect_timeout": 3,
+        }
 
     def _admin(self, sql: str) -> None:
         import psycopg
@@ -240,8 +286,14 @@ class MySQLBackend(_ServerBackend):
 
     def _kw(self, db: str | None) -> dict[str, Any]:
         u = self.server
-        kw: dict[str, Any] = {"host": u.host or "127.0.0.1", "port": u.port or 3306, "user": u.username or "root",
-                              "password": u.password or "", "charset": "utf8mb4", "connect_timeout": 3}
+        kw: dict[str, Any] = {
+            "host": u.host or "127.0.0.1",
+            "port": u.port or 3306,
+            "user": u.username or "root",
+            "password": u.password or "",
+            "charset": "utf8mb4",
+            "connect_timeout": 3,
+        }
         if db:
             kw["database"] = db
         return kw

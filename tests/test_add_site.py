@@ -115,8 +115,19 @@ def test_add_site_from_a_peer_with_purged_logs_and_backlogs(backend, tmp_path): 
     with api.Cluster(cl.topo) as c:
         assert purge_site(c, "s1", PurgePolicy(min_age=0)).purged >= 2
     cl.execute("s2", "UPDATE stock SET qty = qty + 1 WHERE id = 2")  # not yet at s1
-    big = grow(cl, tmp_path, "s3", links=[{"from": "s1", "to": "s3"}, {"from": "s3", "to": "s1"}, {"from": "s2", "to": "s3"},
-                                          {"from": "s3", "to": "s2"}, {"from": "s1", "to": "s2"}, {"from": "s2", "to": "s1"}])
+    big = grow(
+        cl,
+        tmp_path,
+        "s3",
+        links=[
+            {"from": "s1", "to": "s3"},
+            {"from": "s3", "to": "s1"},
+            {"from": "s2", "to": "s3"},
+            {"from": "s3", "to": "s2"},
+            {"from": "s1", "to": "s2"},
+            {"from": "s2", "to": "s1"},
+        ],
+    )
     add_site(big.topo, "s3", "s1")
     big.refresh_until_quiet()
     big.assert_converged()
@@ -236,8 +247,11 @@ def test_remove_site_releases_what_was_kept_for_it(backend, tmp_path):  # type: 
         assert purge_site(c, "s1", PurgePolicy(min_age=0)).purged >= 3  # its own four inserts but the newest
         st = api.status(c)
     assert st["converging"]
-    assert "_mm" not in str(cl.db("s3").execute("SELECT group_concat(name) FROM sqlite_master").fetchone()[0] or "") \
-        if backend.name == "sqlite" else True
+    assert (
+        "_mm" not in str(cl.db("s3").execute("SELECT group_concat(name) FROM sqlite_master").fetchone()[0] or "")
+        if backend.name == "sqlite"
+        else True
+    )
     assert len(cl.rows("s3", "stock")) == 3  # its rows stay
 
 

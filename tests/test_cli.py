@@ -75,8 +75,13 @@ def test_init_refresh_status_conflicts_uninstall(sites):  # type: ignore[no-unty
     import signal
     import time
 
-    p = subprocess.Popen([CLI, "status", "-t", str(topo), "--watch", "--interval", "0.2"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    p = subprocess.Popen(
+        [CLI, "status", "-t", str(topo), "--watch", "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     time.sleep(4)
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
@@ -151,7 +156,10 @@ def test_init_refuses_an_older_layout_on_servers_and_names_it(backend, tmp_path)
 
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, init=False)
     if backend.name == "postgresql":
-        ddl = ["CREATE SCHEMA _mm", "CREATE TABLE _mm._mm_log2_items (seq2 bigint PRIMARY KEY, seq bigint NOT NULL, op char(1) NOT NULL)"]
+        ddl = [
+            "CREATE SCHEMA _mm",
+            "CREATE TABLE _mm._mm_log2_items (seq2 bigint PRIMARY KEY, seq bigint NOT NULL, op char(1) NOT NULL)",
+        ]
         left = "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = '_mm' AND relkind <> 'i'"
     else:
         ddl = ["CREATE TABLE _mm_log2_items (seq2 BIGINT AUTO_INCREMENT PRIMARY KEY, seq BIGINT NOT NULL, op CHAR(1) NOT NULL)"]
@@ -216,8 +224,12 @@ def test_wheel_carries_the_trigger_templates(tmp_path):  # type: ignore[no-untyp
     import zipfile
 
     root = Path(__file__).parent.parent
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(root)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(tmp_path), str(root)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     wheel = next(tmp_path.glob("multimaster-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()

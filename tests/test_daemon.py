@@ -44,8 +44,22 @@ class Proc:
         self.log = tmp / f"daemon-{time.monotonic_ns()}.log"
         self.fh = open(self.log, "w")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        self.p = subprocess.Popen([sys.executable, "-c", "from multimaster.cli import main; main()", "run", "-t", str(topo), "--log-format", "json", *args],
-                                  stdout=self.fh, stderr=subprocess.STDOUT, env=env)
+        self.p = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "from multimaster.cli import main; main()",
+                "run",
+                "-t",
+                str(topo),
+                "--log-format",
+                "json",
+                *args,
+            ],
+            stdout=self.fh,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
 
     def events(self) -> list[dict[str, Any]]:
         out = []
@@ -138,8 +152,10 @@ def test_peer_going_away_and_coming_back(sqlite_backend, tmp_path, procs):  # ty
     procs.append(d)
     wait_for(lambda: d.has("started"), "the daemon to start")
     # s1 is away: its link fails and backs off, the link from s2 keeps working
-    wait_for(lambda: any(e.get("link") == "s1->s3" and e.get("error") and e.get("retry_in_s") for e in d.events()),
-             "the s1 link to fail and back off")
+    wait_for(
+        lambda: any(e.get("link") == "s1->s3" and e.get("error") and e.get("retry_in_s") for e in d.events()),
+        "the s1 link to fail and back off",
+    )
     cl.execute("s2", "INSERT INTO stock (name, qty) VALUES ('from-s2', 2)")
     wait_for(lambda: count(cl, "s3") == 1, "s3 to receive s2's insert while s1 is away")
     for f in away.iterdir():
@@ -229,9 +245,15 @@ def test_metrics_endpoint(backend, tmp_path):  # type: ignore[no-untyped-def]
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30).read().decode()
     finally:
         d.stop()
-    for name in ("multimaster_link_waiting_changes", "multimaster_link_visibility_delay_seconds",
-                 "multimaster_link_last_success_timestamp_seconds", "multimaster_change_log_entries",
-                 "multimaster_site_conflicts_total", "multimaster_daemon_refreshes_total", "multimaster_puller_expired"):
+    for name in (
+        "multimaster_link_waiting_changes",
+        "multimaster_link_visibility_delay_seconds",
+        "multimaster_link_last_success_timestamp_seconds",
+        "multimaster_change_log_entries",
+        "multimaster_site_conflicts_total",
+        "multimaster_daemon_refreshes_total",
+        "multimaster_puller_expired",
+    ):
         assert f"# TYPE {name} " in text, name
     assert 'multimaster_link_waiting_changes{source="s1",target="s2"} 0' in text
     assert 'site="s1"' not in text.split("multimaster_change_log_entries")[1].split("# HELP")[0]  # only the daemon's site

@@ -54,7 +54,9 @@ def test_applied_changes_relay_but_are_not_captured_again(backend, tmp_path):  #
 
 
 def test_redelivery_and_double_routes_apply_once(backend, tmp_path):  # type: ignore[no-untyped-def]
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"qty": "additive"}}}})
+    cl = make_cluster(
+        backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"qty": "additive"}}}}
+    )
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 10, 1.0)")
     cl.refresh_until_quiet()
     cl.execute("s1", "UPDATE items SET qty = qty - 1 WHERE id = 1")
@@ -188,7 +190,9 @@ def test_latest_timestamp_wins_and_the_conflict_is_logged(backend, tmp_path):  #
     [("earliest", "from-s2"), ("maximum", "from-s2"), ("minimum", "from-s1"), ({"priority": ["s1", "s2"]}, "from-s1")],
 )
 def test_built_in_policies(backend, tmp_path, policy, expected):  # type: ignore[no-untyped-def]
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"name": policy}}}})
+    cl = make_cluster(
+        backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"name": policy}}}}
+    )
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
     cl.refresh_until_quiet()
     cl.execute("s2", "UPDATE items SET name = 'from-s2' WHERE id = 1")
@@ -239,7 +243,12 @@ def test_custom_resolver(backend, tmp_path, monkeypatch):  # type: ignore[no-unt
     from multimaster.core.policies import check_resolver
 
     assert check_resolver("mm_test_resolvers.longest", [("ab", "abc"), ("x", "y"), (None, "z")], column="name") == []
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": {"columns": {"name": {"custom": "mm_test_resolvers.longest"}}}}})
+    cl = make_cluster(
+        backend,
+        tmp_path,
+        ["s1", "s2"],
+        {"items": {**ITEMS["items"], "config": {"columns": {"name": {"custom": "mm_test_resolvers.longest"}}}}},
+    )
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
     cl.refresh_until_quiet()
     cl.execute("s1", "UPDATE items SET name = 'a much longer name' WHERE id = 1")
@@ -294,8 +303,14 @@ def test_init_copies_the_only_non_empty_site_and_is_idempotent(backend, tmp_path
 
 
 def test_init_refuses_sites_with_different_rows_and_touches_nothing(backend, tmp_path):  # type: ignore[no-untyped-def]
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, init=False,
-                      base={"s1": [("items", 1, "a", 1, 1.0)], "s2": [("items", 1, "a", 1, 2.0)]})
+    cl = make_cluster(
+        backend,
+        tmp_path,
+        ["s1", "s2"],
+        ITEMS,
+        init=False,
+        base={"s1": [("items", 1, "a", 1, 1.0)], "s2": [("items", 1, "a", 1, 2.0)]},
+    )
     with pytest.raises(BaseRowsDiffer, match=r"key 1"):
         api.init(cl.topo)
     from multimaster.engine.site import Site

@@ -23,6 +23,8 @@ def test_every_example_is_tested():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("name", sorted(EXPECT))
 def test_example_runs(name, tmp_path):  # type: ignore[no-untyped-def]
-    r = subprocess.run([sys.executable, str(EXAMPLES / name), str(tmp_path / "sites")], capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [sys.executable, str(EXAMPLES / name), str(tmp_path / "sites")], capture_output=True, text=True, timeout=300
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert EXPECT[name] in r.stdout

@@ -137,9 +137,13 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 @pytest.mark.parametrize("mod", sorted(m for m in MODULES if _layer(m) == "core"))
 def test_the_core_imports_only_the_standard_library(mod):
-    bad = [t for _, t in _imports(MODULES[mod])
-           if t.split(".")[0] not in sys.stdlib_module_names and not t.startswith(("multimaster.core", "multimaster.errors"))
-           and t != "__future__"]
+    bad = [
+        t
+        for _, t in _imports(MODULES[mod])
+        if t.split(".")[0] not in sys.stdlib_module_names
+        and not t.startswith(("multimaster.core", "multimaster.errors"))
+        and t != "__future__"
+    ]
     assert not bad, f"{mod} imports {bad}: the core is standard library only"
 
 

@@ -21,8 +21,9 @@ from multimaster import api
 from multimaster.config.topology import load_topology
 from multimaster.ops.instantiate import add_site
 
-TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"},
-                 "config": {"columns": {"n": "additive"}}}}
+TAGS = {
+    "tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"}, "config": {"columns": {"n": "additive"}}}
+}
 
 
 def tick() -> None:
@@ -257,14 +258,20 @@ def _old_layout(cl: TestCluster, site: str) -> None:
             cur.execute("CREATE TABLE old_shadow AS SELECT * FROM _mm_shadow_tags")
             cur.execute("DROP VIEW _mm_tombstones_tags")
             cur.execute("DROP TABLE _mm_shadow_tags")
-            cur.execute("CREATE TABLE _mm_shadow_tags (rid TEXT PRIMARY KEY, key TEXT NOT NULL UNIQUE, deleted TEXT, "
-                        "v_label TEXT, v_n TEXT)")
+            cur.execute(
+                "CREATE TABLE _mm_shadow_tags (rid TEXT PRIMARY KEY, key TEXT NOT NULL UNIQUE, deleted TEXT, "
+                "v_label TEXT, v_n TEXT)"
+            )
             cur.execute("INSERT INTO _mm_shadow_tags SELECT * FROM old_shadow")
             cur.execute("DROP TABLE old_shadow")
-            cur.execute("CREATE VIEW _mm_tombstones_tags AS SELECT rid, key, deleted FROM _mm_shadow_tags WHERE deleted IS NOT NULL")
+            cur.execute(
+                "CREATE VIEW _mm_tombstones_tags AS SELECT rid, key, deleted FROM _mm_shadow_tags WHERE deleted IS NOT NULL"
+            )
             cur.execute("DROP TRIGGER _mm_cap_i_tags")  # an earlier body: the first life's identity only
-            cur.execute("CREATE TRIGGER _mm_cap_i_tags AFTER INSERT ON tags WHEN (SELECT applying FROM _mm_state) = 0 BEGIN "
-                        "SELECT RAISE(ABORT, 'the old trigger'); END")
+            cur.execute(
+                "CREATE TRIGGER _mm_cap_i_tags AFTER INSERT ON tags WHEN (SELECT applying FROM _mm_state) = 0 BEGIN "
+                "SELECT RAISE(ABORT, 'the old trigger'); END"
+            )
         elif cl.backend.name == "postgresql":
             cur.execute('DROP INDEX _mm."_mm_shadowk_tags"')
             cur.execute('ALTER TABLE _mm."_mm_shadow_tags" ADD CONSTRAINT "_mm_shadow_tags_key_key" UNIQUE (key)')
@@ -287,12 +294,16 @@ def _key_indexes(cl: TestCluster, site: str) -> set[tuple[str, bool]]:
                     out.add((r[1], bool(r[2])))
             return out
         if cl.backend.name == "postgresql":
-            cur.execute("SELECT i.relname, x.indisunique FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
-                        "JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] "
-                        "WHERE x.indrelid = '_mm._mm_shadow_tags'::regclass AND x.indnatts = 1 AND a.attname = 'key'")
+            cur.execute(
+                "SELECT i.relname, x.indisunique FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid "
+                "JOIN pg_attribute a ON a.attrelid = x.indrelid AND a.attnum = x.indkey[0] "
+                "WHERE x.indrelid = '_mm._mm_shadow_tags'::regclass AND x.indnatts = 1 AND a.attname = 'key'"
+            )
             return {(r[0], bool(r[1])) for r in cur.fetchall()}
-        cur.execute("SELECT INDEX_NAME, NON_UNIQUE = 0 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() "
-                    "AND TABLE_NAME = '_mm_shadow_tags' GROUP BY INDEX_NAME, NON_UNIQUE HAVING count(*) = 1 AND max(COLUMN_NAME) = 'key'")
+        cur.execute(
+            "SELECT INDEX_NAME, NON_UNIQUE = 0 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() "
+            "AND TABLE_NAME = '_mm_shadow_tags' GROUP BY INDEX_NAME, NON_UNIQUE HAVING count(*) = 1 AND max(COLUMN_NAME) = 'key'"
+        )
         return {(r[0], bool(r[1])) for r in cur.fetchall()}
     finally:
         c.close()

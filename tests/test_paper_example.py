@@ -21,11 +21,16 @@ BASE = [("items", k, f"base-{k}", 10 * k, 1.0 * k) for k in range(1, X + 1)]
 
 def _history(cl):  # type: ignore[no-untyped-def]
     step = lambda: time.sleep(0.003)  # noqa: E731 - distinct milliseconds: t1 < t2 < ... < t6
-    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("t1-from-s1", 1, 1.5)); step()
-    cl.execute("s1", "UPDATE items SET qty = ? WHERE id = ?", (2, X + 1)); step()
-    cl.execute("s2", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("t3-from-s2", 3, 3.5)); step()
-    cl.execute("s2", "UPDATE items SET price = ? WHERE id = ?", (4.5, X + 1)); step()
-    cl.execute("s2", "DELETE FROM items WHERE id = ?", (X,)); step()
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("t1-from-s1", 1, 1.5))
+    step()
+    cl.execute("s1", "UPDATE items SET qty = ? WHERE id = ?", (2, X + 1))
+    step()
+    cl.execute("s2", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("t3-from-s2", 3, 3.5))
+    step()
+    cl.execute("s2", "UPDATE items SET price = ? WHERE id = ?", (4.5, X + 1))
+    step()
+    cl.execute("s2", "DELETE FROM items WHERE id = ?", (X,))
+    step()
     cl.execute("s1", "UPDATE items SET name = ? WHERE id = ?", ("t6-update-of-x", X))
 
 

@@ -33,9 +33,18 @@ def table(additive: bool, grouped: bool = False) -> dict:  # type: ignore[type-a
 
 
 op = st.one_of(
-    st.tuples(st.just("ins"), st.integers(0, 4), st.sampled_from(["a", "b", "c", "ü", ""]), st.integers(-5, 50), st.integers(0, 9)),
-    st.tuples(st.just("upd"), st.integers(0, 4), st.integers(0, 50), st.sets(st.sampled_from(COLS), min_size=1),
-              st.sampled_from(["x", "y", "z"]), st.integers(-3, 3), st.integers(0, 9)),
+    st.tuples(
+        st.just("ins"), st.integers(0, 4), st.sampled_from(["a", "b", "c", "ü", ""]), st.integers(-5, 50), st.integers(0, 9)
+    ),
+    st.tuples(
+        st.just("upd"),
+        st.integers(0, 4),
+        st.integers(0, 50),
+        st.sets(st.sampled_from(COLS), min_size=1),
+        st.sampled_from(["x", "y", "z"]),
+        st.integers(-3, 3),
+        st.integers(0, 9),
+    ),
     st.tuples(st.just("del"), st.integers(0, 4), st.integers(0, 50)),
     st.tuples(st.just("refresh"), st.integers(0, 40)),
 )
@@ -79,7 +88,11 @@ def reference(cl, sites: list[str], base: list[tuple], additive: bool) -> list[t
     return sorted(out)
 
 
-@settings(max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     n_sites=st.integers(2, 5),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
@@ -141,14 +154,21 @@ def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, lin
 # update's delta); the table holds the alive rid of each key. A few keys, so lives collide.
 
 NKEYS = ["a", "b", "c"]
-TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"},
-                 "config": {"columns": {"n": "additive"}}}}
+TAGS = {
+    "tags": {"key": "code", "auto": False, "columns": {"label": "text", "n": "int"}, "config": {"columns": {"n": "additive"}}}
+}
 
 nkey = st.sampled_from(["a", "a", "b", "c"])
 nat_op = st.one_of(
     st.tuples(st.just("ins"), st.integers(0, 4), nkey, st.sampled_from(["p", "q", "r"]), st.integers(-5, 9)),
-    st.tuples(st.just("upd"), st.integers(0, 4), nkey, st.sets(st.sampled_from(["label", "n"]), min_size=1),
-              st.sampled_from(["x", "y", "z"]), st.integers(-3, 3)),
+    st.tuples(
+        st.just("upd"),
+        st.integers(0, 4),
+        nkey,
+        st.sets(st.sampled_from(["label", "n"]), min_size=1),
+        st.sampled_from(["x", "y", "z"]),
+        st.integers(-3, 3),
+    ),
     st.tuples(st.just("del"), st.integers(0, 4), nkey),
     # an application deleting a key and inserting it again (one transaction)
     st.tuples(st.just("again"), st.integers(0, 4), nkey, st.sampled_from(["p", "q"]), st.integers(0, 9)),
@@ -164,7 +184,8 @@ def natural_reference(cl, sites: list[str], base: list[tuple]) -> tuple[list[tup
     for s in sites:
         c = cl.db(s)
         changes += c.execute(
-            "SELECT ver, op, rid, key, mask, n_label, n_n, o_n FROM _mm_log_tags WHERE origin = ?", (s,)).fetchall()
+            "SELECT ver, op, rid, key, mask, n_label, n_n, o_n FROM _mm_log_tags WHERE origin = ?", (s,)
+        ).fetchall()
         c.close()
     lives: dict[str, dict] = {}  # type: ignore[type-arg]
     for _, key, label, n in base:
@@ -184,15 +205,22 @@ def natural_reference(cl, sites: list[str], base: list[tuple]) -> tuple[list[tup
                 r["label"] = (ver, n_label)
             if mask & 2:
                 r["n"] += n_n - o_n
-    alive = {rid: r["ins"] and not r["del"] and not any(o["key"] == r["key"] and o["ins"] and other > rid
-                                                         for other, o in lives.items())
-             for rid, r in lives.items()}
+    alive = {
+        rid: r["ins"]
+        and not r["del"]
+        and not any(o["key"] == r["key"] and o["ins"] and other > rid for other, o in lives.items())
+        for rid, r in lives.items()
+    }
     rows = sorted((r["key"], r["label"][1], r["n"]) for rid, r in lives.items() if alive[rid])
     assert len({k for k, _, _ in rows}) == len(rows), "two live incarnations of one key"
     return rows, alive
 
 
-@settings(max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(
     n_sites=st.sampled_from([2, 2, 3, 3, 4]),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),

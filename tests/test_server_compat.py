@@ -89,8 +89,15 @@ def test_change_of_letter_case_or_trailing_spaces_is_captured_and_replicated(bac
 def test_mysql_sql_avoids_mysql8_deprecations(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
     """No BINARY operator (deprecated in MySQL 8.0.27) and no VALUES(col) in ON DUPLICATE KEY UPDATE
     (8.0.20): neither in the installed triggers nor in the statements multimaster sends."""
-    tables = {"tags": {"key": "code", "auto": False, "columns": {"label": "VARCHAR(50)", "n": "int"},
-                       "config": {"columns": {"n": "additive"}}}, **TEXTS}
+    tables = {
+        "tags": {
+            "key": "code",
+            "auto": False,
+            "columns": {"label": "VARCHAR(50)", "n": "int"},
+            "config": {"columns": {"n": "additive"}},
+        },
+        **TEXTS,
+    }
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables, base={"s1": [("notes", 1, "a", "b")]})
     sent: list[str] = []
 
@@ -179,15 +186,18 @@ def test_trigger_privilege_problem_decision(log_bin: bool, trust: bool, has_supe
         assert msg is None
 
 
-@pytest.mark.parametrize("line,has", [
-    ("GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION", True),
-    ("GRANT SUPER ON *.* TO `mm`@`%`", True),
-    ("GRANT SELECT, RELOAD, SUPER, BINLOG ADMIN ON *.* TO `mm`@`%`", True),
-    ("GRANT SELECT, INSERT, CREATE, TRIGGER ON *.* TO `mm`@`%`", False),
-    ("GRANT ALL PRIVILEGES ON `app`.* TO `mm`@`%`", False),
-    ("GRANT USAGE ON *.* TO `mm`@`%` IDENTIFIED BY PASSWORD '*X'", False),
-    ("GRANT `admin`@`%` TO `mm`@`%`", False),
-])
+@pytest.mark.parametrize(
+    "line,has",
+    [
+        ("GRANT ALL PRIVILEGES ON *.* TO `root`@`localhost` WITH GRANT OPTION", True),
+        ("GRANT SUPER ON *.* TO `mm`@`%`", True),
+        ("GRANT SELECT, RELOAD, SUPER, BINLOG ADMIN ON *.* TO `mm`@`%`", True),
+        ("GRANT SELECT, INSERT, CREATE, TRIGGER ON *.* TO `mm`@`%`", False),
+        ("GRANT ALL PRIVILEGES ON `app`.* TO `mm`@`%`", False),
+        ("GRANT USAGE ON *.* TO `mm`@`%` IDENTIFIED BY PASSWORD '*X'", False),
+        ("GRANT `admin`@`%` TO `mm`@`%`", False),
+    ],
+)
 def test_show_grants_line_giving_super(line: str, has: bool) -> None:
     assert bool(my._GRANT_SUPER.match(line)) is has
 
@@ -228,16 +238,21 @@ class _FakeConn:
         raise AssertionError(sql)
 
 
-@pytest.mark.parametrize("log_bin,trust,super_row,grants,problem", [
-    (0, 0, False, [], False),
-    ("OFF", "OFF", False, [], False),
-    (1, 1, False, [], False),
-    (1, 0, True, [], False),
-    (1, 0, False, ["GRANT ALL PRIVILEGES ON *.* TO `mm`@`%`"], False),
-    (1, 0, False, ["GRANT SELECT, TRIGGER ON `app`.* TO `mm`@`%`"], True),
-    ("ON", "OFF", False, [], True),
-])
-def test_install_problems_reads_the_server_state(log_bin: Any, trust: Any, super_row: bool, grants: list[str], problem: bool) -> None:
+@pytest.mark.parametrize(
+    "log_bin,trust,super_row,grants,problem",
+    [
+        (0, 0, False, [], False),
+        ("OFF", "OFF", False, [], False),
+        (1, 1, False, [], False),
+        (1, 0, True, [], False),
+        (1, 0, False, ["GRANT ALL PRIVILEGES ON *.* TO `mm`@`%`"], False),
+        (1, 0, False, ["GRANT SELECT, TRIGGER ON `app`.* TO `mm`@`%`"], True),
+        ("ON", "OFF", False, [], True),
+    ],
+)
+def test_install_problems_reads_the_server_state(
+    log_bin: Any, trust: Any, super_row: bool, grants: list[str], problem: bool
+) -> None:
     out = my.DIALECT.install_problems(_FakeConn(log_bin, trust, super_row, grants), ["t"])  # type: ignore[arg-type]
     assert bool(out) is problem
     if problem:
@@ -292,8 +307,15 @@ def test_no_statement_multimaster_sends_names_key_bare(mysql_backend, tmp_path):
     """No rewriting of statements on their way to MariaDB/MySQL: every statement multimaster sends
     quotes the column `key` of its own tables (Dialect.key_col). Recorded over init, refreshes with
     key shifts, conflicts, a natural key deleted and inserted again, and the conflict listing."""
-    tables = {"tags": {"key": "code", "auto": False, "columns": {"label": "VARCHAR(50)", "n": "int"},
-                       "config": {"columns": {"n": "additive"}}}, **TEXTS}
+    tables = {
+        "tags": {
+            "key": "code",
+            "auto": False,
+            "columns": {"label": "VARCHAR(50)", "n": "int"},
+            "config": {"columns": {"n": "additive"}},
+        },
+        **TEXTS,
+    }
     sent: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -327,8 +349,9 @@ def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, 
     tables through information_schema after init and refreshes; temporary ones through the DDL sent
     (the planner's scratch tables: candidates from one peer and from several, the bulk update)."""
     items = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
-    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2", "s3"], items,
-                      base={"s1": [("items", i, f"n{i}", 0) for i in range(1, 101)]})
+    cl = make_cluster(
+        mysql_backend, tmp_path, ["s1", "s2", "s3"], items, base={"s1": [("items", i, f"n{i}", 0) for i in range(1, 101)]}
+    )
     created: list[str] = []
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -361,10 +384,13 @@ def test_every_table_the_mysql_dialect_creates_has_a_primary_key(mysql_backend, 
                 "SELECT t.TABLE_NAME FROM information_schema.TABLES t WHERE t.TABLE_SCHEMA = DATABASE() "
                 "AND t.TABLE_TYPE = 'BASE TABLE' AND t.TABLE_NAME LIKE '\\_mm%%' AND NOT EXISTS (SELECT 1 FROM "
                 "information_schema.TABLE_CONSTRAINTS k WHERE k.TABLE_SCHEMA = t.TABLE_SCHEMA AND k.TABLE_NAME = t.TABLE_NAME "
-                "AND k.CONSTRAINT_TYPE = 'PRIMARY KEY')")
+                "AND k.CONSTRAINT_TYPE = 'PRIMARY KEY')"
+            )
             assert cur.fetchall() == (), f"tables without a primary key at {site}"
-            cur.execute("SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '\\_mm%%' "
-                        "AND TABLE_TYPE = 'BASE TABLE'")
+            cur.execute(
+                "SELECT count(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '\\_mm%%' "
+                "AND TABLE_TYPE = 'BASE TABLE'"
+            )
             assert cur.fetchone()[0] >= 12
         finally:
             c.close()
@@ -382,8 +408,10 @@ def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path): 
     import psycopg
     from sqlalchemy.engine import make_url
 
-    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}},
-              "tags": {"key": "code", "auto": False, "columns": {"label": "citext"}}}
+    tables = {
+        "items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}},
+        "tags": {"key": "code", "auto": False, "columns": {"label": "citext"}},
+    }
     urls = {s: pg_backend.new_site(tmp_path, s) for s in ("s1", "s2")}
     for url in urls.values():  # citext before the tables are created
         with pg_backend.connect(url) as c:
@@ -431,8 +459,10 @@ def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_
     import pymysql
     from sqlalchemy.engine import make_url
 
-    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}},
-              "tags": {"key": "code", "auto": False, "columns": {"label": "text"}}}
+    tables = {
+        "items": {"key": "id", "columns": {"name": "text", "qty": "int"}},
+        "tags": {"key": "code", "auto": False, "columns": {"label": "text"}},
+    }
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables)
     user = "mm_app_" + uuid.uuid4().hex[:10]
     db = make_url(cl.urls["s1"]).database

@@ -132,7 +132,12 @@ def test_renumbering_while_applications_insert(backend, tmp_path):  # type: igno
     row, every site ends with keys 1..N, and the table's sequence is past the highest key."""
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
     for s in ("s1", "s2"):  # the applications update by name: index it, as an application would
-        cl.execute(s, "CREATE INDEX items_name ON items (name(40))" if backend.name == "mysql" else "CREATE INDEX items_name ON items (name)")
+        cl.execute(
+            s,
+            "CREATE INDEX items_name ON items (name(40))"
+            if backend.name == "mysql"
+            else "CREATE INDEX items_name ON items (name)",
+        )
     n_threads, n_rows = (1, 15) if backend.name == "sqlite" else (3, 15)
     stop = threading.Event()
     errors: list[BaseException] = []
@@ -183,7 +188,9 @@ def test_renumbering_while_applications_insert(backend, tmp_path):  # type: igno
     for s in ("s1", "s2"):
         rows = cl.rows(s, "items")
         assert [r[0] for r in rows] == list(range(1, total + 1)), s
-        assert sorted(r[1] for r in rows) == sorted(f"{x}-{w}-{i}" for x in ("s1", "s2") for w in range(n_threads) for i in range(n_rows))
+        assert sorted(r[1] for r in rows) == sorted(
+            f"{x}-{w}-{i}" for x in ("s1", "s2") for w in range(n_threads) for i in range(n_rows)
+        )
         assert all(r[2] == (int(r[1].rsplit("-", 1)[1]) + (1 if int(r[1].rsplit("-", 1)[1]) % 3 == 0 else 0)) for r in rows)
         c = cl.db(s)
         cur = c.cursor()
@@ -191,7 +198,9 @@ def test_renumbering_while_applications_insert(backend, tmp_path):  # type: igno
             cur.execute("SELECT last_value FROM items_id_seq")
             assert cur.fetchone()[0] >= total, s
         elif backend.name == "mysql":
-            cur.execute("SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'items'")
+            cur.execute(
+                "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'items'"
+            )
             assert cur.fetchone()[0] > total, s
         c.close()
 

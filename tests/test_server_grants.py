@@ -40,8 +40,11 @@ def test_pulling_with_least_privileges(backend, tmp_path):  # type: ignore[no-un
     finally:
         src.dispose()
         tgt.dispose()
-        for sql in ([f"DROP OWNED BY {plan[0].login}", f"DROP ROLE IF EXISTS {plan[0].login}"] if backend.name == "postgresql"
-                    else [f"DROP USER IF EXISTS '{plan[0].login}'@'%'"]):
+        for sql in (
+            [f"DROP OWNED BY {plan[0].login}", f"DROP ROLE IF EXISTS {plan[0].login}"]
+            if backend.name == "postgresql"
+            else [f"DROP USER IF EXISTS '{plan[0].login}'@'%'"]
+        ):
             try:
                 cl.execute("s1", sql)
             except Exception:  # noqa: BLE001 - shared server: another test may still use the login

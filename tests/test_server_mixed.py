@@ -23,21 +23,75 @@ UTC = dt.timezone.utc
 COLS = ["i", "b", "d", "f", "t", "ok", "day", "at", "atz", "data"]
 DDL = {
     "sqlite": ["INTEGER", "BIGINT", "NUMERIC(18,6)", "REAL", "TEXT", "BOOLEAN", "DATE", "TIMESTAMP", "TIMESTAMP", "BLOB"],
-    "postgresql": ["INTEGER", "BIGINT", "NUMERIC(18,6)", "DOUBLE PRECISION", "TEXT", "BOOLEAN", "DATE", "TIMESTAMP",
-                   "TIMESTAMPTZ", "BYTEA"],
-    "mysql": ["INT", "BIGINT", "DECIMAL(18,6)", "DOUBLE", "TEXT", "BOOLEAN", "DATE", "DATETIME(6)", "TIMESTAMP(6) NULL",
-              "LONGBLOB"],
+    "postgresql": [
+        "INTEGER",
+        "BIGINT",
+        "NUMERIC(18,6)",
+        "DOUBLE PRECISION",
+        "TEXT",
+        "BOOLEAN",
+        "DATE",
+        "TIMESTAMP",
+        "TIMESTAMPTZ",
+        "BYTEA",
+    ],
+    "mysql": [
+        "INT",
+        "BIGINT",
+        "DECIMAL(18,6)",
+        "DOUBLE",
+        "TEXT",
+        "BOOLEAN",
+        "DATE",
+        "DATETIME(6)",
+        "TIMESTAMP(6) NULL",
+        "LONGBLOB",
+    ],
 }
-KEY = {"sqlite": '"id" INTEGER PRIMARY KEY', "postgresql": '"id" SERIAL PRIMARY KEY', "mysql": "`id` INT AUTO_INCREMENT PRIMARY KEY"}
+KEY = {
+    "sqlite": '"id" INTEGER PRIMARY KEY',
+    "postgresql": '"id" SERIAL PRIMARY KEY',
+    "mysql": "`id` INT AUTO_INCREMENT PRIMARY KEY",
+}
 TEXT = "héllo ☃ 𝄞 😀 中文 עברית \t\n 'single' \"double\" \\back `tick` % _ Ω"
 ROWS = [
-    (-2147483648, 9007199254740993, Decimal("123456789.123456"), 0.1, TEXT, True, dt.date(2024, 2, 29),
-     dt.datetime(2024, 2, 29, 23, 59, 59, 123456), dt.datetime(2024, 2, 29, 23, 59, 59, 654321, UTC), bytes(range(256))),
+    (
+        -2147483648,
+        9007199254740993,
+        Decimal("123456789.123456"),
+        0.1,
+        TEXT,
+        True,
+        dt.date(2024, 2, 29),
+        dt.datetime(2024, 2, 29, 23, 59, 59, 123456),
+        dt.datetime(2024, 2, 29, 23, 59, 59, 654321, UTC),
+        bytes(range(256)),
+    ),
     (None,) * 10,
-    (0, -9223372036854775808, Decimal("-0.000001"), -1.5e-300, "", False, dt.date(1970, 1, 1),
-     dt.datetime(1, 1, 1, 0, 0, 0), dt.datetime(2000, 1, 1, tzinfo=UTC), b""),
-    (2147483647, 9223372036854775807, Decimal("999999999.999999"), 1 / 3, "x" * 5000, True, dt.date(9999, 12, 31),
-     dt.datetime(9999, 12, 31, 23, 59, 59, 999999), dt.datetime(2038, 1, 19, 3, 14, 7, 999999, UTC), b"\x00\xff" * 1000),
+    (
+        0,
+        -9223372036854775808,
+        Decimal("-0.000001"),
+        -1.5e-300,
+        "",
+        False,
+        dt.date(1970, 1, 1),
+        dt.datetime(1, 1, 1, 0, 0, 0),
+        dt.datetime(2000, 1, 1, tzinfo=UTC),
+        b"",
+    ),
+    (
+        2147483647,
+        9223372036854775807,
+        Decimal("999999999.999999"),
+        1 / 3,
+        "x" * 5000,
+        True,
+        dt.date(9999, 12, 31),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999),
+        dt.datetime(2038, 1, 19, 3, 14, 7, 999999, UTC),
+        b"\x00\xff" * 1000,
+    ),
 ]
 
 
@@ -85,8 +139,18 @@ def _insert(backends: dict[str, Backend], site: str, url: str, row: tuple[Any, .
     c = b.connect(url)
     vals = list(row)
     if name == "sqlite":  # an application writing SQLite stores ISO-8601 text and exact decimals as text
-        vals = [None if v is None else str(v) if isinstance(v, Decimal) else v.isoformat(" ") if isinstance(v, dt.datetime)
-                else v.isoformat() if isinstance(v, dt.date) else v for v in vals]
+        vals = [
+            None
+            if v is None
+            else str(v)
+            if isinstance(v, Decimal)
+            else v.isoformat(" ")
+            if isinstance(v, dt.datetime)
+            else v.isoformat()
+            if isinstance(v, dt.date)
+            else v
+            for v in vals
+        ]
     if name == "mysql" and vals[8] is not None:
         c.cursor().execute("SET time_zone = '+00:00'")
         vals[8] = vals[8].replace(tzinfo=None)
@@ -99,6 +163,7 @@ def _insert(backends: dict[str, Backend], site: str, url: str, row: tuple[Any, .
 def _canon(name: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
     """A row as plain Python values, whatever the driver returned."""
     k, i, b, d, f, t, ok, day, at, atz, data = row
+
     def ts(v: Any, aware: bool) -> Any:
         if v is None:
             return None
@@ -106,11 +171,19 @@ def _canon(name: str, row: tuple[Any, ...]) -> tuple[Any, ...]:
         if aware:
             return x.replace(tzinfo=UTC) if x.tzinfo is None else x.astimezone(UTC)
         return x
+
     return (
-        k, i, b, None if d is None else Decimal(repr(d)) if isinstance(d, float) else Decimal(str(d)), f, t,
+        k,
+        i,
+        b,
+        None if d is None else Decimal(repr(d)) if isinstance(d, float) else Decimal(str(d)),
+        f,
+        t,
         None if ok is None else bool(ok),
         None if day is None else day if isinstance(day, dt.date) else dt.date.fromisoformat(day),
-        ts(at, False), ts(atz, True), None if data is None else bytes(data),
+        ts(at, False),
+        ts(atz, True),
+        None if data is None else bytes(data),
     )
 
 
@@ -149,17 +222,23 @@ def test_three_databases_converge_with_exact_values(mixed, tmp_path):  # type: i
         assert [r[0] for r in rows] == list(range(1, len(rows) + 1))
         assert sorted(tuple(map(str, r[1:])) for r in rows) == expected, site
     # updates and deletes cross too, and values stay exact
-    _q_up = {"lite": "UPDATE vals SET t = ?, d = ? WHERE id = 1", "pg": "UPDATE vals SET f = %s, atz = %s WHERE id = 2",
-             "maria": "UPDATE vals SET data = %s, day = %s WHERE id = 3"}
-    params = {"lite": ("Ünïcødé ✓", "0.5"), "pg": (2.5e-10, dt.datetime(2030, 6, 1, 12, 0, 0, 1, UTC)),
-              "maria": (b"\x01\x02", dt.date(2001, 9, 9))}
+    _q_up = {
+        "lite": "UPDATE vals SET t = ?, d = ? WHERE id = 1",
+        "pg": "UPDATE vals SET f = %s, atz = %s WHERE id = 2",
+        "maria": "UPDATE vals SET data = %s, day = %s WHERE id = 3",
+    }
+    params = {
+        "lite": ("Ünïcødé ✓", "0.5"),
+        "pg": (2.5e-10, dt.datetime(2030, 6, 1, 12, 0, 0, 1, UTC)),
+        "maria": (b"\x01\x02", dt.date(2001, 9, 9)),
+    }
     for site, sql in _q_up.items():
         c = mixed[BACKEND_OF[site]].connect(urls[site])
         c.cursor().execute(sql, params[site])
         c.commit()
         c.close()
     c = mixed["postgresql"].connect(urls["pg"])
-    c.cursor().execute('DELETE FROM vals WHERE id = 4')
+    c.cursor().execute("DELETE FROM vals WHERE id = 4")
     c.commit()
     c.close()
     with api.Cluster(topo) as cl:

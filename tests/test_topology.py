@@ -47,7 +47,14 @@ def test_shipped_example_topology_loads():  # type: ignore[no-untyped-def]
         ("ring", 6),
         ({"star": "s1"}, 4),
         ({"chain": ["s1", "s2", "s3"]}, 4),
-        ([{"from": "s1", "to": "s2", "interval": "5s"}, {"from": "s2", "to": "s3"}, {"from": "s3", "to": "s1", "cron": "*/5 * * * *"}], 3),
+        (
+            [
+                {"from": "s1", "to": "s2", "interval": "5s"},
+                {"from": "s2", "to": "s3"},
+                {"from": "s3", "to": "s1", "cron": "*/5 * * * *"},
+            ],
+            3,
+        ),
     ],
 )
 def test_link_forms(tmp_path, links, pairs):  # type: ignore[no-untyped-def]
@@ -96,7 +103,9 @@ def test_broken_files_get_one_message_per_problem(tmp_path, text, message):  # t
 
 
 def test_several_problems_are_all_reported(tmp_path):  # type: ignore[no-untyped-def]
-    text = GOOD.replace("links: mesh", "links: [{from: s1, to: s9}, {from: s8, to: s1}]").replace("items: {key: id}", "'x y': {key: id}")
+    text = GOOD.replace("links: mesh", "links: [{from: s1, to: s9}, {from: s8, to: s1}]").replace(
+        "items: {key: id}", "'x y': {key: id}"
+    )
     with pytest.raises(ConfigError) as e:
         load_topology(write(tmp_path, text))
     assert len(e.value.problems) >= 3

@@ -51,14 +51,19 @@ def test_files_without_a_verify_section_load_unchanged(tmp_path):  # type: ignor
 
 
 def test_the_documented_verify_section(tmp_path):  # type: ignore[no-untyped-def]
-    t = load_topology(write(tmp_path, """
+    t = load_topology(
+        write(
+            tmp_path,
+            """
         verify:
           cron: "0 * * * *"
           tables: [items]
           master: "local[2]"
           site: s2
           checksum_only: true
-        """))
+        """,
+        )
+    )
     assert t.verify is not None
     assert (t.verify.cron, t.verify.tables, t.verify.master, t.verify.checksum_only) == ("0 * * * *", ["items"], "local[2]", True)
     assert t.verify_site == "s2"
@@ -71,7 +76,7 @@ BAD = [
     ('verify: {cron: "61 * * * *"}\n', "verify.cron: '61 * * * *' is not a crontab expression"),
     ('verify: {cron: "* * *"}\n', "needs 5 fields"),
     ('verify: {cron: "0 * * * *", tables: [items, nope]}\n', "verify.tables: table 'nope' is not defined under tables"),
-    ('verify: {site: s1}\n', "verify.cron: required field is missing"),
+    ("verify: {site: s1}\n", "verify.cron: required field is missing"),
     ('verify: {cron: "0 * * * *", every: 5m}\n', "verify.every: unknown field"),
 ]
 
@@ -87,7 +92,8 @@ def test_a_broken_verify_section_gets_one_readable_problem(tmp_path, extra, mess
 
 def test_a_check_needs_two_sites_to_compare(tmp_path):  # type: ignore[no-untyped-def]
     text = TOPO.replace('s2: {url: "sqlite:///s2.db"}', 's2: {url: "sqlite:///s2.db", verify: false}').replace(
-        's3: {url: "sqlite:///s3.db"}', 's3: {url: "sqlite:///s3.db", verify: false}')
+        's3: {url: "sqlite:///s3.db"}', 's3: {url: "sqlite:///s3.db", verify: false}'
+    )
     p = tmp_path / "t.yaml"
     p.write_text(textwrap.dedent(text) + 'verify: {cron: "0 * * * *"}\n')
     with pytest.raises(ConfigError) as e:
@@ -100,11 +106,27 @@ def test_a_check_needs_two_sites_to_compare(tmp_path):  # type: ignore[no-untype
 
 def a_result(status: str = "converged") -> VerifyResult:
     differing = 0 if status == "converged" else 3
-    t = TableResult(table="items", status=status, rows={"s1": 10, "s2": 10, "s3": 10 - differing}, fingerprints={"s1": "ab"},
-                    identities=10, differing=differing, counts={"missing": {"s1": 0, "s2": 0, "s3": differing}},
-                    columns={}, samples=[], waiting=[Waiting("s1", "s3", differing, 0)], seconds=1.25)
-    return VerifyResult(sites=["s1", "s2", "s3"], tables={"items": t}, master="local[2]", mode="full",
-                        started_at="2026-01-02T03:04:05+00:00", seconds=2.5)
+    t = TableResult(
+        table="items",
+        status=status,
+        rows={"s1": 10, "s2": 10, "s3": 10 - differing},
+        fingerprints={"s1": "ab"},
+        identities=10,
+        differing=differing,
+        counts={"missing": {"s1": 0, "s2": 0, "s3": differing}},
+        columns={},
+        samples=[],
+        waiting=[Waiting("s1", "s3", differing, 0)],
+        seconds=1.25,
+    )
+    return VerifyResult(
+        sites=["s1", "s2", "s3"],
+        tables={"items": t},
+        master="local[2]",
+        mode="full",
+        started_at="2026-01-02T03:04:05+00:00",
+        seconds=2.5,
+    )
 
 
 def with_verify(cl, **section):  # type: ignore[no-untyped-def]
@@ -126,12 +148,22 @@ def test_store_and_read_back_on_every_backend(backend, tmp_path):  # type: ignor
     vid = verifications.store(topo, a_result("converging"), source="scheduled")
     v = verifications.last(topo)
     assert v is not None and v["id"] == vid and v["site"] == "s2"
-    assert (v["converged"], v["status"], v["tables"], v["error"], v["source"]) == (False, "converging", {"items": "converging"}, None, "scheduled")
+    assert (v["converged"], v["status"], v["tables"], v["error"], v["source"]) == (
+        False,
+        "converging",
+        {"items": "converging"},
+        None,
+        "scheduled",
+    )
     assert v["started_at"] == "2026-01-02T03:04:05+00:00" and v["seconds"] == 2.5
     s = v["summary"]  # to_dict() trimmed to statuses and counts
-    assert s["tables"]["items"]["counts"] == {"missing": {"s1": 0, "s2": 0, "s3": 3}} and s["tables"]["items"]["waiting_total"] == 3
+    assert (
+        s["tables"]["items"]["counts"] == {"missing": {"s1": 0, "s2": 0, "s3": 3}} and s["tables"]["items"]["waiting_total"] == 3
+    )
     assert "samples" not in s["tables"]["items"] and "fingerprints" not in s["tables"]["items"]
-    vid2 = verifications.store(topo, error="SiteUnreachable: site 's3' is unreachable", started_at="2026-01-02T04:00:00Z", seconds=0.5)
+    vid2 = verifications.store(
+        topo, error="SiteUnreachable: site 's3' is unreachable", started_at="2026-01-02T04:00:00Z", seconds=0.5
+    )
     v2 = api.status(topo)["verification"]
     assert v2["id"] == vid2 > vid
     assert (v2["converged"], v2["status"], v2["tables"], v2["summary"], v2["source"]) == (None, "error", {}, None, "manual")

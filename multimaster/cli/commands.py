@@ -30,7 +30,9 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
         with console.status("checking sites"):
             rep = api.init(topo, progress=lambda m: console.log(m))
         for site, tables in rep.sites.items():
-            console.print(f"[green]✓[/] {site}: " + (f"installed {', '.join(tables)}" if tables else "already installed, objects checked"))
+            console.print(
+                f"[green]✓[/] {site}: " + (f"installed {', '.join(tables)}" if tables else "already installed, objects checked")
+            )
         for tb, copies in rep.copied.items():
             for site, n in copies.items():
                 console.print(f"  copied {n} base rows of {tb} to {site}")
@@ -39,8 +41,11 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
 
 
 @app.command()
-def uninstall(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site", help="Only this site."),
-              traceback: bool = TRACEBACK) -> None:
+def uninstall(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site", help="Only this site."),
+    traceback: bool = TRACEBACK,
+) -> None:
     """Remove every object multimaster created. User tables and rows are left as they are.
 
     Examples:
@@ -60,8 +65,15 @@ def _refresh_table(results: list[Any]) -> Table:
     for c in ("link", "pulled", "applied", "conflicts", "batches", "seconds", "result"):
         t.add_column(c, justify="right" if c not in ("link", "result") else "left")
     for r in results:
-        t.add_row(f"{r.peer} → {r.site}", str(r.pulled), str(r.applied), str(r.conflicts), str(r.batches),
-                  f"{r.seconds:.2f}", "[red]" + r.error + "[/]" if r.error else "[green]ok[/]")
+        t.add_row(
+            f"{r.peer} → {r.site}",
+            str(r.pulled),
+            str(r.applied),
+            str(r.conflicts),
+            str(r.batches),
+            f"{r.seconds:.2f}",
+            "[red]" + r.error + "[/]" if r.error else "[green]ok[/]",
+        )
     return t
 
 
@@ -98,9 +110,27 @@ def refresh(
                     break
         last = allres[-1]
         if as_json:
-            dump([{"round": i + 1, "links": [
-                {"from": r.peer, "to": r.site, "pulled": r.pulled, "applied": r.applied, "conflicts": r.conflicts,
-                 "batches": r.batches, "seconds": round(r.seconds, 4), "error": r.error} for r in res]} for i, res in enumerate(allres)])
+            dump(
+                [
+                    {
+                        "round": i + 1,
+                        "links": [
+                            {
+                                "from": r.peer,
+                                "to": r.site,
+                                "pulled": r.pulled,
+                                "applied": r.applied,
+                                "conflicts": r.conflicts,
+                                "batches": r.batches,
+                                "seconds": round(r.seconds, 4),
+                                "error": r.error,
+                            }
+                            for r in res
+                        ],
+                    }
+                    for i, res in enumerate(allres)
+                ]
+            )
         else:
             for i, res in enumerate(allres):
                 if len(allres) > 1:
@@ -113,8 +143,12 @@ def refresh(
 
 
 @app.command()
-def reconcile(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site"),
-              as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+def reconcile(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site"),
+    as_json: bool = typer.Option(False, "--json"),
+    traceback: bool = TRACEBACK,
+) -> None:
     """Apply changes already pulled into snapshots (see refresh --no-reconcile).
 
     Examples:
@@ -123,9 +157,22 @@ def reconcile(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None
 
     def go() -> None:
         out = api.reconcile(load_topology(topology), site)
-        rows = [{"site": s, "table": tb, "applied": r.applied, "duplicates": r.duplicates, "parked": r.parked,
-                 "inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "renumbered": r.renumbered,
-                 "conflicts": len(r.conflicts)} for s, per in out.items() for tb, r in per.items()]
+        rows = [
+            {
+                "site": s,
+                "table": tb,
+                "applied": r.applied,
+                "duplicates": r.duplicates,
+                "parked": r.parked,
+                "inserted": r.inserted,
+                "updated": r.updated,
+                "deleted": r.deleted,
+                "renumbered": r.renumbered,
+                "conflicts": len(r.conflicts),
+            }
+            for s, per in out.items()
+            for tb, r in per.items()
+        ]
         if as_json:
             dump(rows)
             return
@@ -142,16 +189,21 @@ def reconcile(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None
 def _status_tables(st: dict[str, Any]) -> list[Table]:
     t = Table(title="sites")
     since = any("conflicts_since" in d for d in st["sites"].values())
-    cols = ["site", "reachable", "rows", "change log", "tombstones", "conflicts"] + (["conflicts since"] if since else []) + ["url"]
+    cols = (
+        ["site", "reachable", "rows", "change log", "tombstones", "conflicts"] + (["conflicts since"] if since else []) + ["url"]
+    )
     for c in cols:
         t.add_column(c)
     for name, d in st["sites"].items():
         tabs = d.get("tables", {})
-        row = [name, "yes" if d["reachable"] else "[red]no[/]",
-               str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
-               str(sum(v["log"] for v in tabs.values())) if tabs else "-",
-               str(sum(v["tombstones"] for v in tabs.values())) if tabs else "-",
-               str(d.get("conflicts", "-"))]
+        row = [
+            name,
+            "yes" if d["reachable"] else "[red]no[/]",
+            str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
+            str(sum(v["log"] for v in tabs.values())) if tabs else "-",
+            str(sum(v["tombstones"] for v in tabs.values())) if tabs else "-",
+            str(d.get("conflicts", "-")),
+        ]
         if since:
             row.append(str(d.get("conflicts_since", "-")))
         t.add_row(*row, d["url"])
@@ -160,9 +212,14 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         lt.add_column(c)
     for ln in st["links"]:
         age = ln.get("oldest_waiting_age_s")
-        lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
-                   ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
-                   str(ln.get("last_success_at") or "-"), str(ln.get("last_error") or ln.get("error") or "-"))
+        lt.add_row(
+            f"{ln['from']} → {ln['to']}",
+            str(ln.get("waiting", "-")),
+            "-" if age is None else f"{age:.1f}s",
+            ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
+            str(ln.get("last_success_at") or "-"),
+            str(ln.get("last_error") or ln.get("error") or "-"),
+        )
     from multimaster.ops.verifications import rich_table  # the last recorded verify run (docs/verify.md, Scheduled checks)
 
     return [t, lt] + ([rich_table(st["verification"])] if st.get("verification") else [])
@@ -213,9 +270,14 @@ def status(
 
 
 @app.command()
-def conflicts(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None, "--site"),
-              table: Optional[str] = typer.Option(None, "--table"), limit: int = typer.Option(50, "--limit"),
-              as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+def conflicts(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site"),
+    table: Optional[str] = typer.Option(None, "--table"),
+    limit: int = typer.Option(50, "--limit"),
+    as_json: bool = typer.Option(False, "--json"),
+    traceback: bool = TRACEBACK,
+) -> None:
     """List recorded conflicts: both versions, their values, the policy and the decision.
 
     Examples:
@@ -231,19 +293,30 @@ def conflicts(topology: Path = TOPOLOGY, site: Optional[str] = typer.Option(None
         for c in ("site", "table", "key", "kind", "columns", "local", "remote", "policy", "decision"):
             t.add_column(c)
         for r in rows:
-            t.add_row(r["site"], r["tbl"], str(r["key"]), r["kind"], ",".join(r["columns"] or []),
-                      f"{r['local_values']} @{(r['local_ver'] or '')[20:]}", f"{r['remote_values']} @{r['remote_ver'][20:]}",
-                      r["policy"], r["decision"])
+            t.add_row(
+                r["site"],
+                r["tbl"],
+                str(r["key"]),
+                r["kind"],
+                ",".join(r["columns"] or []),
+                f"{r['local_values']} @{(r['local_ver'] or '')[20:]}",
+                f"{r['remote_values']} @{r['remote_ver'][20:]}",
+                r["policy"],
+                r["decision"],
+            )
         console.print(t)
 
     execute(go, traceback)
 
 
 @app.command()
-def demo(directory: Path = typer.Option(Path("demo-sites"), "--dir", help="Where to create the three SQLite sites."),
-         seed: int = typer.Option(7, "--seed", help="Workload seed."),
-         size: int = typer.Option(200, "--size", help="Rows inserted per site."),
-         as_json: bool = typer.Option(False, "--json"), traceback: bool = TRACEBACK) -> None:
+def demo(
+    directory: Path = typer.Option(Path("demo-sites"), "--dir", help="Where to create the three SQLite sites."),
+    seed: int = typer.Option(7, "--seed", help="Workload seed."),
+    size: int = typer.Option(200, "--size", help="Rows inserted per site."),
+    as_json: bool = typer.Option(False, "--json"),
+    traceback: bool = TRACEBACK,
+) -> None:
     """Create three SQLite sites, write to all of them (with conflicts and the airline last-seat
     case), refresh until they converge, and show what happened.
 

@@ -37,7 +37,9 @@ def register(app: typer.Typer) -> None:
             dump({p.peer: {"login": p.login, "statements": p.statements} for p in plan})
             return
         for p in plan:
-            console.print(f"-- peer '{p.peer}' pulls from '{site}' as {p.login} (set its password yourself)", markup=False, highlight=False)
+            console.print(
+                f"-- peer '{p.peer}' pulls from '{site}' as {p.login} (set its password yourself)", markup=False, highlight=False
+            )
             for sql in p.statements:
                 console.print(sql + ";", markup=False, highlight=False, soft_wrap=True)
         if apply:

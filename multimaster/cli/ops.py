@@ -18,7 +18,9 @@ from multimaster.errors import ConfigError
 
 __all__ = ["register"]
 
-RETENTION = typer.Option("7d", "--retention", help="A puller that has not refreshed for longer is expired and stops holding log entries.")
+RETENTION = typer.Option(
+    "7d", "--retention", help="A puller that has not refreshed for longer is expired and stops holding log entries."
+)
 MIN_AGE = typer.Option("1h", "--min-age", help="Only log entries older than this are purged (a margin for changes in transit).")
 
 
@@ -33,14 +35,22 @@ def _duration(value: Optional[str], opt: str) -> Optional[float]:
 
 def run(
     topology: Path = TOPOLOGY,
-    site: Optional[List[str]] = typer.Option(None, "--site", help="Run this site's refreshers (repeatable). Default: every site."),
-    metrics_port: Optional[int] = typer.Option(None, "--metrics-port", help="Serve Prometheus metrics on this port (0: any free port)."),
-    metrics_host: str = typer.Option("127.0.0.1", "--metrics-host", help="Address of the metrics endpoint (loopback by default)."),
+    site: Optional[List[str]] = typer.Option(
+        None, "--site", help="Run this site's refreshers (repeatable). Default: every site."
+    ),
+    metrics_port: Optional[int] = typer.Option(
+        None, "--metrics-port", help="Serve Prometheus metrics on this port (0: any free port)."
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", help="Address of the metrics endpoint (loopback by default)."
+    ),
     purge_every: str = typer.Option("10m", "--purge-every", help="Purge this site's change logs this often ('off': never)."),
     retention: str = RETENTION,
     min_age: str = MIN_AGE,
     max_backoff: str = typer.Option("5m", "--max-backoff", help="Longest wait between retries of a failing link."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", min=1, help="Changes per transaction (default: refresh.batch_size)."),
+    batch_size: Optional[int] = typer.Option(
+        None, "--batch-size", min=1, help="Changes per transaction (default: refresh.batch_size)."
+    ),
     log_format: str = typer.Option("text", "--log-format", help="'text' or 'json' (one JSON object per line)."),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Also log refreshes that pulled nothing."),
     traceback: bool = TRACEBACK,
@@ -68,9 +78,17 @@ def run(
         setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
         topo = load_topology(topology)
         policy = PurgePolicy.parse(retention, min_age)
-        d = Daemon(topo, site or None, purge_every=_duration(purge_every, "--purge-every"), purge_policy=policy,
-                   metrics_port=metrics_port, metrics_host=metrics_host, max_backoff=_duration(max_backoff, "--max-backoff") or 300.0,
-                   log_format=log_format, batch_size=batch_size)
+        d = Daemon(
+            topo,
+            site or None,
+            purge_every=_duration(purge_every, "--purge-every"),
+            purge_policy=policy,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+            max_backoff=_duration(max_backoff, "--max-backoff") or 300.0,
+            log_format=log_format,
+            batch_size=batch_size,
+        )
         d.run_forever()
 
     execute(go, traceback)
@@ -110,8 +128,16 @@ def purge(
                 if r.error:
                     t.add_row(r.site, "-", "-", "-", "-", "-", "-", f"[red]{r.error}[/]")
                 for tb, tp in r.tables.items():
-                    t.add_row(r.site, tb, str(tp.purged), str(tp.log2_deleted), str(tp.snapshot_rows), str(tp.log_left),
-                              ",".join(tp.held_by) or "-", ",".join(r.expired) or "-")
+                    t.add_row(
+                        r.site,
+                        tb,
+                        str(tp.purged),
+                        str(tp.log2_deleted),
+                        str(tp.snapshot_rows),
+                        str(tp.log_left),
+                        ",".join(tp.held_by) or "-",
+                        ",".join(r.expired) or "-",
+                    )
             console.print(t)
         return 1 if any(r.error for r in reps) else 0
 
@@ -141,14 +167,17 @@ def add_site(
 
     def go() -> None:
         topo = load_topology(topology)
-        rep = add(topo, name, peer, replace=replace, batch_size=batch_size,
-                  progress=None if as_json else (lambda m: console.log(m)))
+        rep = add(
+            topo, name, peer, replace=replace, batch_size=batch_size, progress=None if as_json else (lambda m: console.log(m))
+        )
         if as_json:
             dump(rep.as_dict())
             return
         for tb in rep.rows:
-            console.print(f"[green]✓[/] {tb}: {rep.rows[tb]} rows, {rep.identities[tb]} identities, "
-                          f"{rep.log_entries[tb]} change-log entries copied from {peer}")
+            console.print(
+                f"[green]✓[/] {tb}: {rep.rows[tb]} rows, {rep.identities[tb]} identities, "
+                f"{rep.log_entries[tb]} change-log entries copied from {peer}"
+            )
         for q, wms in rep.watermarks.items():
             console.print(f"  {name} pulls {q} from " + ", ".join(f"{tb}:{w}" for tb, w in wms.items()))
         console.print(f"  pulling from {name}: {', '.join(rep.pullers) or 'nobody'}")
@@ -192,19 +221,34 @@ def _health_tables(h: dict[str, Any]) -> list[Table]:
         st.add_column(c)
     for n, d in h["sites"].items():
         tabs = d.get("tables") or {}
-        tot = (lambda k: str(sum(v.get(k, 0) for v in tabs.values())) if tabs else "-")  # noqa: E731
-        st.add_row(n, "yes" if d.get("reachable") else "[red]no[/]", tot("rows"), tot("log"), tot("log2"), tot("snapshot_rows"),
-                   str(d.get("conflicts", "-")), str(d.get("conflicts_since", "-")),
-                   "[red]" + ", ".join(d["expired_pullers"]) + "[/]" if d.get("expired_pullers") else "-")
+        tot = lambda k: str(sum(v.get(k, 0) for v in tabs.values())) if tabs else "-"  # noqa: E731
+        st.add_row(
+            n,
+            "yes" if d.get("reachable") else "[red]no[/]",
+            tot("rows"),
+            tot("log"),
+            tot("log2"),
+            tot("snapshot_rows"),
+            str(d.get("conflicts", "-")),
+            str(d.get("conflicts_since", "-")),
+            "[red]" + ", ".join(d["expired_pullers"]) + "[/]" if d.get("expired_pullers") else "-",
+        )
     lt = Table(title="links")
     for c in ("link", "waiting", "visibility delay", "last success", "last error"):
         lt.add_column(c)
     for ln in h["links"]:
         age = ln.get("oldest_waiting_age_s")
         err = ln.get("last_error") or ln.get("error")
-        recent_err = err and (not ln.get("last_success_at") or str(ln.get("last_error_at") or "") >= str(ln.get("last_success_at")))
-        lt.add_row(f"{ln['from']} → {ln['to']}", str(ln.get("waiting", "-")), "-" if age is None else f"{age:.1f}s",
-                   str(ln.get("last_success_at") or "-"), (f"[red]{err}[/]" if recent_err else str(err)) if err else "-")
+        recent_err = err and (
+            not ln.get("last_success_at") or str(ln.get("last_error_at") or "") >= str(ln.get("last_success_at"))
+        )
+        lt.add_row(
+            f"{ln['from']} → {ln['to']}",
+            str(ln.get("waiting", "-")),
+            "-" if age is None else f"{age:.1f}s",
+            str(ln.get("last_success_at") or "-"),
+            (f"[red]{err}[/]" if recent_err else str(err)) if err else "-",
+        )
     return [st, lt]
 
 
@@ -237,6 +281,7 @@ def watch(
         topo = load_topology(topology)
         policy = PurgePolicy.parse(retention)
         with Cluster(topo) as cl:
+
             def snap() -> dict[str, Any]:
                 return health(cl, site or None, since=parse_since(since), policy=policy)
 
@@ -259,8 +304,9 @@ topology_app = typer.Typer(help="Look at a topology file.", no_args_is_help=True
 
 
 @topology_app.command("show")
-def topology_show(topology: Path = TOPOLOGY, as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
-                  traceback: bool = TRACEBACK) -> None:
+def topology_show(
+    topology: Path = TOPOLOGY, as_json: bool = typer.Option(False, "--json", help="Print as JSON."), traceback: bool = TRACEBACK
+) -> None:
     """Draw the links and the path length (relay hops) between every pair of sites, and the
     worst delay the refresh schedules allow. Reads the file only.
 

@@ -32,14 +32,19 @@ def verify_command(
     master: str = typer.Option("local[*]", "--master", help="Spark master: local[*], local[N] or spark://host:7077."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON on stdout."),
     report: Optional[Path] = typer.Option(None, "--report", help="Also write a self-contained HTML report here."),
-    checksum_only: bool = typer.Option(False, "--checksum-only", help="Hash key ranges first; compare rows only where hashes differ."),
+    checksum_only: bool = typer.Option(
+        False, "--checksum-only", help="Hash key ranges first; compare rows only where hashes differ."
+    ),
     partitions: int = typer.Option(DEFAULT_PARTITIONS, "--partitions", min=1, help="JDBC reads per site (split by key range)."),
     sample: int = typer.Option(DEFAULT_SAMPLE, "--sample", min=0, help="Differing rows shown per kind."),
     buckets: int = typer.Option(DEFAULT_BUCKETS, "--buckets", min=1, help="Key ranges hashed per site with --checksum-only."),
     repair_from: Optional[str] = typer.Option(None, "--repair-from", help="Plan making every other site equal to SITE."),
     apply: bool = typer.Option(False, "--apply/--dry-run", help="With --repair-from: apply the plan (default: only show it)."),
-    record: bool = typer.Option(False, "--record", help="Store the result (or the error) in _mm_verifications at the verify site, "
-                                "where 'multimaster status' shows it."),
+    record: bool = typer.Option(
+        False,
+        "--record",
+        help="Store the result (or the error) in _mm_verifications at the verify site, where 'multimaster status' shows it.",
+    ),
 ) -> None:
     """Check that all sites hold the same rows (Spark over JDBC); optionally repair from one site."""
     import time
@@ -61,8 +66,9 @@ def verify_command(
         _fail(msg)
 
     try:
-        res = _verify(topology, table or None, master, partitions, sample, checksum_only, buckets, repair_from, apply,
-                      report, as_json)
+        res = _verify(
+            topology, table or None, master, partitions, sample, checksum_only, buckets, repair_from, apply, report, as_json
+        )
     except MissingDependency as e:
         failed(str(e))
     except ConfigError as e:  # a bad topology or option: not a run worth recording
@@ -86,8 +92,9 @@ def _store(topology: Path, res: Any, error: str | None, started: str, t0: float,
     from multimaster.ops import verifications
 
     try:
-        vid = verifications.store(load_topology(topology), res, error=error, started_at=started,
-                                  seconds=time.perf_counter() - t0, source="manual")
+        vid = verifications.store(
+            load_topology(topology), res, error=error, started_at=started, seconds=time.perf_counter() - t0, source="manual"
+        )
     except Exception as e:  # noqa: BLE001 - the verify site may be what is down
         msg = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         _fail(f"the result could not be recorded: {type(e).__name__}: {msg[:500]}")
@@ -95,16 +102,34 @@ def _store(topology: Path, res: Any, error: str | None, started: str, t0: float,
         typer.echo(f"recorded as verification {vid}", err=True)
 
 
-def _verify(topology: Path, tables: list[str] | None, master: str, partitions: int, sample: int, checksum_only: bool,
-            buckets: int, repair_from: str | None, apply: bool, report: Path | None, as_json: bool) -> Any:
+def _verify(
+    topology: Path,
+    tables: list[str] | None,
+    master: str,
+    partitions: int,
+    sample: int,
+    checksum_only: bool,
+    buckets: int,
+    repair_from: str | None,
+    apply: bool,
+    report: Path | None,
+    as_json: bool,
+) -> Any:
     """Check the sites (and repair from `repair_from` when asked), print the result (or, with
     `as_json`, the JSON document), write the HTML `report`. Returns the final result."""
     from multimaster.spark import api
     from multimaster.spark import report as rep
 
     def run() -> Any:
-        return api.verify(str(topology), tables=tables, master=master, partitions=partitions,
-                          sample_limit=sample, checksum_only=checksum_only, buckets=buckets)
+        return api.verify(
+            str(topology),
+            tables=tables,
+            master=master,
+            partitions=partitions,
+            sample_limit=sample,
+            checksum_only=checksum_only,
+            buckets=buckets,
+        )
 
     res = run()
     out: dict = {"verify": res.to_dict()}
@@ -123,8 +148,17 @@ def _verify(topology: Path, tables: list[str] | None, master: str, partitions: i
     return res
 
 
-def _repair(topology: Path, tables: list[str] | None, master: str, partitions: int, repair_from: str, apply: bool,
-            as_json: bool, out: dict[str, Any], run: Callable[[], Any]) -> Any:
+def _repair(
+    topology: Path,
+    tables: list[str] | None,
+    master: str,
+    partitions: int,
+    repair_from: str,
+    apply: bool,
+    as_json: bool,
+    out: dict[str, Any],
+    run: Callable[[], Any],
+) -> Any:
     """Plan making every site equal to `repair_from` and show it (into `out["repair"]`); with
     `apply`, apply it and verify again (`run`): returns that result, else None."""
     from multimaster.spark import report as rep

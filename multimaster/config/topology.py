@@ -411,7 +411,9 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         problems += _unreachable(names, links)
         if problems:
             raise ConfigError(problems, source)
-    return Topology(sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify)
+    return Topology(
+        sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify
+    )
 
 
 def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str]) -> dict[str, SiteConfig]:

@@ -39,8 +39,10 @@ class TopologyView:
     def as_dict(self) -> dict[str, Any]:
         return {
             "sites": self.sites,
-            "links": [{"from": ln.source, "to": ln.target, "interval_s": ln.interval, "cron": ln.cron, "jitter_s": ln.jitter}
-                      for ln in self.links],
+            "links": [
+                {"from": ln.source, "to": ln.target, "interval_s": ln.interval, "cron": ln.cron, "jitter_s": ln.jitter}
+                for ln in self.links
+            ],
             "hops": self.hops,
             "worst_delay_s": self.delay,
             "routes": self.route,
@@ -148,7 +150,9 @@ def render_text(v: TopologyView) -> str:
     w = max(len(s) for s in v.sites)
     for s in v.sites:
         ins = ", ".join(
-            f"{ln.source} ({'cron ' + ln.cron if ln.cron else 'every ' + _fmt_s(ln.interval)})" for ln in v.links if ln.target == s
+            f"{ln.source} ({'cron ' + ln.cron if ln.cron else 'every ' + _fmt_s(ln.interval)})"
+            for ln in v.links
+            if ln.target == s
         )
         lines.append(f"  {s:<{w}} <- {ins or '(nothing)'}")
     lines += ["", "relay hops from (row) to (column):"]
@@ -160,6 +164,9 @@ def render_text(v: TopologyView) -> str:
             h = 0 if a == b else v.hops[a][b]
             cells.append(f"{'.' if a == b else ('x' if h is None else h):>{cw}}")
         lines.append(f"  {a:<{w}}" + " ".join(cells))
-    lines += ["", f"longest path: {v.diameter} hop(s); worst delay by schedule: {_fmt_s(v.max_delay)}"
-              " (interval or longest cron gap, + jitter, summed along the fastest route)"]
+    lines += [
+        "",
+        f"longest path: {v.diameter} hop(s); worst delay by schedule: {_fmt_s(v.max_delay)}"
+        " (interval or longest cron gap, + jitter, summed along the fastest route)",
+    ]
     return "\n".join(lines)

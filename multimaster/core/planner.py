@@ -28,8 +28,18 @@ from typing import Any, Iterable
 from multimaster.core.policies import Candidate, Conflict, Policy
 from multimaster.core.versions import BASE_VER
 
-__all__ = ["Slot", "TableSpec", "Change", "RowState", "ConflictRecord", "Plan", "plan", "assign_keys", "KeyAssignment",
-           "incarnation_of"]
+__all__ = [
+    "Slot",
+    "TableSpec",
+    "Change",
+    "RowState",
+    "ConflictRecord",
+    "Plan",
+    "plan",
+    "assign_keys",
+    "KeyAssignment",
+    "incarnation_of",
+]
 
 #: the suffix of a natural key's later incarnation: '@' and a version (site names are identifiers)
 _INCARNATION = re.compile(r"@(\d{19}:[A-Za-z_][A-Za-z0-9_]*)\Z")
@@ -204,8 +214,15 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
     return Plan(rows, processed, parked, conflicts)
 
 
-def _plan_insert(spec: TableSpec, ch: Change, st: RowState | None, rows: dict[str, RowState],
-                 lives: dict[Any, list[RowState]], conflicts: list[ConflictRecord], slot_of: dict[int, int]) -> None:
+def _plan_insert(
+    spec: TableSpec,
+    ch: Change,
+    st: RowState | None,
+    rows: dict[str, RowState],
+    lives: dict[Any, list[RowState]],
+    conflicts: list[ConflictRecord],
+    slot_of: dict[int, int],
+) -> None:
     """An insert: a new identity (a natural key: a new incarnation) unless this site knows it; a
     known deleted one stays dead; a natural key's live incarnation inserted at two sites merges."""
     if st is None:
@@ -226,16 +243,33 @@ def _plan_update(spec: TableSpec, ch: Change, st: RowState, conflicts: list[Conf
     slot by slot."""
     cols = spec.columns
     if st.values is None:
-        conflicts.append(ConflictRecord(
-            spec.name, ch.rid, "update_delete", None,
-            tuple(cols[i] for i in _bits(ch.mask)), st.deleted, None, ch.ver,
-            {cols[i]: ch.new[i] for i in _bits(ch.mask)}, "delete-wins", "delete"))
+        conflicts.append(
+            ConflictRecord(
+                spec.name,
+                ch.rid,
+                "update_delete",
+                None,
+                tuple(cols[i] for i in _bits(ch.mask)),
+                st.deleted,
+                None,
+                ch.ver,
+                {cols[i]: ch.new[i] for i in _bits(ch.mask)},
+                "delete-wins",
+                "delete",
+            )
+        )
     else:
         _merge(spec, st, ch, ch.mask, conflicts, "update_update", slot_of)
 
 
-def _plan_delete(spec: TableSpec, ch: Change, st: RowState | None, rows: dict[str, RowState],
-                 lives: dict[Any, list[RowState]], conflicts: list[ConflictRecord]) -> None:
+def _plan_delete(
+    spec: TableSpec,
+    ch: Change,
+    st: RowState | None,
+    rows: dict[str, RowState],
+    lives: dict[Any, list[RowState]],
+    conflicts: list[ConflictRecord],
+) -> None:
     """A delete: of an unknown identity, a tombstone (a natural key: a dead incarnation); of a
     deleted one, the lowest delete version is kept; of a live row, it goes, whatever was updated
     concurrently (a `delete_update` conflict)."""
@@ -252,16 +286,29 @@ def _plan_delete(spec: TableSpec, ch: Change, st: RowState | None, rows: dict[st
     else:
         diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i])]
         if diff:
-            conflicts.append(ConflictRecord(
-                spec.name, ch.rid, "delete_update", None, tuple(cols[i] for i in diff),
-                None, {cols[i]: st.values[i] for i in diff}, ch.ver, None, "delete-wins", "delete"))
+            conflicts.append(
+                ConflictRecord(
+                    spec.name,
+                    ch.rid,
+                    "delete_update",
+                    None,
+                    tuple(cols[i] for i in diff),
+                    None,
+                    {cols[i]: st.values[i] for i in diff},
+                    ch.ver,
+                    None,
+                    "delete-wins",
+                    "delete",
+                )
+            )
         st.values = None
         st.deleted = ch.ver
         st.deleted_changed = True
 
 
-def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], lives: dict[Any, list[RowState]],
-                     conflicts: list[ConflictRecord]) -> None:
+def _new_incarnation(
+    spec: TableSpec, ch: Change, rows: dict[str, RowState], lives: dict[Any, list[RowState]], conflicts: list[ConflictRecord]
+) -> None:
     """A change (insert or delete) of a natural key's incarnation this site has not seen.
 
     The greatest incarnation of a key supersedes every smaller one. If a greater one is known
@@ -284,11 +331,21 @@ def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], liv
         st = RowState(ch.rid, ch.key, stamp, {}, None, existed=False)
         if ch.op == "I":
             top = max(greater, key=lambda s: s.rid)
-            conflicts.append(ConflictRecord(
-                spec.name, ch.rid, "insert_replaces", None, cols,
-                _last_ver(top) if top.values is not None else top.deleted,
-                None if top.values is None else dict(zip(cols, top.values)),
-                ch.ver, all_cols, "latest-incarnation", "local"))
+            conflicts.append(
+                ConflictRecord(
+                    spec.name,
+                    ch.rid,
+                    "insert_replaces",
+                    None,
+                    cols,
+                    _last_ver(top) if top.values is not None else top.deleted,
+                    None if top.values is None else dict(zip(cols, top.values)),
+                    ch.ver,
+                    all_cols,
+                    "latest-incarnation",
+                    "local",
+                )
+            )
     elif ch.op == "I":
         st = RowState(ch.rid, ch.key, None, {s.name: ch.ver for s in spec.slots}, list(ch.new), existed=False)
         st.changed = set(range(len(cols)))
@@ -299,9 +356,21 @@ def _new_incarnation(spec: TableSpec, ch: Change, rows: dict[str, RowState], liv
     for s in sibs:
         if s.rid < ch.rid:
             if s.values is not None:
-                conflicts.append(ConflictRecord(
-                    spec.name, s.rid, "insert_replaces", None, cols, _last_ver(s), dict(zip(cols, s.values)),
-                    ch.ver, all_cols, "latest-incarnation", "remote"))
+                conflicts.append(
+                    ConflictRecord(
+                        spec.name,
+                        s.rid,
+                        "insert_replaces",
+                        None,
+                        cols,
+                        _last_ver(s),
+                        dict(zip(cols, s.values)),
+                        ch.ver,
+                        all_cols,
+                        "latest-incarnation",
+                        "remote",
+                    )
+                )
                 s.values = None
                 s.deleted = stamp
                 s.deleted_changed = True
@@ -317,7 +386,9 @@ def _last_ver(st: RowState) -> str | None:
     return max(vs) if vs else None
 
 
-def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list[ConflictRecord], kind: str, slot_of: dict[int, int]) -> None:
+def _merge(
+    spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list[ConflictRecord], kind: str, slot_of: dict[int, int]
+) -> None:
     """Merge the columns of `mask` of change `ch` into the live row `st`, slot by slot: a slot's
     change clashes when the row's value is not the change's "before" value (an `insert_insert`
     always clashes); additive slots add deltas, the others keep the version their policy picks."""
@@ -338,8 +409,17 @@ def _merge(spec: TableSpec, st: RowState, ch: Change, mask: int, conflicts: list
             _merge_by_policy(spec, st, ch, slot, idx, local_ver, clash, kind, conflicts)
 
 
-def _merge_additive(spec: TableSpec, st: RowState, ch: Change, slot: Slot, i: int, local_ver: str, clash: bool, kind: str,
-                    conflicts: list[ConflictRecord]) -> None:
+def _merge_additive(
+    spec: TableSpec,
+    st: RowState,
+    ch: Change,
+    slot: Slot,
+    i: int,
+    local_ver: str,
+    clash: bool,
+    kind: str,
+    conflicts: list[ConflictRecord],
+) -> None:
     """An additive column `i`: the row keeps its value plus the change's delta (both inserts'
     values for an `insert_insert`); a clash is recorded as `merged`."""
     assert st.values is not None
@@ -355,9 +435,21 @@ def _merge_additive(spec: TableSpec, st: RowState, ch: Change, slot: Slot, i: in
     else:
         merged = cur_v + (new_v - old_v)
     if clash:
-        conflicts.append(ConflictRecord(
-            spec.name, st.rid, kind, slot.name, (cols[i],), local_ver, {cols[i]: cur_v},
-            ch.ver, {cols[i]: new_v}, pol.name, "merged"))
+        conflicts.append(
+            ConflictRecord(
+                spec.name,
+                st.rid,
+                kind,
+                slot.name,
+                (cols[i],),
+                local_ver,
+                {cols[i]: cur_v},
+                ch.ver,
+                {cols[i]: new_v},
+                pol.name,
+                "merged",
+            )
+        )
     if not _same(merged, cur_v):
         st.values[i] = merged
         st.changed.add(i)
@@ -366,8 +458,17 @@ def _merge_additive(spec: TableSpec, st: RowState, ch: Change, slot: Slot, i: in
         st.changed_slots.add(slot.name)
 
 
-def _merge_by_policy(spec: TableSpec, st: RowState, ch: Change, slot: Slot, idx: list[int], local_ver: str, clash: bool,
-                     kind: str, conflicts: list[ConflictRecord]) -> None:
+def _merge_by_policy(
+    spec: TableSpec,
+    st: RowState,
+    ch: Change,
+    slot: Slot,
+    idx: list[int],
+    local_ver: str,
+    clash: bool,
+    kind: str,
+    conflicts: list[ConflictRecord],
+) -> None:
     """A slot of columns `idx` under a choosing policy: a newer change without a clash wins
     outright; otherwise the policy picks between the row's values and the change's, and a clash
     (or a remote change that lost) is recorded."""
@@ -385,9 +486,21 @@ def _merge_by_policy(spec: TableSpec, st: RowState, ch: Change, slot: Slot, idx:
         won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, local_c, remote_c))
         winner_remote = won is remote_c
         if clash or not winner_remote:
-            conflicts.append(ConflictRecord(
-                spec.name, st.rid, kind, slot.name, names, local_ver, local_c.values,
-                ch.ver, remote_c.values, pol.name, "remote" if winner_remote else "local"))
+            conflicts.append(
+                ConflictRecord(
+                    spec.name,
+                    st.rid,
+                    kind,
+                    slot.name,
+                    names,
+                    local_ver,
+                    local_c.values,
+                    ch.ver,
+                    remote_c.values,
+                    pol.name,
+                    "remote" if winner_remote else "local",
+                )
+            )
     if winner_remote:
         for i, v in zip(idx, new):
             if not _same(st.values[i], v):

@@ -152,8 +152,9 @@ def make_policy(spec: Any) -> Policy:
     raise ValueError(f"unknown policy {spec!r}")
 
 
-def check_resolver(resolver: Callable[[Conflict], Candidate] | str, samples: list[tuple[Any, Any]] | None = None,
-                   column: str = "value") -> list[str]:
+def check_resolver(
+    resolver: Callable[[Conflict], Candidate] | str, samples: list[tuple[Any, Any]] | None = None, column: str = "value"
+) -> list[str]:
     """Check that a custom resolver does not depend on arrival order.
 
     For every pair of sample values (and every pair of versions/origins) it asks the resolver with

@@ -136,8 +136,11 @@ class Dialect:
         with the same `keys` exists, setting its other columns to `row`'s values."""
         cols = list(row)
         sets = ", ".join(f"{c} = excluded.{c}" for c in cols if c not in keys)
-        return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
-                f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}", tuple(row.values()))
+        return (
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
+            f"ON CONFLICT ({', '.join(keys)}) DO UPDATE SET {sets}",
+            tuple(row.values()),
+        )
 
     def temp_name(self, name: str) -> str:
         """The name to use for a connection-local scratch table."""
@@ -167,14 +170,17 @@ class Dialect:
         sets = ", ".join(f"{c} = {p}" for c in set_cols)
         conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {where_col} = {p}", rows)
 
-    def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
+    def store_snapshot_rows(
+        self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool
+    ) -> None:
         """Insert pulled change-log rows into a snapshot, skipping rows already there (same pseq)."""
         # every value a parameter: drivers batch an executemany of a plain VALUES list (PyMySQL
         # rewrites it into multi-row INSERTs only then)
         flag = 1 if applied else 0
         conn.exec_driver_sql(
             self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols) + 1)})"),
-            [(*r, flag) for r in rows])
+            [(*r, flag) for r in rows],
+        )
 
     def log_write_columns(self, cols: Sequence[str]) -> list[str]:
         """`cols` (change log columns as read) as the columns to write them to."""
@@ -225,8 +231,14 @@ class Dialect:
     def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
         """The snapshot of `peer`'s change log of `info` (snapshot template)."""
         self._check_names(info, [peer])
-        for sql in self.render("snapshot", table=self.quote(info.name), peer=peer, keytype=self._keytype(info),
-                               logcols=self._log_cols(info), **self.obj(info.name, peer).mapping()):
+        for sql in self.render(
+            "snapshot",
+            table=self.quote(info.name),
+            peer=peer,
+            keytype=self._keytype(info),
+            logcols=self._log_cols(info),
+            **self.obj(info.name, peer).mapping(),
+        ):
             conn.exec_driver_sql(sql)
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
@@ -258,9 +270,11 @@ class Dialect:
         """The install problem of a site whose second-order log `obj` is still the table an earlier
         multimaster kept (today a view over the change log, docs/decisions.md): its positions do
         not carry over, so init must not adopt it."""
-        return (f"table '{table}' was installed by an earlier multimaster whose second-order log was a table "
-                f"({obj}); its positions do not carry over to today's layout. Refresh every site until "
-                "quiet, run 'multimaster uninstall' and then 'multimaster init' again")
+        return (
+            f"table '{table}' was installed by an earlier multimaster whose second-order log was a table "
+            f"({obj}); its positions do not carry over to today's layout. Refresh every site until "
+            "quiet, run 'multimaster uninstall' and then 'multimaster init' again"
+        )
 
     def _check_names(self, info: TableInfo, peers: Sequence[str] = ()) -> None:
         """Refuse a table (or peer) whose objects' names the database would not take whole (the
@@ -269,10 +283,13 @@ class Dialect:
         size = (lambda s: len(s.encode())) if unit == "bytes" else len
         long = sorted({v for p in (None, *peers) for v in names(info.name, p).mapping().values() if size(v) > limit})
         if long:
-            raise SchemaError([
-                f"table '{info.name}': object name '{n}' is longer than {self.title}'s {limit} {unit}; "
-                "use a shorter table or site name" for n in long
-            ])
+            raise SchemaError(
+                [
+                    f"table '{info.name}': object name '{n}' is longer than {self.title}'s {limit} {unit}; "
+                    "use a shorter table or site name"
+                    for n in long
+                ]
+            )
 
     def _log_cols(self, info: TableInfo) -> str:
         """The n_/o_ column pairs of a change log or snapshot, as declared in their templates."""
@@ -310,9 +327,13 @@ class Dialect:
         for tbl, col in ((q(info.name), q(info.key.name)), (self.obj(info.name).shadow, self.key_col)):
             for low, high, delta in shifts:
                 if high is None:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset))
+                    conn.exec_driver_sql(
+                        f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} < {p}", (delta + offset, low, offset)
+                    )
                 else:
-                    conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} <= {p}", (delta + offset, low, high))
+                    conn.exec_driver_sql(
+                        f"UPDATE {tbl} SET {col} = {col} + {p} WHERE {col} > {p} AND {col} <= {p}", (delta + offset, low, high)
+                    )
             conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {p} WHERE {col} > {p}", (offset, offset))
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:

@@ -122,8 +122,16 @@ def _json_text(v: Any) -> str:
 
 #: kind -> converter to the Python value a *server* driver (psycopg, PyMySQL) stores exactly
 NATIVE: dict[str, Conv] = {
-    "int": _int, "decimal": _decimal, "float": float, "bool": _bool, "text": str, "bytes": _bytes, "date": _date,
-    "timestamp": _naive, "timestamptz": _aware, "json": _json_obj,
+    "int": _int,
+    "decimal": _decimal,
+    "float": float,
+    "bool": _bool,
+    "text": str,
+    "bytes": _bytes,
+    "date": _date,
+    "timestamp": _naive,
+    "timestamptz": _aware,
+    "json": _json_obj,
 }
 
 
@@ -137,13 +145,28 @@ def _sqlite_dt(v: Any) -> str:
 #: kind -> converter to what SQLite stores exactly (sqlite3 binds no Decimal, date or datetime:
 #: ISO-8601 text; a decimal is bound as text, which NUMERIC affinity keeps exact)
 SQLITE: dict[str, Conv] = {
-    "int": _int, "decimal": lambda v: str(_decimal(v)), "float": float, "bool": lambda v: int(_bool(v)), "text": str,
-    "bytes": _bytes, "date": lambda v: _date(v).isoformat(), "timestamp": _sqlite_dt, "timestamptz": _sqlite_dt,
+    "int": _int,
+    "decimal": lambda v: str(_decimal(v)),
+    "float": float,
+    "bool": lambda v: int(_bool(v)),
+    "text": str,
+    "bytes": _bytes,
+    "date": lambda v: _date(v).isoformat(),
+    "timestamp": _sqlite_dt,
+    "timestamptz": _sqlite_dt,
     "json": _json_text,
 }
 
-_PY = {"int": (int,), "decimal": (Decimal,), "float": (float,), "bool": (bool,), "text": (str,), "bytes": (bytes,),
-       "date": (dt.date,), "json": (dict, list)}
+_PY = {
+    "int": (int,),
+    "decimal": (Decimal,),
+    "float": (float,),
+    "bool": (bool,),
+    "text": (str,),
+    "bytes": (bytes,),
+    "date": (dt.date,),
+    "json": (dict, list),
+}
 
 
 def adapter(table: dict[str, Conv], kind: str | None) -> Conv | None:
@@ -188,5 +211,7 @@ def carry_problems(table: str, infos: dict[str, Any], dialects: dict[str, str]) 
             found = {"timestamp"}
         if len(found) > 1:
             desc = ", ".join(f"{k} at '{s}'" for s, k in sorted(per_site.items()))
-            problems.append(f"table '{table}', column '{col}': the sites hold different kinds of values ({desc}); see docs/types.md")
+            problems.append(
+                f"table '{table}', column '{col}': the sites hold different kinds of values ({desc}); see docs/types.md"
+            )
     return problems

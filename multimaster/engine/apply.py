@@ -33,8 +33,9 @@ class Applied:
     renumbered: int = 0
 
 
-def execute_plan(conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int,
-                 new_keys: dict[str, int] | None = None) -> Applied:
+def execute_plan(
+    conn: Connection, site: Site, info: TableInfo, p: Plan, base_max: int, new_keys: dict[str, int] | None = None
+) -> Applied:
     """Carry out `p` at `site`. `new_keys`: the keys of the plan's new identities when they are
     known already (the fast path numbered them and no existing key shifts); else they are ranked
     here among the identities the shadow holds."""
@@ -54,8 +55,7 @@ def execute_plan(conn: Connection, site: Site, info: TableInfo, p: Plan, base_ma
     return done
 
 
-def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_max: int,
-                 new_keys: dict[str, int] | None) -> int:
+def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_max: int, new_keys: dict[str, int] | None) -> int:
     """Give every new identity of a renumbered table its key (base + rank in insertion order),
     shifting the existing keys that rank after it. Returns how many planned rows moved."""
     new = p.new_rids

@@ -67,9 +67,12 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     upd = _updates(conn, site, info, cand, single, carry)
     # an update of an identity neither known here nor inserted by this batch waits, and with it
     # the later changes of its origin (in order): then the planner does the whole batch
-    if conn.exec_driver_sql(
-        f"SELECT 1 FROM {upd} u WHERE u.lkey IS NULL AND NOT EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = u.rid AND n.has_i = 1) LIMIT 1"
-    ).first() is not None:
+    if (
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {upd} u WHERE u.lkey IS NULL AND NOT EXISTS (SELECT 1 FROM {newids} n WHERE n.rid = u.rid AND n.has_i = 1) LIMIT 1"
+        ).first()
+        is not None
+    ):
         for name in (multi, newids, upd):
             d.drop_temp(conn, name)
         res.keyed = None
@@ -82,8 +85,13 @@ def apply_fast(conn: Connection, site: Site, info: TableInfo, cand: str, base_ma
     res.left = total - res.inserted - res.updated - res.deleted
     if res.left:
         done = d.temp_name("_mm_tmp_done")
-        d.create_temp(conn, done, f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} WHERE ok = 1 UNION ALL SELECT ver FROM {dele}",
-                      keys="ver", index=None)
+        d.create_temp(
+            conn,
+            done,
+            f"SELECT ver FROM {ins} UNION ALL SELECT ver FROM {upd} WHERE ok = 1 UNION ALL SELECT ver FROM {dele}",
+            keys="ver",
+            index=None,
+        )
         res.done = done
     for name in (multi, ins, upd, dele) + (() if res.keyed else (newids,)):
         d.drop_temp(conn, name)
@@ -100,8 +108,12 @@ def _multi_changed(conn: Connection, site: Site, info: TableInfo, cand: str) -> 
     else:
         # natural keys: every change of a key changed more than once in the batch (another
         # incarnation of it may supersede this one) goes to the planner
-        d.create_temp(conn, multi, f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.{d.key_col} IN "
-                                   f"(SELECT c2.{d.key_col} FROM {cand} c2 GROUP BY c2.{d.key_col} HAVING count(*) > 1)")
+        d.create_temp(
+            conn,
+            multi,
+            f"SELECT DISTINCT c.rid AS rid FROM {cand} c WHERE c.{d.key_col} IN "
+            f"(SELECT c2.{d.key_col} FROM {cand} c2 GROUP BY c2.{d.key_col} HAVING count(*) > 1)",
+        )
     return multi
 
 
@@ -112,15 +124,19 @@ def _new_identities(conn: Connection, site: Site, info: TableInfo, cand: str, ne
     (keys would shift: the planner does it)."""
     d = site.dialect
     shadow = d.obj(info.name).shadow
-    fresh = (f"SELECT c.rid AS rid, max(CASE WHEN c.op = 'I' THEN 1 ELSE 0 END) AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
-             f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid")
+    fresh = (
+        f"SELECT c.rid AS rid, max(CASE WHEN c.op = 'I' THEN 1 ELSE 0 END) AS has_i FROM {cand} c WHERE c.op IN ('I', 'D') "
+        f"AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.rid = c.rid) GROUP BY c.rid"
+    )
     if not info.spec.renumber:
         d.create_temp(conn, newids, fresh)
         return f"c.{d.key_col}"
     max_rid = conn.exec_driver_sql(f"SELECT max(rid) FROM {shadow}").scalar()
     max_key = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {shadow}").scalar()
     start = max_key if max_key is not None else base_max
-    d.create_temp(conn, newids, f"SELECT rid, has_i, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS {d.key_col} FROM ({fresh}) n")
+    d.create_temp(
+        conn, newids, f"SELECT rid, has_i, {int(start)} + ROW_NUMBER() OVER (ORDER BY rid) AS {d.key_col} FROM ({fresh}) n"
+    )
     low = conn.exec_driver_sql(f"SELECT min(rid) FROM {newids}").scalar()
     if low is not None and max_rid is not None and low < max_rid:
         return None
@@ -147,7 +163,8 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     ok = f"t.{keyc} IS NOT NULL AND s.deleted IS NULL AND {single} AND {' AND '.join(conds)}"
     upd = d.temp_name("_mm_tmp_fu")
     d.create_temp(
-        conn, upd,
+        conn,
+        upd,
         f"SELECT c.ver AS ver, c.rid AS rid, s.{d.key_col} AS lkey, c.mask AS mask, CASE WHEN {ok} THEN 1 ELSE 0 END AS ok{carry} "
         f"FROM {cand} c LEFT JOIN {shadow} s ON s.rid = c.rid LEFT JOIN {t} t ON t.{keyc} = s.{d.key_col} WHERE c.op = 'U'",
         index=None,
@@ -155,7 +172,9 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     return upd
 
 
-def _inserts(conn: Connection, site: Site, info: TableInfo, cand: str, newids: str, key_of_new: str, single: str, carry: str) -> str:
+def _inserts(
+    conn: Connection, site: Site, info: TableInfo, cand: str, newids: str, key_of_new: str, single: str, carry: str
+) -> str:
     """Create and name the scratch table of the plain inserts: new identities inserted once by the
     batch (for a natural key: one no incarnation of which is known here), each with its key."""
     d = site.dialect
@@ -164,7 +183,8 @@ def _inserts(conn: Connection, site: Site, info: TableInfo, cand: str, newids: s
     # a natural key with any incarnation known here (alive or dead): the planner decides which lives
     first_life = "" if info.spec.renumber else f" AND NOT EXISTS (SELECT 1 FROM {shadow} s WHERE s.{d.key_col} = c.{d.key_col})"
     d.create_temp(
-        conn, ins,
+        conn,
+        ins,
         f"SELECT c.ver AS ver, c.rid AS rid, {key_of_new} AS nkey{carry} "
         f"FROM {cand} c JOIN {newids} n ON n.rid = c.rid WHERE c.op = 'I' AND {single}{first_life}",
         index=None,
@@ -235,7 +255,8 @@ def _deletes(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     dconds = [d.null_safe_eq("t." + q(c), "c." + q("o_" + c)) for c in info.column_names]
     dele = d.temp_name("_mm_tmp_fd")
     d.create_temp(
-        conn, dele,
+        conn,
+        dele,
         (
             f"SELECT c.ver AS ver, c.rid AS rid, s.{d.key_col} AS lkey FROM {cand} c "
             f"JOIN {shadow} s ON s.rid = c.rid JOIN {t} t ON t.{keyc} = s.{d.key_col} "

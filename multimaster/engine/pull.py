@@ -29,7 +29,9 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     return cols
 
 
-def pull_batch(source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int) -> list[tuple[Any, ...]]:
+def pull_batch(
+    source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int
+) -> list[tuple[Any, ...]]:
     """Read up to `limit` second-order log entries of `source` past `watermark`, joined with the
     change log rows they reference. Returns rows (seq2, op2, seq, ver, origin, op, rid, key, mask,
     n..., o...). Entries for changes that originated at `target` are kept (to advance the
@@ -49,8 +51,9 @@ def pull_batch(source: Site, target: Site, target_conn: Connection | None, info:
         return [tuple(r) for r in sconn.exec_driver_sql(sql, (target.name, watermark))]
 
 
-def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]],
-                applied: bool = False) -> tuple[int, int]:
+def store_batch(
+    conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]], applied: bool = False
+) -> tuple[int, int]:
     """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2).
 
     `applied=True` stores them as applied: the caller reconciles them in the same transaction (see
@@ -68,7 +71,7 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
         if op2 == "A":
             if r[3] is None:
                 continue  # the change came from this site, or was purged already
-            vals: Sequence[Any] = r[3:3 + width]
+            vals: Sequence[Any] = r[3 : 3 + width]
             if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
                 raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
             if conv:  # values as this site's driver stores them exactly (dialects/types.py)
@@ -82,7 +85,11 @@ def store_batch(conn: Connection, site: Site, info: TableInfo, peer: str, rows: 
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
-        cols = ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"] + [d.quote("n_" + c) for c in info.column_names] + [d.quote("o_" + c) for c in info.column_names]
+        cols = (
+            ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
+            + [d.quote("n_" + c) for c in info.column_names]
+            + [d.quote("o_" + c) for c in info.column_names]
+        )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     if purged:
         conn.exec_driver_sql(f"DELETE FROM {o.snap} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)

@@ -67,7 +67,6 @@ class RefreshResult:
         return sum(len(r.conflicts) for r in self.reconciled.values())
 
 
-
 @dataclass
 class _Candidates:
     """The scratch table of candidate changes (one row per version, none applied here yet) and what
@@ -80,8 +79,15 @@ class _Candidates:
     pending: int  # new snapshot rows read (the same change from two peers counts twice)
 
 
-def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int,
-                    relay: Sequence[str] | None = None, fresh: dict[str, int] | None = None) -> ReconcileResult:
+def reconcile_table(
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    peers: Sequence[str],
+    base_max: int,
+    relay: Sequence[str] | None = None,
+    fresh: dict[str, int] | None = None,
+) -> ReconcileResult:
     """Apply every snapshot row not yet applied (from all `peers`) to the local table.
 
     Duplicates are recognised by `_mm_origins`: per origin, the highest version applied here (every
@@ -128,8 +134,9 @@ def reconcile_table(conn: Connection, site: Site, info: TableInfo, peers: Sequen
     return res
 
 
-def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, str],
-                fresh: dict[str, int] | None) -> _Candidates | None:
+def _candidates(
+    conn: Connection, site: Site, info: TableInfo, snaps: dict[str, str], fresh: dict[str, int] | None
+) -> _Candidates | None:
     """Step 1: copy the new snapshot rows of every peer into a scratch table, one per version, less
     those already applied here (arrived over another route), and mark them applied in the
     snapshots. None (and no scratch table) when there is nothing to apply."""
@@ -148,7 +155,9 @@ def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, 
             conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
     for p_ in sources:
         conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0")
-    per_origin = {o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")}
+    per_origin = {
+        o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")
+    }
     total = sum(n for n, _ in per_origin.values())
     if not total:
         d.drop_temp(conn, cand)
@@ -156,8 +165,9 @@ def _candidates(conn: Connection, site: Site, info: TableInfo, snaps: dict[str, 
     return _Candidates(cand, lcols, per_origin, total, sum(counts.values()))
 
 
-def _new_rows(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], lcols: list[str],
-              fresh: dict[str, int] | None) -> tuple[dict[str, int], dict[str, str]]:
+def _new_rows(
+    conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], lcols: list[str], fresh: dict[str, int] | None
+) -> tuple[dict[str, int], dict[str, str]]:
     """Per peer, how many snapshot rows are new, and the SELECT of those not applied here yet.
 
     New: not applied yet (rows that waited for their row, `applied = 2`, are tried again) or pulled
@@ -170,13 +180,16 @@ def _new_rows(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, st
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
         counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         # (table names are checked plain identifiers)
-        selects[p_] = (f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND "
-                       f"{store.origins.not_applied(d, info.name, 's')}")
+        selects[p_] = (
+            f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND "
+            f"{store.origins.not_applied(d, info.name, 's')}"
+        )
     return counts, selects
 
 
-def _apply_plain(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, base_max: int,
-                 res: ReconcileResult) -> tuple[fastpath.FastResult, str]:
+def _apply_plain(
+    conn: Connection, site: Site, info: TableInfo, cands: _Candidates, base_max: int, res: ReconcileResult
+) -> tuple[fastpath.FastResult, str]:
     """Step 2: apply the plain changes set-based (fastpath.py) and count them in `res`. Returns what
     the fast path did and the SELECT of the candidates left for the planner, in version order."""
     d = site.dialect
@@ -196,8 +209,9 @@ def _apply_plain(conn: Connection, site: Site, info: TableInfo, cands: _Candidat
     return fr, rest
 
 
-def _plan_rest(conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastResult,
-               rest: str) -> tuple[Plan, dict[str, int] | None]:
+def _plan_rest(
+    conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastResult, rest: str
+) -> tuple[Plan, dict[str, int] | None]:
     """Step 3: the planner decides the changes `rest` selects (those the fast path left), in version
     order, from the state this site holds of their rows. Returns the plan and, when the fast path
     already numbered the new identities (no key shifts), their keys. Drops the fast path's tables."""
@@ -208,8 +222,11 @@ def _plan_rest(conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastR
     p = plan(info.spec, ordered, states)
     new_keys: dict[str, int] | None = None
     if fr.keyed and p.new_rids:
-        new_keys = dict(conn.exec_driver_sql(
-            f"SELECT rid, {d.key_col} FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)).all())
+        new_keys = dict(
+            conn.exec_driver_sql(
+                f"SELECT rid, {d.key_col} FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)
+            ).all()
+        )
     for name in (fr.keyed, fr.done):
         if name:
             d.drop_temp(conn, name)
@@ -238,8 +255,11 @@ def _park(conn: Connection, d: Dialect, snaps: dict[str, str], cand: str, parked
 def _mark_applied(conn: Connection, d: Dialect, info: TableInfo, cands: _Candidates, parked: bool) -> None:
     """Step 5: raise `_mm_origins` to the highest version applied per origin (read again from the
     candidates when some were parked)."""
-    tops = ({o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cands.table} GROUP BY origin")} if parked
-            else {o_: top for o_, (_, top) in cands.per_origin.items()})
+    tops = (
+        {o_: top for o_, top in conn.exec_driver_sql(f"SELECT origin, max(ver) FROM {cands.table} GROUP BY origin")}
+        if parked
+        else {o_: top for o_, (_, top) in cands.per_origin.items()}
+    )
     for origin, top in tops.items():
         store.origins.mark_applied(conn, d, info.name, origin, top)
 
@@ -254,7 +274,8 @@ def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, re
     inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
     conn.exec_driver_sql(
         f"INSERT INTO {own.log} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
-        tuple(relay or ()))
+        tuple(relay or ()),
+    )
 
 
 def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
@@ -262,7 +283,7 @@ def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
     ver, origin, op, rid, key, mask = r[0], r[1], r[2], r[3], r[4], r[5]
     if op not in ("I", "U", "D") or not isinstance(ver, str) or mask is None or rid is None:
         raise CorruptChange(info.name, peer, ver, f"malformed change (op={op!r}, mask={mask!r}, rid={rid!r})")
-    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6:6 + n]), tuple(r[6 + n:6 + 2 * n]))
+    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6 : 6 + n]), tuple(r[6 + n : 6 + 2 * n]))
 
 
 def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], keys: Sequence[Any] = ()) -> dict[str, RowState]:
@@ -282,7 +303,9 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
         for k in keys:
             distinct.setdefault(bytes(k) if isinstance(k, (bytes, bytearray, memoryview)) else k, k)
         conn.exec_driver_sql(f"INSERT INTO {kt} (kv) VALUES ({d.caps.placeholder})", [(k,) for k in distinct.values()])
-        conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {kt} k ON k.kv = s.{d.key_col}"))
+        conn.exec_driver_sql(
+            d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {kt} k ON k.kv = s.{d.key_col}")
+        )
         d.drop_temp(conn, kt)
     d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
@@ -299,7 +322,7 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
     for r in conn.exec_driver_sql(sql):
         present = bool(r[3])
         versions = {s: r[4 + i] for i, s in enumerate(slots)}
-        values = list(r[4 + ns:]) if present else None
+        values = list(r[4 + ns :]) if present else None
         out[r[0]] = RowState(r[0], r[1], r[2], versions, values)
     conn.exec_driver_sql(f"DELETE FROM {tmp}")
     return out

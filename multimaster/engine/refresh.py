@@ -55,8 +55,16 @@ def _base_max(conn: Connection, site: Site, table: str) -> int:
     return store.tables.base_max(conn, site.dialect, table)
 
 
-def refresh_link(cl: Cluster, target: str, source: str, *, batch_size: int | None = None, reconcile_: bool = True,
-                 progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> RefreshResult:
+def refresh_link(
+    cl: Cluster,
+    target: str,
+    source: str,
+    *,
+    batch_size: int | None = None,
+    reconcile_: bool = True,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+) -> RefreshResult:
     """Pull `source`'s change log into `target`'s snapshot and reconcile, batch by batch.
 
     Each batch is one transaction at `target`: snapshot rows, watermark and the applied changes
@@ -114,8 +122,9 @@ def _table_at(tgt: Site, t: Topology, tb: str) -> tuple[TableInfo, int]:
     return info, base_max
 
 
-def _refresh_table(link: _LinkTable, batch: int, res: RefreshResult, progress: Progress | None,
-                   stop: Callable[[], bool] | None) -> ReconcileResult:
+def _refresh_table(
+    link: _LinkTable, batch: int, res: RefreshResult, progress: Progress | None, stop: Callable[[], bool] | None
+) -> ReconcileResult:
     """Pull and apply one table of a link in batches of `batch` changes until none is left (or
     `stop` says so), counting them in `res`. Returns what reconciling did."""
     tgt, src, source, target, tb = link.tgt, link.src, link.source, link.target, link.table
@@ -141,8 +150,9 @@ def _refresh_table(link: _LinkTable, batch: int, res: RefreshResult, progress: P
     return rr
 
 
-def _apply_batch(conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]],
-                 wm: int) -> tuple[int, ReconcileResult | None] | None:
+def _apply_batch(
+    conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]], wm: int
+) -> tuple[int, ReconcileResult | None] | None:
     """In the target's write transaction: store the pulled `rows` in the snapshot, move the
     watermark past them, reconcile (when asked) and record the link's statistics. Returns (changes
     stored, what reconciling did), or None when another refresher moved the watermark from `wm`
@@ -190,8 +200,15 @@ def _record_error(tgt: Site, source: str, msg: str) -> None:
         pass
 
 
-def refresh(topo: Topology | Cluster, site: str | None = None, peer: str | None = None, *, batch_size: int | None = None,
-            reconcile_: bool = True, progress: Progress | None = None) -> list[RefreshResult]:
+def refresh(
+    topo: Topology | Cluster,
+    site: str | None = None,
+    peer: str | None = None,
+    *,
+    batch_size: int | None = None,
+    reconcile_: bool = True,
+    progress: Progress | None = None,
+) -> list[RefreshResult]:
     """Refresh every link into `site` (all sites if None), only from `peer` if given."""
     cl, own = as_cluster(topo)
     try:
@@ -202,7 +219,10 @@ def refresh(topo: Topology | Cluster, site: str | None = None, peer: str | None 
         links = [ln for ln in t.links if (site is None or ln.target == site) and (peer is None or ln.source == peer)]
         if not links:
             raise ConfigError([f"no link matches --site {site} --peer {peer} (see 'links' in the topology)"])
-        return [refresh_link(cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress) for ln in links]
+        return [
+            refresh_link(cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress)
+            for ln in links
+        ]
     finally:
         if own:
             cl.close()
@@ -218,6 +238,7 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
             s = cl.site(n)
             out[n] = {}
             for tb in t.tables:
+
                 def apply(conn: Connection, tb: str = tb) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)

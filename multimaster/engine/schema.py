@@ -70,7 +70,11 @@ def _slots(site: str, table: str, cfg: TableConfig, rep: list[Column]) -> list[S
             continue
         pol = make_policy(cfg.columns.get(c.name, cfg.policy))
         if pol.is_additive and not any(t in c.type_sql.upper() for t in ("INT", "NUM", "DEC", "REAL", "FLOAT", "DOUBLE")):
-            raise SchemaError([f"site '{site}': tables.{table}.columns.{c.name}: 'additive' needs a numeric column, it is {c.type_sql or 'untyped'}"])
+            raise SchemaError(
+                [
+                    f"site '{site}': tables.{table}.columns.{c.name}: 'additive' needs a numeric column, it is {c.type_sql or 'untyped'}"
+                ]
+            )
         slots.append(Slot(c.name, (index[c.name],), pol))
     slots.sort(key=lambda s: s.name)
     return slots
@@ -92,7 +96,9 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> Tab
         raise SchemaError([f"site '{site}': tables.{table}: renumber needs an integer key, '{cfg.key}' is {key.type_sql}"])
     rep = sorted((c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude), key=lambda c: c.name)
     if len(rep) > MAX_COLUMNS:
-        raise SchemaError([f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"])
+        raise SchemaError(
+            [f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"]
+        )
     slots = _slots(site, table, cfg, rep)
     spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots))
     return TableInfo(table, key, tuple(rep), tuple(cfg.exclude), spec)

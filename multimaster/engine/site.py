@@ -51,7 +51,9 @@ class Site:
                     c.exec_driver_sql("SELECT 1")
             except SQLAlchemyError as e:
                 eng.dispose()
-                reason = str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
+                reason = (
+                    str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
+                )
                 raise SiteUnreachable(self.name, self.display_url, reason.replace(u.password or "\0", "***")) from None
             self._engine = eng
         return self._engine

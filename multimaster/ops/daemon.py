@@ -80,7 +80,8 @@ class SiteLock:
             if not os.path.isfile(db):
                 raise MultimasterError(
                     f"site '{self.site.name}': cannot take the one-daemon-per-site lock: the {d.name} dialect has no "
-                    f"daemon_lock_sql and {db} is not a database file")
+                    f"daemon_lock_sql and {db} is not a database file"
+                )
             path = Path(db + ".mm-daemon.lock")
             self.where = f"lock file {path}"
             import fcntl
@@ -154,7 +155,9 @@ class DaemonStats:
 def _emit(event: str, fmt: str, **fields: Any) -> None:
     level = logging.WARNING if fields.get("error") else logging.INFO
     if fmt == "json":
-        log.log(level, json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str))
+        log.log(
+            level, json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
+        )
     else:
         log.log(level, f"{event} " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
 
@@ -162,9 +165,19 @@ def _emit(event: str, fmt: str, **fields: Any) -> None:
 class Daemon:
     """The refreshers of `sites` (every site when None) of a topology, in one process."""
 
-    def __init__(self, topo: Topology, sites: list[str] | None = None, *, purge_every: float | None = None,
-                 purge_policy: PurgePolicy | None = None, metrics_port: int | None = None, metrics_host: str = "127.0.0.1",
-                 max_backoff: float = 300.0, log_format: str = "text", batch_size: int | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        sites: list[str] | None = None,
+        *,
+        purge_every: float | None = None,
+        purge_policy: PurgePolicy | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        max_backoff: float = 300.0,
+        log_format: str = "text",
+        batch_size: int | None = None,
+    ):
         problems = [f"site '{s}' is not defined under sites" for s in sites or [] if s not in topo.sites]
         if problems:
             raise ConfigError(problems)
@@ -211,8 +224,10 @@ class Daemon:
                 self.cluster.site(name).engine  # noqa: B018 - connect once from this thread (engines are shared)
             except MultimasterError:
                 pass  # an unreachable peer: its link fails and backs off
-        sched = BackgroundScheduler(executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 3)},
-                                    job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None})
+        sched = BackgroundScheduler(
+            executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 3)},
+            job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
+        )
         for st in self.stats.links.values():
             ln = st.link
             if ln.cron:
@@ -221,14 +236,21 @@ class Daemon:
             else:
                 trig = IntervalTrigger(seconds=max(ln.interval, 0.05), jitter=ln.jitter or None)
                 first = _now_dt()
-            sched.add_job(self._refresh, trig, args=[st], id=st.name, name=f"refresh {st.name}",
-                          **({"next_run_time": first} if first else {}))
+            sched.add_job(
+                self._refresh,
+                trig,
+                args=[st],
+                id=st.name,
+                name=f"refresh {st.name}",
+                **({"next_run_time": first} if first else {}),
+            )
         if self.purge_every:
             sched.add_job(self._purge, IntervalTrigger(seconds=self.purge_every), id="purge", name="purge")
         if self.verify_site is not None:
             assert self.topo.verify is not None
-            sched.add_job(self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify",
-                          max_instances=1, coalesce=True)
+            sched.add_job(
+                self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify", max_instances=1, coalesce=True
+            )
         self._scheduler = sched
         if self.metrics_port is not None:
             from multimaster.ops.metrics import MetricsServer
@@ -236,9 +258,15 @@ class Daemon:
             self._metrics = MetricsServer(self, self.metrics_host, self.metrics_port)
             self._metrics.start()
         sched.start()
-        _emit("started", self.log_format, sites=",".join(self.sites), links=len(self.links), pid=os.getpid(),
-              verify=f"'{self.topo.verify.cron}' at {self.verify_site}" if self.verify_site and self.topo.verify else None,
-              metrics=f"http://{self.metrics_host}:{self._metrics.port}/metrics" if self._metrics else None)
+        _emit(
+            "started",
+            self.log_format,
+            sites=",".join(self.sites),
+            links=len(self.links),
+            pid=os.getpid(),
+            verify=f"'{self.topo.verify.cron}' at {self.verify_site}" if self.verify_site and self.topo.verify else None,
+            metrics=f"http://{self.metrics_host}:{self._metrics.port}/metrics" if self._metrics else None,
+        )
 
     def stop(self) -> None:
         """Ask every refresh to end after its current batch, wait for them, release the locks."""
@@ -295,7 +323,9 @@ class Daemon:
             return
         st.running = True
         try:
-            res = refresh_link(self.cluster, st.link.target, st.link.source, batch_size=self.batch_size, stop=self._stopping.is_set)
+            res = refresh_link(
+                self.cluster, st.link.target, st.link.source, batch_size=self.batch_size, stop=self._stopping.is_set
+            )
         except Exception as e:  # noqa: BLE001 - a job must not die: record and back off
             res = RefreshResult(st.link.target, st.link.source, error=f"{type(e).__name__}: {e}")
         finally:
@@ -316,8 +346,18 @@ class Daemon:
             st.failures = 0
             st.retry_at = 0.0
         if res.pulled or res.error or log.isEnabledFor(logging.DEBUG):
-            _emit("refresh", self.log_format, link=st.name, pulled=res.pulled, applied=res.applied, conflicts=res.conflicts,
-                  batches=res.batches, seconds=round(res.seconds, 4), error=res.error, retry_in_s=retry)
+            _emit(
+                "refresh",
+                self.log_format,
+                link=st.name,
+                pulled=res.pulled,
+                applied=res.applied,
+                conflicts=res.conflicts,
+                batches=res.batches,
+                seconds=round(res.seconds, 4),
+                error=res.error,
+                retry_in_s=retry,
+            )
 
     def _purge(self) -> None:
         for s in self.sites:
@@ -326,8 +366,14 @@ class Daemon:
             try:
                 rep = purge_site(self.cluster, s, self.purge_policy)
                 self.stats.purged[s] = self.stats.purged.get(s, 0) + rep.purged
-                _emit("purge", self.log_format, site=s, purged=rep.purged,
-                      log=sum(t.log_left for t in rep.tables.values()), expired=",".join(rep.expired) or None)
+                _emit(
+                    "purge",
+                    self.log_format,
+                    site=s,
+                    purged=rep.purged,
+                    log=sum(t.log_left for t in rep.tables.values()),
+                    expired=",".join(rep.expired) or None,
+                )
             except Exception as e:  # noqa: BLE001 - logged, retried on the next run
                 self.stats.purge_errors += 1
                 _emit("purge", self.log_format, site=s, error=f"{type(e).__name__}: {e}")
@@ -370,8 +416,13 @@ class Daemon:
         try:
             from multimaster.spark import verify as spark_verify
 
-            res = spark_verify(self.topo, tables=list(cfg.tables) if cfg.tables else None, master=cfg.master,
-                               checksum_only=cfg.checksum_only, spark=self._spark_session())
+            res = spark_verify(
+                self.topo,
+                tables=list(cfg.tables) if cfg.tables else None,
+                master=cfg.master,
+                checksum_only=cfg.checksum_only,
+                spark=self._spark_session(),
+            )
         except Exception as e:  # noqa: BLE001 - Java missing, a site down ...: recorded, retried on the next run
             msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
             error = f"{type(e).__name__}: {msg[:1000]}"
@@ -389,12 +440,25 @@ class Daemon:
         except Exception as e:  # noqa: BLE001 - the verify site itself may be down
             store_error = f"{type(e).__name__}: {str(getattr(e, 'orig', e)).strip().splitlines()[0] if str(e).strip() else ''}"
         self.stats.last_verification = stored or {
-            "site": self.verify_site, "started_at": started, "seconds": seconds, "converged": res.converged if res else None,
-            "status": res.status if res else verifications.ERROR, "tables": {t: r.status for t, r in res.tables.items()} if res else {},
-            "error": error, "source": "scheduled"}
-        _emit("verify", self.log_format, site=self.verify_site, status=res.status if res else verifications.ERROR,
-              tables=",".join(f"{t}:{r.status}" for t, r in res.tables.items()) if res else None, seconds=round(seconds, 3),
-              id=stored["id"] if stored else None, error=error or (f"not stored: {store_error}" if store_error else None))
+            "site": self.verify_site,
+            "started_at": started,
+            "seconds": seconds,
+            "converged": res.converged if res else None,
+            "status": res.status if res else verifications.ERROR,
+            "tables": {t: r.status for t, r in res.tables.items()} if res else {},
+            "error": error,
+            "source": "scheduled",
+        }
+        _emit(
+            "verify",
+            self.log_format,
+            site=self.verify_site,
+            status=res.status if res else verifications.ERROR,
+            tables=",".join(f"{t}:{r.status}" for t, r in res.tables.items()) if res else None,
+            seconds=round(seconds, 3),
+            id=stored["id"] if stored else None,
+            error=error or (f"not stored: {store_error}" if store_error else None),
+        )
         return self.stats.last_verification
 
 
@@ -412,4 +476,3 @@ def setup_logging(fmt: str = "text", level: int = logging.INFO, stream: Any = No
     root.handlers[:] = [h]
     root.setLevel(level)
     root.propagate = False
-

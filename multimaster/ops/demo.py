@@ -114,7 +114,9 @@ def run_demo(directory: Path, *, seed: int = 7, size: int = 200, console: Consol
         "seconds": round(elapsed, 2),
         "pulled": totals["pulled"],
         "applied": totals["applied"],
-        "conflicts": [{"table": k[0], "kind": k[1], "policy": k[2], "decision": k[3], "count": n} for k, n in sorted(by_kind.items())],
+        "conflicts": [
+            {"table": k[0], "kind": k[1], "policy": k[2], "decision": k[3], "count": n} for k, n in sorted(by_kind.items())
+        ],
         "comparison": comparison,
         "last_seat": {"flight": mm100[1], "seats_left": mm100[2], "last_passenger": mm100[3], "overbooked": mm100[2] < 0},
         "converged": converged,
@@ -137,13 +139,20 @@ def _create_sites(directory: Path) -> dict[str, Path]:
         with _connect(p) as c:
             c.executescript(SCHEMA)
             if s == "s1":
-                c.executemany("INSERT INTO flights (code, seats_left) VALUES (?, ?)",
-                              [("MM100", 1), ("MM200", 10), ("MM300", 42)])
+                c.executemany(
+                    "INSERT INTO flights (code, seats_left) VALUES (?, ?)", [("MM100", 1), ("MM200", 10), ("MM300", 42)]
+                )
     return paths
 
 
-def _workload(conns: dict[str, sqlite3.Connection], changes: Counter[str], rnd: random.Random, fake: Faker, size: int,
-              console: Console | None) -> None:
+def _workload(
+    conns: dict[str, sqlite3.Connection],
+    changes: Counter[str],
+    rnd: random.Random,
+    fake: Faker,
+    size: int,
+    console: Console | None,
+) -> None:
     """Applications at every site at once: `size` rounds of inserts at each site (their keys
     collide), every fifth round an update, every 25th a delete. Counts the changes per site."""
     progress = Progress(disable=console is None, console=console)
@@ -152,14 +161,25 @@ def _workload(conns: dict[str, sqlite3.Connection], changes: Counter[str], rnd: 
         for i in range(size):
             for s in SITES:
                 c = conns[s]
-                c.execute("INSERT INTO customers (name, email, street, city, tier, balance) VALUES (?, ?, ?, ?, ?, ?)",
-                          (fake.name(), fake.email(), fake.street_address(), CITIES[s], rnd.choice(["basic", "gold"]),
-                           round(rnd.uniform(0, 500), 2)))
+                c.execute(
+                    "INSERT INTO customers (name, email, street, city, tier, balance) VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        fake.name(),
+                        fake.email(),
+                        fake.street_address(),
+                        CITIES[s],
+                        rnd.choice(["basic", "gold"]),
+                        round(rnd.uniform(0, 500), 2),
+                    ),
+                )
                 changes[s] += 1
                 if i % 5 == 4:
                     ids = [r[0] for r in c.execute("SELECT id FROM customers ORDER BY random() LIMIT 2")]
                     if ids:
-                        c.execute("UPDATE customers SET tier = ?, balance = balance + 10 WHERE id = ?", (rnd.choice(["gold", "platinum"]), ids[0]))
+                        c.execute(
+                            "UPDATE customers SET tier = ?, balance = balance + 10 WHERE id = ?",
+                            (rnd.choice(["gold", "platinum"]), ids[0]),
+                        )
                         changes[s] += 1
                     if len(ids) > 1 and i % 25 == 24:
                         c.execute("DELETE FROM customers WHERE id = ?", (ids[1],))
@@ -236,15 +256,24 @@ def _print_report(console: Console, rep: dict[str, Any], conf: list[dict[str, An
         for title in ("table", "key", "columns", "local", "remote", "decision"):
             et.add_column(title)
         for c in ex:
-            et.add_row(c["tbl"], str(c["key"]), ",".join(c["columns"]), f"{c['local_values']} from {(c['local_ver'] or '')[20:] or '-'}",
-                       f"{c['remote_values']} from {c['remote_ver'][20:]}", c["decision"])
+            et.add_row(
+                c["tbl"],
+                str(c["key"]),
+                ",".join(c["columns"]),
+                f"{c['local_values']} from {(c['local_ver'] or '')[20:] or '-'}",
+                f"{c['remote_values']} from {c['remote_ver'][20:]}",
+                c["decision"],
+            )
         console.print(et)
     ls = rep["last_seat"]
     console.print(
         f"[bold]last seat of {ls['flight']}[/]: sold at New York and at Los Angeles while they were apart; "
         f"after replication seats_left = {ls['seats_left']}"
-        + (" → [red]overbooked[/]: both sales are kept and the conflict is in the log for the application to rebook."
-           if ls["overbooked"] else "")
+        + (
+            " → [red]overbooked[/]: both sales are kept and the conflict is in the log for the application to rebook."
+            if ls["overbooked"]
+            else ""
+        )
     )
     rt = Table(title="sites compared row by row")
     rt.add_column("table")
@@ -260,7 +289,9 @@ def _print_report(console: Console, rep: dict[str, Any], conf: list[dict[str, An
     for s in SITES:
         st.add_column(s)
     for i in range(len(sample["s1"])):
-        st.add_row(str(sample["s1"][i][0]), *(f"{sample[s][i][1]} / {sample[s][i][5]}" if i < len(sample[s]) else "-" for s in SITES))
+        st.add_row(
+            str(sample["s1"][i][0]), *(f"{sample[s][i][1]} / {sample[s][i][5]}" if i < len(sample[s]) else "-" for s in SITES)
+        )
     console.print(st)
     console.print(
         f"{rep['rounds']} refresh rounds, {rep['pulled']} changes pulled, {rep['applied']} applied, {rep['seconds']} s — "

@@ -17,6 +17,7 @@ from multimaster.errors import BaseRowsDiffer, SchemaError
 
 __all__ = ["InitReport", "init", "uninstall"]
 
+
 @dataclass
 class InitReport:
     sites: dict[str, list[str]] = field(default_factory=dict)  # site -> tables newly installed
@@ -50,8 +51,10 @@ def _compare_base(table: str, a: Site, ca: Connection, b: Site, cb: Connection, 
         if ra is None and rb is None:
             return
         if ra is None or rb is None or tuple(map(_norm, ra)) != tuple(map(_norm, rb)):
+
             def show(r: Any) -> str:
                 return "no row" if r is None else f"key {r[0]}: {dict(zip(info_a.column_names, r[1:]))}"
+
             raise BaseRowsDiffer(table, a.name, b.name, f"first difference: '{a.name}' has {show(ra)}, '{b.name}' has {show(rb)}")
 
 
@@ -127,10 +130,12 @@ def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
         if not fresh:
             continue
         if have:
-            raise SchemaError([
-                f"table '{tb}' is already replicated at {have} but not at {fresh}; "
-                "bring a new site in with 'multimaster add-site' (online instantiation), not init"
-            ])
+            raise SchemaError(
+                [
+                    f"table '{tb}' is already replicated at {have} but not at {fresh}; "
+                    "bring a new site in with 'multimaster add-site' (online instantiation), not init"
+                ]
+            )
         counts = {}
         for n in fresh:
             with sites[n].read() as conn:

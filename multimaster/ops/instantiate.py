@@ -107,8 +107,9 @@ def _stream(conn: Connection, sql: str, params: Any = (), size: int = 5000) -> I
         yield [tuple(r) for r in part]
 
 
-def _copy_rows(src: Connection, select: str, dst: Connection, insert: str, size: int,
-               progress: Callable[[int], None] | None = None) -> int:
+def _copy_rows(
+    src: Connection, select: str, dst: Connection, insert: str, size: int, progress: Callable[[int], None] | None = None
+) -> int:
     """Stream `select` from `src` into `insert` at `dst` in batches of `size`; rows copied."""
     n = 0
     for part in _stream(src, select, size=size):
@@ -126,8 +127,15 @@ def _max_seq2(conn: Connection, site: Site, table: str) -> int:
     return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}").scalar() or 0)
 
 
-def add_site(topo: "Topology | Cluster", name: str, peer: str, *, replace: bool = False, batch_size: int = 5000,
-             progress: Progress | None = None) -> AddSiteReport:
+def add_site(
+    topo: "Topology | Cluster",
+    name: str,
+    peer: str,
+    *,
+    replace: bool = False,
+    batch_size: int = 5000,
+    progress: Progress | None = None,
+) -> AddSiteReport:
     """Bring site `name` into a running cluster by copying `peer` at a recorded log position."""
     cl, own = as_cluster(topo)
     say = progress or (lambda _m: None)
@@ -170,13 +178,15 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
                 except SchemaError as e:
                     schema_problems += e.problems
                     continue
-                schema_problems += compare_schemas(tb, {peer: pinfo[tb], name: ninfo[tb]},
-                                                   {peer: psite.dialect.name, name: nsite.dialect.name})
+                schema_problems += compare_schemas(
+                    tb, {peer: pinfo[tb], name: ninfo[tb]}, {peer: psite.dialect.name, name: nsite.dialect.name}
+                )
                 n = nc.exec_driver_sql(f"SELECT count(*) FROM {nsite.dialect.quote(tb)}").scalar() or 0
                 if n and not replace:
                     schema_problems.append(
                         f"table '{tb}' at site '{name}' has {n} rows; add-site copies '{peer}''s rows into empty tables "
-                        "(--replace deletes them first)")
+                        "(--replace deletes them first)"
+                    )
         if schema_problems:
             raise SchemaError(schema_problems)
         _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
@@ -188,7 +198,9 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
 
 def _check_add_site(t: Topology, name: str, peer: str) -> None:
     """Raise ConfigError unless both sites are defined, differ, and `name` pulls from `peer`."""
-    problems = [f"site '{s}' is not defined under sites (add it to the topology file first)" for s in (name, peer) if s not in t.sites]
+    problems = [
+        f"site '{s}' is not defined under sites (add it to the topology file first)" for s in (name, peer) if s not in t.sites
+    ]
     if not problems and name == peer:
         problems.append("a site cannot be instantiated from itself: --from names an existing site")
     if not problems and peer not in t.peers_of(name):
@@ -218,8 +230,17 @@ def _connect_pullers(cl: Cluster, name: str, peer: str, pullers: list[str], rep:
         say(f"{s}: snapshot of {name} ready")
 
 
-def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo: dict[str, TableInfo], replace: bool,
-          batch_size: int, say: Progress, rep: AddSiteReport) -> None:
+def _copy(
+    cl: Cluster,
+    name: str,
+    peer: str,
+    pinfo: dict[str, TableInfo],
+    ninfo: dict[str, TableInfo],
+    replace: bool,
+    batch_size: int,
+    say: Progress,
+    rep: AddSiteReport,
+) -> None:
     t = cl.topo
     nsite, psite = cl.site(name), cl.site(peer)
     nd, pd = nsite.dialect, psite.dialect
@@ -255,8 +276,14 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                 cols = [pi.key.name, *pi.column_names]
                 sel = ", ".join(pd.quote(c) for c in cols)
                 ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
-                rep.rows[tb] = _copy_rows(pconn, f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}", nconn, ins,
-                                     batch_size, lambda n: say(f"{tb}: copied {n} rows from {peer} to {name}"))
+                rep.rows[tb] = _copy_rows(
+                    pconn,
+                    f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}",
+                    nconn,
+                    ins,
+                    batch_size,
+                    lambda n: say(f"{tb}: copied {n} rows from {peer} to {name}"),
+                )
                 # identities
                 scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
                 sq = ", ".join(pd.quote(c) for c in scols)
@@ -269,11 +296,21 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
                     n += len(fresh)
                 rep.identities[tb] = n
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
-                lcols = ["ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in pi.column_names] + ["o_" + c for c in pi.column_names]
+                lcols = (
+                    ["ver", "origin", "op", "rid", "key", "mask"]
+                    + ["n_" + c for c in pi.column_names]
+                    + ["o_" + c for c in pi.column_names]
+                )
                 lq = ", ".join(pd.quote(c) for c in lcols)
                 ins = f"INSERT INTO {no.log} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
-                rep.log_entries[tb] = _copy_rows(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", nconn, ins, batch_size,
-                                            lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"))
+                rep.log_entries[tb] = _copy_rows(
+                    pconn,
+                    f"SELECT {lq} FROM {po.log} ORDER BY seq",
+                    nconn,
+                    ins,
+                    batch_size,
+                    lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"),
+                )
                 store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
                 # PEER's own changes up to the capture point are in the copy: applied at NAME too
                 ph = pd.caps.placeholder
@@ -306,28 +343,40 @@ def _copy(cl: Cluster, name: str, peer: str, pinfo: dict[str, TableInfo], ninfo:
 def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site, info: TableInfo, q: str) -> None:
     """PEER's snapshot rows of `q` not yet applied there: pulled by PEER (below its watermark),
     not in the copy, so NAME takes them over."""
-    cols = ["pseq", "ver", "origin", "op", "rid", "key", "mask"] + ["n_" + c for c in info.column_names] + \
-        ["o_" + c for c in info.column_names] + ["applied"]
+    cols = (
+        ["pseq", "ver", "origin", "op", "rid", "key", "mask"]
+        + ["n_" + c for c in info.column_names]
+        + ["o_" + c for c in info.column_names]
+        + ["applied"]
+    )
     sel = ", ".join(psite.dialect.quote(c) for c in cols)
-    rows = [tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q).snap} WHERE applied <> 1")]
+    rows = [
+        tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q).snap} WHERE applied <> 1")
+    ]
     if rows:
         nd = nsite.dialect
         collist = ", ".join(nd.quote(c) for c in cols)
-        nconn.exec_driver_sql(nd.insert_ignore_into(nd.obj(info.name, q).snapshot(), collist, f"VALUES ({nd.ph(len(cols))})"), rows)
+        nconn.exec_driver_sql(
+            nd.insert_ignore_into(nd.obj(info.name, q).snapshot(), collist, f"VALUES ({nd.ph(len(cols))})"), rows
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # remove-site
 
 
-def remove_site(topo: "Topology | Cluster", name: str, *, force: bool = False, progress: Progress | None = None) -> RemoveSiteReport:
+def remove_site(
+    topo: "Topology | Cluster", name: str, *, force: bool = False, progress: Progress | None = None
+) -> RemoveSiteReport:
     """Retire site `name` (still listed in the topology file, with its links)."""
     cl, own = as_cluster(topo)
     say = progress or (lambda _m: None)
     try:
         t = cl.topo
         if name not in t.sites:
-            raise ConfigError([f"site '{name}' is not defined under sites (remove-site reads its links: keep it in the file until done)"])
+            raise ConfigError(
+                [f"site '{name}' is not defined under sites (remove-site reads its links: keep it in the file until done)"]
+            )
         rep = RemoveSiteReport(name)
         pullers = [ln.target for ln in t.links if ln.source == name]
         sources = t.peers_of(name)

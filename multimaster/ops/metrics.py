@@ -51,8 +51,9 @@ def _ts(iso: str | None) -> float | None:
         return None
 
 
-def health(topo: Topology | Cluster, sites: list[str] | None = None, *, since: str | None = None,
-           policy: PurgePolicy | None = None) -> dict[str, Any]:
+def health(
+    topo: Topology | Cluster, sites: list[str] | None = None, *, since: str | None = None, policy: PurgePolicy | None = None
+) -> dict[str, Any]:
     """`api.status` restricted to `sites` (links into them), plus per site: `conflicts_since`
     (when `since` is given, 'YYYY-MM-DDTHH:MM:SS' UTC), `snapshot_rows`, `purge` (horizon per
     table) and `pullers` (watermark, last refresh, expired)."""
@@ -77,10 +78,21 @@ def health(topo: Topology | Cluster, sites: list[str] | None = None, *, since: s
                     for tb in cl.topo.tables:
                         d["tables"][tb]["snapshot_rows"] = sum(
                             int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj(tb, p).snap}").scalar() or 0)
-                            for p in cl.topo.peers_of(n))
+                            for p in cl.topo.peers_of(n)
+                        )
                 ps = pullers(cl, n, policy, record=False)
-                d["pullers"] = [{"peer": p.peer, "table": p.table, "watermark": p.watermark, "last_success_at": p.last_success_at,
-                                 "reachable": p.reachable, "away_s": p.away_s, "expired": p.expired} for p in ps]
+                d["pullers"] = [
+                    {
+                        "peer": p.peer,
+                        "table": p.table,
+                        "watermark": p.watermark,
+                        "last_success_at": p.last_success_at,
+                        "reachable": p.reachable,
+                        "away_s": p.away_s,
+                        "expired": p.expired,
+                    }
+                    for p in ps
+                ]
                 d["expired_pullers"] = sorted({p.peer for p in ps if p.expired})
             except MultimasterError as e:
                 d["health_error"] = str(e)
@@ -119,43 +131,125 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
     o = _Out()
     for ln in h.get("links", []):
         lab = {"source": ln["from"], "target": ln["to"]}
-        o.add("multimaster_link_waiting_changes", "gauge", "Changes at the peer (or in the snapshot) not yet applied here.",
-              ln.get("waiting"), **lab)
-        o.add("multimaster_link_visibility_delay_seconds", "gauge", "Age of the oldest change not yet applied (0 when none waits).",
-              ln.get("oldest_waiting_age_s") or (0 if "waiting" in ln else None), **lab)
-        o.add("multimaster_link_last_success_timestamp_seconds", "gauge", "Unix time of the last successful refresh.",
-              _ts(ln.get("last_success_at")), **lab)
-        o.add("multimaster_link_last_error_timestamp_seconds", "gauge", "Unix time of the last failed refresh.",
-              _ts(ln.get("last_error_at")), **lab)
-        for k, help_ in (("pulled", "Changes pulled over the link."), ("applied", "Changes applied from the link."),
-                         ("conflicts", "Conflicts resolved while applying the link's changes.")):
+        o.add(
+            "multimaster_link_waiting_changes",
+            "gauge",
+            "Changes at the peer (or in the snapshot) not yet applied here.",
+            ln.get("waiting"),
+            **lab,
+        )
+        o.add(
+            "multimaster_link_visibility_delay_seconds",
+            "gauge",
+            "Age of the oldest change not yet applied (0 when none waits).",
+            ln.get("oldest_waiting_age_s") or (0 if "waiting" in ln else None),
+            **lab,
+        )
+        o.add(
+            "multimaster_link_last_success_timestamp_seconds",
+            "gauge",
+            "Unix time of the last successful refresh.",
+            _ts(ln.get("last_success_at")),
+            **lab,
+        )
+        o.add(
+            "multimaster_link_last_error_timestamp_seconds",
+            "gauge",
+            "Unix time of the last failed refresh.",
+            _ts(ln.get("last_error_at")),
+            **lab,
+        )
+        for k, help_ in (
+            ("pulled", "Changes pulled over the link."),
+            ("applied", "Changes applied from the link."),
+            ("conflicts", "Conflicts resolved while applying the link's changes."),
+        ):
             o.add(f"multimaster_link_{k}_total", "counter", help_, ln.get(k), **lab)
         for tb, t in (ln.get("tables") or {}).items():
-            o.add("multimaster_link_watermark", "gauge", "Last second-order sequence number pulled, per table.",
-                  t.get("watermark"), table=tb, **lab)
+            o.add(
+                "multimaster_link_watermark",
+                "gauge",
+                "Last second-order sequence number pulled, per table.",
+                t.get("watermark"),
+                table=tb,
+                **lab,
+            )
     for n, d in h.get("sites", {}).items():
         o.add("multimaster_site_up", "gauge", "1 if the site's database answered.", 1 if d.get("reachable") else 0, site=n)
         o.add("multimaster_site_conflicts_total", "counter", "Conflicts recorded at the site.", d.get("conflicts"), site=n)
-        o.add("multimaster_site_conflicts_since", "gauge", "Conflicts recorded since the --since time.", d.get("conflicts_since"), site=n)
+        o.add(
+            "multimaster_site_conflicts_since",
+            "gauge",
+            "Conflicts recorded since the --since time.",
+            d.get("conflicts_since"),
+            site=n,
+        )
         for tb, t in (d.get("tables") or {}).items():
             o.add("multimaster_change_log_entries", "gauge", "Entries in the change log.", t.get("log"), site=n, table=tb)
-            o.add("multimaster_second_order_log_entries", "gauge", "Entries in the second-order log.", t.get("log2"), site=n, table=tb)
-            o.add("multimaster_snapshot_rows", "gauge", "Rows in the site's snapshots of its peers.", t.get("snapshot_rows"), site=n, table=tb)
-            o.add("multimaster_tombstones", "gauge", "Identities deleted (kept for key ranks).", t.get("tombstones"), site=n, table=tb)
+            o.add(
+                "multimaster_second_order_log_entries",
+                "gauge",
+                "Entries in the second-order log.",
+                t.get("log2"),
+                site=n,
+                table=tb,
+            )
+            o.add(
+                "multimaster_snapshot_rows",
+                "gauge",
+                "Rows in the site's snapshots of its peers.",
+                t.get("snapshot_rows"),
+                site=n,
+                table=tb,
+            )
+            o.add(
+                "multimaster_tombstones",
+                "gauge",
+                "Identities deleted (kept for key ranks).",
+                t.get("tombstones"),
+                site=n,
+                table=tb,
+            )
             o.add("multimaster_rows", "gauge", "Rows in the replicated table.", t.get("rows"), site=n, table=tb)
-            o.add("multimaster_purge_horizon", "gauge", "Highest second-order sequence number purged.",
-                  (d.get("purge") or {}).get(tb, {}).get("horizon"), site=n, table=tb)
+            o.add(
+                "multimaster_purge_horizon",
+                "gauge",
+                "Highest second-order sequence number purged.",
+                (d.get("purge") or {}).get(tb, {}).get("horizon"),
+                site=n,
+                table=tb,
+            )
         for p in d.get("pullers") or []:
-            o.add("multimaster_puller_expired", "gauge", "1 if the puller stayed away longer than the retention.",
-                  1 if p["expired"] else 0, site=n, puller=p["peer"], table=p["table"])
-            o.add("multimaster_puller_away_seconds", "gauge", "Seconds since the puller's last successful refresh from the site.",
-                  p.get("away_s"), site=n, puller=p["peer"], table=p["table"])
+            o.add(
+                "multimaster_puller_expired",
+                "gauge",
+                "1 if the puller stayed away longer than the retention.",
+                1 if p["expired"] else 0,
+                site=n,
+                puller=p["peer"],
+                table=p["table"],
+            )
+            o.add(
+                "multimaster_puller_away_seconds",
+                "gauge",
+                "Seconds since the puller's last successful refresh from the site.",
+                p.get("away_s"),
+                site=n,
+                puller=p["peer"],
+                table=p["table"],
+            )
     if daemon is not None:
         for st in daemon.stats.links.values():
             lab = {"source": st.link.source, "target": st.link.target}
             o.add("multimaster_daemon_refreshes_total", "counter", "Refreshes run by this daemon.", st.runs, **lab)
             o.add("multimaster_daemon_refresh_errors_total", "counter", "Refreshes that failed.", st.errors, **lab)
-            o.add("multimaster_daemon_consecutive_failures", "gauge", "Failures in a row (backoff grows with it).", st.failures, **lab)
+            o.add(
+                "multimaster_daemon_consecutive_failures",
+                "gauge",
+                "Failures in a row (backoff grows with it).",
+                st.failures,
+                **lab,
+            )
             o.add("multimaster_daemon_last_refresh_seconds", "gauge", "Duration of the last refresh.", st.last_seconds, **lab)
         for n, c in daemon.stats.purged.items():
             o.add("multimaster_daemon_purged_entries_total", "counter", "Change-log entries purged by this daemon.", c, site=n)

@@ -53,7 +53,9 @@ class PurgePolicy:
     snapshots: bool = True
 
     @classmethod
-    def parse(cls, retention: str | float | None = None, min_age: str | float | None = None, snapshots: bool = True) -> "PurgePolicy":
+    def parse(
+        cls, retention: str | float | None = None, min_age: str | float | None = None, snapshots: bool = True
+    ) -> "PurgePolicy":
         problems = []
         vals: dict[str, float] = {}
         for name, v in (("retention", retention), ("min_age", min_age)):
@@ -111,7 +113,10 @@ class PurgeReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {
-            "site": self.site, "dry_run": self.dry_run, "error": self.error, "expired": self.expired,
+            "site": self.site,
+            "dry_run": self.dry_run,
+            "error": self.error,
+            "expired": self.expired,
             "tables": {t: vars(tp) for t, tp in self.tables.items()},
             "pullers": [vars(p) for p in self.pullers],
         }
@@ -138,7 +143,7 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
     out: list[PullerState] = []
     seen = _watermarks_held(cl, site)
     stamp = now_iso()
-    with (src.write() if record else src.read()) as conn:
+    with src.write() if record else src.read() as conn:
         stored = store.purges.pullers(conn, src.dialect)
         for ln in topo.links:
             if ln.source != site:
@@ -180,8 +185,9 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
     return seen
 
 
-def _merge_watermark(seen: tuple[int, str | None] | None,
-                     old: tuple[int, str | None, str | None] | None) -> tuple[int, str | None, bool]:
+def _merge_watermark(
+    seen: tuple[int, str | None] | None, old: tuple[int, str | None, str | None] | None
+) -> tuple[int, str | None, bool]:
     """(watermark, last success, reachable) of one puller and table, from what it holds now
     (`seen`, None: it did not answer) and what was recorded (`old`): watermarks only grow."""
     if seen is not None:
@@ -194,8 +200,9 @@ def _merge_watermark(seen: tuple[int, str | None] | None,
     return wm, last, False
 
 
-def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, dry_run: bool = False,
-               now: float | None = None) -> PurgeReport:
+def purge_site(
+    cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, dry_run: bool = False, now: float | None = None
+) -> PurgeReport:
     """Purge the change logs of one site (see the module docstring). One transaction per table."""
     policy = policy or PurgePolicy()
     now = time.time() if now is None else now
@@ -213,9 +220,10 @@ def purge_site(cl: "Cluster", site: str, policy: PurgePolicy | None = None, *, d
         o = d.obj(tb)
         live = [p for p in rep.pullers if p.table == tb and not p.expired]
         peers = topo.peers_of(site)
-        with (src.read() if dry_run else src.write()) as conn:
+        with src.read() if dry_run else src.write() as conn:
             max_seq, max_seq2 = conn.exec_driver_sql(
-                f"SELECT (SELECT max(seq) FROM {o.log}), (SELECT max(seq2) FROM {o.log2})").first() or (None, None)
+                f"SELECT (SELECT max(seq) FROM {o.log}), (SELECT max(seq2) FROM {o.log2})"
+            ).first() or (None, None)
             if live:
                 w = min(p.watermark for p in live)
                 tp.held_by = sorted(p.peer for p in live if p.watermark == w)
@@ -287,8 +295,14 @@ def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dr
     return n
 
 
-def purge(topo: "Topology | Cluster", site: str | None = None, policy: PurgePolicy | None = None, *, dry_run: bool = False,
-          progress: Callable[[str], None] | None = None) -> list[PurgeReport]:
+def purge(
+    topo: "Topology | Cluster",
+    site: str | None = None,
+    policy: PurgePolicy | None = None,
+    *,
+    dry_run: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> list[PurgeReport]:
     """Purge every site's change logs (only `site` if given). A site that fails is reported in its
     report's `error`; the others are still purged."""
     from multimaster.engine.cluster import as_cluster

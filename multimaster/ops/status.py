@@ -76,7 +76,9 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             cl.close()
 
 
-def conflicts(topo: Topology | Cluster, site: str | None = None, table: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+def conflicts(
+    topo: Topology | Cluster, site: str | None = None, table: str | None = None, limit: int = 100
+) -> list[dict[str, Any]]:
     cl, own = as_cluster(topo)
     try:
         rows: list[dict[str, Any]] = []

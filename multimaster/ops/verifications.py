@@ -31,8 +31,19 @@ __all__ = ["KEEP", "ERROR", "started_at_now", "summarize", "store", "last", "ric
 KEEP = 1000
 #: the status of a run that could not complete
 ERROR = "error"
-_TABLE_KEYS = ("status", "rows", "identities", "differing", "counts", "columns", "waiting_total", "mode", "buckets",
-               "buckets_differing", "seconds")
+_TABLE_KEYS = (
+    "status",
+    "rows",
+    "identities",
+    "differing",
+    "counts",
+    "columns",
+    "waiting_total",
+    "mode",
+    "buckets",
+    "buckets_differing",
+    "seconds",
+)
 
 
 def summarize(result: "VerifyResult | dict[str, Any]") -> dict[str, Any]:
@@ -50,8 +61,15 @@ def _cluster(topo: "Topology | Cluster") -> tuple["Cluster", bool]:
     return Cluster(topo, []), True
 
 
-def store(topo: "Topology | Cluster", result: "VerifyResult | dict[str, Any] | None" = None, *, error: str | None = None,
-          started_at: str | None = None, seconds: float | None = None, source: str = "manual") -> int:
+def store(
+    topo: "Topology | Cluster",
+    result: "VerifyResult | dict[str, Any] | None" = None,
+    *,
+    error: str | None = None,
+    started_at: str | None = None,
+    seconds: float | None = None,
+    source: str = "manual",
+) -> int:
     """Record one verify run at the topology's verify site; returns its id.
 
     Either `result` (a VerifyResult or its to_dict()) or `error` (the run failed). Creates the
@@ -64,9 +82,16 @@ def store(topo: "Topology | Cluster", result: "VerifyResult | dict[str, Any] | N
         row: tuple[Any, ...]
         if result is not None:
             s = summarize(result)
-            row = (s["started_at"] or started_at or started_at_now(), float(s["seconds"] if seconds is None else seconds),
-                   1 if s["converged"] else 0, s["status"], json.dumps({t: v["status"] for t, v in s["tables"].items()}),
-                   json.dumps(s, default=str), error, source)
+            row = (
+                s["started_at"] or started_at or started_at_now(),
+                float(s["seconds"] if seconds is None else seconds),
+                1 if s["converged"] else 0,
+                s["status"],
+                json.dumps({t: v["status"] for t, v in s["tables"].items()}),
+                json.dumps(s, default=str),
+                error,
+                source,
+            )
         else:
             row = (started_at or started_at_now(), seconds, None, ERROR, None, None, (error or "")[:4000], source)
         with site.write() as conn:

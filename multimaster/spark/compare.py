@@ -284,8 +284,9 @@ def _pick_samples(diff, n: int, counts: dict[str, dict[str, int]], sample_limit:
     return picked
 
 
-def _sampled_values(readers: Mapping[str, Callable[..., Any]], sites: list[str], plan: TablePlan,
-                    rids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+def _sampled_values(
+    readers: Mapping[str, Callable[..., Any]], sites: list[str], plan: TablePlan, rids: list[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
     """One job: the values of the identities `rids` present at each site, by site and rid (the rid
     filter reaches the JDBC query)."""
     from pyspark.sql import functions as F
@@ -335,20 +336,18 @@ def _column_counts(diff, readers: Mapping[str, Callable[..., Any]], sites: list[
     parts = []
     for s in sites:
         df = readers[s]().filter(F.col("mm_st") == 0).join(vd, "mm_rid", "left_semi")
-        parts.append(
-            df.select("mm_rid", *[F.xxhash64(F.to_json(F.struct(F.col(c.alias)))).alias(c.alias) for c in plan.columns])
-        )
+        parts.append(df.select("mm_rid", *[F.xxhash64(F.to_json(F.struct(F.col(c.alias)))).alias(c.alias) for c in plan.columns]))
     uv = parts[0]
     for p in parts[1:]:
         uv = uv.unionByName(p)
-    per_rid = uv.groupBy("mm_rid").agg(
-        *[(F.min(c.alias) != F.max(c.alias)).alias(c.alias) for c in plan.columns]
-    )
+    per_rid = uv.groupBy("mm_rid").agg(*[(F.min(c.alias) != F.max(c.alias)).alias(c.alias) for c in plan.columns])
     cr = per_rid.agg(*[F.sum(F.col(c.alias).cast("long")).alias(c.alias) for c in plan.columns]).collect()[0]
     return {c.name: int(cr[c.alias] or 0) for c in plan.columns if cr[c.alias]}
 
 
-def compare_full(spark, sites: list[str], readers: Mapping[str, Callable[..., Any]], plan: TablePlan, sample_limit: int) -> FullOutcome:
+def compare_full(
+    spark, sites: list[str], readers: Mapping[str, Callable[..., Any]], plan: TablePlan, sample_limit: int
+) -> FullOutcome:
     """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -394,8 +393,16 @@ class ChecksumOutcome:
     full: FullOutcome | None
 
 
-def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], plan: TablePlan, bounds: Bounds,
-                     buckets: int, sample_limit: int, partitions: int) -> ChecksumOutcome:
+def compare_checksum(
+    spark,
+    sites: list[str],
+    readers: dict[str, SiteReader],
+    plan: TablePlan,
+    bounds: Bounds,
+    buckets: int,
+    sample_limit: int,
+    partitions: int,
+) -> ChecksumOutcome:
     """Merkle-style: (count, bit_xor of row hashes) per site and key range; then a full compare
     restricted to the ranges whose hashes differ."""
     from pyspark.sql import functions as F
@@ -448,7 +455,7 @@ def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], pl
                 ranges[-1][1] = z
             else:
                 ranges.append([a, z])
-        groups = [ranges[i::max(1, partitions)] for i in range(min(len(ranges), max(1, partitions)))]
+        groups = [ranges[i :: max(1, partitions)] for i in range(min(len(ranges), max(1, partitions)))]
         preds = [" OR ".join(f"(mm_key >= {a} AND mm_key < {z})" for a, z in g) for g in groups if g]
         sub = {s: (lambda s=s: readers[s].read(predicates=preds)) for s in sites}
     else:
@@ -456,8 +463,6 @@ def compare_checksum(spark, sites: list[str], readers: dict[str, SiteReader], pl
         sub = {s: (lambda s=s: readers[s].read().filter(keep)) for s in sites}
     full = compare_full(spark, sites, sub, plan, sample_limit)
     return ChecksumOutcome(rows, fps, nb, differing, full)
-
-
 
 
 def elapsed(t0: float) -> float:

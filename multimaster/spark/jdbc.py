@@ -25,8 +25,7 @@ __all__ = ["JdbcSource", "jdbc_source", "find_jars", "dialect_of", "MissingDepen
 
 JAR_DIR = Path("/usr/share/java")
 INSTALL_HINT = (
-    "apt-get install -y {packages} "
-    "(or run scripts/install-jdbc.sh), or point MM_JDBC_JARS at the jar files (colon-separated)"
+    "apt-get install -y {packages} (or run scripts/install-jdbc.sh), or point MM_JDBC_JARS at the jar files (colon-separated)"
 )
 #: SQLAlchemy URL query parameters that belong to the Python driver, not to the JDBC one
 _PYTHON_DRIVER_PARAMS = ("charset", "client_encoding", "options")
@@ -78,7 +77,11 @@ class JdbcSource:
         return self.dialect.quote(name)
 
     def safe(self) -> dict[str, object]:
-        return {"site": self.site, "url": self.url, "properties": {k: ("***" if "password" in k.lower() else v) for k, v in self.properties.items()}}
+        return {
+            "site": self.site,
+            "url": self.url,
+            "properties": {k: ("***" if "password" in k.lower() else v) for k, v in self.properties.items()},
+        }
 
 
 def jdbc_source(site: str, sa_url: str, fetchsize: int = 10_000) -> JdbcSource:
@@ -90,8 +93,10 @@ def jdbc_source(site: str, sa_url: str, fetchsize: int = 10_000) -> JdbcSource:
     if j.default_port is None:  # a file
         db = d.database_file(sa_url)
         if db is None:
-            raise MissingDependency(f"site '{site}': Spark reads a {d.name} site from its database file, and "
-                                    f"'{hidden_url(sa_url)}' names none (an in-memory database cannot be read)")
+            raise MissingDependency(
+                f"site '{site}': Spark reads a {d.name} site from its database file, and "
+                f"'{hidden_url(sa_url)}' names none (an in-memory database cannot be read)"
+            )
         return JdbcSource(site, d, f"{j.scheme}:{os.path.abspath(db)}", props)
     url = f"{j.scheme}://{u.host or 'localhost'}:{u.port or j.default_port}/{u.database or ''}"
     if u.username:
@@ -131,8 +136,9 @@ def find_jars(dialects: Iterable[str | Dialect], extra: list[str] | None = None)
             missing.append(f"{default} (Debian package {j.package})")
     if missing:
         packages = " ".join(j.package for _n, j in sorted(specs.items()))
-        raise MissingDependency("missing JDBC driver jar(s): " + "; ".join(missing) + ". Install with: "
-                                + INSTALL_HINT.format(packages=packages))
+        raise MissingDependency(
+            "missing JDBC driver jar(s): " + "; ".join(missing) + ". Install with: " + INSTALL_HINT.format(packages=packages)
+        )
     # keep any override jar not matched to a dialect too (e.g. a newer driver of another name)
     for p in override:
         if p not in jars and Path(p).exists():

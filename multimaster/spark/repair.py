@@ -209,7 +209,9 @@ def _reference_rows(eng: sa.Engine, url: str, tp, rows) -> tuple[dict[Any, dict]
     cols = ", ".join([q(tp.key)] + [q(c) for c in tp.names])
     with eng.connect() as c:
         for ch in _chunks(keys):
-            stmt = sa.text(f"SELECT {cols} FROM {q(tp.table)} WHERE {q(tp.key)} IN :ks").bindparams(sa.bindparam("ks", expanding=True))
+            stmt = sa.text(f"SELECT {cols} FROM {q(tp.table)} WHERE {q(tp.key)} IN :ks").bindparams(
+                sa.bindparam("ks", expanding=True)
+            )
             for r in c.execute(stmt, {"ks": ch}):
                 vals[r[0]] = dict(zip(tp.names, r[1:]))
         sh = _mm(url, f"_mm_shadow_{tp.table}")
@@ -242,41 +244,61 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) ->
                         tx = conn.begin()
                     try:
                         d.set_applying(conn, True)  # the capture guard: nothing below is captured
-                        shadow_cols = [c["name"] for c in sa.inspect(conn).get_columns(
-                            f"_mm_shadow_{table}", **({"schema": d.caps.bookkeeping_schema} if d.caps.bookkeeping_schema else {}))]
+                        shadow_cols = [
+                            c["name"]
+                            for c in sa.inspect(conn).get_columns(
+                                f"_mm_shadow_{table}",
+                                **({"schema": d.caps.bookkeeping_schema} if d.caps.bookkeeping_schema else {}),
+                            )
+                        ]
                         gone = [o.old_key for o in ops if o.op in ("delete", "rekey")]
                         for ch in _chunks(gone):
-                            conn.execute(sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(
-                                sa.bindparam("ks", expanding=True)), {"ks": ch})
+                            conn.execute(
+                                sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(
+                                    sa.bindparam("ks", expanding=True)
+                                ),
+                                {"ks": ch},
+                            )
                         for ch in _chunks([o.rid for o in ops]):
-                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE rid IN :rs").bindparams(
-                                sa.bindparam("rs", expanding=True)), {"rs": ch})
+                            conn.execute(
+                                sa.text(f"DELETE FROM {sh} WHERE rid IN :rs").bindparams(sa.bindparam("rs", expanding=True)),
+                                {"rs": ch},
+                            )
                         taken = [o.shadow["key"] for o in ops if o.shadow and "key" in o.shadow]
                         # the shadow row holding a key the reference gives another identity goes; a
                         # natural key's tombstones of earlier lives ('k:' rids) stay: their own ops
                         # (same rid) decide them
                         for ch in _chunks(taken):
-                            conn.execute(sa.text(f"DELETE FROM {sh} WHERE {d.key_col} IN :ks "
-                                                 f"AND (deleted IS NULL OR rid NOT LIKE 'k:%')").bindparams(
-                                sa.bindparam("ks", expanding=True)), {"ks": ch})
+                            conn.execute(
+                                sa.text(
+                                    f"DELETE FROM {sh} WHERE {d.key_col} IN :ks AND (deleted IS NULL OR rid NOT LIKE 'k:%')"
+                                ).bindparams(sa.bindparam("ks", expanding=True)),
+                                {"ks": ch},
+                            )
                         srows = [{c: o.shadow.get(c) for c in shadow_cols} for o in ops if o.shadow]
                         if srows:
                             collist = ", ".join(q(c) for c in shadow_cols)
                             params = ", ".join(f":p{i}" for i in range(len(shadow_cols)))
-                            conn.execute(sa.text(f"INSERT INTO {sh} ({collist}) VALUES ({params})"),
-                                         [{f"p{i}": r[c] for i, c in enumerate(shadow_cols)} for r in srows])
+                            conn.execute(
+                                sa.text(f"INSERT INTO {sh} ({collist}) VALUES ({params})"),
+                                [{f"p{i}": r[c] for i, c in enumerate(shadow_cols)} for r in srows],
+                            )
                         ins = [(o.key, o.values) for o in ops if o.op in ("insert", "rekey") and o.values is not None]
                         if ins:
                             allc = [key] + cols
                             collist = ", ".join(q(c) for c in allc)
                             params = ", ".join(f":p{i}" for i in range(len(allc)))
-                            conn.execute(sa.text(f"INSERT INTO {q(table)} ({collist}) VALUES ({params})"),
-                                         [{f"p{i}": v for i, v in enumerate([k] + [vals.get(c) for c in cols])} for k, vals in ins])
+                            conn.execute(
+                                sa.text(f"INSERT INTO {q(table)} ({collist}) VALUES ({params})"),
+                                [{f"p{i}": v for i, v in enumerate([k] + [vals.get(c) for c in cols])} for k, vals in ins],
+                            )
                         upd = [(o.key, o.values) for o in ops if o.op == "update" and o.values is not None]
                         if upd and cols:
                             sets = ", ".join(f"{q(c)} = :p{i}" for i, c in enumerate(cols))
-                            conn.execute(sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
-                                         [{"k": k, **{f"p{i}": vals.get(c) for i, c in enumerate(cols)}} for k, vals in upd])
+                            conn.execute(
+                                sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
+                                [{"k": k, **{f"p{i}": vals.get(c) for i, c in enumerate(cols)}} for k, vals in upd],
+                            )
                         d.set_applying(conn, False)
                         if tx is not None:
                             tx.commit()

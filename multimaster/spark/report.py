@@ -49,8 +49,10 @@ def render_rich(res: VerifyResult, console=None) -> None:
 
     con = console or Console()
     style = STATUS_STYLE.get(res.status, "bold")
-    con.print(f"[{style}]{res.status.upper()}[/] — {len(res.tables)} table(s), sites {', '.join(res.sites)}, "
-              f"{res.mode} compare on {res.master} in {res.seconds:.1f}s")
+    con.print(
+        f"[{style}]{res.status.upper()}[/] — {len(res.tables)} table(s), sites {', '.join(res.sites)}, "
+        f"{res.mode} compare on {res.master} in {res.seconds:.1f}s"
+    )
     summary = Table(title="Per table and site", show_lines=False)
     summary.add_column("table")
     summary.add_column("status")
@@ -82,12 +84,17 @@ def render_rich(res: VerifyResult, console=None) -> None:
                 wt.add_row(f"{w.source} → {w.target}", str(w.unpulled), str(w.unapplied), w.error or "")
             con.print(wt)
         if t.columns:
-            con.print(f"{name}: differing columns: " + ", ".join(f"{c} ({n})" for c, n in sorted(t.columns.items(), key=lambda x: -x[1])))
+            con.print(
+                f"{name}: differing columns: "
+                + ", ".join(f"{c} ({n})" for c, n in sorted(t.columns.items(), key=lambda x: -x[1]))
+            )
         if t.samples:
             con.print(_samples_table(name, t, res.sites))
         if t.status == "converging":
-            con.print(f"[yellow]{name}: {t.waiting_total} change(s) are still on their way; the differences may be "
-                      "'not yet converged' rather than diverged. Run refresh and verify again.[/]")
+            con.print(
+                f"[yellow]{name}: {t.waiting_total} change(s) are still on their way; the differences may be "
+                "'not yet converged' rather than diverged. Run refresh and verify again.[/]"
+            )
 
 
 def to_json(res: VerifyResult) -> str:
@@ -100,23 +107,29 @@ def _svg_chart(res: VerifyResult) -> str:
     mx = max([1] + [v for d in totals.values() for v in d.values()])
     bar_h, gap, left, width = 12, 10, 80, 420
     h = len(res.sites) * (len(KINDS) * bar_h + gap) + 40
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{h}" role="img" '
-           f'aria-label="differences per site and kind">']
+    out = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + width + 80}" height="{h}" role="img" '
+        f'aria-label="differences per site and kind">'
+    ]
     y = 10
     for s in res.sites:
         out.append(f'<text x="0" y="{y + 2 * bar_h}" font-size="12" font-family="sans-serif">{html.escape(s)}</text>')
         for k in KINDS:
             v = totals[s][k]
             w = int(width * v / mx) if v else 0
-            out.append(f'<rect x="{left}" y="{y}" width="{max(w, 1 if v else 0)}" height="{bar_h - 2}" fill="{KIND_COLOR[k]}">'
-                       f'<title>{html.escape(s)}: {v} {html.escape(KIND_LABELS[k])}</title></rect>')
+            out.append(
+                f'<rect x="{left}" y="{y}" width="{max(w, 1 if v else 0)}" height="{bar_h - 2}" fill="{KIND_COLOR[k]}">'
+                f"<title>{html.escape(s)}: {v} {html.escape(KIND_LABELS[k])}</title></rect>"
+            )
             out.append(f'<text x="{left + w + 4}" y="{y + bar_h - 3}" font-size="10" font-family="sans-serif">{v}</text>')
             y += bar_h
         y += gap
     x = 0
     for k in KINDS:
-        out.append(f'<rect x="{x}" y="{y + 5}" width="10" height="10" fill="{KIND_COLOR[k]}"/>'
-                   f'<text x="{x + 14}" y="{y + 14}" font-size="11" font-family="sans-serif">{k}</text>')
+        out.append(
+            f'<rect x="{x}" y="{y + 5}" width="10" height="10" fill="{KIND_COLOR[k]}"/>'
+            f'<text x="{x + 14}" y="{y + 14}" font-size="11" font-family="sans-serif">{k}</text>'
+        )
         x += 90
     out.append("</svg>")
     return "".join(out)
@@ -137,7 +150,8 @@ def to_html(res: VerifyResult) -> str:
         "<h2>Differences per site and kind</h2>",
         _svg_chart(res),
         "<h2>Per table and site</h2><table><tr><th>table</th><th>status</th><th>site</th><th>rows</th><th>fingerprint</th>"
-        + "".join(f"<th>{k}</th>" for k in KINDS) + "</tr>",
+        + "".join(f"<th>{k}</th>" for k in KINDS)
+        + "</tr>",
     ]
     for name, t in res.tables.items():
         for s in res.sites:
@@ -151,15 +165,22 @@ def to_html(res: VerifyResult) -> str:
     for name, t in res.tables.items():
         waiting = [w for w in t.waiting if w.total or w.error]
         if waiting:
-            parts.append(f"<h3>{e(name)}: changes still waiting</h3><table><tr><th>link</th><th>unpulled</th><th>unapplied</th><th>error</th></tr>")
+            parts.append(
+                f"<h3>{e(name)}: changes still waiting</h3><table><tr><th>link</th><th>unpulled</th><th>unapplied</th><th>error</th></tr>"
+            )
             for w in waiting:
-                parts.append(f"<tr><td>{e(w.source)} → {e(w.target)}</td><td class='num'>{w.unpulled}</td><td class='num'>{w.unapplied}</td><td>{e(w.error or '')}</td></tr>")
+                parts.append(
+                    f"<tr><td>{e(w.source)} → {e(w.target)}</td><td class='num'>{w.unpulled}</td><td class='num'>{w.unapplied}</td><td>{e(w.error or '')}</td></tr>"
+                )
             parts.append("</table>")
         if t.columns:
             parts.append(f"<p>{e(name)}: differing columns: " + ", ".join(f"{e(c)} ({n})" for c, n in t.columns.items()) + "</p>")
         if t.samples:
-            parts.append(f"<h3>{e(name)}: sample of differing rows</h3><table><tr><th>kind</th><th>rid</th><th>counted at</th><th>columns</th>"
-                         + "".join(f"<th>{e(s)}</th>" for s in res.sites) + "<th>waiting</th></tr>")
+            parts.append(
+                f"<h3>{e(name)}: sample of differing rows</h3><table><tr><th>kind</th><th>rid</th><th>counted at</th><th>columns</th>"
+                + "".join(f"<th>{e(s)}</th>" for s in res.sites)
+                + "<th>waiting</th></tr>"
+            )
             for x in t.samples:
                 cells = []
                 for s in res.sites:
@@ -170,8 +191,10 @@ def to_html(res: VerifyResult) -> str:
                     if ent.get("values"):
                         txt += ": " + json.dumps(ent["values"], default=str)
                     cells.append(f"<td><code>{e(txt)}</code></td>")
-                parts.append(f"<tr><td>{e(KIND_LABELS[x.kind])}</td><td><code>{e(x.rid)}</code></td><td>{e(', '.join(x.odd_sites))}</td>"
-                             f"<td>{e(', '.join(x.columns))}</td>{''.join(cells)}<td>{'yes' if x.waiting else ''}</td></tr>")
+                parts.append(
+                    f"<tr><td>{e(KIND_LABELS[x.kind])}</td><td><code>{e(x.rid)}</code></td><td>{e(', '.join(x.odd_sites))}</td>"
+                    f"<td>{e(', '.join(x.columns))}</td>{''.join(cells)}<td>{'yes' if x.waiting else ''}</td></tr>"
+                )
             parts.append("</table>")
     parts.append("</body></html>")
     return "\n".join(parts)

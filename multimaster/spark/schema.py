@@ -87,7 +87,9 @@ def _mm_schema_kw(src: JdbcSource) -> dict:
     return {"schema": src.mm_schema} if src.mm_schema else {}
 
 
-def reflect_table(table: str, key: str, exclude: list[str], engines: dict[str, sa.Engine], sources: dict[str, JdbcSource]) -> TablePlan:
+def reflect_table(
+    table: str, key: str, exclude: list[str], engines: dict[str, sa.Engine], sources: dict[str, JdbcSource]
+) -> TablePlan:
     """Reflect `table` and its shadow at every site; raise SchemaError listing every problem."""
     problems: list[str] = []
     cols_by_site: dict[str, dict[str, str]] = {}
@@ -125,10 +127,7 @@ def reflect_table(table: str, key: str, exclude: list[str], engines: dict[str, s
             )
     if problems:
         raise SchemaError(problems)
-    columns = [
-        ColumnSpec(name, f"v{i}", _merge([cols_by_site[s][name] for s in sites]))
-        for i, name in enumerate(first)
-    ]
+    columns = [ColumnSpec(name, f"v{i}", _merge([cols_by_site[s][name] for s in sites])) for i, name in enumerate(first)]
     kk = _merge(key_kinds)
     return TablePlan(table, key, "long" if kk == "long" else "string", columns, shadow_cols)
 

@@ -77,7 +77,9 @@ def waiting_rids(topo: Topology, table: str, engines: dict[str, sa.Engine], rids
                 wm = _watermark(tc, t_url, ln.source, table)
                 try:
                     snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
-                    q = sa.text(f"SELECT DISTINCT rid FROM {snap} WHERE applied <> 1 AND rid IN :rids").bindparams(sa.bindparam("rids", expanding=True))
+                    q = sa.text(f"SELECT DISTINCT rid FROM {snap} WHERE applied <> 1 AND rid IN :rids").bindparams(
+                        sa.bindparam("rids", expanding=True)
+                    )
                     hit |= {r[0] for r in tc.execute(q, {"rids": rids})}
                 except sa.exc.DBAPIError:
                     tc.rollback()

@@ -13,8 +13,20 @@ from multimaster.dialects.base import Dialect
 
 __all__ = ["record", "count", "count_since", "rows"]
 
-_COLS = ("tbl", "rid", "key", "kind", "slot", "columns", "local_ver", "local_values", "remote_ver", "remote_values", "policy",
-         "decision")
+_COLS = (
+    "tbl",
+    "rid",
+    "key",
+    "kind",
+    "slot",
+    "columns",
+    "local_ver",
+    "local_values",
+    "remote_ver",
+    "remote_values",
+    "policy",
+    "decision",
+)
 
 
 def _collist(d: Dialect) -> str:
@@ -41,9 +53,20 @@ def record(conn: Connection, d: Dialect, conflicts: Sequence[ConflictRecord], ke
     conn.exec_driver_sql(
         f"INSERT INTO {d.mm_table('_mm_conflicts')} ({_collist(d)}) VALUES ({d.ph(len(_COLS))})",
         [
-            (c.table, c.rid, None if key_of.get(c.rid) is None else str(key_of.get(c.rid)), c.kind, c.slot,
-             json.dumps(list(c.columns)), c.local_ver, _values(c.local_values), c.remote_ver, _values(c.remote_values),
-             c.policy, c.decision)
+            (
+                c.table,
+                c.rid,
+                None if key_of.get(c.rid) is None else str(key_of.get(c.rid)),
+                c.kind,
+                c.slot,
+                json.dumps(list(c.columns)),
+                c.local_ver,
+                _values(c.local_values),
+                c.remote_ver,
+                _values(c.remote_values),
+                c.policy,
+                c.decision,
+            )
             for c in conflicts
         ],
     )

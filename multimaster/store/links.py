@@ -36,15 +36,17 @@ def stats(conn: Connection, d: Dialect, peer: str, pulled: int, applied: int, co
 def error(conn: Connection, d: Dialect, peer: str, message: str, at: str) -> None:
     """A failed refresh from `peer` at `at` (the message is cut to 2,000 characters)."""
     p = d.caps.placeholder
-    conn.exec_driver_sql(f"UPDATE {d.mm_table('_mm_links')} SET last_error = {p}, last_error_at = {p} WHERE peer = {p}",
-                         (message[:2000], at, peer))
+    conn.exec_driver_sql(
+        f"UPDATE {d.mm_table('_mm_links')} SET last_error = {p}, last_error_at = {p} WHERE peer = {p}", (message[:2000], at, peer)
+    )
 
 
 def row(conn: Connection, d: Dialect, peer: str) -> dict[str, Any]:
     """The link's row: last_success_at, last_error, last_error_at, pulled, applied, conflicts
     (all None when there is none)."""
-    r = conn.exec_driver_sql(f"SELECT {', '.join(_ROW)} FROM {d.mm_table('_mm_links')} WHERE peer = {d.caps.placeholder}",
-                             (peer,)).first()
+    r = conn.exec_driver_sql(
+        f"SELECT {', '.join(_ROW)} FROM {d.mm_table('_mm_links')} WHERE peer = {d.caps.placeholder}", (peer,)
+    ).first()
     return dict(zip(_ROW, r)) if r else dict.fromkeys(_ROW)
 
 

@@ -14,7 +14,8 @@ __all__ = ["install", "mark_applied", "not_applied", "read", "copy_in"]
 def install(conn: Connection, d: Dialect) -> None:
     conn.exec_driver_sql(
         f"CREATE TABLE IF NOT EXISTS {d.mm_table('_mm_origins')} (tbl VARCHAR(64) NOT NULL, origin VARCHAR(64) NOT NULL, "
-        "max_ver VARCHAR(96) NOT NULL, PRIMARY KEY (tbl, origin))")
+        "max_ver VARCHAR(96) NOT NULL, PRIMARY KEY (tbl, origin))"
+    )
 
 
 def mark_applied(conn: Connection, d: Dialect, table: str, origin: str, ver: str) -> None:
@@ -32,18 +33,25 @@ def mark_applied(conn: Connection, d: Dialect, table: str, origin: str, ver: str
 def not_applied(d: Dialect, table: str, alias: str) -> str:
     """SQL condition: the change row `alias` (with ``origin`` and ``ver``) is past what this site
     applied from its origin. `table` is a checked plain identifier."""
-    return (f"NOT EXISTS (SELECT 1 FROM {d.mm_table('_mm_origins')} g WHERE g.tbl = '{table}' AND g.origin = {alias}.origin "
-            f"AND g.max_ver >= {alias}.ver)")
+    return (
+        f"NOT EXISTS (SELECT 1 FROM {d.mm_table('_mm_origins')} g WHERE g.tbl = '{table}' AND g.origin = {alias}.origin "
+        f"AND g.max_ver >= {alias}.ver)"
+    )
 
 
 def read(conn: Connection, d: Dialect, table: str) -> list[tuple[str, str]]:
     """(origin, max_ver) of every origin of `table`."""
-    return [(o, v) for o, v in conn.exec_driver_sql(
-        f"SELECT origin, max_ver FROM {d.mm_table('_mm_origins')} WHERE tbl = {d.caps.placeholder}", (table,)).all()]
+    return [
+        (o, v)
+        for o, v in conn.exec_driver_sql(
+            f"SELECT origin, max_ver FROM {d.mm_table('_mm_origins')} WHERE tbl = {d.caps.placeholder}", (table,)
+        ).all()
+    ]
 
 
 def copy_in(conn: Connection, d: Dialect, table: str, rows: list[tuple[str, str]]) -> None:
     """Insert (origin, max_ver) rows of `table` read at another site (add-site: none here yet)."""
     if rows:
-        conn.exec_driver_sql(f"INSERT INTO {d.mm_table('_mm_origins')} (tbl, origin, max_ver) VALUES ({d.ph(3)})",
-                             [(table, o, v) for o, v in rows])
+        conn.exec_driver_sql(
+            f"INSERT INTO {d.mm_table('_mm_origins')} (tbl, origin, max_ver) VALUES ({d.ph(3)})", [(table, o, v) for o, v in rows]
+        )

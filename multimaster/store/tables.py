@@ -44,21 +44,27 @@ def register(conn: Connection, d: Dialect, info: TableInfo) -> None:
 
 def base_max(conn: Connection, d: Dialect, table: str) -> int:
     """The highest key of the common base (keys above it are base_max + rank)."""
-    return int(conn.exec_driver_sql(f"SELECT base_max FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}",
-                                    (table,)).scalar() or 0)
+    return int(
+        conn.exec_driver_sql(
+            f"SELECT base_max FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}", (table,)
+        ).scalar()
+        or 0
+    )
 
 
 def registration(conn: Connection, d: Dialect, table: str) -> tuple[Any, ...] | None:
     """(key_col, renumber, columns, base_max) of `table`, None when it is not registered."""
-    r = conn.exec_driver_sql(f"SELECT {', '.join(_REG)} FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}",
-                             (table,)).first()
+    r = conn.exec_driver_sql(
+        f"SELECT {', '.join(_REG)} FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}", (table,)
+    ).first()
     return None if r is None else tuple(r)
 
 
 def copy_in(conn: Connection, d: Dialect, table: str, reg: Sequence[Any]) -> None:
     """Register `table` with `reg` (a registration(), e.g. read at another site by add-site)."""
-    conn.exec_driver_sql(f"INSERT INTO {d.mm_table('_mm_tables')} (tbl, {', '.join(_REG)}) VALUES ({d.ph(1 + len(_REG))})",
-                         (table, *reg))
+    conn.exec_driver_sql(
+        f"INSERT INTO {d.mm_table('_mm_tables')} (tbl, {', '.join(_REG)}) VALUES ({d.ph(1 + len(_REG))})", (table, *reg)
+    )
 
 
 def site_status(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str, Any]:

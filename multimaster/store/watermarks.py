@@ -26,8 +26,9 @@ def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
 
 def write(conn: Connection, d: Dialect, peer: str, table: str, seq2: int) -> None:
     """Set the watermark of (peer, table) to `seq2`, stamped now."""
-    sql, params = d.upsert(d.mm_table("_mm_watermarks"), {"peer": peer, "tbl": table, "seq2": seq2, "pulled_at": now_iso()},
-                           ("peer", "tbl"))
+    sql, params = d.upsert(
+        d.mm_table("_mm_watermarks"), {"peer": peer, "tbl": table, "seq2": seq2, "pulled_at": now_iso()}, ("peer", "tbl")
+    )
     conn.exec_driver_sql(sql, params)
 
 

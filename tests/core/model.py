@@ -59,7 +59,7 @@ def later_life(key: str, e: str) -> str:
 def life_e(key: str, rid: str) -> str | None:
     """E of a later life of `key` (None for its first life)."""
     prefix = "k:" + key + "@"
-    return rid[len(prefix):] if rid.startswith(prefix) else None
+    return rid[len(prefix) :] if rid.startswith(prefix) else None
 
 
 @dataclass(frozen=True)
@@ -159,8 +159,9 @@ def pick(policy: Any, cands: list[Write]) -> Write:
     raise ValueError(f"model: unknown policy {policy!r}")
 
 
-def final_state(table: Table, base: dict[Any, dict[str, Any]], events: Iterable[Event],
-                only: Container[str] | None = None) -> dict[str, Row]:
+def final_state(
+    table: Table, base: dict[Any, dict[str, Any]], events: Iterable[Event], only: Container[str] | None = None
+) -> dict[str, Row]:
     """Every identity the changes and the base name, with the state it must end in. `base`: the
     rows present at init, key -> column -> value (a renumbered table's base keys are 1..n).
     `only`: compute the values of these identities only (the others' are None, alive or not)."""

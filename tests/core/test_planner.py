@@ -67,8 +67,10 @@ def planner_policy(p: Any) -> policies.Policy:
 
 
 def planner_spec(t: m.Table) -> planner.TableSpec:
-    slots = tuple(planner.Slot(s.name, tuple(t.columns.index(c) for c in s.columns), planner_policy(s.policy))
-                  for s in sorted(t.slots, key=lambda s: s.name))
+    slots = tuple(
+        planner.Slot(s.name, tuple(t.columns.index(c) for c in s.columns), planner_policy(s.policy))
+        for s in sorted(t.slots, key=lambda s: s.name)
+    )
     return planner.TableSpec("t", "id", t.renumber, t.columns, slots)
 
 
@@ -96,8 +98,9 @@ def table_st(renumber: bool, kinds: tuple[str, ...]) -> st.SearchStrategy[m.Tabl
     pols = st.sampled_from(policies_of(kinds))
     group_pols = st.sampled_from(policies_of(tuple(k for k in kinds if k != "additive")))
     # (named functions, not lambdas: hypothesis would read a lambda's source for every example)
-    return st.one_of(st.tuples(pols, pols, pols).map(partial(_single, renumber)),
-                     st.tuples(group_pols, pols).map(partial(_grouped, renumber)))
+    return st.one_of(
+        st.tuples(pols, pols, pols).map(partial(_single, renumber)), st.tuples(group_pols, pols).map(partial(_grouped, renumber))
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -193,7 +196,7 @@ class History:
     def run(self, script: bytes) -> list[m.Event]:
         kinds = RENUMBERED_KINDS if self.table.renumber else NATURAL_KINDS
         for i in range(0, len(script) - 3, 4):
-            op = decode(script[i:i + 4], kinds)
+            op = decode(script[i : i + 4], kinds)
             kind, w = op[0], self.writers[op[1] % len(self.writers)]
             if kind == "sync":
                 src = self.writers[op[2] % len(self.writers)]
@@ -271,8 +274,9 @@ def to_change(e: m.Event, cols: tuple[str, ...] = COLS) -> planner.Change:
     if e.op == "D":
         return planner.Change(e.ver, e.origin, "D", e.rid, e.key, (1 << n) - 1, (None,) * n, tuple(e.old[c] for c in cols))
     mask = sum(1 << i for i, c in enumerate(cols) if c in e.new)
-    return planner.Change(e.ver, e.origin, "U", e.rid, e.key, mask, tuple(e.new.get(c) for c in cols),
-                          tuple(e.old.get(c) for c in cols))
+    return planner.Change(
+        e.ver, e.origin, "U", e.rid, e.key, mask, tuple(e.new.get(c) for c in cols), tuple(e.old.get(c) for c in cols)
+    )
 
 
 @dataclass
@@ -292,7 +296,8 @@ class Site:
         self.table: dict[Any, list[Any]] = {k: [r[c] for c in spec.columns] for k, r in base.items()}
         self.shadow: dict[str, ShadowRow] = {
             (m.base_rid(k) if spec.renumber else m.first_life(k)): ShadowRow(k, None, {s.name: None for s in spec.slots})
-            for k in base}
+            for k in base
+        }
         self.applied: dict[str, str] = {}  # _mm_origins: origin -> highest version applied
         self.waiting: list[planner.Change] = []  # snapshot rows with applied = 2
 
@@ -323,8 +328,7 @@ class Site:
         for rid in rids:
             s = self.shadow[rid]
             present = s.key in self.table and (self.spec.renumber or s.deleted is None)
-            out[rid] = planner.RowState(rid, s.key, s.deleted, dict(s.versions),
-                                        list(self.table[s.key]) if present else None)
+            out[rid] = planner.RowState(rid, s.key, s.deleted, dict(s.versions), list(self.table[s.key]) if present else None)
         return out
 
     def execute(self, p: planner.Plan) -> None:
@@ -393,15 +397,16 @@ class Site:
         assert {s.key for s in live.values()} == set(self.table), "the table is not the live identities"
         assert len(live) == len(self.table), "two live incarnations of one key"
         versions = {rid: {n: v or default(rid) for n, v in s.versions.items()} for rid, s in live.items()}
-        return ({r: (s.key, s.deleted) for r, s in self.shadow.items()},
-                {k: tuple(v) for k, v in self.table.items()}, versions)
+        return ({r: (s.key, s.deleted) for r, s in self.shadow.items()}, {k: tuple(v) for k, v in self.table.items()}, versions)
 
 
 def expected(table: m.Table, base: dict[Any, dict[str, Any]], events: list[m.Event]) -> tuple[Any, ...]:
     ref = m.final_state(table, base, events)
-    return ({r.rid: (r.key, r.deleted) for r in ref.values()},
-            m.table_rows(table, ref),
-            {r.rid: dict(r.versions) for r in ref.values() if r.values is not None})
+    return (
+        {r.rid: (r.key, r.deleted) for r in ref.values()},
+        m.table_rows(table, ref),
+        {r.rid: dict(r.versions) for r in ref.values() if r.values is not None},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,16 +438,18 @@ def batches(events: list[m.Event], choices: bytes, causal: bool, newest_first: b
     return out + [cur]
 
 
-def replay(spec: planner.TableSpec, base: dict[Any, dict[str, Any]], deliveries: list[list[planner.Change]],
-           seen: set[str] | None = None) -> tuple[Any, ...]:
+def replay(
+    spec: planner.TableSpec, base: dict[Any, dict[str, Any]], deliveries: list[list[planner.Change]], seen: set[str] | None = None
+) -> tuple[Any, ...]:
     site = Site(spec, base)
     for b in deliveries:
         p = site.reconcile(b)
         if seen is not None:
             seen.update(c.kind for c in p.conflicts)
             seen.update(["waited"] if p.parked else [])
-            seen.update(["renumbered"] if p.new_rids and spec.renumber and any(
-                s.existed and s.key > 0 for s in p.rows.values()) else [])
+            seen.update(
+                ["renumbered"] if p.new_rids and spec.renumber and any(s.existed and s.key > 0 for s in p.rows.values()) else []
+            )
     for _ in range(3):  # what still waits for its row is retried by every reconcile
         if site.waiting:
             site.reconcile([])
@@ -451,8 +458,10 @@ def replay(spec: planner.TableSpec, base: dict[Any, dict[str, Any]], deliveries:
 
 
 def describe(events: list[m.Event]) -> str:
-    return "\n".join(f"  {e.ver} {e.op} {e.rid} key={e.key!r} new={e.new} old={e.old} seen={sorted(e.seen)}"
-                     for e in sorted(events, key=lambda e: e.ver))
+    return "\n".join(
+        f"  {e.ver} {e.op} {e.rid} key={e.key!r} new={e.new} old={e.old} seen={sorted(e.seen)}"
+        for e in sorted(events, key=lambda e: e.ver)
+    )
 
 
 def check(table: m.Table, base: dict[Any, dict[str, Any]], events: list[m.Event], orders: bytes, causal: bool) -> None:
@@ -469,10 +478,14 @@ def check(table: m.Table, base: dict[Any, dict[str, Any]], events: list[m.Event]
     got = {name: replay(spec, base, [[change[e.ver] for e in b] for b in d], seen) for name, d in deliveries.items()}
     first = next(iter(got))
     for name, g in got.items():
-        assert g == got[first], (f"{name!r} and {first!r} end differently:\n{g}\n{got[first]}\n"
-                                 f"{name}: {[[e.ver for e in b] for b in deliveries[name]]}\nchanges:\n{describe(events)}")
+        assert g == got[first], (
+            f"{name!r} and {first!r} end differently:\n{g}\n{got[first]}\n"
+            f"{name}: {[[e.ver for e in b] for b in deliveries[name]]}\nchanges:\n{describe(events)}"
+        )
     want = expected(table, base, events)
-    assert got[first][:2] == want[:2], f"rows/identities differ from the model:\n{got[first]}\n{want}\nchanges:\n{describe(events)}"
+    assert got[first][:2] == want[:2], (
+        f"rows/identities differ from the model:\n{got[first]}\n{want}\nchanges:\n{describe(events)}"
+    )
     assert got[first][2] == want[2], f"slot versions differ from the model:\n{got[first][2]}\n{want[2]}"
     event(f"changes: {len(events) // 8 * 8}+")
     for k in sorted(seen):
@@ -491,8 +504,9 @@ SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[Heal
     script=script_st,
     orders=orders_st,
 )
-def test_renumbered_latest_additive_any_per_origin_order(table: m.Table, n_sites: int, base_n: int,
-                                                          script: bytes, orders: bytes) -> None:
+def test_renumbered_latest_additive_any_per_origin_order(
+    table: m.Table, n_sites: int, base_n: int, script: bytes, orders: bytes
+) -> None:
     """latest/additive tables are delivered in per-origin order only (no relaying in a mesh):
     updates and deletes arrive before their row's insert, wait or leave tombstones."""
     base = base_rows(table, base_n)
@@ -508,8 +522,7 @@ def test_renumbered_latest_additive_any_per_origin_order(table: m.Table, n_sites
     script=script_st,
     orders=orders_st,
 )
-def test_renumbered_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int,
-                                              script: bytes, orders: bytes) -> None:
+def test_renumbered_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int, script: bytes, orders: bytes) -> None:
     base = base_rows(table, base_n)
     events = History(table, base, n_sites, safe=True).run(script)
     check(table, base, events, orders, causal=True)
@@ -523,8 +536,7 @@ def test_renumbered_every_policy_causal_order(table: m.Table, n_sites: int, base
     script=script_st,
     orders=orders_st,
 )
-def test_natural_keys_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int,
-                                                script: bytes, orders: bytes) -> None:
+def test_natural_keys_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int, script: bytes, orders: bytes) -> None:
     base = base_rows(table, base_n)
     events = History(table, base, n_sites, safe=True).run(script)
     check(table, base, events, orders, causal=True)
@@ -554,8 +566,12 @@ DIVERGING = [
 ]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="planner bug: policies other than latest/additive depend on the arrival "
-                                       "order when a concurrent write is continued by its site (see the comment)")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="planner bug: policies other than latest/additive depend on the arrival "
+    "order when a concurrent write is continued by its site (see the comment)",
+)
 @pytest.mark.parametrize("policy, vals, u3_origin", DIVERGING)
 def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: tuple[int, ...], u3_origin: str) -> None:
     table = m.Table(True, ("a",), (m.Slot("a", ("a",), policy),))
@@ -582,8 +598,7 @@ def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: t
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.sets(st.integers(1, 60), max_size=12), st.sets(st.integers(1, 60), min_size=1, max_size=8),
-       st.integers(0, 5))
+@given(st.sets(st.integers(1, 60), max_size=12), st.sets(st.integers(1, 60), min_size=1, max_size=8), st.integers(0, 5))
 def test_assign_keys_gives_every_identity_its_rank(existing: set[int], new: set[int], base_max: int) -> None:
     """Existing identities hold base_max + rank; after the shifts and the new keys every identity
     holds base_max + its rank among all of them."""
@@ -636,7 +651,12 @@ def test_concurrent_updates_are_recorded_per_slot() -> None:
     p = _plan(TWO, ROW, [u1, u2])
     recs = {c.slot: c for c in p.conflicts}
     assert set(recs) == {"a", "b"}
-    assert (recs["a"].kind, recs["a"].decision, recs["a"].local_ver, recs["a"].remote_ver) == ("update_update", "remote", u1.ver, u2.ver)
+    assert (recs["a"].kind, recs["a"].decision, recs["a"].local_ver, recs["a"].remote_ver) == (
+        "update_update",
+        "remote",
+        u1.ver,
+        u2.ver,
+    )
     assert (recs["b"].policy, recs["b"].decision) == ("additive", "merged")
     assert p.rows[R1].values == [2, 7, 0]  # a: the latest; b: 10 - 1 - 2
 
@@ -681,12 +701,16 @@ def test_natural_key_insert_insert_and_a_later_life() -> None:
     i2 = m.Event(m.ver(12, "s2"), "s2", "I", "k:x", "x", {"a": 2, "b": 3, "c": 2}, {}, frozenset())
     p = _plan(NAT, {}, [i1, i2])
     assert {(c.kind, c.slot, c.decision) for c in p.conflicts} == {
-        ("insert_insert", "a", "remote"), ("insert_insert", "b", "merged"), ("insert_insert", "c", "remote")}
+        ("insert_insert", "a", "remote"),
+        ("insert_insert", "b", "merged"),
+        ("insert_insert", "c", "remote"),
+    }
     assert p.rows["k:x"].values == [2, 5, 2]
     # s1 deletes x and inserts it again; s2's update of the first life arrives after: lost
     d = m.Event(m.ver(13, "s1"), "s1", "D", "k:x", "x", {}, {"a": 1, "b": 2, "c": 1}, frozenset({i1.ver}))
-    again = m.Event(m.ver(14, "s1"), "s1", "I", m.later_life("x", d.ver), "x", {"a": 7, "b": 7, "c": 7}, {},
-                    frozenset({i1.ver, d.ver}))
+    again = m.Event(
+        m.ver(14, "s1"), "s1", "I", m.later_life("x", d.ver), "x", {"a": 7, "b": 7, "c": 7}, {}, frozenset({i1.ver, d.ver})
+    )
     u = m.Event(m.ver(15, "s2"), "s2", "U", "k:x", "x", {"a": 9}, {"a": 2}, frozenset({i1.ver, i2.ver}))
     site = Site(planner_spec(NAT), {})
     for e in (i1, i2, again):  # the new life arrives before the delete of the old one

@@ -159,14 +159,17 @@ def here(fn: Any) -> str:
     return f"{fn.__module__}.{fn.__name__}"
 
 
-@pytest.mark.parametrize("spec, kind, name", [
-    ("latest", "latest", "latest"),
-    ("earliest", "earliest", "earliest"),
-    ("maximum", "maximum", "maximum"),
-    ("minimum", "minimum", "minimum"),
-    ("additive", "additive", "additive"),
-    (PriorityPolicy(priority=["s2", "s1"]), "priority", "priority:s2,s1"),
-])
+@pytest.mark.parametrize(
+    "spec, kind, name",
+    [
+        ("latest", "latest", "latest"),
+        ("earliest", "earliest", "earliest"),
+        ("maximum", "maximum", "maximum"),
+        ("minimum", "minimum", "minimum"),
+        ("additive", "additive", "additive"),
+        (PriorityPolicy(priority=["s2", "s1"]), "priority", "priority:s2,s1"),
+    ],
+)
 def test_make_policy_builtin_forms(spec: Any, kind: str, name: str) -> None:
     p = policies.make_policy(spec)
     assert (p.kind, p.name, p.is_additive) == (kind, name, kind == "additive")
@@ -191,11 +194,14 @@ def test_custom_resolver_returning_an_equal_copy_or_nonsense() -> None:
         bad.resolve(conflict(a, b))
 
 
-@pytest.mark.parametrize("path, message", [
-    ("no_such_module_xyz.fn", "cannot import module 'no_such_module_xyz'"),
-    ("os.path.no_such_function", "has no callable 'no_such_function'"),
-    ("os.sep", "has no callable 'sep'"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("no_such_module_xyz.fn", "cannot import module 'no_such_module_xyz'"),
+        ("os.path.no_such_function", "has no callable 'no_such_function'"),
+        ("os.sep", "has no callable 'sep'"),
+    ],
+)
 def test_make_policy_custom_that_cannot_load(path: str, message: str) -> None:
     with pytest.raises(ResolverError, match=message):
         policies.make_policy(CustomPolicy(custom=path))
@@ -272,8 +278,7 @@ def apply(start: Any, updates: list[tuple[Any, Any, str]]) -> tuple[Any, planner
 
 
 @settings(max_examples=200, deadline=None)
-@given(start=st.integers(-50, 50), deltas=st.lists(st.integers(-5, 5).filter(bool), min_size=1, max_size=6),
-       data=st.data())
+@given(start=st.integers(-50, 50), deltas=st.lists(st.integers(-5, 5).filter(bool), min_size=1, max_size=6), data=st.data())
 def test_additive_keeps_every_delta_in_any_order(start: int, deltas: list[int], data: Any) -> None:
     """Concurrent updates each made from `start`: the result is start + every delta, whatever the order."""
     updates = [(start, start + d, m.ver(10 + i, SITES[i % 4])) for i, d in enumerate(deltas)]
@@ -288,7 +293,8 @@ def test_additive_records_a_merge_only_when_concurrent() -> None:
     value, p = apply(10, [(10, 9, m.ver(5, "s1")), (10, 8, m.ver(6, "s2"))])
     assert value == 7
     assert [(c.kind, c.policy, c.decision, c.local_values, c.remote_values) for c in p.conflicts] == [
-        ("update_update", "additive", "merged", {"n": 9}, {"n": 8})]
+        ("update_update", "additive", "merged", {"n": 9}, {"n": 8})
+    ]
 
 
 def test_additive_without_concurrency_takes_the_new_value_exactly() -> None:

@@ -44,4 +44,3 @@ def cluster(tmp_path: Path) -> Path:
     """Three SQLite sites s1, s2, s3 (mesh) with the same 200 rows, then `multimaster init`;
     returns the topology path."""
     return make_sqlite_cluster(tmp_path / "sites", 3, 200)
-

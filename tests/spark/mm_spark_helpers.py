@@ -74,12 +74,20 @@ def client(url: str) -> Any:
     if backend == "postgresql":
         import psycopg
 
-        return psycopg.connect(host=u.host, port=u.port or 5432, user=u.username, password=u.password,
-                               dbname=u.database, connect_timeout=5)
+        return psycopg.connect(
+            host=u.host, port=u.port or 5432, user=u.username, password=u.password, dbname=u.database, connect_timeout=5
+        )
     import pymysql
 
-    return pymysql.connect(host=u.host, port=u.port or 3306, user=u.username, password=u.password or "",
-                           database=u.database, charset="utf8mb4", connect_timeout=5)
+    return pymysql.connect(
+        host=u.host,
+        port=u.port or 3306,
+        user=u.username,
+        password=u.password or "",
+        database=u.database,
+        charset="utf8mb4",
+        connect_timeout=5,
+    )
 
 
 def _url(topo_or_url: Any, site: str | None) -> str:

@@ -60,7 +60,8 @@ def test_natural_key_lives_verify_and_repair(spark, tmp_path):
         urls[s] = f"sqlite:///{p}"
     path = tmp_path / "t.yml"
     path.write_text(
-        "sites:\n" + "".join(f"  {s}: {{url: '{u}'}}\n" for s, u in urls.items())
+        "sites:\n"
+        + "".join(f"  {s}: {{url: '{u}'}}\n" for s, u in urls.items())
         + "tables:\n  tags: {key: code, renumber: false, columns: {n: additive}}\nlinks: mesh\n"
     )
     topo = load_topology(path)

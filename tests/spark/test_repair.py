@@ -18,9 +18,11 @@ def log_counts(cluster):
     out = {}
     for s, cfg in topo.sites.items():
         c = sql_site(cfg.url)
-        out[s] = (c.execute("SELECT count(*) FROM _mm_log_items").fetchone()[0],
-                  c.execute("SELECT count(*) FROM _mm_log2_items").fetchone()[0],
-                  c.execute("SELECT applying FROM _mm_state").fetchone()[0])
+        out[s] = (
+            c.execute("SELECT count(*) FROM _mm_log_items").fetchone()[0],
+            c.execute("SELECT count(*) FROM _mm_log2_items").fetchone()[0],
+            c.execute("SELECT applying FROM _mm_state").fetchone()[0],
+        )
         c.close()
     return out
 

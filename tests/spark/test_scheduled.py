@@ -70,8 +70,13 @@ def test_the_scheduled_job_stores_converged_then_converging(spark, tmp_path):  #
 def test_verify_record_through_the_cli(spark, tmp_path):  # type: ignore[no-untyped-def]
     path = core_cluster(tmp_path, None)  # no verify section: recorded at the first site
     env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    r = subprocess.run([CLI, "verify", "-t", str(path), "--master", "local[1]", "--partitions", "1", "--json", "--record"],
-                       capture_output=True, text=True, env=env, timeout=300)
+    r = subprocess.run(
+        [CLI, "verify", "-t", str(path), "--master", "local[1]", "--partitions", "1", "--json", "--record"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout)["converged"] is True
     v = verifications.last(load_topology(path))

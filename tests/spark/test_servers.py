@@ -65,7 +65,9 @@ def _fill(url: str, ddl: str, ph: str) -> None:
     c = client(url)
     cur = c.cursor()
     cur.execute(ddl)
-    cur.executemany(f"INSERT INTO items (id, name, qty, price) VALUES ({', '.join([ph] * 4)})", [row(i) for i in range(1, ROWS + 1)])
+    cur.executemany(
+        f"INSERT INTO items (id, name, qty, price) VALUES ({', '.join([ph] * 4)})", [row(i) for i in range(1, ROWS + 1)]
+    )
     if not isinstance(c, sqlite3.Connection):  # the others run in a transaction
         c.commit()
     c.close()
@@ -107,8 +109,10 @@ def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
     assert t.columns == {"qty": 1, "price": 1}
 
     plan = plan_repair(topo, "s1", spark=spark)
-    assert plan.counts() == {"pg": {"items": {"delete": 0, "insert": 0, "rekey": 0, "update": 1}},
-                             "my": {"items": {"delete": 0, "insert": 1, "rekey": 0, "update": 0}}}
+    assert plan.counts() == {
+        "pg": {"items": {"delete": 0, "insert": 0, "rekey": 0, "update": 1}},
+        "my": {"items": {"delete": 0, "insert": 1, "rekey": 0, "update": 0}},
+    }
     apply_plan(topo, plan)
     assert verify(topo, spark=spark).converged
     for s in ("pg", "my"):  # neither the divergence nor the repair was captured

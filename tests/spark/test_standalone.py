@@ -60,26 +60,63 @@ def test_standalone_cluster_same_result_as_local(spark, cluster, tmp_path):
 
     local = verify(cluster, spark=spark).to_dict()
 
-    env = dict(os.environ, SPARK_HOME=str(spark_home), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_LOG_DIR=str(tmp_path / "logs"), SPARK_WORKER_DIR=str(tmp_path / "work"),
-               SPARK_NO_DAEMONIZE="1", PYSPARK_PYTHON=sys.executable)
+    env = dict(
+        os.environ,
+        SPARK_HOME=str(spark_home),
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOG_DIR=str(tmp_path / "logs"),
+        SPARK_WORKER_DIR=str(tmp_path / "work"),
+        SPARK_NO_DAEMONIZE="1",
+        PYSPARK_PYTHON=sys.executable,
+    )
     mport, mweb, wweb = _free_port(), _free_port(), _free_port()
     master = worker = None
     try:
         master = subprocess.Popen(
-            [str(spark_class), "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-             "--port", str(mport), "--webui-port", str(mweb)],
-            env=env, stdout=open(tmp_path / "master.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(spark_class),
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(mport),
+                "--webui-port",
+                str(mweb),
+            ],
+            env=env,
+            stdout=open(tmp_path / "master.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         _wait_port(mport, master)
         url = f"spark://127.0.0.1:{mport}"
         worker = subprocess.Popen(
-            [str(spark_class), "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
-             "--cores", "2", "--memory", "1g", "--webui-port", str(wweb), url],
-            env=env, stdout=open(tmp_path / "worker.log", "w"), stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(spark_class),
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "2",
+                "--memory",
+                "1g",
+                "--webui-port",
+                str(wweb),
+                url,
+            ],
+            env=env,
+            stdout=open(tmp_path / "worker.log", "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         r = subprocess.run(
             [sys.executable, "-m", "multimaster.cli", "verify", "-t", str(cluster), "--master", url, "--json"],
             env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
-            capture_output=True, text=True, timeout=240, cwd=str(ROOT))
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=str(ROOT),
+        )
         assert r.returncode == 1, r.stderr[-3000:]
         remote = json.loads(r.stdout)
     finally:

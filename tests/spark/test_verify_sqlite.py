@@ -78,8 +78,10 @@ def test_waiting_changes_tell_converging_from_diverged(spark, cluster):
     assert t.status == "diverged"
     # an unapplied snapshot row also counts as waiting
     with uncaptured(cluster, "s2") as c:
-        c.execute("INSERT INTO _mm_snap_items__s1(pseq, ver, origin, op, rid, key, mask, applied) "
-                  "VALUES (1, 'v', 's1', 'I', 'r', 201, 7, 0)")
+        c.execute(
+            "INSERT INTO _mm_snap_items__s1(pseq, ver, origin, op, rid, key, mask, applied) "
+            "VALUES (1, 'v', 's1', 'I', 'r', 201, 7, 0)"
+        )
     t = verify(cluster, spark=spark).tables["items"]
     assert t.status == "converging"
     assert {(x.source, x.target): x.unapplied for x in t.waiting}[("s1", "s2")] == 1

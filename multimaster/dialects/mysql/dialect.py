@@ -61,10 +61,12 @@ def trigger_privilege_problem(log_bin: bool, trust_function_creators: bool, has_
     checks this before it creates anything."""
     if not log_bin or trust_function_creators or has_super:
         return None
-    return ("binary logging is on (log_bin = ON) and the user running init has no SUPER privilege, so the server "
-            "would refuse to create the capture triggers (error 1419) after init had created some tables. Either set "
-            "log_bin_trust_function_creators = 1 (SET GLOBAL log_bin_trust_function_creators = 1, and in the server's "
-            "option file to keep it after a restart), or run init as a user with the SUPER privilege")
+    return (
+        "binary logging is on (log_bin = ON) and the user running init has no SUPER privilege, so the server "
+        "would refuse to create the capture triggers (error 1419) after init had created some tables. Either set "
+        "log_bin_trust_function_creators = 1 (SET GLOBAL log_bin_trust_function_creators = 1, and in the server's "
+        "option file to keep it after a restart), or run init as a user with the SUPER privilege"
+    )
 
 
 #: a SHOW GRANTS line giving SUPER on every database: ALL [PRIVILEGES] or a list naming SUPER, ON *.*
@@ -108,8 +110,11 @@ class MySQLDialect(Dialect):
         cols = list(row)
         upd = [c for c in cols if c not in keys]
         # not VALUES(col): deprecated in MySQL 8.0.20; the new values are passed again
-        return (f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
-                f"ON DUPLICATE KEY UPDATE {', '.join(f'{c} = %s' for c in upd)}", (*row.values(), *(row[c] for c in upd)))
+        return (
+            f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({self.ph(len(cols))}) "
+            f"ON DUPLICATE KEY UPDATE {', '.join(f'{c} = %s' for c in upd)}",
+            (*row.values(), *(row[c] for c in upd)),
+        )
 
     # ---- connections -----------------------------------------------------------------------
     def engine_kwargs(self, url: str) -> dict[str, Any]:
@@ -204,8 +209,8 @@ class MySQLDialect(Dialect):
 
     def table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(
-            "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
-            (name,)).scalar()
+            "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (name,)
+        ).scalar()
         return None if kind is None else "view" if kind == "VIEW" else "table"
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
@@ -224,10 +229,13 @@ class MySQLDialect(Dialect):
         """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
         CURRENT_USER(), else a line of SHOW GRANTS (``ALL PRIVILEGES`` or a list naming SUPER, ``ON *.*``)."""
         user, _, host = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar() or "").rpartition("@")
-        if conn.exec_driver_sql(
-            "SELECT 1 FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'SUPER' AND GRANTEE = %s",
-            (f"'{user}'@'{host}'",),
-        ).first() is not None:
+        if (
+            conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.USER_PRIVILEGES WHERE PRIVILEGE_TYPE = 'SUPER' AND GRANTEE = %s",
+                (f"'{user}'@'{host}'",),
+            ).first()
+            is not None
+        ):
             return True
         try:
             grants = [str(r[0]) for r in conn.exec_driver_sql("SHOW GRANTS").all()]
@@ -248,8 +256,16 @@ class MySQLDialect(Dialect):
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
         keyindex = f"KEY {q(shadow_key_index(info.name))} (`key`)" if natural else "UNIQUE KEY (`key`)"
         o = self.obj(info.name)
-        for sql in self.render("table", table=q(info.name), tbl_lit=_lit(info.name), keytype=self._keytype(info),
-                               logcols=self._log_cols(info), slotcols=slotcols, keyindex=keyindex, **o.mapping()):
+        for sql in self.render(
+            "table",
+            table=q(info.name),
+            tbl_lit=_lit(info.name),
+            keytype=self._keytype(info),
+            logcols=self._log_cols(info),
+            slotcols=slotcols,
+            keyindex=keyindex,
+            **o.mapping(),
+        ):
             conn.exec_driver_sql(sql)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): replace that index
@@ -261,10 +277,13 @@ class MySQLDialect(Dialect):
             ).all()
             for (name,) in idx:
                 conn.exec_driver_sql(f"ALTER TABLE {o.shadow} DROP INDEX {q(name)}")
-            if idx and not conn.exec_driver_sql(
-                "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s",
-                (names(info.name).shadow, shadow_key_index(info.name)),
-            ).first():
+            if (
+                idx
+                and not conn.exec_driver_sql(
+                    "SELECT 1 FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND INDEX_NAME = %s",
+                    (names(info.name).shadow, shadow_key_index(info.name)),
+                ).first()
+            ):
                 conn.exec_driver_sql(f"ALTER TABLE {o.shadow} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
@@ -297,23 +316,48 @@ class MySQLDialect(Dialect):
             # still live here (never, short of a capture gap) ends at this insert's version
             insrid = "mm_r"
             ridvar = "\n  DECLARE mm_r VARCHAR(255);"
-            ridinit = (f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
-                       f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o.shadow} WHERE `key` = NEW.{key})), ''));")
+            ridinit = (
+                f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
+                f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o.shadow} WHERE `key` = NEW.{key})), ''));"
+            )
             replaced = f"\n    UPDATE {o.shadow} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", mm_v" for _ in spec.slots)
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
-        msg = (f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
-               "updated; delete and insert the row instead")
+        msg = (
+            f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
+            "updated; delete and insert the row instead"
+        )
         rank = self.quote("_mm_rank_" + info.name)
         # the version the rank trigger ticked for this very row (renumbered tables; renumber.sql)
         ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
         stmts = self.render(
-            "capture", table=q(info.name), tbl_lit=_lit(info.name), key=key, site_lit=site, insrid=insrid, ranked=ranked,
-            allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
-            updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            ridvar=ridvar, ridinit=ridinit, replaced=replaced, live=live, keyguard_msg=_lit(msg[:128]), **o.mapping(),
+            "capture",
+            table=q(info.name),
+            tbl_lit=_lit(info.name),
+            key=key,
+            site_lit=site,
+            insrid=insrid,
+            ranked=ranked,
+            allmask=str(spec.all_mask),
+            ncols=ncols,
+            ocols=ocols,
+            newvals=newvals,
+            oldvals=oldvals,
+            anychanged=anychanged,
+            updmask=updmask,
+            updnew=updnew,
+            updold=updold,
+            slotstamp=slotstamp,
+            slotnames=slotnames,
+            slotinit=slotinit,
+            ridvar=ridvar,
+            ridinit=ridinit,
+            replaced=replaced,
+            live=live,
+            keyguard_msg=_lit(msg[:128]),
+            **o.mapping(),
         )
         if spec.renumber:
             stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)
@@ -336,13 +380,15 @@ class MySQLDialect(Dialect):
         pat = "\\_mm\\_%"
         for (name,) in conn.exec_driver_sql(
             "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME LIKE %s "
-            "ORDER BY 1", (pat,)
+            "ORDER BY 1",
+            (pat,),
         ).all():
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {self.quote(name)}")
             dropped.append(f"trigger {name}")
         for name, typ in conn.exec_driver_sql(
             "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE %s "
-            "ORDER BY TABLE_TYPE DESC, 1", (pat,)
+            "ORDER BY TABLE_TYPE DESC, 1",
+            (pat,),
         ).all():
             kind = "view" if typ == "VIEW" else "table"
             conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {self.quote(name)}")
@@ -372,7 +418,8 @@ class MySQLDialect(Dialect):
             if first_new is not None:
                 conn.exec_driver_sql(
                     f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.`key` = t.{key} WHERE s.rid > %s "
-                    f"ORDER BY t.{key} FOR UPDATE", (first_new,)
+                    f"ORDER BY t.{key} FOR UPDATE",
+                    (first_new,),
                 ).all()
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
 

@@ -114,15 +114,26 @@ class PostgreSQLDialect(Dialect):
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         self._check_names(info)
         q = self.quote
-        slotcols = "".join(f",\n  {q('v_' + s.name)} text COLLATE \"C\"" for s in info.spec.slots)
+        slotcols = "".join(f',\n  {q("v_" + s.name)} text COLLATE "C"' for s in info.spec.slots)
         relid = conn.exec_driver_sql("SELECT %s::regclass::oid::int", (q(info.name),)).scalar_one()
         o = self.obj(info.name)
         natural = not info.spec.renumber
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
-        shadowindex = f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})" if natural else ""
-        for sql in self.render("table", table=q(info.name), keytype=info.key.type_sql, logcols=self._log_cols(info),
-                               slotcols=slotcols, relid=str(int(relid)), keyunique="" if natural else " UNIQUE",
-                               shadowindex=shadowindex, **o.mapping(), **self._fn(info.name)):
+        shadowindex = (
+            f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})" if natural else ""
+        )
+        for sql in self.render(
+            "table",
+            table=q(info.name),
+            keytype=info.key.type_sql,
+            logcols=self._log_cols(info),
+            slotcols=slotcols,
+            relid=str(int(relid)),
+            keyunique="" if natural else " UNIQUE",
+            shadowindex=shadowindex,
+            **o.mapping(),
+            **self._fn(info.name),
+        ):
             conn.exec_driver_sql(sql)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
@@ -159,28 +170,51 @@ class PostgreSQLDialect(Dialect):
             # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (never, short of a capture gap) ends at this insert's version
-            insrid = (f"'k:' || CAST(n.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
-                      f"THEN n.mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.{self.key_col} = n.{key}), '')")
+            insrid = (
+                f"'k:' || CAST(n.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
+                f"THEN n.mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.{self.key_col} = n.{key}), '')"
+            )
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", ver" for _ in spec.slots)
-            replaced = (f",\n  x AS (UPDATE {o.shadow} s SET deleted = l.ver FROM l "
-                        f"WHERE s.{self.key_col} = l.{self.key_col} AND s.deleted IS NULL)")
+            replaced = (
+                f",\n  x AS (UPDATE {o.shadow} s SET deleted = l.ver FROM l "
+                f"WHERE s.{self.key_col} = l.{self.key_col} AND s.deleted IS NULL)"
+            )
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
         # renumbered tables: the rank trigger takes the table's lock before every inserted row, so the
         # statement-level lock is needed for UPDATE and DELETE only (one trigger call less per INSERT)
         lockevents = "UPDATE OR DELETE" if spec.renumber else "INSERT OR UPDATE OR DELETE"
         stmts = self.render(
-            "capture", table=q(info.name), key=key, keyname_lit=_lit(info.key.name), site_lit=site, insrid=insrid,
+            "capture",
+            table=q(info.name),
+            key=key,
+            keyname_lit=_lit(info.key.name),
+            site_lit=site,
+            insrid=insrid,
             lockevents=lockevents,
-            allmask=str(spec.all_mask), ncols=ncols, ocols=ocols, newvals=newvals, oldvals=oldvals, anychanged=anychanged,
-            updmask=updmask, updnew=updnew, updold=updold, slotstamp=slotstamp, slotnames=slotnames, slotinit=slotinit,
-            replaced=replaced, live=live, **o.mapping(), **fns,
+            allmask=str(spec.all_mask),
+            ncols=ncols,
+            ocols=ocols,
+            newvals=newvals,
+            oldvals=oldvals,
+            anychanged=anychanged,
+            updmask=updmask,
+            updnew=updnew,
+            updold=updold,
+            slotstamp=slotstamp,
+            slotnames=slotnames,
+            slotinit=slotinit,
+            replaced=replaced,
+            live=live,
+            **o.mapping(),
+            **fns,
         )
         if spec.renumber:
             seq = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()
-            seqfix = (f"\n  IF NEW.{key} IS NULL OR NEW.{key} < k THEN\n    PERFORM setval({_lit(seq)}, k);\n  END IF;"
-                      if seq else "")
+            seqfix = (
+                f"\n  IF NEW.{key} IS NULL OR NEW.{key} < k THEN\n    PERFORM setval({_lit(seq)}, k);\n  END IF;" if seq else ""
+            )
             stmts += self.render("renumber", table=q(info.name), key=key, shadow=o.shadow, seqfix=seqfix, **fns)
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {fns['rank']} ON {q(info.name)}"]
@@ -190,7 +224,9 @@ class PostgreSQLDialect(Dialect):
     def table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(
             "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = %s AND c.relname = %s", (SCHEMA, name)).scalar()
+            "WHERE n.nspname = %s AND c.relname = %s",
+            (SCHEMA, name),
+        ).scalar()
         return None if kind is None else "view" if kind == "v" else "table"
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
@@ -211,8 +247,13 @@ class PostgreSQLDialect(Dialect):
         ):
             if kinds.get(kind):
                 dropped.append(f"{kinds[kind]} {name}")
-        dropped += [f"function {r[0]}" for r in conn.exec_driver_sql(
-            "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1", (SCHEMA,))]
+        dropped += [
+            f"function {r[0]}"
+            for r in conn.exec_driver_sql(
+                "SELECT p.proname FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1",
+                (SCHEMA,),
+            )
+        ]
         # the triggers on user tables depend on functions in _mm: CASCADE drops them with the schema
         conn.exec_driver_sql(f"DROP SCHEMA {SCHEMA} CASCADE")
         dropped.append(f"schema {SCHEMA}")
@@ -222,7 +263,9 @@ class PostgreSQLDialect(Dialect):
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("SELECT set_config('mm.applying', %s, true)", ("on" if on else "off",))
 
-    def store_snapshot_rows(self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool) -> None:
+    def store_snapshot_rows(
+        self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool
+    ) -> None:
         # COPY into a scratch table, then one INSERT ... ON CONFLICT DO NOTHING: several times the
         # rate of a row-by-row executemany, in the same transaction
         collist = ", ".join(cols)
@@ -250,7 +293,9 @@ class PostgreSQLDialect(Dialect):
             f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.{self.key_col} = t.{key} JOIN {tmp} r ON r.rid = s.rid "
             f"ORDER BY t.{key} FOR UPDATE OF t"
         ).all()
-        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.{self.key_col} FOR UPDATE OF s").all()
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.{self.key_col} FOR UPDATE OF s"
+        ).all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """Record the floor in ``_mm_state.hlc`` and move the clock sequence past it (``_mm_tick``

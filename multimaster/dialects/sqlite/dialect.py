@@ -11,8 +11,10 @@ from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, 
 from multimaster.dialects.schema import TableInfo, names
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
-_HLC = ("max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
-        "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)")
+_HLC = (
+    "max(hlc + 1, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) FROM {log} ORDER BY seq DESC LIMIT 1), 0) + 1, "
+    "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER) * 65536)"
+)
 
 
 class SQLiteDialect(Dialect):
@@ -100,9 +102,7 @@ class SQLiteDialect(Dialect):
     def install_site(self, conn: Connection, site: str) -> None:
         for sql in self.render("site"):
             conn.exec_driver_sql(sql)
-        conn.exec_driver_sql(
-            "INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,)
-        )
+        conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,))
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
@@ -110,10 +110,16 @@ class SQLiteDialect(Dialect):
         slotcols = "".join(f",\n  {q('v_' + s.name)} TEXT" for s in info.spec.slots)
         # renumbered keys are integers: the key is the shadow's rowid (one B-tree less per insert);
         # a natural key has one shadow row per incarnation: the key is indexed, not unique
-        shadowkeys = (f"{self.key_col} INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE" if info.spec.renumber
-                      else f"rid TEXT PRIMARY KEY,\n  {self.key_col} {info.key.type_sql} NOT NULL")
-        shadowindex = ("" if info.spec.renumber
-                       else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})")
+        shadowkeys = (
+            f"{self.key_col} INTEGER PRIMARY KEY,\n  rid TEXT NOT NULL UNIQUE"
+            if info.spec.renumber
+            else f"rid TEXT PRIMARY KEY,\n  {self.key_col} {info.key.type_sql} NOT NULL"
+        )
+        shadowindex = (
+            ""
+            if info.spec.renumber
+            else f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})"
+        )
         kept = self._unique_key_shadow(conn, info) if not info.spec.renumber else None
         for sql in self.render(
             "table",
@@ -186,8 +192,10 @@ class SQLiteDialect(Dialect):
             # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
             # still live here (INSERT OR REPLACE fires no delete trigger) ends at this insert's version
-            insrid = (f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
-                      f"ELSE max(deleted) END FROM {o.shadow} WHERE {self.key_col} = NEW.{key}), '')")
+            insrid = (
+                f"'k:' || NEW.{key} || coalesce('@' || (SELECT CASE WHEN max(deleted IS NULL) THEN {ver} "
+                f"ELSE max(deleted) END FROM {o.shadow} WHERE {self.key_col} = NEW.{key}), '')"
+            )
             slots = [q("v_" + s.name) for s in spec.slots]
             shadowinsert = (
                 f"  UPDATE {o.shadow} SET deleted = {now_ver} WHERE {self.key_col} = NEW.{key} AND deleted IS NULL;\n"
@@ -224,8 +232,14 @@ class SQLiteDialect(Dialect):
         if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
             stmts = [f"DROP TRIGGER IF EXISTS {t}" for t in (o.cap_i, o.cap_u, o.cap_d)] + stmts
         if spec.renumber:
-            stmts += self.render("catchup", table=q(info.name), key=key, catchup=self._catchup_sql(info),
-                                 lastinsertkey=self._last_insert_key(info), **o.mapping())
+            stmts += self.render(
+                "catchup",
+                table=q(info.name),
+                key=key,
+                catchup=self._catchup_sql(info),
+                lastinsertkey=self._last_insert_key(info),
+                **o.mapping(),
+            )
         for sql in stmts:
             conn.exec_driver_sql(sql)
 
@@ -236,9 +250,11 @@ class SQLiteDialect(Dialect):
         o = self.obj(info.name)
         q = self.quote
         key, table = q(info.key.name), q(info.name)
-        others = (f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
-                  f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
-                  f"ELSE (SELECT max({key}) FROM {table}) END")
+        others = (
+            f"CASE WHEN (SELECT max({key}) FROM {table}) = NEW.{key} "
+            f"THEN (SELECT {key} FROM {table} WHERE {key} < NEW.{key} ORDER BY {key} DESC LIMIT 1) "
+            f"ELSE (SELECT max({key}) FROM {table}) END"
+        )
         return f"(max(coalesce({others}, 0), coalesce((SELECT max({self.key_col}) FROM {o.shadow}), 0)) + 1)"
 
     def _last_insert_key(self, info: TableInfo) -> str:
@@ -247,8 +263,9 @@ class SQLiteDialect(Dialect):
 
     def _join_renumber(self, info: TableInfo) -> str:
         q = self.quote
-        return "\n".join(self.render("renumber", key=q(info.key.name), table=q(info.name),
-                                      lastinsertkey=self._last_insert_key(info)))
+        return "\n".join(
+            self.render("renumber", key=q(info.key.name), table=q(info.name), lastinsertkey=self._last_insert_key(info))
+        )
 
     def _catchup_sql(self, info: TableInfo) -> str:
         o = self.obj(info.name)
@@ -264,8 +281,10 @@ class SQLiteDialect(Dialect):
         o = self.obj(table)
         name = table.replace("'", "''")
         # natural-key tables keep their shadow eagerly: their log entries are all caught up
-        return (f"SELECT rid, {self.key_col} FROM {o.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
-                f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'")
+        return (
+            f"SELECT rid, {self.key_col} FROM {o.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{name}') "
+            f"AND op = 'I' AND origin = (SELECT site FROM _mm_state) AND rid NOT LIKE 'k:%'"
+        )
 
     def catch_up(self, conn: Connection, info: TableInfo) -> None:
         if info.spec.renumber:
@@ -348,8 +367,10 @@ class SQLiteDialect(Dialect):
         return {"connect_args": {"isolation_level": None, "timeout": 30}}
 
     def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
-        return [f"-- {site} is a SQLite file: give '{peer}' read access to {database} (and its -wal/-shm files) "
-                "at the file-system level; SQLite has no logins"]
+        return [
+            f"-- {site} is a SQLite file: give '{peer}' read access to {database} (and its -wal/-shm files) "
+            "at the file-system level; SQLite has no logins"
+        ]
 
 
 DIALECT = SQLiteDialect()
