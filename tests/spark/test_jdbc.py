@@ -18,7 +18,7 @@ def test_postgres_url_keeps_password_out_of_url():
     assert s.properties["password"] == "s3cret" and s.properties["user"] == "bob"
     assert s.properties["sslmode"] == "require" and s.properties["fetchsize"]
     assert "s3cret" not in repr(s.safe())
-    assert s.mm("_mm_shadow_t") == '"_mm"."_mm_shadow_t"'
+    assert s.mm("_mm_shadow_t") == '_mm."_mm_shadow_t"'
 
 
 def test_mariadb_uses_mysql_scheme_and_mariadb_driver():
