@@ -218,6 +218,10 @@ class _FakeConn:
             def first(self) -> Any:
                 return self.rows[0] if self.rows else None
 
+            def one(self) -> Any:
+                assert len(self.rows) == 1, self.rows
+                return self.rows[0]
+
             def scalar(self) -> Any:
                 return self.rows[0][0] if self.rows else None
 
