@@ -1,0 +1,484 @@
+"""Many writers at one site (issue #10): throughput with multimaster / without, and replication under load.
+
+    .venv/bin/python benchmarks/bench_concurrency.py --quick          # < 3 minutes: 1 and 16 clients, 2 s runs
+    .venv/bin/python benchmarks/bench_concurrency.py                  # 1, 4, 16, 64 clients, 5 s runs, 3 rounds
+    .venv/bin/python benchmarks/bench_concurrency.py --servers postgresql --clients 1,16 --seconds 5
+    .venv/bin/python benchmarks/bench_concurrency.py --quick --json
+    .venv/bin/python benchmarks/bench_concurrency.py --quick --pg-driver psycopg   # PostgreSQL through Python threads
+
+The workload of issue #10: every client connection runs transactions of one write — an INSERT
+(`insert`), an UPDATE of a random existing row (`update`), or either at random (`mixed`) — plus
+`--think-ms` (2) of application work (a sleep) inside the transaction, then COMMIT. The table is
+`items (id serial/AUTO_INCREMENT, name, qty, price)` with 1,000 rows; multimaster replicates it
+as a renumbered table. Each configuration (workload x clients) runs on a plain database and on a
+multimaster site (one of a 2-site cluster, nobody pulling) *interleaved*: plain, mm, plain, mm ...
+(`--rounds`), so the host's slow spells fall on both alike. Two ratios are printed: `ratio` =
+median(mm tps) / median(plain tps), and `paired` = the median over rounds of mm tps / plain tps of
+the same round (steadier on a busy host). One more row, `insert (no think)`, is one connection
+inserting without think time: the single-connection capture floor (`--no-capture` skips it).
+
+PostgreSQL load comes from pgbench (`-c N -j 2`, `\\sleep`; `--pg-driver psycopg` uses Python
+threads instead), MariaDB load from PyMySQL threads, one connection each. A transaction that fails
+with a deadlock / serialization failure / lock timeout is rolled back and counted in `retries`.
+
+Replication (`--no-replication` skips it): a fresh 2-site cluster; 16 clients run the `mixed`
+workload at r1 for `--seconds` x 3 while one refresher thread loops `api.refresh_link(r2 <- r1)`;
+reported: changes/s written at r1, changes/s applied at r2, and commit -> visible-at-r2 latency
+p50 / p95 of the inserted rows (visible = seen by a SELECT at r2 right after a refresh); then the
+cluster is refreshed until quiet and both sites' rows are compared (`converged`).
+
+Databases get unique names (tests/clusters.py) and are dropped at the end. Other modules can
+reuse the harness: :func:`run_load` (one database, one configuration) and :func:`compare`
+(several databases interleaved).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import yaml  # noqa: E402
+from clusters import MySQLBackend, PostgresBackend  # noqa: E402
+
+from multimaster import api  # noqa: E402
+
+try:
+    from multimaster.config.topology import load_topology  # noqa: E402
+except ImportError:  # the layout before the restructuring
+    from multimaster.topology import load_topology  # type: ignore[no-redef]  # noqa: E402
+
+COLS = {"name": "text", "qty": "int", "price": "real"}
+N_BASE = 1000
+WORKLOADS = ("insert", "update", "mixed")
+SERVERS = {"postgresql": PostgresBackend, "mysql": MySQLBackend}
+#: deadlock / serialization failure / lock timeout: the application rolls back and goes on
+_RETRY_PG = {"40001", "40P01", "55P03"}
+_RETRY_MY = {1213, 1205}
+
+
+# ---------------------------------------------------------------------------------------------
+# databases
+
+
+def _topo(tmp: Path, urls: dict[str, str]):  # type: ignore[no-untyped-def]
+    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"items": {"key": "id"}}, "links": "mesh"}
+    p = tmp / f"topo-{len(list(tmp.iterdir()))}.yaml"
+    p.write_text(yaml.safe_dump(doc))
+    return load_topology(p)
+
+
+def fill_base(b, url: str, n: int = N_BASE) -> None:  # type: ignore[no-untyped-def]
+    """`n` rows with keys 1..n (the rows the update workload picks from)."""
+    c = b.connect(url)
+    cur = c.cursor()
+    if b.name == "postgresql":
+        cur.execute(
+            "INSERT INTO items (id, name, qty, price) SELECT g, 'base-' || g, g, g * 0.5 FROM generate_series(1, %s) g", (n,)
+        )
+        cur.execute("SELECT setval(pg_get_serial_sequence('items', 'id'), %s)", (n,))
+    else:
+        cur.executemany(
+            "INSERT INTO items (id, name, qty, price) VALUES (%s, %s, %s, %s)",
+            [(i, f"base-{i}", i, i * 0.5) for i in range(1, n + 1)],
+        )
+    c.commit()
+    c.close()
+
+
+def plain_site(b, tmp: Path, name: str = "plain") -> str:  # type: ignore[no-untyped-def]
+    url = b.new_site(tmp, name)
+    b.create_table(url, "items", "id", COLS)
+    fill_base(b, url)
+    return url
+
+
+def mm_cluster(b, tmp: Path, names: tuple[str, ...] = ("c1", "c2")) -> tuple[dict[str, str], Any]:  # type: ignore[no-untyped-def]
+    """A multimaster cluster (mesh) replicating `items`; the base rows are filled at the first site
+    and copied by init to the others."""
+    urls = {s: b.new_site(tmp, s) for s in names}
+    for u in urls.values():
+        b.create_table(u, "items", "id", COLS)
+    fill_base(b, urls[names[0]])
+    topo = _topo(tmp, urls)
+    api.init(topo)
+    return urls, topo
+
+
+# ---------------------------------------------------------------------------------------------
+# load
+
+
+def _pgbench_script(workload: str, think_ms: float) -> str:
+    ins = "INSERT INTO items (name, qty, price) VALUES ('pgbench', :client_id, 0.5);"
+    upd = "UPDATE items SET qty = qty + 1 WHERE id = :k;"
+    lines = [f"\\set k random(1, {N_BASE})", "\\set r random(0, 1)", "BEGIN;"]
+    if workload == "insert":
+        lines.append(ins)
+    elif workload == "update":
+        lines.append(upd)
+    else:
+        lines += ["\\if :r = 0", ins, "\\else", upd, "\\endif"]
+    if think_ms > 0:
+        lines.append(f"\\sleep {int(think_ms * 1000)} us")
+    lines.append("COMMIT;")
+    return "\n".join(lines) + "\n"
+
+
+def _pgbench(url: str, workload: str, clients: int, seconds: float, think_ms: float) -> dict[str, Any]:
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(_pgbench_script(workload, think_ms))
+        script = f.name
+    env = {**os.environ, "PGPASSWORD": u.password or ""}
+    cmd = [
+        "pgbench",
+        "-n",
+        "-h",
+        u.host or "127.0.0.1",
+        "-p",
+        str(u.port or 5432),
+        "-U",
+        u.username or "postgres",
+        "-f",
+        script,
+        "-c",
+        str(clients),
+        "-j",
+        str(min(2, clients)),
+        "-T",
+        str(max(1, round(seconds))),
+        "--max-tries",
+        "100",
+        str(u.database),
+    ]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=seconds + 120, check=False)
+    finally:
+        os.unlink(script)
+    m = re.search(r"tps = ([\d.]+) \(without initial connection time\)", out.stdout)
+    if out.returncode != 0 or not m:
+        first = next((ln for ln in out.stderr.splitlines() if "ERROR" in ln or "error" in ln), out.stderr.strip()[-300:])
+        raise RuntimeError(f"pgbench failed ({out.returncode}): {first}")
+    retried = re.search(r"number of transactions retried: (\d+)", out.stdout)
+    return {"tps": float(m.group(1)), "retries": int(retried.group(1)) if retried else 0}
+
+
+def _retryable(exc: BaseException) -> bool:
+    if getattr(exc, "sqlstate", None) in _RETRY_PG:
+        return True
+    code = next(iter(getattr(exc, "args", ())), None)
+    return isinstance(code, int) and code in _RETRY_MY
+
+
+def _threads(
+    b,
+    url: str,
+    workload: str,
+    clients: int,
+    seconds: float,
+    think_ms: float,  # type: ignore[no-untyped-def]
+    on_commit: Callable[[str], None] | None = None,
+    stop: threading.Event | None = None,
+) -> dict[str, Any]:
+    """`clients` threads, one connection each; counts transactions committed inside the window.
+    `on_commit(name)` is called after each committed insert (its row's name); `stop` ends the run
+    early (the window then ends when it is set)."""
+    p = b.param()
+    ins = f"INSERT INTO items (name, qty, price) VALUES ({p}, {p}, {p})"
+    upd = f"UPDATE items SET qty = qty + 1 WHERE id = {p}"
+    think = think_ms / 1000.0
+    conns = [b.connect(url) for _ in range(clients)]
+    done = [0] * clients
+    retries = [0] * clients
+    errors: list[BaseException] = []
+    start = threading.Barrier(clients + 1)
+    window = {"end": float("inf")}
+
+    def client(w: int) -> None:
+        c = conns[w]
+        cur = c.cursor()
+        rnd = random.Random(w)
+        i = 0
+        start.wait()
+        try:
+            while True:
+                now = time.perf_counter()
+                if now >= window["end"] or (stop is not None and stop.is_set()):
+                    break
+                is_ins = workload == "insert" or (workload == "mixed" and rnd.random() < 0.5)
+                name = f"w{w}-{i}"
+                try:
+                    if is_ins:
+                        cur.execute(ins, (name, i, 0.5))
+                    else:
+                        cur.execute(upd, (rnd.randint(1, N_BASE),))
+                    if think:
+                        time.sleep(think)
+                    c.commit()
+                except Exception as e:
+                    c.rollback()
+                    if not _retryable(e):
+                        raise
+                    retries[w] += 1
+                    continue
+                i += 1
+                if time.perf_counter() <= window["end"]:
+                    done[w] += 1
+                if is_ins and on_commit is not None:
+                    on_commit(name)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(w,), daemon=True) for w in range(clients)]
+    for t in threads:
+        t.start()
+    t0 = time.perf_counter()
+    window["end"] = t0 + seconds
+    start.wait()
+    t0 = time.perf_counter()
+    window["end"] = t0 + seconds
+    if stop is not None:
+        stop.wait(seconds)
+        window["end"] = min(window["end"], time.perf_counter())
+    for t in threads:
+        t.join()
+    for c in conns:
+        with contextlib.suppress(Exception):
+            c.close()
+    if errors:
+        raise errors[0]
+    return {"tps": sum(done) / (window["end"] - t0), "retries": sum(retries)}
+
+
+def run_load(
+    b,
+    url: str,
+    workload: str,
+    clients: int,
+    seconds: float,
+    think_ms: float = 2.0,  # type: ignore[no-untyped-def]
+    pg_driver: str = "pgbench",
+) -> dict[str, Any]:
+    """One configuration against one database: {'tps': ..., 'retries': ...}."""
+    if b.name == "postgresql" and pg_driver == "pgbench":
+        return _pgbench(url, workload, clients, seconds, think_ms)
+    return _threads(b, url, workload, clients, seconds, think_ms)
+
+
+def compare(
+    b,
+    urls: dict[str, str],
+    configs: list[tuple[str, int, float]],
+    seconds: float,
+    rounds: int,  # type: ignore[no-untyped-def]
+    pg_driver: str = "pgbench",
+    baseline: str = "plain",
+    say: Callable[[str], None] = lambda _m: None,
+) -> list[dict[str, Any]]:
+    """Every configuration (workload, clients, think_ms) on every database of `urls`, interleaved
+    round by round (in the order of `urls`). Returns one row per configuration: tps per database
+    (median of the rounds, and every round), and each database's ratio to `baseline`."""
+    out = []
+    for workload, clients, think in configs:
+        runs: dict[str, list[float]] = {n: [] for n in urls}
+        retries: dict[str, int] = {n: 0 for n in urls}
+        for _ in range(rounds):
+            for n, u in urls.items():
+                r = run_load(b, u, workload, clients, seconds, think, pg_driver)
+                runs[n].append(r["tps"])
+                retries[n] += r["retries"]
+        med = {n: statistics.median(v) for n, v in runs.items()}
+        row: dict[str, Any] = {
+            "workload": workload if think else f"{workload} (no think)",
+            "clients": clients,
+            "think_ms": think,
+            "tps": {n: round(v, 1) for n, v in med.items()},
+            "rounds": {n: [round(x) for x in v] for n, v in runs.items()},
+            "ratio": {n: round(med[n] / med[baseline], 3) for n in urls if n != baseline and med[baseline]},
+            # per round against the baseline run just before it, then the median:
+            # the host's slow spells fall on both runs of a pair
+            "paired": {
+                n: round(statistics.median(a / b for a, b in zip(runs[n], runs[baseline]) if b), 3) for n in urls if n != baseline
+            },
+        }
+        if any(retries.values()):
+            row["retries"] = retries
+        say(
+            f"  {row['workload']:>18} x{clients:<3} "
+            + "  ".join(f"{n} {med[n]:8.1f}" for n in urls)
+            + "   ratio "
+            + " ".join(f"{n} {v:.3f}" for n, v in row["ratio"].items())
+            + "   paired "
+            + " ".join(f"{n} {v:.3f}" for n, v in row["paired"].items())
+        )
+        out.append(row)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# replication under load
+
+
+def replication(b, tmp: Path, seconds: float, clients: int = 16, think_ms: float = 2.0) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+    urls, topo = mm_cluster(b, tmp, ("r1", "r2"))
+    committed: dict[str, float] = {}
+    seen: dict[str, float] = {}
+    stop = threading.Event()
+    applied = [0]
+    errors: list[BaseException] = []
+    refreshes = [0]
+
+    def refresher() -> None:
+        c = b.connect(urls["r2"])
+        try:
+            with api.Cluster(topo) as cl:
+                while not stop.is_set():
+                    res = api.refresh_link(cl, "r2", "r1")
+                    if res.error:
+                        raise RuntimeError(res.error)
+                    refreshes[0] += 1
+                    applied[0] += res.applied
+                    now = time.time()
+                    cur = c.cursor()
+                    cur.execute("SELECT name FROM items WHERE name LIKE 'w%%'")
+                    names = cur.fetchall()
+                    c.commit()
+                    for (name,) in names:
+                        if name not in seen:
+                            seen[name] = now
+                    if not res.pulled:
+                        time.sleep(0.005)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+            stop.set()
+        finally:
+            c.close()
+
+    rt = threading.Thread(target=refresher, daemon=True)
+    rt.start()
+    t0 = time.perf_counter()
+    load = _threads(
+        b,
+        urls["r1"],
+        "mixed",
+        clients,
+        seconds,
+        think_ms,
+        on_commit=lambda name: committed.__setitem__(name, time.time()),
+        stop=None,
+    )
+    stop.set()
+    rt.join()
+    dt = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    delays = sorted((seen[n] - committed[n]) * 1000 for n in seen if n in committed)
+    q = statistics.quantiles(delays, n=20) if len(delays) > 20 else [float("nan")] * 19
+    # afterwards: every change reaches r2, and both sites hold the same rows
+    with api.Cluster(topo) as cl:
+        for _ in range(20):
+            if api.refresh_link(cl, "r2", "r1").pulled == 0:
+                break
+    rows = {}
+    for s, u in urls.items():
+        c = b.connect(u)
+        cur = c.cursor()
+        cur.execute("SELECT id, name, qty FROM items ORDER BY id")
+        rows[s] = [tuple(r) for r in cur.fetchall()]
+        c.close()
+    return {
+        "clients": clients,
+        "think_ms": think_ms,
+        "seconds": round(dt, 1),
+        "written_tps_r1": round(load["tps"], 1),
+        "replicated_changes_s": round(applied[0] / dt, 1),
+        "refreshes": refreshes[0],
+        "latency_ms_p50": round(statistics.median(delays), 1) if delays else None,
+        "latency_ms_p95": round(q[18], 1),
+        "inserts_seen": len(delays),
+        "converged": rows["r1"] == rows["r2"],
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 s runs, 2 rounds, 1 and 16 clients (< 3 minutes)")
+    ap.add_argument("--servers", default="postgresql,mysql")
+    ap.add_argument("--clients", help="comma-separated client counts (default 1,4,16,64; --quick 1,16)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS))
+    ap.add_argument("--seconds", type=float, help="seconds per run (default 5; --quick 2)")
+    ap.add_argument("--rounds", type=int, help="plain/mm pairs per configuration (default 3; --quick 2)")
+    ap.add_argument("--think-ms", type=float, default=2.0, help="application work inside each transaction")
+    ap.add_argument("--pg-driver", choices=("pgbench", "psycopg"), default="pgbench")
+    ap.add_argument("--no-capture", action="store_true", help="skip the single-connection, no-think-time insert row")
+    ap.add_argument("--no-replication", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    clients = [int(x) for x in (args.clients or ("1,16" if args.quick else "1,4,16,64")).split(",")]
+    seconds = args.seconds or (2.0 if args.quick else 5.0)
+    rounds = args.rounds or (2 if args.quick else 3)
+    workloads = [w for w in args.workloads.split(",") if w]
+    configs = [(w, n, args.think_ms) for w in workloads for n in clients]
+    if not args.no_capture:
+        configs.append(("insert", 1, 0.0))
+    say = (lambda _m: None) if args.json else (lambda m: print(m, flush=True))
+    out: dict[str, Any] = {
+        "settings": {
+            "clients": clients,
+            "seconds": seconds,
+            "rounds": rounds,
+            "think_ms": args.think_ms,
+            "pg_driver": args.pg_driver,
+        }
+    }
+    t_all = time.perf_counter()
+    for name in args.servers.split(","):
+        try:
+            b = SERVERS[name]()
+        except ConnectionError as e:
+            out[name] = {"skipped": str(e)}
+            continue
+        tmp = Path(tempfile.mkdtemp(prefix=f"mm-bench-conc-{name}-"))
+        try:
+            say(f"== {name}: tps plain / multimaster, ratio = mm / plain ({rounds} interleaved rounds of {seconds:g} s)")
+            urls = {"plain": plain_site(b, tmp)}
+            mm_urls, _ = mm_cluster(b, tmp)
+            urls["mm"] = mm_urls["c1"]
+            out[name] = {"load": compare(b, urls, configs, seconds, rounds, args.pg_driver, say=say)}
+            if not args.no_replication:
+                rep = replication(b, tmp, seconds * 3)
+                out[name]["replication"] = rep
+                say(f"  replication r1 -> r2, 16 clients mixed: {rep}")
+        finally:
+            b.cleanup()
+    out["seconds_total"] = round(time.perf_counter() - t_all, 1)
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        print(f"total {out['seconds_total']} s")
+
+
+if __name__ == "__main__":
+    main()
