@@ -300,9 +300,8 @@ class MySQLDialect(Dialect):
         own = [differs(c) for c in cols]
         anychanged = " OR ".join(own) if own else "FALSE"
         fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
-        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
+        diff = fr["diff"]
         updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END) << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew, updold = fr["updnew"], fr["updold"]
         stamps = []
         for s in spec.slots:
             vcol = q("v_" + s.name)
@@ -334,6 +333,7 @@ class MySQLDialect(Dialect):
         ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
         stmts = self.render(
             "capture",
+            **fr,
             table=q(info.name),
             tbl_lit=_lit(info.name),
             key=key,
@@ -341,14 +341,8 @@ class MySQLDialect(Dialect):
             insrid=insrid,
             ranked=ranked,
             allmask=str(spec.all_mask),
-            ncols=ncols,
-            ocols=ocols,
-            newvals=newvals,
-            oldvals=oldvals,
             anychanged=anychanged,
             updmask=updmask,
-            updnew=updnew,
-            updold=updold,
             slotstamp=slotstamp,
             slotnames=slotnames,
             slotinit=slotinit,

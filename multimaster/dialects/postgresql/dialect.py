@@ -154,9 +154,8 @@ class PostgreSQLDialect(Dialect):
         own = [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols]
         anychanged = " OR ".join(own) if own else "false"
         fr = capture_fragments(q, cols, spec, "n", "o", own)
-        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
+        diff = fr["diff"]
         updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew, updold = fr["updnew"], fr["updold"]
         stamps = []
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)
@@ -187,6 +186,7 @@ class PostgreSQLDialect(Dialect):
         lockevents = "UPDATE OR DELETE" if spec.renumber else "INSERT OR UPDATE OR DELETE"
         stmts = self.render(
             "capture",
+            **fr,
             table=q(info.name),
             key=key,
             keyname_lit=_lit(info.key.name),
@@ -194,14 +194,8 @@ class PostgreSQLDialect(Dialect):
             insrid=insrid,
             lockevents=lockevents,
             allmask=str(spec.all_mask),
-            ncols=ncols,
-            ocols=ocols,
-            newvals=newvals,
-            oldvals=oldvals,
             anychanged=anychanged,
             updmask=updmask,
-            updnew=updnew,
-            updold=updold,
             slotstamp=slotstamp,
             slotnames=slotnames,
             slotinit=slotinit,

@@ -167,9 +167,8 @@ class SQLiteDialect(Dialect):
         own = [f"OLD.{q(c.name)} IS NOT NEW.{q(c.name)}" for c in cols]
         anychanged = " OR ".join(own) if own else "0"
         fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
-        ncols, ocols, newvals, oldvals, diff = fr["ncols"], fr["ocols"], fr["newvals"], fr["oldvals"], fr["diff"]
+        diff = fr["diff"]
         updmask = " | ".join(f"(({d}) << {i})" for i, d in enumerate(diff)) if diff else "0"
-        updnew, updold = fr["updnew"], fr["updold"]
         now_ver = _NOW_VER.format(log=o.log)
         # evaluated twice in an insert (ver and rid): the same value, as 'now' is fixed per statement
         # and the log's last entry is read before the row goes in
@@ -206,6 +205,7 @@ class SQLiteDialect(Dialect):
             live = " AND deleted IS NULL"
         stmts = self.render(
             "capture",
+            **fr,
             table=q(info.name),
             tablename=info.name.replace("'", ""),
             keyname=info.key.name.replace("'", ""),
@@ -215,14 +215,8 @@ class SQLiteDialect(Dialect):
             insrid=insrid,
             newkey=newkey,
             allmask=str(spec.all_mask),
-            ncols=ncols,
-            ocols=ocols,
-            newvals=newvals,
-            oldvals=oldvals,
             anychanged=anychanged,
             updmask=updmask,
-            updnew=updnew,
-            updold=updold,
             slotstamp=slotstamp,
             ver=ver,
             shadowinsert=shadowinsert,
