@@ -54,7 +54,9 @@ def pull_batch(
 def store_batch(
     conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]], applied: bool = False
 ) -> tuple[int, int]:
-    """Copy pulled rows into the snapshot of `peer`; apply purge records. Returns (stored, last seq2).
+    """Copy pulled rows into the snapshot of `peer`. Returns (stored, last seq2). The second-order
+    log is a view over the change log on every dialect, so every record is an append (``A``);
+    purges are known from the source's horizon (`engine.refresh.check_not_purged`), not records.
 
     `applied=True` stores them as applied: the caller reconciles them in the same transaction (see
     reconcile_table's `fresh`), which saves marking every row afterwards."""
@@ -63,7 +65,6 @@ def store_batch(
     ncols = len(info.columns)
     width = 6 + 2 * ncols
     appended = []
-    purged = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     for r in rows:
@@ -80,8 +81,6 @@ def store_batch(
                     exact[i] = f(exact[i])
                 vals = exact
             appended.append((seq, *vals))
-        elif op2 == "P":
-            purged.append((seq,))
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
@@ -91,7 +90,5 @@ def store_batch(
             + [d.quote("o_" + c) for c in info.column_names]
         )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
-    if purged:
-        conn.exec_driver_sql(f"DELETE FROM {o.snap} WHERE pseq = {d.caps.placeholder} AND applied = 1", purged)
     last = rows[-1][0] if rows else 0
     return len(appended), last
