@@ -12,6 +12,7 @@ from clusters import ITEMS, make_cluster
 from sqlalchemy.exc import DBAPIError, OperationalError
 
 from multimaster import api
+from multimaster.dialects import get_dialect
 from multimaster.engine.site import Site
 
 BASE = [("items", k, f"base-{k}", k, float(k)) for k in (1, 2)]
@@ -22,10 +23,16 @@ def _servers_only(backend) -> None:  # type: ignore[no-untyped-def]
         pytest.skip("SQLite has one writer at a time: there is no interleaving to force")
 
 
+def _concurrent(backend) -> bool:  # type: ignore[no-untyped-def]
+    """Writers of one table capture without waiting for each other (Capabilities.concurrent_capture);
+    otherwise the capture queues them until COMMIT."""
+    return get_dialect(backend.name).caps.concurrent_capture
+
+
 def test_a_change_committed_after_later_ones_were_pulled_is_not_skipped(backend, tmp_path):  # type: ignore[no-untyped-def]
-    """Transaction A writes first and stays open; B writes and tries to commit; s2 pulls in between,
-    then A commits, then B. Nothing may be skipped, and nothing may be handed out that A could still
-    precede (capture queues writers of one table until COMMIT, so B's change waits for A's)."""
+    """Transaction A writes first and stays open; B writes and commits (or, where capture queues
+    writers, waits for A); s2 pulls in between, then A commits. Nothing may be skipped, and nothing
+    may be handed out that A could still precede."""
     _servers_only(backend)
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, base={"s1": BASE, "s2": BASE})
     p = backend.param()
@@ -37,7 +44,8 @@ def test_a_change_committed_after_later_ones_were_pulled_is_not_skipped(backend,
 
     tb = threading.Thread(target=b)
     tb.start()
-    tb.join(timeout=1.0)  # B queues behind A on the table's capture lock until A commits
+    tb.join(timeout=5.0 if _concurrent(backend) else 1.0)
+    assert tb.is_alive() != _concurrent(backend), "B waited for A" if tb.is_alive() else "B did not wait for A"
     res = cl.refresh("s2", "s1")  # pulls while A is still open
     assert res[0].pulled == 0, "a change was handed out while A, which precedes it, was running"
     a.commit()
@@ -76,10 +84,10 @@ def _insert(backend, cur, table: str, tag: str, how: str) -> None:  # type: igno
 @pytest.mark.parametrize("table", ["items", "tags"])
 @pytest.mark.parametrize("how", ["values", "select", "copy"])
 def test_an_insert_committed_after_later_ones_were_pulled_is_not_skipped(backend, tmp_path, table, how):  # type: ignore[no-untyped-def]
-    """The same forced interleaving with multi-row inserts (VALUES, INSERT ... SELECT, COPY): on a
-    renumbered table the lock is taken by the rank trigger before each row (PostgreSQL takes the
-    statement-level lock only for UPDATE and DELETE there), on a natural-key table by the statement;
-    on MariaDB by the clock row. The change log's seq (= seq2) must still come in commit order."""
+    """The same forced interleaving with multi-row inserts (VALUES, INSERT ... SELECT, COPY), into a
+    renumbered and a natural-key table: B does not wait for A where capture is concurrent (else it
+    queues until A commits), a peer pulling while A is open gets nothing of B's, and afterwards
+    keys are ranks in insertion order at both sites."""
     _servers_only(backend)
     if how == "copy" and backend.name != "postgresql":
         pytest.skip("COPY is PostgreSQL's")
@@ -113,9 +121,12 @@ def _interleave(backend, cl, a, table: str, how: str) -> None:  # type: ignore[n
 
     tb = threading.Thread(target=b)
     tb.start()
-    tb.join(timeout=1.0)
+    tb.join(timeout=5.0 if _concurrent(backend) else 1.0)
     try:
-        assert tb.is_alive(), f"B did not wait for A, which wrote the table first ({errors})"
+        if _concurrent(backend):
+            assert not tb.is_alive() and not errors, f"B waited for A, which wrote the table first ({errors})"
+        else:
+            assert tb.is_alive(), f"B did not wait for A, which wrote the table first ({errors})"
         res = cl.refresh("s2", "s1")  # pulls while A is open
         assert res[0].pulled == 0, "a change was handed out while A, which precedes it, was running"
     except BaseException:

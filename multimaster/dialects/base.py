@@ -50,10 +50,15 @@ class Capabilities:
     #: one writer at a time per database: the apply transaction takes the write lock up front
     #: (BEGIN IMMEDIATE) and excludes every other writer
     single_writer: bool
-    #: the reconciler may apply plain changes set-based (engine/fastpath.py), reading rows and then
-    #: writing them without row locks: only where no other writer of the table can commit while the
-    #: apply transaction runs; elsewhere the planner's path, which locks rows first (lock_rows)
+    #: the reconciler may apply plain changes set-based (engine/fastpath.py): where the apply
+    #: transaction is the only writer (single_writer), or after locking the candidate rows
+    #: (lock_rows) where applications write concurrently; elsewhere the planner's path
     set_based_apply: bool
+    #: writers of one replicated table capture concurrently, without a table lock: change-log
+    #: positions are drawn before COMMIT, so a peer reads only below read_horizon(); local inserts
+    #: into a renumbered table draw keys from a counter, and the reconciler ranks them
+    #: (engine/apply.py normalize_keys) while it holds lock_writers (docs/concepts.md)
+    concurrent_capture: bool
     #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
     #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file
     #: next to the database
@@ -77,7 +82,7 @@ def templates_dir(dialect: str) -> Path:
 
 #: the objects of :func:`names` that are relations (tables, views): they live in the bookkeeping
 #: schema; triggers and indexes take no schema qualifier
-_RELATIONS = ("log", "log2", "shadow", "tombstones", "snap")
+_RELATIONS = ("log", "log2", "shadow", "tombstones", "snap", "keyseq")
 
 
 class Dialect:
@@ -185,6 +190,25 @@ class Dialect:
     def log_write_columns(self, cols: Sequence[str]) -> list[str]:
         """`cols` (change log columns as read) as the columns to write them to."""
         return [self.caps.log_rid_column if c == "rid" else c for c in cols]
+
+    def append_log(
+        self,
+        conn: Connection,
+        table: str,
+        cols: Sequence[str],
+        select: str | None = None,
+        rows: Sequence[tuple[Any, ...]] = (),
+        params: tuple[Any, ...] = (),
+    ) -> None:
+        """Append change-log entries of `table` that this site did not capture (the reconciler's
+        relay, add-site's copy), each at a new position, in the order given: the rows of `select`
+        (a SELECT of `cols`, as read, with `params`) or `rows` (tuples of `cols`). Default: the
+        change log numbers its rows itself (single writer: positions are in commit order)."""
+        target = f"INSERT INTO {self.obj(table).log} ({', '.join(self.log_write_columns(cols))}) "
+        if select is not None:
+            conn.exec_driver_sql(target + select, params)
+        elif rows:
+            conn.exec_driver_sql(target + f"VALUES ({self.ph(len(cols))})", list(rows))
 
     def value_adapters(self, info: TableInfo) -> list[Any]:
         """Per replicated column of `info` at this site, a converter from a value as any peer's
@@ -311,8 +335,22 @@ class Dialect:
         raise NotImplementedError
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
-        """Called first when reconciling `info` at this site: take whatever lock the capture
-        triggers take to give keys and versions. Default: none (the write transaction holds it)."""
+        """Called first when reconciling `info` at this site: serialize the reconcilers of the
+        table (a relay must write an origin's changes in version order). Default: none (the write
+        transaction is the only writer)."""
+
+    def lock_writers(self, conn: Connection, info: TableInfo) -> None:
+        """Wait for the local writers of renumbered `info` in flight and hold back new ones until
+        the transaction ends: taken by the reconciler before it gives keys (new identities, key
+        shifts, normalize_keys) and before it locks any row, so the identities it ranks are all
+        there. Default: none (the write transaction is the only writer)."""
+
+    def read_horizon(self, conn: Connection, table: str) -> int | None:
+        """The position below which every change-log entry of `table` at this site is final: its
+        transaction committed (the entry is visible to a statement started after this call) or
+        rolled back (it never will be). Run in its own statement, before the statement reading
+        the entries. None: every committed entry is final (positions are given in commit order)."""
+        return None
 
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
         """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
@@ -338,8 +376,13 @@ class Dialect:
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
         """Follow-ups after keys were assigned: move whatever gives a plain insert its key (a
-        sequence, a counter) past the highest key."""
+        sequence, a counter) past the highest key (forward only: local inserts may be in flight)."""
         raise NotImplementedError
+
+    def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
+        """Under lock_writers, after normalize_keys: the next local insert into `info` (renumbered)
+        takes key top + 1 where the counter can be moved back. Default: after_apply's forward move."""
+        self.after_apply(conn, info)
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """Move this site's clock to at least `hlc` (a version of `table` received from a peer; no

@@ -54,6 +54,7 @@ class Names:
     keyguard: str  #: the trigger refusing updates of a renumbered key
     catch_u: str  #: SQLite's lazy-shadow catch-up trigger of updates
     catch_d: str  #: SQLite's lazy-shadow catch-up trigger of deletes
+    keyseq: str  #: the key counter of local inserts into a renumbered table (dialects with concurrent capture)
     snap: str | None = None  #: the snapshot of the peer's change log
     snap_idx: str | None = None  #: the snapshot's index of rows not applied yet
 
@@ -85,6 +86,7 @@ def names(table: str, peer: str | None = None) -> Names:
         keyguard=f"_mm_key_{table}",
         catch_u=f"_mm_catch_u_{table}",
         catch_d=f"_mm_catch_d_{table}",
+        keyseq=f"_mm_keyseq_{table}",
         snap=None if peer is None else f"_mm_snap_{table}__{peer}",
         snap_idx=None if peer is None else f"_mm_snapi_{table}__{peer}",
     )

@@ -20,7 +20,7 @@ from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 
-__all__ = ["Applied", "execute_plan"]
+__all__ = ["Applied", "execute_plan", "keys_unranked", "normalize_keys", "keys_ranked_now"]
 
 
 @dataclass
@@ -78,6 +78,50 @@ def _assign_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, base_ma
     for rid in new:
         p.rows[rid].key = ka.keys[rid]
     return renumbered
+
+
+def keys_unranked(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> bool:
+    """Whether renumbered `info` has keys above those known to be ranks: drawn by local inserts
+    since the reconciler last ranked them (dialects whose writers capture concurrently)."""
+    top = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {d.obj(info.name).shadow}").scalar()
+    return top is not None and top > max(store.tables.keys_ranked(conn, d, info.name), base_max)
+
+
+def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> int:
+    """Under Dialect.lock_writers (no local insert in flight): give the identities inserted here
+    since keys were last ranked — the shadow rows with keys above ``keys_ranked`` — the keys
+    base + rank in identity order, in the table and the shadow. Their keys came from the key
+    counter: a rolled-back insert leaves a gap, and two concurrent inserts may have drawn key and
+    version in opposite orders. Every older identity sorts below them (a local insert draws its
+    version after the reconciler that last ranked keys committed, past every version it had).
+    Returns how many rows moved."""
+    o = d.obj(info.name)
+    ph = d.caps.placeholder
+    k0 = max(store.tables.keys_ranked(conn, d, info.name), base_max)
+    rows = conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {o.shadow} WHERE {d.key_col} > {ph} ORDER BY rid", (k0,)).all()
+    moves = [(int(key), k0 + i + 1) for i, (_rid, key) in enumerate(rows) if int(key) != k0 + i + 1]
+    if moves:
+        q = d.quote
+        key = q(info.key.name)
+        top = conn.exec_driver_sql(
+            f"SELECT {d.greatest(f'(SELECT coalesce(max({key}), 0) FROM {q(info.name)})', f'(SELECT max({d.key_col}) FROM {o.shadow})')}"
+        ).scalar()
+        off = int(top or 0) + 1
+        # through keys above every key (no unique key collides on the way), then down to the ranks
+        for tbl, col in ((q(info.name), key), (o.shadow, d.key_col)):
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {ph} WHERE {col} = {ph}", [(new + off, old) for old, new in moves])
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
+    store.tables.set_keys_ranked(conn, d, info.name, k0 + len(rows))
+    return len(moves)
+
+
+def keys_ranked_now(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> None:
+    """Under Dialect.lock_writers, after keys were given: every key is a rank now; record it and
+    set the key counter to the highest key (the next local insert ranks last)."""
+    top = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {d.obj(info.name).shadow}").scalar()
+    top = max(int(top or 0), base_max)
+    store.tables.set_keys_ranked(conn, d, info.name, top)
+    d.reset_key_counter(conn, info, top)
 
 
 def _ranks_below(conn: Connection, d: Dialect, info: TableInfo, new: list[str], base_max: int) -> list[int]:

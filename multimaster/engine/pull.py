@@ -16,7 +16,7 @@ from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
-__all__ = ["log_select_columns", "pull_batch", "store_batch"]
+__all__ = ["log_select_columns", "pull_batch", "read_entries", "store_batch"]
 
 
 def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
@@ -29,39 +29,67 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     return cols
 
 
-def pull_batch(
-    source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int
+def read_entries(
+    sconn: Connection,
+    source: Site,
+    target: str,
+    info: TableInfo,
+    watermark: int,
+    below: int | None = None,
+    limit: int | None = None,
 ) -> list[tuple[Any, ...]]:
-    """Read up to `limit` second-order log entries of `source` past `watermark`, joined with the
-    change log rows they reference. Returns rows (seq2, op2, seq, ver, origin, op, rid, key, mask,
-    n..., o...). Entries for changes that originated at `target` are kept (to advance the
-    watermark) but their change columns are None."""
+    """On a connection to `source`: its second-order log entries past `watermark` (and below
+    `below`), joined with the change-log rows they reference, in order, as rows (seq2, op2, seq,
+    ver, origin, op, rid, key, mask, n..., o...); entries of changes that originated at `target`
+    come with change columns None."""
     o = source.dialect.obj(info.name)
-    q = source.dialect.quote
     ph = source.dialect.caps.placeholder
     cols = ", ".join(log_select_columns(source, info, "l."))
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o.log2} l2 "
         f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph} "
-        f"WHERE l2.seq2 > {ph} "
-        f"ORDER BY l2.seq2 LIMIT {int(limit)}"
+        f"WHERE l2.seq2 > {ph} {'' if below is None else f'AND l2.seq2 < {int(below)} '}"
+        f"ORDER BY l2.seq2{'' if limit is None else f' LIMIT {int(limit)}'}"
     )
-    del q
+    return [tuple(r) for r in sconn.exec_driver_sql(sql, (target, watermark))]
+
+
+def pull_batch(
+    source: Site, target: Site, target_conn: Connection | None, info: TableInfo, watermark: int, limit: int
+) -> list[tuple[Any, ...]]:
+    """Read up to `limit` second-order log entries of `source` past `watermark` (read_entries).
+
+    Where writers capture concurrently, only entries below the source's horizon are read (read
+    first, in a statement of its own): below it every entry is final, so none can appear later
+    below the new watermark (docs/concepts.md "Many writers")."""
     with source.read() as sconn:
-        return [tuple(r) for r in sconn.exec_driver_sql(sql, (target.name, watermark))]
+        horizon = source.dialect.read_horizon(sconn, info.name)
+        return read_entries(sconn, source, target.name, info, watermark, horizon, limit)
 
 
 def store_batch(
     conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]], applied: bool = False
-) -> tuple[int, int]:
-    """Copy pulled rows into the snapshot of `peer`. Returns (stored, last seq2). The second-order
-    log is a view over the change log on every dialect, so every record is an append (``A``);
-    purges are known from the source's horizon (`engine.refresh.check_not_purged`), not records.
+) -> tuple[int, int, int | None]:
+    """Copy pulled rows into the snapshot of `peer`. Returns (stored, last seq2, lowest position
+    stored or None). The second-order log is a view over the change log on every dialect, so every
+    record is an append (``A``); purges are known from the source's horizon
+    (`engine.refresh.check_not_purged`), not records. A position the snapshot holds already is
+    skipped (add-site stores, as applied, the entries its copy already holds above its cut).
 
-    `applied=True` stores them as applied: the caller reconciles them in the same transaction (see
-    reconcile_table's `fresh`), which saves marking every row afterwards."""
+    `applied=True` stores them as applied: the caller reconciles them in the same transaction,
+    telling them by the lowest position returned (reconcile_table's `fresh`), which saves marking
+    every row afterwards; not when the snapshot held positions at or past the batch already."""
     d = site.dialect
     o = d.obj(info.name, peer)
+    held: set[int] = set()
+    if rows:
+        held = {
+            int(r[0])
+            for r in conn.exec_driver_sql(f"SELECT pseq FROM {o.snapshot()} WHERE pseq >= {d.caps.placeholder}", (rows[0][2],))
+        }
+        # positions held at or past this batch: the caller cannot tell new rows by position, so
+        # they are stored as not applied yet (and no lowest position is returned)
+        applied = applied and not held
     ncols = len(info.columns)
     width = 6 + 2 * ncols
     appended = []
@@ -70,8 +98,8 @@ def store_batch(
     for r in rows:
         _seq2, op2, seq = r[0], r[1], r[2]
         if op2 == "A":
-            if r[3] is None:
-                continue  # the change came from this site, or was purged already
+            if r[3] is None or seq in held:
+                continue  # the change came from this site, or was purged already, or is held already
             vals: Sequence[Any] = r[3 : 3 + width]
             if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
                 raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
@@ -91,4 +119,4 @@ def store_batch(
         )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     last = rows[-1][0] if rows else 0
-    return len(appended), last
+    return len(appended), last, min((a[0] for a in appended), default=None) if applied else None

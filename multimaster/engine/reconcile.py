@@ -22,12 +22,12 @@ from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import fastpath
-from multimaster.engine.apply import Applied, execute_plan
+from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
-__all__ = ["ReconcileResult", "RefreshResult", "reconcile_table"]
+__all__ = ["ReconcileResult", "RefreshResult", "reconcile_table", "rank_local_keys"]
 
 
 @dataclass
@@ -105,12 +105,17 @@ def reconcile_table(
     d.catch_up(conn, info)
     # 1. candidates, one per version
     cands = _candidates(conn, site, info, snaps, fresh)
+    # on error the transaction rolls back, and the capture guard and scratch tables with it
+    d.set_applying(conn, True)
+    # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
+    keying = _lock_keys(conn, site, info, base_max, cands, res)
     if cands is None:
+        if keying:
+            keys_ranked_now(conn, d, info, base_max)
+        d.set_applying(conn, False)
         return res
     res.duplicates += max(0, cands.pending - cands.total)
     max_hlc = ver_hlc(max(top for _, top in cands.per_origin.values()))
-    # on error the transaction rolls back, and the capture guard and scratch tables with it
-    d.set_applying(conn, True)
     # 2. the plain changes, set-based
     fr, rest = _apply_plain(conn, site, info, cands, base_max, res)
     # 3. the rest: the planner decides, in version order; then its plan is executed
@@ -126,12 +131,50 @@ def reconcile_table(
     # 7. the clock moves past every version received
     d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)
+    if keying:
+        keys_ranked_now(conn, d, info, base_max)
     d.set_applying(conn, False)
     d.drop_temp(conn, cands.table)
     res.applied = cands.total - len(p.parked)
     res.parked = len(p.parked)
     res.conflicts = p.conflicts
     return res
+
+
+def _lock_keys(
+    conn: Connection, site: Site, info: TableInfo, base_max: int, cands: "_Candidates | None", res: ReconcileResult
+) -> bool:
+    """Step 1b, where writers capture concurrently and `info` is renumbered: when keys are to be
+    given (a candidate inserts, or local inserts drew keys not ranked yet), take the table's
+    writers' lock (waiting for the local writers in flight, holding back new ones) before any row
+    is touched, and rank the local keys (apply.normalize_keys). Returns whether it did."""
+    d = site.dialect
+    if not (info.spec.renumber and d.caps.concurrent_capture):
+        return False
+    inserts = (
+        cands is not None and conn.exec_driver_sql(f"SELECT 1 FROM {cands.table} WHERE op = 'I' LIMIT 1").first() is not None
+    )
+    if not inserts and not keys_unranked(conn, d, info, base_max):
+        return False
+    d.lock_writers(conn, info)
+    res.renumbered += normalize_keys(conn, d, info, base_max)
+    return True
+
+
+def rank_local_keys(conn: Connection, site: Site, info: TableInfo, base_max: int) -> int:
+    """In a write transaction at `site`, with nothing to apply: rank the keys local inserts into
+    `info` drew (see _lock_keys), so this site's keys equal its peers' even when it receives
+    nothing. Returns how many rows moved."""
+    d = site.dialect
+    if not (info.spec.renumber and d.caps.concurrent_capture) or not keys_unranked(conn, d, info, base_max):
+        return 0
+    res = ReconcileResult(info.name)
+    d.lock_for_apply(conn, info)
+    d.set_applying(conn, True)
+    if _lock_keys(conn, site, info, base_max, None, res):
+        keys_ranked_now(conn, d, info, base_max)
+    d.set_applying(conn, False)
+    return res.renumbered
 
 
 def _candidates(
@@ -197,9 +240,11 @@ def _apply_plain(
     cand = cands.table
     rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
     fr = fastpath.FastResult()
-    # set-based apply reads and then writes rows without locking them: only where no other writer
-    # of this table can commit meanwhile (Capabilities.set_based_apply); elsewhere the planner's locked path
+    # set-based apply reads and then writes rows: where applications write the table meanwhile
+    # (not single_writer), after locking every row the candidates touch (Capabilities.set_based_apply)
     if fastpath.enabled() and d.caps.set_based_apply:
+        if not d.caps.single_writer:
+            _lock_candidate_rows(conn, d, info, cand)
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, cands.total)
         res.inserted += fr.inserted
         res.updated += fr.updated
@@ -207,6 +252,20 @@ def _apply_plain(
         if fr.done:
             rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
     return fr, rest
+
+
+def _lock_candidate_rows(conn: Connection, d: Dialect, info: TableInfo, cand: str) -> None:
+    """Lock the table and shadow rows of every identity in `cand` (and of every incarnation of a
+    natural key in it), so an application's concurrent write waits for the apply."""
+    tmp = d.temp_rids(conn)
+    conn.exec_driver_sql(d.insert_ignore_into(tmp, "rid", f"SELECT DISTINCT rid FROM {cand}"))
+    if not info.spec.renumber:
+        o = d.obj(info.name)
+        conn.exec_driver_sql(
+            d.insert_ignore_into(tmp, "rid", f"SELECT s.rid FROM {o.shadow} s JOIN {cand} c ON c.{d.key_col} = s.{d.key_col}")
+        )
+    d.lock_rows(conn, info, tmp)
+    conn.exec_driver_sql(f"DELETE FROM {tmp}")
 
 
 def _plan_rest(
@@ -269,12 +328,14 @@ def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, re
     their own version and origin (each entry is its own second-order record: the second-order log is a view)."""
     d = site.dialect
     ph = d.caps.placeholder
-    own = d.obj(info.name)
     lcols = cands.columns
     inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
-    conn.exec_driver_sql(
-        f"INSERT INTO {own.log} ({', '.join(d.log_write_columns(lcols))}) SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
-        tuple(relay or ()),
+    d.append_log(
+        conn,
+        info.name,
+        lcols,
+        select=f"SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
+        params=tuple(relay or ()),
     )
 
 

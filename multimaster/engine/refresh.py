@@ -18,7 +18,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
-from multimaster.engine.reconcile import ReconcileResult, RefreshResult, reconcile_table
+from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, PurgedPastWatermark
 
@@ -147,6 +147,9 @@ def _refresh_table(
             progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
         if len(rows) < batch or (stop is not None and stop()):
             break
+    if link.reconcile_ and not rr.applied and link.info.spec.renumber and tgt.dialect.caps.concurrent_capture:
+        # nothing applied: still rank the keys local inserts drew, as a reconcile would
+        rr.renumbered += write_retrying(tgt, functools.partial(rank_local_keys, site=tgt, info=link.info, base_max=link.base_max))
     return rr
 
 
@@ -160,10 +163,10 @@ def _apply_batch(
     tgt, source, tb, info = link.tgt, link.source, link.table, link.info
     if store.watermarks.read(conn, tgt.dialect, source, tb) != wm:
         return None  # another refresher moved it: read again
-    stored, last = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
+    stored, last, lowest = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
     store.watermarks.write(conn, tgt.dialect, source, tb, last)
     if link.reconcile_:
-        fresh = {source: min((r[2] for r in rows if r[1] == "A"), default=1 << 62)}
+        fresh = {source: lowest} if lowest is not None else {}
         r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
         store.links.stats(conn, tgt.dialect, source, stored, r.applied, len(r.conflicts), now_iso())
         return stored, r

@@ -38,6 +38,7 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, NotInstalled, SchemaError
@@ -120,11 +121,18 @@ def _copy_rows(
     return n
 
 
+#: change-log columns written unquoted (as engine/pull.py log_select_columns names them)
+_PLAIN = ("ver", "origin", "op", "rid", "mask")
+
+
 def _max_seq2(conn: Connection, site: Site, table: str) -> int:
-    """The second-order position below which every entry is committed and visible to `conn`: the
-    highest seq2 (change-log entries commit in seq = seq2 order on every dialect)."""
+    """A second-order position up to which every entry is final: the highest seq2 visible to
+    `conn`, or below the horizon where writers capture concurrently (read first, in a statement of
+    its own: entries may commit out of position order there)."""
     d = site.dialect
-    return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}").scalar() or 0)
+    h = d.read_horizon(conn, table)
+    below = "" if h is None else f" WHERE seq2 < {int(h)}"
+    return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}{below}").scalar() or 0)
 
 
 def add_site(
@@ -164,6 +172,7 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
         uninstall(cl, name)
         installed = []
     rep.already_installed = bool(installed)
+    copied: dict[str, int] | None = None
     if not installed:
         pinfo: dict[str, TableInfo] = {}
         ninfo: dict[str, TableInfo] = {}
@@ -189,10 +198,10 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
                     )
         if schema_problems:
             raise SchemaError(schema_problems)
-        _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
+        copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
-    _connect_pullers(cl, name, peer, pullers, rep, say)
+    _connect_pullers(cl, name, peer, pullers, rep, say, copied)
     return rep
 
 
@@ -209,14 +218,20 @@ def _check_add_site(t: Topology, name: str, peer: str) -> None:
         raise ConfigError(problems, str(t.path) if t.path else None)
 
 
-def _connect_pullers(cl: Cluster, name: str, peer: str, pullers: list[str], rep: AddSiteReport, say: Progress) -> None:
+def _connect_pullers(
+    cl: Cluster, name: str, peer: str, pullers: list[str], rep: AddSiteReport, say: Progress, copied: dict[str, int] | None
+) -> None:
     """Give every site that pulls from `name` a snapshot of it and a link; `peer`, if it has not
-    pulled from `name` yet, starts at the end of `name`'s change log (it holds all `name` has)."""
+    pulled from `name` yet, starts after the entries `name`'s change log got from it (`copied`:
+    per table the last position the copy wrote; None: `name` was installed already, its end)."""
     t = cl.topo
     nsite = cl.site(name)
     # ---- the sites that pull from NAME --------------------------------------------------
-    with nsite.read() as conn:
-        npos = {tb: _max_seq2(conn, nsite, tb) for tb in t.tables}
+    if copied is not None:
+        npos = copied
+    else:
+        with nsite.read() as conn:
+            npos = {tb: _max_seq2(conn, nsite, tb) for tb in t.tables}
     for s in pullers:
         site = cl.site(s)
         with site.write() as conn:
@@ -240,7 +255,9 @@ def _copy(
     batch_size: int,
     say: Progress,
     rep: AddSiteReport,
-) -> None:
+) -> dict[str, int]:
+    """Install `name` as a copy of `peer`, read in one snapshot. Returns per table the last
+    position of `name`'s change log the copy wrote."""
     t = cl.topo
     nsite, psite = cl.site(name), cl.site(peer)
     nd, pd = nsite.dialect, psite.dialect
@@ -255,6 +272,12 @@ def _copy(
             with qs.read() as conn:
                 other_pos[q] = {tb: _max_seq2(conn, qs, tb) for tb in t.tables}
     nd.prepare_site(nsite.engine)
+    # PEER's horizon per table, read before its snapshot is taken: every entry below it is in the
+    # snapshot if committed; entries at or above it may commit later, at lower positions than some
+    # the snapshot holds (None: positions are given in commit order; the snapshot's last one is the cut)
+    with psite.read() as hconn:
+        horizons = {tb: pd.read_horizon(hconn, tb) for tb in t.tables}
+    npos: dict[str, int] = {}
     with psite.engine.connect() as pconn:
         _consistent_read(pconn)
         with pconn.begin(), nsite.write() as nconn:
@@ -264,7 +287,13 @@ def _copy(
             for tb in t.tables:
                 pi, ni = pinfo[tb], ninfo[tb]
                 po, no = pd.obj(tb), nd.obj(tb)
-                pos = _max_seq2(pconn, psite, tb)  # the capture point
+                horizon = horizons[tb]
+                # the capture point: NAME pulls PEER's entries after it
+                pos = (
+                    horizon - 1
+                    if horizon is not None
+                    else int(pconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {po.log2}").scalar() or 0)
+                )
                 pwm = {q: store.watermarks.read(pconn, pd, q, tb) for q in peer_sources}
                 if replace:
                     nconn.exec_driver_sql(f"DELETE FROM {nd.quote(tb)}")
@@ -302,21 +331,29 @@ def _copy(
                     + ["o_" + c for c in pi.column_names]
                 )
                 lq = ", ".join(pd.quote(c) for c in lcols)
-                ins = f"INSERT INTO {no.log} ({', '.join([nd.quote(c) for c in nd.log_write_columns(lcols)])}) VALUES ({nd.ph(len(lcols))})"
-                rep.log_entries[tb] = _copy_rows(
-                    pconn,
-                    f"SELECT {lq} FROM {po.log} ORDER BY seq",
-                    nconn,
-                    ins,
-                    batch_size,
-                    lambda n: say(f"{tb}: copied {n} change-log entries from {peer} to {name}"),
-                )
+                rep.log_entries[tb] = 0
+                for part in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=batch_size):
+                    nd.append_log(
+                        nconn, tb, [nd.key_col if c == "key" else c if c in _PLAIN else nd.quote(c) for c in lcols], rows=part
+                    )
+                    rep.log_entries[tb] += len(part)
+                    say(f"{tb}: copied {rep.log_entries[tb]} change-log entries from {peer} to {name}")
+                npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {no.log2}").scalar() or 0)
                 store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
                 # PEER's own changes up to the capture point are in the copy: applied at NAME too
                 ph = pd.caps.placeholder
-                own_top = pconn.exec_driver_sql(f"SELECT max(ver) FROM {po.log} WHERE origin = {ph}", (peer,)).scalar()
+                own_top = pconn.exec_driver_sql(
+                    f"SELECT max(ver) FROM {po.log} WHERE origin = {ph} AND seq <= {ph}", (peer, pos)
+                ).scalar()
                 if own_top:
                     store.origins.mark_applied(nconn, nd, tb, peer, own_top)
+                # ... and the entries past it that the snapshot holds (committed between the horizon
+                # and the snapshot) are in the copy too: stored as applied in NAME's snapshot of
+                # PEER, so pulling them again skips them (engine/pull.py store_batch)
+                if horizon is not None:
+                    past = read_entries(pconn, psite, name, pi, pos)
+                    if past:
+                        store_batch(nconn, nsite, ni, peer, past, applied=True)
                 reg = store.tables.registration(pconn, pd, tb)
                 if reg is None:  # checked first: PEER lost it meanwhile
                     raise NotInstalled(peer, f"replication objects for table(s) {[tb]}")
@@ -338,6 +375,7 @@ def _copy(
             # floor) to at least the source's, so its next change sorts after everything copied
             nd.advance_clock(nconn, hlc)
     say(f"{name}: installed from {peer}")
+    return npos
 
 
 def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site, info: TableInfo, q: str) -> None:

@@ -14,7 +14,7 @@ from multimaster.dialects.base import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.store import conflicts
 
-__all__ = ["installed", "register", "base_max", "registration", "copy_in", "site_status"]
+__all__ = ["installed", "register", "base_max", "keys_ranked", "set_keys_ranked", "registration", "copy_in", "site_status"]
 
 _REG = ("key_col", "renumber", "columns", "base_max")
 
@@ -50,6 +50,23 @@ def base_max(conn: Connection, d: Dialect, table: str) -> int:
         ).scalar()
         or 0
     )
+
+
+def keys_ranked(conn: Connection, d: Dialect, table: str) -> int:
+    """The key up to which every key of renumbered `table` is base_max + rank (dialects whose
+    writers capture concurrently: keys above it were drawn by local inserts and wait for
+    engine/apply.py normalize_keys)."""
+    return int(
+        conn.exec_driver_sql(
+            f"SELECT keys_ranked FROM {d.mm_table('_mm_tables')} WHERE tbl = {d.caps.placeholder}", (table,)
+        ).scalar()
+        or 0
+    )
+
+
+def set_keys_ranked(conn: Connection, d: Dialect, table: str, top: int) -> None:
+    ph = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {d.mm_table('_mm_tables')} SET keys_ranked = {ph} WHERE tbl = {ph}", (top, table))
 
 
 def registration(conn: Connection, d: Dialect, table: str) -> tuple[Any, ...] | None:

@@ -85,6 +85,7 @@ class MySQLDialect(Dialect):
         #: not set-based: its statements would lock rows in another order than applications do and
         #: make them deadlock victims (measured); the planner's path locks rows in key order first
         set_based_apply=False,
+        concurrent_capture=False,  # positions and keys are given in commit order
         daemon_lock_sql="SELECT GET_LOCK(%s, 0)",
         serial_pk="BIGINT AUTO_INCREMENT PRIMARY KEY",
         log_rid_column="rid",

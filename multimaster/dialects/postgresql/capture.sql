@@ -1,9 +1,12 @@
 -- multimaster: capture triggers (PostgreSQL) on $table. Statement-level AFTER triggers read the
 -- transition tables, so a multi-row statement is captured with a few set-based statements.
--- Every captured statement first takes the table's advisory lock, held until COMMIT: the
--- statement-level trigger _mm_lock, except for INSERT on renumbered tables, where the rank trigger
--- (renumber.sql, BEFORE INSERT FOR EACH ROW) takes it before each row goes in: every row an
--- INSERT, INSERT ... SELECT or COPY writes, and so every change-log entry, is written under it.
+-- Writers of the table never wait for each other (docs/concepts.md "Many writers"): each function
+-- registers its transaction once (_mm._mm_register, site.sql), then every captured row
+-- draws one tick of the clock, which is both its change-log position (seq) and, formatted, its
+-- version. The tick is drawn in a subquery kept apart by OFFSET 0, so it is computed once per row.
+-- Updates and deletes draw it after the row lock (AFTER trigger): a change that overwrote another's
+-- committed write has a later version. Writers of a renumbered table also take the table's
+-- writers' lock in shared mode (renumber.sql).
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
 -- own transaction, which no other session ever sees.
 -- The functions run as their owner (SECURITY DEFINER: the role that ran init), so applications
@@ -15,10 +18,14 @@
 CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
+    PERFORM _mm._mm_register();
+  END IF;
   WITH l AS (
-    INSERT INTO $log (ver, origin, op, rid, key, mask$ncols)
-      SELECT n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask$newvals
-      FROM (SELECT _mm._mm_ver() AS mm_v, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) n
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ncols)
+      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask$newvals
+      FROM (SELECT lpad(m.mm_t::text, 19, '0') || ':' || $site_lit AS mm_v, m.*
+            FROM (SELECT _mm._mm_tick() AS mm_t, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) m) n
       RETURNING rid, key, ver)$replaced
   INSERT INTO $shadow (rid, key$slotnames)
     SELECT rid, key$slotinit FROM l;
@@ -29,11 +36,15 @@ $$;
 CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
+    PERFORM _mm._mm_register();
+  END IF;
   WITH l AS (
-    INSERT INTO $log (ver, origin, op, rid, key, mask$ncols$ocols)
-      SELECT _mm._mm_ver(), $site_lit, 'U', s.rid, n.$key, $updmask$updnew$updold
-      FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
-      WHERE $anychanged
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ncols$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, (x.n).$key, $xupdmask$xupdnew$xupdold
+      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n, o
+            FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
+            WHERE $anychanged OFFSET 0) x
       RETURNING key, ver, mask)
   UPDATE $shadow s SET $slotstamp FROM l WHERE s.key = l.key$live;
   RETURN NULL;
@@ -43,10 +54,14 @@ $$;
 CREATE OR REPLACE FUNCTION $fn_cap_d() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
+  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
+    PERFORM _mm._mm_register();
+  END IF;
   WITH l AS (
-    INSERT INTO $log (ver, origin, op, rid, key, mask$ocols)
-      SELECT _mm._mm_ver(), $site_lit, 'D', s.rid, o.$key, $allmask$oldvals
-      FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, (x.o).$key, $allmask$xoldvals
+      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o
+            FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live OFFSET 0) x
       RETURNING key, ver)
   UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key$live;
   RETURN NULL;
@@ -56,10 +71,9 @@ $$;
 -- Only the triggers init creates may run them (as their owner): no one else may attach them.
 REVOKE ALL ON FUNCTION $fn_cap_i(), $fn_cap_u(), $fn_cap_d() FROM PUBLIC;
 --
+-- (earlier versions locked the table for every captured statement here; renumber.sql creates the
+-- writers' lock of renumbered tables under this name)
 DROP TRIGGER IF EXISTS $lock ON $table;
---
-CREATE TRIGGER $lock BEFORE $lockevents ON $table FOR EACH STATEMENT
-  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION _mm._mm_lock();
 --
 DROP TRIGGER IF EXISTS $cap_i ON $table;
 --

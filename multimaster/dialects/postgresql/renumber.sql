@@ -1,20 +1,22 @@
--- multimaster: renumbering at insert (PostgreSQL) for $table. A new row takes the next rank:
--- base + number of identities known (deleted ones included). Inserting transactions of this
--- table take a transaction-level advisory lock (so do the reconciler's), held until COMMIT: a
--- rolled-back insert never leaves a gap, and keys follow the order of identities. Rows of one
--- statement reach the shadow only at the end of the statement; mm.k<oid> remembers the last key
--- given in this transaction. The key column's own sequence is kept past every key given.
+-- multimaster: keys of local inserts (PostgreSQL) into the renumbered table $table. A new row takes
+-- the next value of the table's key counter $keyseq, whatever key the statement gave (the key is
+-- the framework's). Writers never wait for each other: each INSERT, UPDATE and DELETE statement
+-- first (FOR EACH STATEMENT, before it locks or writes any row) takes the table's writers' lock in
+-- shared mode (the trigger named by lock, _mm._mm_lock in site.sql), held until COMMIT. The
+-- reconciler takes it exclusively when it gives keys (Dialect.lock_writers): then no local insert
+-- is in flight, and it turns the keys drawn here into ranks in insertion order (a rolled-back
+-- insert leaves a gap; two inserts may draw key and version in opposite orders: engine/apply.py
+-- normalize_keys) and sets the counter back to the highest key. Taken by updates and deletes too, and
+-- always before any row lock of the table: a writer holding one of the table's rows holds the
+-- shared lock already, so the reconciler, once it holds the lock, never waits for a row of a writer
+-- that waits for it (no deadlock whose victim would be an application).
 -- SECURITY DEFINER with a fixed search_path, like the capture functions (capture.sql).
+CREATE SEQUENCE IF NOT EXISTS $keyseq AS bigint MINVALUE 0 START WITH 1;
+--
 CREATE OR REPLACE FUNCTION $fn_rank() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-  k bigint;
 BEGIN
-  PERFORM pg_advisory_xact_lock(28013, TG_RELID::int);
-  k := greatest((SELECT max(key) FROM $shadow),
-                nullif(current_setting('mm.k' || TG_RELID, true), '')::bigint, 0) + 1;
-  PERFORM set_config('mm.k' || TG_RELID, k::text, true);$seqfix
-  NEW.$key := k;
+  NEW.$key := nextval($keyseq_lit);
   RETURN NEW;
 END
 $$;
@@ -25,3 +27,6 @@ DROP TRIGGER IF EXISTS $rank ON $table;
 --
 CREATE TRIGGER $rank BEFORE INSERT ON $table FOR EACH ROW
   WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_rank();
+--
+CREATE TRIGGER $lock BEFORE INSERT OR UPDATE OR DELETE ON $table FOR EACH STATEMENT
+  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION _mm._mm_lock();

@@ -16,8 +16,11 @@ CREATE TABLE IF NOT EXISTS _mm._mm_tables (
   key_col text NOT NULL,
   renumber integer NOT NULL,
   columns text NOT NULL,
-  base_max bigint NOT NULL DEFAULT 0
+  base_max bigint NOT NULL DEFAULT 0,
+  keys_ranked bigint NOT NULL DEFAULT 0  -- every key up to it is base_max + rank (engine/apply.py normalize_keys)
 );
+--
+ALTER TABLE _mm._mm_tables ADD COLUMN IF NOT EXISTS keys_ranked bigint NOT NULL DEFAULT 0;
 --
 CREATE TABLE IF NOT EXISTS _mm._mm_watermarks (
   peer text NOT NULL,
@@ -107,14 +110,54 @@ BEGIN
 END
 $$;
 --
--- Taken first by every captured statement on a replicated table (BEFORE ... FOR EACH STATEMENT;
--- an INSERT into a renumbered table takes it in the rank trigger instead, before its first row),
--- and by the reconciler: writers of one table queue here until COMMIT, so versions, ranks and
--- change-log sequence numbers (the second-order log's seq2) are given in commit order. Writers of
--- other tables never wait.
+-- Positions (docs/concepts.md "Many writers"). A change-log entry's position is a tick of the
+-- clock drawn by the transaction that writes it, and a change captured here has that tick as its
+-- version: writers never wait for each other. Before its first draw a transaction registers: it
+-- holds, until it ends, a shared advisory lock whose bigint key is a lower bound of every tick it
+-- draws (the clock's last value when it registered, at least 2^50: keys from 2^50 up are
+-- multimaster's). mm.lo remembers it for the rest of the transaction (a rolled-back savepoint
+-- that registered drops both the lock and the setting).
+CREATE OR REPLACE FUNCTION _mm._mm_register() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+  lo bigint := nullif(current_setting('mm.lo', true), '')::bigint;
+BEGIN
+  IF lo IS NULL THEN
+    lo := greatest(pg_sequence_last_value('_mm._mm_clock'), 1125899906842624);
+    PERFORM pg_advisory_xact_lock_shared(lo);
+    PERFORM set_config('mm.lo', lo::text, true);
+  END IF;
+  RETURN lo;
+END
+$$;
+--
+-- The horizon: every position below it is final (its transaction committed, and a statement
+-- started after this call sees it, or rolled back). (1) c0 = the clock's last value, (2) the
+-- lowest lower bound of the transactions registered now; H = least(c0 + 1, that bound). A tick
+-- p < H was drawn before (1), by a transaction registered before it drew p with a bound <= p; had
+-- that transaction still been running at (2), H would be <= p. Readers call it in a statement of
+-- its own and read below it in the next (engine/pull.py). SECURITY DEFINER: pull roles read
+-- pg_locks' rows of other roles' transactions only through it.
+CREATE OR REPLACE FUNCTION _mm._mm_horizon() RETURNS bigint LANGUAGE plpgsql VOLATILE
+  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  c0 bigint := coalesce(pg_sequence_last_value('_mm._mm_clock'), 1125899906842624);
+  m bigint;
+BEGIN
+  SELECT min((l.classid::bigint << 32) | l.objid::bigint) INTO m FROM pg_locks l
+   WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid >= 262144 AND l.classid < 2147483648
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
+  RETURN least(c0 + 1, coalesce(m, c0 + 1));
+END
+$$;
+--
+-- Writers of a renumbered table hold the table's writers' lock in shared mode until COMMIT
+-- (BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH STATEMENT, before any key is drawn or row
+-- locked): they never wait for each other; the reconciler takes it exclusively
+-- (Dialect.lock_writers) when it gives keys, so every local identity it ranks is committed
+-- (renumber.sql).
 CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM pg_advisory_xact_lock(28013, TG_RELID::int);
+  PERFORM pg_advisory_xact_lock_shared(28013, TG_RELID::int);
   RETURN NULL;
 END
 $$;

@@ -1,0 +1,211 @@
+"""Many writers of one replicated table at one site, none waiting for another (issue "Concurrent
+writers"; docs/concepts.md "Many writers"). Forced interleavings — transactions that capture in
+one order and commit in another, roll back, or stay open across many refreshes — and a
+randomized stress run with refreshers pulling all the while, each checked against a reference
+model of the committed writes. Runs where writers capture concurrently
+(Capabilities.concurrent_capture); test_server_concurrency.py covers the queued design too."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+from clusters import make_cluster
+
+from multimaster import api
+from multimaster.dialects import get_dialect
+
+STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
+
+
+def _concurrent_only(backend) -> None:  # type: ignore[no-untyped-def]
+    if not get_dialect(backend.name).caps.concurrent_capture:
+        pytest.skip(f"{backend.name}: writers of one table capture one at a time")
+
+
+class _Writer:
+    """One application connection at a site, written to as an application does (plain client)."""
+
+    def __init__(self, cl, site: str) -> None:  # type: ignore[no-untyped-def]
+        self.cl, self.conn, self.p = cl, cl.db(site), cl.backend.param()
+
+    def run(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        self.conn.cursor().execute(sql.replace("?", self.p), params)
+
+    def in_thread(self, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """Run `sql` and commit in another thread; fail if it has to wait (for 10 s)."""
+        err: list[BaseException] = []
+
+        def go() -> None:
+            try:
+                self.run(sql, params)
+                self.conn.commit()
+            except BaseException as e:  # noqa: BLE001 - reported below
+                err.append(e)
+
+        t = threading.Thread(target=go)
+        t.start()
+        t.join(timeout=10)
+        assert not t.is_alive(), f"{sql!r} waited for another writer of the table"
+        assert not err, err
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def _names(cl, site: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    return {r[1]: r[2] for r in cl.rows(site, "stock")}
+
+
+def test_a_rolled_back_writer_and_a_rolled_back_savepoint(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A inserts and stays open; B inserts and commits without waiting; a peer pulls nothing of B's
+    while A runs; A rolls back. C rolls back a savepoint that inserted and commits the rest. At
+    both sites: exactly B's and C's committed rows, with keys 1..3 (the keys A drew are not kept)."""
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    a, b, c = _Writer(cl, "s1"), _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1), ('a2', 2)")
+        b.in_thread("INSERT INTO stock (name, qty) VALUES ('b1', 3)")
+        assert cl.refresh("s2", "s1")[0].pulled == 0, "B's change was handed out while A, registered before it, ran"
+        a.conn.rollback()
+        c.run("INSERT INTO stock (name, qty) VALUES ('c1', 4)")
+        c.run("SAVEPOINT sp")
+        c.run("INSERT INTO stock (name, qty) VALUES ('c-gone', 5)")
+        c.run("ROLLBACK TO SAVEPOINT sp")
+        c.run("INSERT INTO stock (name, qty) VALUES ('c2', 6)")
+        c.conn.commit()
+    finally:
+        for w in (a, b, c):
+            w.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _names(cl, s) == {"b1": 3, "c1": 4, "c2": 6}, s
+        assert [r[0] for r in cl.rows(s, "stock")] == [1, 2, 3], s
+
+
+def test_a_long_transaction_holds_back_only_what_follows_it(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A updates row 1 and stays open across five refreshes while B commits five inserts; every
+    refresh pulls nothing (each of B's changes follows A's registration). B renames row 2 and
+    commits; then A renames row 2 too and commits: A wrote after reading B's committed write, so
+    A's rename is the later one at every site. Everything arrives once."""
+    _concurrent_only(backend)
+    base = [("stock", 1, "x", 10), ("stock", 2, "y", 20)]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": base, "s2": base})
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("UPDATE stock SET qty = qty + 1 WHERE id = 1")
+        for i in range(5):
+            b.in_thread("INSERT INTO stock (name, qty) VALUES (?, ?)", (f"b{i}", i))
+            assert cl.refresh("s2", "s1")[0].pulled == 0, f"round {i}: a change after A's registration was handed out"
+        b.in_thread("UPDATE stock SET name = 'from-B' WHERE id = 2")
+        a.run("UPDATE stock SET name = 'from-A' WHERE id = 2")
+        a.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    res = cl.refresh("s2", "s1")
+    assert res[0].pulled == 8  # A's two updates, B's five inserts and its rename
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"x": 11, "from-A": 20, **{f"b{i}": i for i in range(5)}}
+
+
+def test_random_writers_at_two_sites_match_a_reference_model(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Three writer threads per site, each running random transactions — insert, add to a row's
+    quantity (additive), delete — of one to three statements with application think time inside,
+    a fifth of them rolled back, while a refresher pulls both ways all along. Afterwards every site
+    holds exactly the committed writes: the rows inserted and not deleted, each quantity its
+    initial value plus every committed addition, keys unique ranks of the identities (1..N less
+    the deleted ones), the same at both sites, and each key counter past the highest key."""
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    rnd = random.Random(20261123)
+    model_lock = threading.Lock()
+    inserted: dict[str, int] = {}  # name -> initial qty, committed inserts
+    added: dict[str, int] = {}  # name -> sum of committed additions
+    deleted: set[str] = set()
+    errors: list[BaseException] = []
+    stop = threading.Event()
+    n_tx = 25
+
+    def writer(site: str, w: int, seed: int) -> None:
+        r = random.Random(seed)
+        conn = cl.db(site)
+        cur = conn.cursor()
+        p = backend.param()
+        try:
+            for t in range(n_tx):
+                ins: dict[str, int] = {}
+                add: dict[str, int] = {}
+                dele: set[str] = set()
+                for _ in range(r.randint(1, 3)):
+                    cur.execute("SELECT name FROM stock")
+                    visible = [x[0] for x in cur.fetchall()]
+                    op = r.random()
+                    if op < 0.5 or not visible:
+                        name = f"{site}-{w}-{t}-{len(ins)}"
+                        q = r.randint(0, 50)
+                        cur.execute(f"INSERT INTO stock (name, qty) VALUES ({p}, {p})", (name, q))
+                        ins[name] = q
+                    elif op < 0.92:
+                        name = r.choice(visible)
+                        d = r.randint(1, 9)
+                        cur.execute(f"UPDATE stock SET qty = qty + {p} WHERE name = {p}", (d, name))
+                        if cur.rowcount:
+                            add[name] = add.get(name, 0) + d
+                    else:
+                        name = r.choice(visible)
+                        cur.execute(f"DELETE FROM stock WHERE name = {p}", (name,))
+                        if cur.rowcount:
+                            dele.add(name)
+                    time.sleep(r.random() * 0.004)  # application work inside the transaction
+                if r.random() < 0.2:
+                    conn.rollback()
+                    continue
+                conn.commit()
+                with model_lock:
+                    inserted.update(ins)
+                    for k, v in add.items():
+                        added[k] = added.get(k, 0) + v
+                    deleted.update(dele)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            conn.rollback()
+        finally:
+            conn.close()
+
+    def refresher() -> None:
+        try:
+            with api.Cluster(cl.topo) as c:
+                while not stop.is_set():
+                    for res in api.refresh(c):
+                        assert res.error is None, res.error
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(s, w, rnd.randrange(1 << 30))) for s in ("s1", "s2") for w in range(3)]
+    rt = threading.Thread(target=refresher)
+    rt.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    rt.join()
+    assert not errors, errors
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    want = {n: q + added.get(n, 0) for n, q in inserted.items() if n not in deleted}
+    for s in ("s1", "s2"):
+        rows = cl.rows(s, "stock")
+        assert {r[1]: r[2] for r in rows} == want, s
+        keys = [r[0] for r in rows]
+        assert len(set(keys)) == len(keys) and all(1 <= k <= len(inserted) for k in keys), s
+    # every site gave the same identities the same keys, and a new row takes a key past them all
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('last', 0)")
+    assert max(r[0] for r in cl.rows("s1", "stock")) == len(inserted) + 1
