@@ -41,8 +41,8 @@ BEGIN
   END IF;
   WITH l AS (
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ncols$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, (x.n).$key, $xupdmask$xupdnew$xupdold
-      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n, o
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m$xupd
+      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n.$key AS mm_k, $updmask AS mm_m$updvals
             FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
             WHERE $anychanged OFFSET 0) x
       RETURNING key, ver, mask)
@@ -59,8 +59,8 @@ BEGIN
   END IF;
   WITH l AS (
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, (x.o).$key, $allmask$xoldvals
-      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask$xdel
+      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o.$key AS mm_k$delvals
             FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live OFFSET 0) x
       RETURNING key, ver)
   UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key$live;

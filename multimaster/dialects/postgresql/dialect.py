@@ -29,10 +29,10 @@ SCHEMA = "_mm"
 LOCK_CLASS = 28013
 #: ... and the reconcilers' own lock (exclusive; no application writer takes it)
 APPLY_LOCK_CLASS = 28014
-#: how long the reconciler queues for a table's writers' lock before giving up (and retrying the
-#: batch): shorter than PostgreSQL's default deadlock_timeout, so a writer queued behind it is never
-#: the one a deadlock check aborts
-INSERT_LOCK_TIMEOUT = "500ms"
+#: how long the reconciler waits for any lock (the writers' lock, a row) before giving up and
+#: retrying the batch: shorter than PostgreSQL's default deadlock_timeout (1 s), so in a deadlock
+#: with an application transaction the reconciler is normally the one that gives up
+APPLY_LOCK_TIMEOUT = "500ms"
 #: sqlstates worth a retry: serialization_failure, deadlock_detected, lock_not_available
 _RETRY_STATES = {"40001", "40P01", "55P03"}
 
@@ -171,14 +171,16 @@ class PostgreSQLDialect(Dialect):
             vcol = q("v_" + s.name)
             stamps.append(f"{vcol} = CASE WHEN l.mask & {smask} <> 0 THEN l.ver ELSE s.{vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
-        # the update and delete functions read the transition rows as whole-row values (x.n, x.o) of
-        # a subquery that draws one tick per row
-        xown = [f"(x.o).{q(c.name)} IS DISTINCT FROM (x.n).{q(c.name)}" for c in cols]
-        xfr = capture_fragments(q, cols, spec, "(x.n)", "(x.o)", xown)
-        xdiff = xfr["diff"]
-        xupdmask = (
-            " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(xdiff)) if xdiff else "0"
+        # the update and delete functions compute every value in a subquery that draws one tick per
+        # row (OFFSET 0 keeps it apart), under the names mm_k, mm_m, mm_n<i>, mm_o<i>; the outer
+        # SELECT adds the version made of the tick
+        updvals = "".join(
+            f", CASE WHEN {d} THEN n.{q(c.name)} END AS mm_n{i}, CASE WHEN {d} THEN o.{q(c.name)} END AS mm_o{i}"
+            for i, (d, c) in enumerate(zip(diff, cols))
         )
+        xupd = "".join(f", x.mm_n{i}" for i in range(len(cols))) + "".join(f", x.mm_o{i}" for i in range(len(cols)))
+        delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))
+        xdel = "".join(f", x.mm_o{i}" for i in range(len(cols)))
         fns = self._fn(info.name)
         if spec.renumber:
             insrid, slotnames, slotinit, replaced, live = "n.mm_v", "", "", "", ""
@@ -207,10 +209,10 @@ class PostgreSQLDialect(Dialect):
             site_lit=site,
             insrid=insrid,
             allmask=str(spec.all_mask),
-            xupdmask=xupdmask,
-            xupdnew=xfr["updnew"],
-            xupdold=xfr["updold"],
-            xoldvals=xfr["oldvals"],
+            updvals=updvals,
+            xupd=xupd,
+            delvals=delvals,
+            xdel=xdel,
             anychanged=anychanged,
             updmask=updmask,
             slotstamp=slotstamp,
@@ -292,15 +294,18 @@ class PostgreSQLDialect(Dialect):
         conn.exec_driver_sql("DROP TABLE pg_temp._mm_tmp_copy")
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+        """Serialize with the other reconcilers of the table, then bound every lock wait of the
+        rest of the transaction (APPLY_LOCK_TIMEOUT): an application transaction that locks rows in
+        another order than the reconciler, or waits for the writers' lock while holding a row the
+        reconciler needs, is not the deadlock victim — the reconciler gives up first and its batch
+        is retried (is_retryable)."""
         conn.exec_driver_sql(
             f"SELECT pg_advisory_xact_lock({APPLY_LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),)
         )
+        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
 
     def lock_writers(self, conn: Connection, info: TableInfo) -> None:
-        prev = conn.exec_driver_sql("SELECT current_setting('lock_timeout')").scalar()
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (INSERT_LOCK_TIMEOUT,))
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (prev,))
 
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         return int(conn.exec_driver_sql(f"SELECT {SCHEMA}._mm_horizon()").scalar_one())
@@ -352,18 +357,19 @@ class PostgreSQLDialect(Dialect):
         counter past the highest key, so a plain INSERT never collides even with the capture
         triggers disabled or removed. Forward only: a local insert may have drawn a value."""
         q = self.quote
-        seqs = [conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()]
-        if info.spec.renumber:
-            seqs.append(self.obj(info.name).keyseq)
-        top = (
+        keys = (
             f"GREATEST((SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)}), "
-            f"(SELECT coalesce(max({self.key_col}), 0) FROM {self.obj(info.name).shadow}), 1)"
+            f"(SELECT coalesce(max({self.key_col}), 0) FROM {self.obj(info.name).shadow}))"
         )
-        for seq in seqs:
-            if seq:
-                conn.exec_driver_sql(
-                    f"SELECT setval(%s, m) FROM (SELECT {top} AS m) t WHERE m > (SELECT last_value FROM {seq})", (seq,)
-                )
+        serial = conn.exec_driver_sql("SELECT pg_get_serial_sequence(%s, %s)", (q(info.name), info.key.name)).scalar()
+        # (a serial's sequence starts at 1: setval cannot take 0; the key counter's can)
+        seqs = [(serial, f"GREATEST({keys}, 1)")] if serial else []
+        if info.spec.renumber:
+            seqs.append((self.obj(info.name).keyseq, keys))
+        for seq, top in seqs:
+            conn.exec_driver_sql(
+                f"SELECT setval(%s, m) FROM (SELECT {top} AS m) t WHERE m >= (SELECT last_value FROM {seq})", (seq,)
+            )
 
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         self.after_apply(conn, info)
