@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
@@ -76,6 +77,7 @@ def store(
     table when missing (a site initialised before this existed, or never initialised)."""
     if result is None and error is None:
         raise ValueError("store() needs a result or an error")
+    error = None if error is None else redact(error)
     cl, own = _cluster(topo)
     try:
         site = cl.site(cl.topo.verify_site)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import sqlalchemy as sa
 
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url, load_topology
 from multimaster.errors import ConfigError, SiteUnreachable
 from multimaster.spark.jdbc import MissingDependency, dialect_of, find_jars, jdbc_source
@@ -33,7 +34,7 @@ def _engines(topo: Topology, sites: list[str]) -> dict[str, sa.Engine]:
                 c.execute(sa.text("SELECT 1"))
         except Exception as e:  # noqa: BLE001 - any driver error means unreachable here
             reason = str(getattr(e, "orig", e)).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise SiteUnreachable(s, hidden_url(url), reason) from None
+            raise SiteUnreachable(s, hidden_url(url), redact(reason)) from None
         engines[s] = eng
     return engines
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.spark.jdbc import dialect_of
 from multimaster.spark.result import Waiting
@@ -59,7 +60,7 @@ def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -
                     unpulled = sc.execute(sa.text(f"SELECT count(*) FROM {log2} WHERE seq2 > :wm"), {"wm": wm}).scalar_one()
             out.append(Waiting(ln.source, ln.target, int(unpulled), int(unapplied)))
         except sa.exc.DBAPIError as e:
-            out.append(Waiting(ln.source, ln.target, 0, 0, error=str(e.orig).splitlines()[0][:200]))
+            out.append(Waiting(ln.source, ln.target, 0, 0, error=redact(str(e.orig).splitlines()[0][:200])))
     return out
 
 
