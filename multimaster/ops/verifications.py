@@ -37,6 +37,7 @@ _TABLE_KEYS = (
     "rows",
     "identities",
     "differing",
+    "unexplained",
     "counts",
     "columns",
     "waiting_total",
