@@ -360,3 +360,28 @@ def test_hostile_password_on_a_real_server(login, tmp_path):  # type: ignore[no-
     text = log.read_text()
     assert "cannot be reached" in text, text
     assert_clean(text)
+
+
+def test_stored_errors_are_masked_where_they_are_written_and_shown(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A refresh error or a verify error stored in a bookkeeping table (an older version may have
+    stored one unmasked) is shown by `status` without the password."""
+    from clusters import ITEMS, make_cluster
+
+    from multimaster import api, store
+    from multimaster.engine.site import Site
+    from multimaster.ops import verifications
+
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], ITEMS)
+    secrets.remember(HOSTILE)  # as loading a topology with this password does
+    site = Site("s2", cl.urls["s2"])
+    with site.write() as conn:  # as stored before masking existed
+        store.links.error(
+            conn, site.dialect, "s1", f"OperationalError: connect to mysql://app:{HOSTILE}@h/db", "2026-01-01T00:00:00Z"
+        )
+    site.dispose()
+    verifications.store(cl.topo, error=f"cannot read postgresql://app:{quote(HOSTILE, safe='')}@h/db")
+    st = api.status(cl.topo)
+    link = next(ln for ln in st["links"] if ln["from"] == "s1" and ln["to"] == "s2")
+    assert link["last_error"] == "OperationalError: connect to mysql://app:***@h/db"
+    assert st["verification"]["error"] == "cannot read postgresql://app:***@h/db"
+    assert not leaked(json.dumps(st), HOSTILE)

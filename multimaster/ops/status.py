@@ -54,6 +54,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 continue
             with tgt.read() as tconn:
                 entry.update(store.links.row(tconn, tgt.dialect, ln.source))
+                if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
+                    entry["last_error"] = redact(str(entry["last_error"]))
                 wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
                 pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
             waiting_total = 0

@@ -127,7 +127,7 @@ def last(topo: "Topology | Cluster") -> dict[str, Any] | None:
             "status": r[4],
             "tables": json.loads(r[5]) if r[5] else {},
             "summary": json.loads(r[6]) if r[6] else None,
-            "error": r[7],
+            "error": None if r[7] is None else redact(str(r[7])),
             "source": r[8],
         }
     except MultimasterError:
