@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import parse_duration
 from multimaster.core.versions import HLC_SHIFT, now_iso
 from multimaster.errors import ConfigError, MultimasterError
@@ -316,7 +317,7 @@ def purge(
             try:
                 out.append(purge_site(cl, n, policy, dry_run=dry_run))
             except MultimasterError as e:
-                out.append(PurgeReport(n, dry_run=dry_run, error=str(e)))
+                out.append(PurgeReport(n, dry_run=dry_run, error=redact(str(e))))
             if progress:
                 r = out[-1]
                 progress(f"{n}: " + (r.error or f"purged {r.purged} change-log entries"))

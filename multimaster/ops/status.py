@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms
 from multimaster.engine.cluster import Cluster, as_cluster
@@ -40,7 +41,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                             d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
             except MultimasterError as e:
                 d["reachable"] = False
-                d["error"] = str(e)
+                d["error"] = redact(str(e))
             site_data[n] = d
         out["sites"] = site_data
         now_ms = int(time.time() * 1000)
@@ -53,6 +54,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 continue
             with tgt.read() as tconn:
                 entry.update(store.links.row(tconn, tgt.dialect, ln.source))
+                if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
+                    entry["last_error"] = redact(str(entry["last_error"]))
                 wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
                 pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
             waiting_total = 0
