@@ -230,6 +230,10 @@ def purge_site(
             else:
                 w = int(max_seq2 or 0)
             tp.keep_from = w
+            if not dry_run:
+                # the shadow first learns this site's own inserts from the log entries about to go
+                # (SQLite writes it lazily): a later update or delete of such a row finds its identity
+                d.catch_up(conn, src.info(conn, tb, topo))
             cand: list[Any] = []
             if max_seq is not None:
                 cand = _purge_log(conn, d, tb, peers, int(max_seq), cutoff, w, dry_run)
