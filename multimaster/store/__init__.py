@@ -29,7 +29,9 @@ __all__ = ["conflicts", "links", "origins", "purges", "tables", "verifications",
 
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
-    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_verifications``."""
+    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``,
+    ``_mm_verifications``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)
     verifications.install(conn, d)
+    conflicts.install(conn, d)
