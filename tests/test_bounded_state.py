@@ -65,6 +65,10 @@ def test_purged_only_once_every_site_has_them_and_past_retention(backend, tmp_pa
         tp = _purge(cl.topo, s, PurgePolicy(min_age=0, tombstones_after=3600, conflicts_after=3600))
         assert (tp.tombstones, tp.conflicts, tp.tombstones_held, tp.conflicts_held) == (0, 0, 0, 0)
     assert _state(cl, "s2") == (1, 1)
+    # a dry run counts what would go and changes nothing
+    with api.Cluster(cl.topo) as c:
+        tp = purge_site(c, "s1", NOW, dry_run=True).tables["items"]
+    assert (tp.tombstones, tp.conflicts) == (1, _state(cl, "s1")[1]) and _state(cl, "s1")[0] == 1
     # past it, everything goes at every site, and the report says so
     for s in SITES:
         logged = _state(cl, s)[1]
