@@ -30,7 +30,9 @@ __all__ = [
     "LinkConfig",
     "Link",
     "VerifyScheduleConfig",
+    "PurgeConfig",
     "PolicySpec",
+    "parse_retention",
     "load_topology",
     "parse_topology",
     "expand_links",
@@ -54,6 +56,13 @@ def parse_duration(value: str | int | float) -> float:
         raise ValueError(f"'{value}' is not a duration (use e.g. 500ms, 10s, 5m, 1h)")
     scale = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2) or "s"]
     return float(m.group(1)) * scale
+
+
+def parse_retention(value: str | int | float | None) -> float:
+    """A retention: a duration (see :func:`parse_duration`) or 'off' (never: infinity)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return float("inf")
+    return parse_duration(value)
 
 
 class _Strict(BaseModel):
@@ -124,6 +133,15 @@ class VerifyScheduleConfig(_Strict):
     checksum_only: bool = False
 
 
+class PurgeConfig(_Strict):
+    """Bounded state (docs/operations.md, "Tombstones and the conflict log"): how long deleted
+    rows' tombstones and conflict-log rows are kept at least, once every site has them ('off':
+    forever). `multimaster purge` and the daemon's purge job drop them."""
+
+    tombstones_after: str | float = "7d"
+    conflicts_after: str | float = "30d"
+
+
 class _TopologyModel(_Strict):
     sites: dict[str, SiteConfig] = Field(min_length=1)
     tables: dict[str, TableConfig] = Field(min_length=1)
@@ -135,6 +153,7 @@ class _TopologyModel(_Strict):
     ] = "mesh"
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     verify: VerifyScheduleConfig | None = None
+    purge: PurgeConfig = Field(default_factory=PurgeConfig)
 
     @field_validator("links", mode="before")
     @classmethod
@@ -163,6 +182,7 @@ class Topology:
     refresh: RefreshConfig
     path: Path | None = None
     verify: VerifyScheduleConfig | None = None  # the scheduled convergence check, if any
+    purge: PurgeConfig = PurgeConfig()  # retention of tombstones and conflict-log rows
 
     @property
     def verify_site(self) -> str:
@@ -376,6 +396,11 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             problems.append(f"{label}: {e}")
     if model.verify is not None:
         _verify_problems(model, problems)
+    for name in ("tombstones_after", "conflicts_after"):
+        try:
+            parse_retention(getattr(model.purge, name))
+        except ValueError as e:
+            problems.append(f"purge.{name}: {e} or 'off'")
 
 
 def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[str]) -> None:
@@ -504,7 +529,13 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         if problems:
             raise ConfigError(problems, source)
     return Topology(
-        sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify
+        sites=sites,
+        tables=dict(model.tables),
+        links=tuple(links),
+        refresh=model.refresh,
+        path=None,
+        verify=model.verify,
+        purge=model.purge,
     )
 
 
@@ -600,4 +631,4 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
     topo = parse_topology(data, base=p.resolve().parent, source=str(p))
-    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify)
+    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify, topo.purge)

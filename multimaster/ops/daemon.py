@@ -372,6 +372,9 @@ class Daemon:
                     site=s,
                     purged=rep.purged,
                     log=sum(t.log_left for t in rep.tables.values()),
+                    tombstones=rep.tombstones,
+                    conflicts=rep.conflicts,
+                    held_by=",".join(sorted({h for t in rep.tables.values() for h in t.state_held_by})) or None,
                     expired=",".join(rep.expired) or None,
                 )
             except Exception as e:  # noqa: BLE001 - logged, retried on the next run
