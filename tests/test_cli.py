@@ -235,3 +235,56 @@ def test_wheel_carries_the_trigger_templates(tmp_path):  # type: ignore[no-untyp
     names = zipfile.ZipFile(wheel).namelist()
     for f in (root / "triggers").rglob("*.sql"):
         assert f"multimaster/triggers/{f.relative_to(root / 'triggers')}" in names
+
+
+def test_conflicts_filters_and_purge_of_tombstones_and_conflicts(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """`conflicts` with --table/--kind/--since/--json, bad filters exit 2; `purge` drops the
+    tombstones and conflict rows every site has once past the retention, and says so."""
+    from clusters import make_cluster
+
+    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables)
+    topo = str(tmp_path / "topology.yaml")
+    with open(topo, "a") as f:
+        f.write("purge: {tombstones_after: 0s, conflicts_after: 1h}\n")
+    for n in ("a", "b", "c"):
+        cl.execute("s1", "INSERT INTO items (name, qty) VALUES (?, 1)", (n,))
+    assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
+    cl.execute("s1", "UPDATE items SET name = 'x' WHERE id = 1")
+    cl.execute("s2", "UPDATE items SET name = 'y' WHERE id = 1")
+    cl.execute("s2", "DELETE FROM items WHERE id = 2")
+    assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
+    r = mm("conflicts", "-t", topo, "--table", "items", "--kind", "update_update", "--since", "1h", "--json")
+    assert r.returncode == 0, r.stderr
+    conf = json.loads(r.stdout)
+    assert {c["site"] for c in conf} == {"s1", "s2"}
+    c1 = next(c for c in conf if c["site"] == "s1")
+    assert c1["local_row"]["name"] == "x" and c1["remote_row"] == {"name": "y"}
+    assert (c1["local_source"], c1["remote_source"], c1["remote_origin"], c1["rule"]) == ("local", "replicated", "s2", "latest")
+    assert c1["winner"] == "remote"
+    r = mm("conflicts", "-t", topo, "--kind", "update_update")
+    assert r.returncode == 0 and "update_update" in r.stdout and "replicated" in r.stdout
+    assert json.loads(mm("conflicts", "-t", topo, "--kind", "delete_update", "--json").stdout) == []
+    assert json.loads(mm("conflicts", "-t", topo, "--since", "2999-01-01T00:00:00Z", "--json").stdout) == []
+    r = mm("conflicts", "-t", topo, "--kind", "sideways")
+    assert r.returncode == 2 and "--kind: 'sideways' is not a conflict kind" in r.stderr
+    r = mm("conflicts", "-t", topo, "--table", "nope")
+    assert r.returncode == 2 and "table 'nope'" in r.stderr
+    assert mm("conflicts", "-t", topo, "--since", "yesterday").returncode == 2
+    # purge: the tombstone goes (retention 0s from the file), the conflicts stay (1h)
+    r = mm("purge", "-t", topo, "--min-age", "0s", "--json")
+    assert r.returncode == 0, r.stderr
+    reps = {rep["site"]: rep for rep in json.loads(r.stdout)}
+    assert {s: rep["tombstones"] for s, rep in reps.items()} == {"s1": 1, "s2": 1}
+    assert all(rep["conflicts"] == 0 for rep in reps.values())
+    # --conflicts-after overrides the file; the table output names what went
+    r = mm("purge", "-t", topo, "--conflicts-after", "0s")
+    assert r.returncode == 0, r.stderr
+    assert "tombstones and conflict log" in r.stdout
+    assert json.loads(mm("conflicts", "-t", topo, "--json").stdout) == []
+    r = mm("purge", "-t", topo, "--tombstones-after", "soon")
+    assert r.returncode == 2 and "--tombstones-after" in r.stderr
+    cl.execute("s2", "INSERT INTO items (name, qty) VALUES ('d', 1)")
+    assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
+    cl.assert_converged()
+    assert [row[0] for row in cl.rows("s1", "items")] == [1, 3, 4]

@@ -259,3 +259,33 @@ def test_metrics_endpoint(backend, tmp_path):  # type: ignore[no-untyped-def]
     assert 'site="s1"' not in text.split("multimaster_change_log_entries")[1].split("# HELP")[0]  # only the daemon's site
     st = api.status(cl.topo)
     assert st["converging"]
+
+
+def test_the_purge_job_drops_tombstones_and_conflicts_every_site_has(backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    """The daemon's purge schedule runs the bounded-state purge too, and logs what it dropped."""
+    import logging
+
+    from multimaster.ops.purge import PurgePolicy
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"], "100ms"))
+    for n in ("a", "b", "c"):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, 1)", (n,))
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE stock SET name = 'x' WHERE id = 1")
+    cl.execute("s2", "UPDATE stock SET name = 'y' WHERE id = 1")
+    cl.execute("s2", "DELETE FROM stock WHERE id = 2")
+    policy = PurgePolicy(min_age=0, tombstones_after=0, conflicts_after=0)
+    d = Daemon(cl.topo, ["s1", "s2"], purge_every=0.3, purge_policy=policy)
+    caplog.set_level(logging.INFO, logger="multimaster")
+    d.start()
+    try:
+
+        def state() -> list[tuple[int, int]]:
+            st = api.status(cl.topo)["sites"]
+            return [(st[s]["tables"]["stock"]["tombstones"], st[s]["conflicts"]) for s in ("s1", "s2")]
+
+        wait_for(lambda: cl.rows("s1", "stock") == cl.rows("s2", "stock") and len(cl.rows("s1", "stock")) == 2, "convergence")
+        wait_for(lambda: state() == [(0, 0), (0, 0)], "the purge job to drop the tombstones and conflict rows")
+    finally:
+        d.stop()
+    assert any("purge" in r.getMessage() and "tombstones=1" in r.getMessage() for r in caplog.records)

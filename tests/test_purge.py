@@ -158,3 +158,20 @@ def test_policy_parse_rejects_bad_durations():  # type: ignore[no-untyped-def]
     assert PurgePolicy.parse("2d", "10m").retention == 2 * 86400
     with pytest.raises(ConfigError, match="--min-age"):
         PurgePolicy.parse("1d", "soon")
+
+
+def test_own_inserts_purged_before_the_shadow_caught_up_keep_their_identity(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """SQLite writes a local row's shadow lazily, from its insert's log entry: purge catches the
+    shadow up before that entry goes, so a later update or delete of the row names its identity
+    (it used to name none: the update waited forever at the peers, the delete never arrived)."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(3):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    cl.refresh_until_quiet()  # s1 receives nothing, so no reconcile catches its shadow up
+    with api.Cluster(cl.topo) as c:
+        assert purge_site(c, "s1", NOW).tables["stock"].purged == 2
+    cl.execute("s1", "UPDATE stock SET qty = 7 WHERE id = 1")
+    cl.execute("s1", "DELETE FROM stock WHERE id = 2")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert cl.rows("s2", "stock") == [(1, "n0", 7), (3, "n2", 2)]

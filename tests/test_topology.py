@@ -109,3 +109,24 @@ def test_several_problems_are_all_reported(tmp_path):  # type: ignore[no-untyped
     with pytest.raises(ConfigError) as e:
         load_topology(write(tmp_path, text))
     assert len(e.value.problems) >= 3
+
+
+def test_purge_retention_section(tmp_path):  # type: ignore[no-untyped-def]
+    from multimaster.config.topology import parse_retention
+    from multimaster.ops.purge import PurgePolicy
+
+    t = load_topology(write(tmp_path, GOOD))
+    assert PurgePolicy().after(t) == (7 * 86400.0, 30 * 86400.0)  # the defaults
+    t = load_topology(write(tmp_path, GOOD + "purge: {tombstones_after: 2d, conflicts_after: 'off'}\n"))
+    assert PurgePolicy().after(t) == (2 * 86400.0, float("inf"))
+    assert PurgePolicy(tombstones_after=60).after(t) == (60.0, float("inf"))  # the command line wins
+    assert parse_retention("OFF") == float("inf") and parse_retention("90m") == 5400.0
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, GOOD + "purge: {tombstones_after: soon, conflicts_after: 3x, keep: 1}\n"))
+    assert any("purge.keep" in p for p in e.value.problems)
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, GOOD + "purge: {tombstones_after: soon, conflicts_after: 3x}\n"))
+    assert e.value.problems == [
+        "purge.tombstones_after: 'soon' is not a duration (use e.g. 500ms, 10s, 5m, 1h) or 'off'",
+        "purge.conflicts_after: '3x' is not a duration (use e.g. 500ms, 10s, 5m, 1h) or 'off'",
+    ]

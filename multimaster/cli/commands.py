@@ -269,40 +269,58 @@ def status(
     execute(go, traceback)
 
 
+def _side(r: dict[str, Any], side: str) -> str:
+    vals = r.get(f"{side}_values")
+    origin = r.get(f"{side}_origin")
+    src = r.get(f"{side}_source")
+    return f"{vals} @{origin} ({src})" if origin else str(vals)
+
+
 @app.command()
 def conflicts(
     topology: Path = TOPOLOGY,
-    site: Optional[str] = typer.Option(None, "--site"),
-    table: Optional[str] = typer.Option(None, "--table"),
-    limit: int = typer.Option(50, "--limit"),
-    as_json: bool = typer.Option(False, "--json"),
+    site: Optional[str] = typer.Option(None, "--site", help="Only the conflicts this site recorded."),
+    table: Optional[str] = typer.Option(None, "--table", help="Only conflicts of this table."),
+    kind: Optional[str] = typer.Option(
+        None, "--kind", help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces."
+    ),
+    since: Optional[str] = typer.Option(None, "--since", help="Only conflicts since: a duration ago (1h) or an ISO time."),
+    limit: int = typer.Option(50, "--limit", help="At most the last N conflicts (0: all)."),
+    as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
-    """List recorded conflicts: both versions, their values, the policy and the decision.
+    """List recorded conflicts: both versions with the site that wrote each (this site: local;
+    another: replicated), the values of the contested columns, both row images, the rule applied
+    and which side won.
 
     Examples:
-      multimaster conflicts -t topo.yaml --site s1 --table items --json
+      multimaster conflicts -t topo.yaml --since 1h
+      multimaster conflicts -t topo.yaml --site s1 --table items --kind update_update --json
     """
+    from multimaster.ops.metrics import parse_since
 
     def go() -> None:
-        rows = api.conflicts(load_topology(topology), site, table, limit)
+        since_at = parse_since(since)
+        rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind)
         if as_json:
             dump(rows)
             return
         t = Table(title=f"conflicts ({len(rows)})")
-        for c in ("site", "table", "key", "kind", "columns", "local", "remote", "policy", "decision"):
+        for c in ("site", "id", "detected", "table", "key", "kind", "columns", "local", "remote", "rule", "winner"):
             t.add_column(c)
         for r in rows:
             t.add_row(
                 r["site"],
+                str(r["id"]),
+                str(r["detected_at"]),
                 r["tbl"],
                 str(r["key"]),
                 r["kind"],
                 ",".join(r["columns"] or []),
-                f"{r['local_values']} @{(r['local_ver'] or '')[20:]}",
-                f"{r['remote_values']} @{r['remote_ver'][20:]}",
-                r["policy"],
-                r["decision"],
+                _side(r, "local"),
+                _side(r, "remote"),
+                r["rule"],
+                r["winner"],
             )
         console.print(t)
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import json
 import sys
+import traceback as tb
 from typing import Any, Callable
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
+from multimaster.config.secrets import redact
 from multimaster.errors import MultimasterError
 
 __all__ = ["app", "console", "err", "TOPOLOGY", "TRACEBACK", "execute", "dump"]
@@ -29,22 +32,35 @@ TRACEBACK = typer.Option(False, "--traceback", help="Show the Python traceback o
 
 
 def execute(fn: Callable[[], Any], traceback: bool) -> Any:
+    """Run a command's function: an error becomes one line on stderr (with `traceback`, the Python
+    traceback) and its exit code. No password the process has read appears in either
+    (config/secrets.py): a driver's message may carry one."""
     try:
         return fn()
     except MultimasterError as e:
         if traceback:
-            raise
-        err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False, soft_wrap=True)
+            _traceback(e)
+        else:
+            err.print(f"[bold red]error:[/] {escape(redact(str(e)))}", markup=True, highlight=False, soft_wrap=True)
         raise typer.Exit(e.exit_code) from None
     except KeyboardInterrupt:
         err.print("interrupted")
         raise typer.Exit(130) from None
     except Exception as e:  # noqa: BLE001 - an unexpected failure: one line unless asked
         if traceback:
-            raise
-        err.print(f"[bold red]error:[/] {type(e).__name__}: {e}", markup=True, highlight=False, soft_wrap=True)
-        err.print("(run again with --traceback for details)")
+            _traceback(e)
+        else:
+            err.print(
+                f"[bold red]error:[/] {escape(redact(f'{type(e).__name__}: {e}'))}", markup=True, highlight=False, soft_wrap=True
+            )
+            err.print("(run again with --traceback for details)")
         raise typer.Exit(1) from None
+
+
+def _traceback(e: BaseException) -> None:
+    """Python's traceback of `e` (its causes included) on stderr, passwords masked."""
+    sys.stderr.write(redact("".join(tb.format_exception(e))))
+    sys.stderr.flush()
 
 
 def dump(data: Any) -> None:

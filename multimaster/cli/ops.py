@@ -22,6 +22,17 @@ RETENTION = typer.Option(
     "7d", "--retention", help="A puller that has not refreshed for longer is expired and stops holding log entries."
 )
 MIN_AGE = typer.Option("1h", "--min-age", help="Only log entries older than this are purged (a margin for changes in transit).")
+TOMBSTONES_AFTER = typer.Option(
+    None,
+    "--tombstones-after",
+    help="Keep tombstones at least this long once every site has them ('off': forever). Default: purge.tombstones_after.",
+)
+CONFLICTS_AFTER = typer.Option(
+    None,
+    "--conflicts-after",
+    help="Keep conflict-log rows at least this long once every site has their changes ('off': forever). "
+    "Default: purge.conflicts_after.",
+)
 
 
 def _duration(value: Optional[str], opt: str) -> Optional[float]:
@@ -47,6 +58,8 @@ def run(
     purge_every: str = typer.Option("10m", "--purge-every", help="Purge this site's change logs this often ('off': never)."),
     retention: str = RETENTION,
     min_age: str = MIN_AGE,
+    tombstones_after: Optional[str] = TOMBSTONES_AFTER,
+    conflicts_after: Optional[str] = CONFLICTS_AFTER,
     max_backoff: str = typer.Option("5m", "--max-backoff", help="Longest wait between retries of a failing link."),
     batch_size: Optional[int] = typer.Option(
         None, "--batch-size", min=1, help="Changes per transaction (default: refresh.batch_size)."
@@ -77,7 +90,7 @@ def run(
     def go() -> None:
         setup_logging(log_format, logging.DEBUG if verbose else logging.INFO)
         topo = load_topology(topology)
-        policy = PurgePolicy.parse(retention, min_age)
+        policy = PurgePolicy.parse(retention, min_age, tombstones_after=tombstones_after, conflicts_after=conflicts_after)
         d = Daemon(
             topo,
             site or None,
@@ -99,49 +112,76 @@ def purge(
     site: Optional[str] = typer.Option(None, "--site", help="Only this site's logs."),
     retention: str = RETENTION,
     min_age: str = MIN_AGE,
+    tombstones_after: Optional[str] = TOMBSTONES_AFTER,
+    conflicts_after: Optional[str] = CONFLICTS_AFTER,
     keep_snapshots: bool = typer.Option(False, "--keep-snapshots", help="Keep applied snapshot rows."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; change nothing."),
     as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
-    """Delete change-log entries every live puller has pulled (and applied snapshot rows).
+    """Delete change-log entries every live puller has pulled (and applied snapshot rows), and
+    tombstones and conflict-log rows past their retention that every site has.
 
     Never an entry a live peer still needs; pullers away longer than --retention are expired
-    (listed) and must be re-instantiated with add-site. Exit 1 if a site could not be purged.
+    (listed) and must be re-instantiated with add-site. A site that is down, or has not applied a
+    delete or a conflict's changes yet, holds those tombstones and conflict rows back (listed
+    under "held by"). Exit 1 if a site could not be purged.
 
     Examples:
       multimaster purge -t topo.yaml --dry-run
       multimaster purge -t topo.yaml --site s1 --retention 2d --min-age 10m
+      multimaster purge -t topo.yaml --tombstones-after 1d --conflicts-after off
     """
     from multimaster.ops import purge as purge_mod
 
     def go() -> int:
-        policy = purge_mod.PurgePolicy.parse(retention, min_age, snapshots=not keep_snapshots)
+        policy = purge_mod.PurgePolicy.parse(
+            retention, min_age, snapshots=not keep_snapshots, tombstones_after=tombstones_after, conflicts_after=conflicts_after
+        )
         reps = purge_mod.purge(load_topology(topology), site, policy, dry_run=dry_run)
         if as_json:
             dump([r.as_dict() for r in reps])
         else:
-            t = Table(title="purge (dry run)" if dry_run else "purge")
-            for c in ("site", "table", "purged", "second-order", "snapshot rows", "log left", "held by", "expired"):
-                t.add_column(c)
-            for r in reps:
-                if r.error:
-                    t.add_row(r.site, "-", "-", "-", "-", "-", "-", f"[red]{r.error}[/]")
-                for tb, tp in r.tables.items():
-                    t.add_row(
-                        r.site,
-                        tb,
-                        str(tp.purged),
-                        str(tp.log2_deleted),
-                        str(tp.snapshot_rows),
-                        str(tp.log_left),
-                        ",".join(tp.held_by) or "-",
-                        ",".join(r.expired) or "-",
-                    )
-            console.print(t)
+            _purge_tables(reps, dry_run)
         return 1 if any(r.error for r in reps) else 0
 
     raise typer.Exit(execute(go, traceback))
+
+
+def _purge_tables(reps: list[Any], dry_run: bool) -> None:
+    """The purge reports as two tables: change logs, then tombstones and conflict-log rows."""
+    t = Table(title="purge (dry run)" if dry_run else "purge")
+    for c in ("site", "table", "purged", "second-order", "snapshot rows", "log left", "held by", "expired"):
+        t.add_column(c)
+    s = Table(title="tombstones and conflict log" + (" (dry run)" if dry_run else ""))
+    for c in ("site", "table", "tombstones purged", "held", "left", "conflicts purged", "held", "held by"):
+        s.add_column(c)
+    for r in reps:
+        if r.error:
+            t.add_row(r.site, "-", "-", "-", "-", "-", "-", f"[red]{r.error}[/]")
+        for tb, tp in r.tables.items():
+            t.add_row(
+                r.site,
+                tb,
+                str(tp.purged),
+                str(tp.log2_deleted),
+                str(tp.snapshot_rows),
+                str(tp.log_left),
+                ",".join(tp.held_by) or "-",
+                ",".join(r.expired) or "-",
+            )
+            s.add_row(
+                r.site,
+                tb,
+                str(tp.tombstones),
+                str(tp.tombstones_held),
+                str(tp.tombstones_left),
+                str(tp.conflicts),
+                str(tp.conflicts_held),
+                "; ".join(f"{k}: {v}" for k, v in tp.state_held_by.items()) or "-",
+            )
+    console.print(t)
+    console.print(s)
 
 
 def add_site(

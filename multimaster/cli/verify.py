@@ -22,7 +22,9 @@ __all__ = ["verify_command", "app", "main"]
 
 
 def _fail(msg: str) -> None:
-    typer.echo(f"error: {msg}", err=True)
+    from multimaster.config.secrets import redact
+
+    typer.echo(f"error: {redact(msg)}", err=True)
     raise typer.Exit(2)
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import re
+import secrets as _random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 
+from multimaster.config import secrets
 from multimaster.errors import ConfigError
 
 __all__ = [
@@ -28,7 +30,9 @@ __all__ = [
     "LinkConfig",
     "Link",
     "VerifyScheduleConfig",
+    "PurgeConfig",
     "PolicySpec",
+    "parse_retention",
     "load_topology",
     "parse_topology",
     "expand_links",
@@ -54,6 +58,13 @@ def parse_duration(value: str | int | float) -> float:
     return float(m.group(1)) * scale
 
 
+def parse_retention(value: str | int | float | None) -> float:
+    """A retention: a duration (see :func:`parse_duration`) or 'off' (never: infinity)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
+        return float("inf")
+    return parse_duration(value)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -71,7 +82,17 @@ PolicySpec = Union[Literal["latest", "earliest", "maximum", "minimum", "additive
 
 class SiteConfig(_Strict):
     url: str
+    password: str | None = None  # in the file only: once loaded, the password is inside `url`
     verify: bool = True
+
+    def __repr_args__(self) -> Any:  # a repr (in a traceback, a log line) shows the URL masked
+        for k, v in super().__repr_args__():
+            if k == "url" and isinstance(v, str):
+                yield k, hidden_url(v)
+            elif k == "password" and v is not None:
+                yield k, secrets.MASK
+            else:
+                yield k, v
 
 
 class GroupConfig(_Strict):
@@ -112,6 +133,15 @@ class VerifyScheduleConfig(_Strict):
     checksum_only: bool = False
 
 
+class PurgeConfig(_Strict):
+    """Bounded state (docs/operations.md, "Tombstones and the conflict log"): how long deleted
+    rows' tombstones and conflict-log rows are kept at least, once every site has them ('off':
+    forever). `multimaster purge` and the daemon's purge job drop them."""
+
+    tombstones_after: str | float = "7d"
+    conflicts_after: str | float = "30d"
+
+
 class _TopologyModel(_Strict):
     sites: dict[str, SiteConfig] = Field(min_length=1)
     tables: dict[str, TableConfig] = Field(min_length=1)
@@ -123,6 +153,7 @@ class _TopologyModel(_Strict):
     ] = "mesh"
     refresh: RefreshConfig = Field(default_factory=RefreshConfig)
     verify: VerifyScheduleConfig | None = None
+    purge: PurgeConfig = Field(default_factory=PurgeConfig)
 
     @field_validator("links", mode="before")
     @classmethod
@@ -151,6 +182,7 @@ class Topology:
     refresh: RefreshConfig
     path: Path | None = None
     verify: VerifyScheduleConfig | None = None  # the scheduled convergence check, if any
+    purge: PurgeConfig = PurgeConfig()  # retention of tombstones and conflict-log rows
 
     @property
     def verify_site(self) -> str:
@@ -174,14 +206,18 @@ class Topology:
 
 
 def hidden_url(url: str) -> str:
-    """Render a database URL with the password masked, for every message and log line."""
+    """Render a database URL with the password masked, for every message and log line. A URL that
+    does not parse is shown masked from the first ':' after the user to its last '@'."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return re.sub(r"://([^:/@]+):[^@]*@", r"://\1:***@", url)
+        shown = make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
+        shown = re.sub(r"://([^:/@]*):.*@", r"://\1:***@", url)
+    return secrets.redact(shown)
 
 
-def _expand_env(url: str, where: str, problems: list[str]) -> str:
+def _expand_env(text: str, where: str, problems: list[str]) -> str:
+    """`text` with each ${VAR} replaced by the variable's value, as it is."""
+
     def sub(m: re.Match[str]) -> str:
         name = m.group(1)
         if name not in os.environ:
@@ -189,7 +225,83 @@ def _expand_env(url: str, where: str, problems: list[str]) -> str:
             return ""
         return os.environ[name]
 
-    return _VAR.sub(sub, url)
+    return _VAR.sub(sub, text)
+
+
+def _token(taken: str) -> str:
+    """A placeholder for one ${VAR} while a URL is parsed: digits only, so it parses as any part of
+    a URL (a port included), and found nowhere in `taken`."""
+    while True:
+        t = "7" + "".join(_random.choice("0123456789") for _ in range(17))
+        if t not in taken:
+            return t
+
+
+def _expand_url(template: str, where: str, problems: list[str]) -> str | None:
+    """A site URL with each ${VAR} replaced by the variable's value, encoded for the part of the
+    URL it lands in: a password holding '@', '/', '#', ':', '%' or a space stays the password.
+
+    The URL is parsed with a placeholder in place of each variable, each part (user, password,
+    host, port, database, query) gets the values back, and SQLAlchemy renders the URL, encoding
+    what the part needs. A URL that is one variable alone is a whole URL, taken as it is. None (and
+    a problem) when a variable is missing or the URL does not parse or keep its parts."""
+    names = list(dict.fromkeys(_VAR.findall(template)))
+    missing = [n for n in names if n not in os.environ]
+    for n in missing:
+        problems.append(f"{where}: environment variable '{n}' is not set")
+    if missing:
+        return None
+    whole = _VAR.fullmatch(template.strip())
+    if not names or whole:
+        return os.environ[whole.group(1)] if whole else template
+    values: dict[str, str] = {}
+
+    def sub(m: re.Match[str]) -> str:
+        t = _token(template + "".join(values))
+        values[t] = os.environ[m.group(1)]
+        return t
+
+    skeleton = _VAR.sub(sub, template)
+    try:
+        u = make_url(skeleton)
+    except Exception:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
+        problems.append(
+            f"{where}: '{hidden_url(template)}' is not a database URL (e.g. postgresql+psycopg://user:${{PW}}@host/db)"
+        )
+        return None
+
+    def fill(part: str) -> str:
+        for t, v in values.items():
+            part = part.replace(t, v)
+        return part
+
+    port = None if u.port is None else fill(str(u.port))
+    if port is not None and not port.isdecimal():
+        problems.append(f"{where}: the port of '{hidden_url(template)}' is not a number once its variables are filled in")
+        return None
+    query = {fill(k): tuple(fill(x) for x in v) if isinstance(v, tuple) else fill(v) for k, v in u.query.items()}
+    out = URL.create(
+        fill(u.drivername),
+        username=None if u.username is None else fill(u.username),
+        password=None if u.password is None else fill(u.password),
+        host=None if u.host is None else fill(u.host),
+        port=None if port is None else int(port),
+        database=None if u.database is None else fill(u.database),
+        query=query,
+    )
+    rendered = out.render_as_string(hide_password=False)
+    try:
+        same = make_url(rendered) == out
+    except Exception:  # noqa: BLE001 - as above
+        same = False
+    if not same:
+        problems.append(
+            f"{where}: '{hidden_url(template)}' does not keep its parts once its variables are filled in: "
+            "a value in the driver name or the host holds a character such as '/', ':', '?' or '@' "
+            "(the user name, password, database and query take any character)"
+        )
+        return None
+    return rendered
 
 
 def _resolve_file(url: str, base: Path | None) -> str:
@@ -284,6 +396,11 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             problems.append(f"{label}: {e}")
     if model.verify is not None:
         _verify_problems(model, problems)
+    for name in ("tombstones_after", "conflicts_after"):
+        try:
+            parse_retention(getattr(model.purge, name))
+        except ValueError as e:
+            problems.append(f"purge.{name}: {e} or 'off'")
 
 
 def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[str]) -> None:
@@ -412,23 +529,78 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         if problems:
             raise ConfigError(problems, source)
     return Topology(
-        sites=sites, tables=dict(model.tables), links=tuple(links), refresh=model.refresh, path=None, verify=model.verify
+        sites=sites,
+        tables=dict(model.tables),
+        links=tuple(links),
+        refresh=model.refresh,
+        path=None,
+        verify=model.verify,
+        purge=model.purge,
     )
 
 
 def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str]) -> dict[str, SiteConfig]:
-    """Each site's configuration with ${VAR} expanded in its URL and a relative SQLite path
-    resolved against `base` (the topology file's folder)."""
+    """Each site's configuration with ${VAR} expanded in its URL (each value encoded for the part
+    it lands in), its `password` field put into the URL and a relative SQLite path resolved against
+    `base` (the topology file's folder). Every password is remembered, so that no output shows it
+    (config/secrets.py)."""
     sites: dict[str, SiteConfig] = {}
     for name, s in model.sites.items():
-        url = _expand_env(s.url, f"sites.{name}.url", problems)
+        where = f"sites.{name}"
+        url = _expand_url(s.url, f"{where}.url", problems)
+        if url is None:
+            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            continue
         try:
-            url = _resolve_file(url, base)
             make_url(url)
-        except Exception:
-            problems.append(f"sites.{name}.url: '{hidden_url(url)}' is not a database URL (e.g. sqlite:///s1.db)")
+            url = _resolve_file(url, base)
+        except Exception:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
+            problems.append(f"{where}.url: '{hidden_url(s.url)}' is not a database URL (e.g. sqlite:///s1.db)")
+            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            continue
+        literal = url if _VAR.fullmatch(s.url.strip()) else s.url  # the URL as written, variables not filled in
+        if literal.count("@") > 1:  # user:p@ss@host: the password's '@' written as it is
+            problems.append(
+                f"{where}.url: the URL has two '@': a password holding '@' (or '/', '#', ':', '%') must be "
+                "percent-encoded in a URL; give it through ${VAR} or the site's password field instead"
+            )
+            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            continue
+        if s.password is not None:
+            url = _with_password(url, _expand_env(s.password, f"{where}.password", problems), where, problems)
+        final = make_url(url)
+        secrets.remember(final.password)
+        for k, v in final.query.items():
+            if "password" in k.lower():
+                for x in v if isinstance(v, tuple) else (v,):
+                    secrets.remember(x)
         sites[name] = SiteConfig(url=url, verify=s.verify)
     return sites
+
+
+def _with_password(url: str, password: str, where: str, problems: list[str]) -> str:
+    """`url` with `password` (a site's `password` field) as its password."""
+    u = make_url(url)
+    secrets.remember(password)
+    if u.password is not None:
+        problems.append(f"{where}: the password is given twice, in url and in password: keep one")
+    elif _is_file(url):
+        problems.append(f"{where}.password: '{hidden_url(url)}' names a database file, which takes no password")
+    elif u.username is None:
+        problems.append(f"{where}.password: the url names no user to log in with it (write user@host in the url)")
+    else:
+        return u.set(password=password).render_as_string(hide_password=False)
+    return url
+
+
+def _is_file(url: str) -> bool:
+    """Whether `url` names a database file (by its dialect)."""
+    try:
+        from multimaster.dialects import get_dialect
+
+        return get_dialect(make_url(url).get_backend_name()).database_file(url) is not None
+    except Exception:  # noqa: BLE001 - a database multimaster does not support: init names it
+        return False
 
 
 def _unreachable(names: list[str], links: list[Link]) -> list[str]:
@@ -459,4 +631,4 @@ def load_topology(path: str | os.PathLike[str]) -> Topology:
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
     topo = parse_topology(data, base=p.resolve().parent, source=str(p))
-    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify)
+    return Topology(topo.sites, topo.tables, topo.links, topo.refresh, p.resolve(), topo.verify, topo.purge)

@@ -133,6 +133,10 @@ class ConflictRecord:
     remote_values: dict[str, Any] | None
     policy: str
     decision: str  # local | remote | merged | delete
+    #: the row at this site before the change (every replicated column; None: it was not there)
+    local_row: dict[str, Any] | None = None
+    #: what the incoming change carried (every column of an insert, the changed ones of an update)
+    remote_row: dict[str, Any] | None = None
 
 
 @dataclass
@@ -256,6 +260,8 @@ def _plan_update(spec: TableSpec, ch: Change, st: RowState, conflicts: list[Conf
                 {cols[i]: ch.new[i] for i in _bits(ch.mask)},
                 "delete-wins",
                 "delete",
+                None,
+                _carried(spec, ch),
             )
         )
     else:
@@ -299,6 +305,8 @@ def _plan_delete(
                     None,
                     "delete-wins",
                     "delete",
+                    dict(zip(cols, st.values)),
+                    None,
                 )
             )
         st.values = None
@@ -344,6 +352,8 @@ def _new_incarnation(
                     all_cols,
                     "latest-incarnation",
                     "local",
+                    None if top.values is None else dict(zip(cols, top.values)),
+                    all_cols,
                 )
             )
     elif ch.op == "I":
@@ -369,6 +379,8 @@ def _new_incarnation(
                         all_cols,
                         "latest-incarnation",
                         "remote",
+                        dict(zip(cols, s.values)),
+                        all_cols,
                     )
                 )
                 s.values = None
@@ -393,6 +405,7 @@ def _merge(
     change clashes when the row's value is not the change's "before" value (an `insert_insert`
     always clashes); additive slots add deltas, the others keep the version their policy picks."""
     assert st.values is not None
+    images = (dict(zip(spec.columns, st.values)), _carried(spec, ch, mask))
     by_slot: dict[int, list[int]] = {}
     for i in _bits(mask):
         by_slot.setdefault(slot_of[i], []).append(i)
@@ -404,9 +417,14 @@ def _merge(
         else:
             clash = not all(_same(ch.old[i], st.values[i]) for i in idx)
         if slot.policy.is_additive:
-            _merge_additive(spec, st, ch, slot, idx[0], local_ver, clash, kind, conflicts)
+            _merge_additive(spec, st, ch, slot, idx[0], local_ver, clash, kind, conflicts, images)
         else:
-            _merge_by_policy(spec, st, ch, slot, idx, local_ver, clash, kind, conflicts)
+            _merge_by_policy(spec, st, ch, slot, idx, local_ver, clash, kind, conflicts, images)
+
+
+def _carried(spec: TableSpec, ch: Change, mask: int | None = None) -> dict[str, Any]:
+    """The columns change `ch` carried (those of `mask`, default its own) with their new values."""
+    return {spec.columns[i]: ch.new[i] for i in _bits(ch.mask if mask is None else mask)}
 
 
 def _merge_additive(
@@ -419,6 +437,7 @@ def _merge_additive(
     clash: bool,
     kind: str,
     conflicts: list[ConflictRecord],
+    images: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     """An additive column `i`: the row keeps its value plus the change's delta (both inserts'
     values for an `insert_insert`); a clash is recorded as `merged`."""
@@ -448,6 +467,7 @@ def _merge_additive(
                 {cols[i]: new_v},
                 pol.name,
                 "merged",
+                *images,
             )
         )
     if not _same(merged, cur_v):
@@ -468,6 +488,7 @@ def _merge_by_policy(
     clash: bool,
     kind: str,
     conflicts: list[ConflictRecord],
+    images: tuple[dict[str, Any], dict[str, Any]],
 ) -> None:
     """A slot of columns `idx` under a choosing policy: a newer change without a clash wins
     outright; otherwise the policy picks between the row's values and the change's, and a clash
@@ -499,6 +520,7 @@ def _merge_by_policy(
                     remote_c.values,
                     pol.name,
                     "remote" if winner_remote else "local",
+                    *images,
                 )
             )
     if winner_remote:

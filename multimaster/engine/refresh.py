@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
@@ -87,10 +88,10 @@ def refresh_link(
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
     except MultimasterError as e:
-        res.error = str(e)
+        res.error = redact(str(e))
         _record_error(tgt, source, res.error)
     except Exception as e:  # noqa: BLE001 - recorded for status, re-raised by the caller when asked
-        res.error = f"{type(e).__name__}: {str(getattr(e, 'orig', e)).splitlines()[0] if str(e) else ''}"
+        res.error = redact(f"{type(e).__name__}: {str(getattr(e, 'orig', e)).splitlines()[0] if str(e) else ''}")
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res

@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
@@ -54,7 +55,7 @@ class Site:
                 reason = (
                     str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
                 )
-                raise SiteUnreachable(self.name, self.display_url, reason.replace(u.password or "\0", "***")) from None
+                raise SiteUnreachable(self.name, self.display_url, redact(reason.replace(u.password or "\0", "***"))) from None
             self._engine = eng
         return self._engine
 

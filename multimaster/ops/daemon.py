@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy.engine import make_url
 
 from multimaster.config.cron import cron_trigger
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Link, Topology
 from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
@@ -155,11 +156,10 @@ class DaemonStats:
 def _emit(event: str, fmt: str, **fields: Any) -> None:
     level = logging.WARNING if fields.get("error") else logging.INFO
     if fmt == "json":
-        log.log(
-            level, json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
-        )
+        line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
     else:
-        log.log(level, f"{event} " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None))
+        line = f"{event} " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
+    log.log(level, redact(line))
 
 
 class Daemon:
@@ -327,7 +327,7 @@ class Daemon:
                 self.cluster, st.link.target, st.link.source, batch_size=self.batch_size, stop=self._stopping.is_set
             )
         except Exception as e:  # noqa: BLE001 - a job must not die: record and back off
-            res = RefreshResult(st.link.target, st.link.source, error=f"{type(e).__name__}: {e}")
+            res = RefreshResult(st.link.target, st.link.source, error=redact(f"{type(e).__name__}: {e}"))
         finally:
             st.running = False
         st.runs += 1
@@ -372,6 +372,9 @@ class Daemon:
                     site=s,
                     purged=rep.purged,
                     log=sum(t.log_left for t in rep.tables.values()),
+                    tombstones=rep.tombstones,
+                    conflicts=rep.conflicts,
+                    held_by=",".join(sorted({h for t in rep.tables.values() for h in t.state_held_by})) or None,
                     expired=",".join(rep.expired) or None,
                 )
             except Exception as e:  # noqa: BLE001 - logged, retried on the next run
@@ -468,10 +471,18 @@ def _now_dt() -> Any:
     return datetime.now(timezone.utc)
 
 
+class RedactingFormatter(logging.Formatter):
+    """A formatter whose every line (the message, an exception's traceback) shows no password the
+    process has read (config/secrets.py): a driver's message may carry one."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
+
+
 def setup_logging(fmt: str = "text", level: int = logging.INFO, stream: Any = None) -> None:
     """One line per event on stderr (the message already carries the JSON when fmt is json)."""
     h = logging.StreamHandler(stream)
-    h.setFormatter(logging.Formatter("%(message)s" if fmt == "json" else "%(asctime)s %(levelname)s %(message)s"))
+    h.setFormatter(RedactingFormatter("%(message)s" if fmt == "json" else "%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("multimaster")
     root.handlers[:] = [h]
     root.setLevel(level)

@@ -198,11 +198,30 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
                     )
         if schema_problems:
             raise SchemaError(schema_problems)
+        _forget_observations(cl, name)
         copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
     _connect_pullers(cl, name, peer, pullers, rep, say, copied)
     return rep
+
+
+def _forget_observations(cl: Cluster, name: str) -> list[str]:
+    """Every other site that answers drops what it observed of `name` (a site instantiated again
+    is not the site observed before: its tombstones and conflict rows are judged afresh). Returns
+    the sites that did not answer."""
+    missed = []
+    for s in cl.topo.sites:
+        if s == name:
+            continue
+        site = cl.site(s)
+        try:
+            with site.write() as conn:
+                if site.installed_tables(conn):
+                    store.fences.forget(conn, site.dialect, name)
+        except MultimasterError:
+            missed.append(s)
+    return missed
 
 
 def _check_add_site(t: Topology, name: str, peer: str) -> None:
@@ -436,6 +455,7 @@ def remove_site(
                     if s in sources:
                         store.purges.forget_puller(conn, d, name)
                         dropped.append("puller record (log entries kept for it are released)")
+                    store.fences.forget(conn, d, name)
             except MultimasterError:
                 rep.unreachable.append(s)
                 continue

@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, parse_duration
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.errors import ConfigError, MultimasterError
@@ -95,7 +96,7 @@ def health(
                 ]
                 d["expired_pullers"] = sorted({p.peer for p in ps if p.expired})
             except MultimasterError as e:
-                d["health_error"] = str(e)
+                d["health_error"] = redact(str(e))
         return st
     finally:
         if own:
@@ -274,7 +275,7 @@ class MetricsServer:
                     body = outer.text().encode()
                     code = 200
                 except Exception as e:  # noqa: BLE001 - a scrape must answer
-                    body = f"# error: {type(e).__name__}: {e}\n".encode()
+                    body = redact(f"# error: {type(e).__name__}: {e}\n").encode()
                     code = 500
                 self.send_response(code)
                 self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")

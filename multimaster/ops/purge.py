@@ -18,7 +18,10 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
 5. records the horizon in ``_mm_purges``: the highest change-log entry purged (= its seq2);
-6. drops X's own applied snapshot rows (nothing reads them again).
+6. drops X's own applied snapshot rows (nothing reads them again);
+7. drops the tombstones and conflict-log rows past the topology's ``purge`` retention that every
+   site has (:mod:`multimaster.ops.retention`, docs/operations.md "Tombstones and the conflict
+   log"), in the same transaction.
 """
 
 from __future__ import annotations
@@ -29,9 +32,11 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, Callable
 
 from multimaster import store
-from multimaster.config.topology import parse_duration
+from multimaster.config.secrets import redact
+from multimaster.config.topology import parse_duration, parse_retention
 from multimaster.core.versions import HLC_SHIFT, now_iso
 from multimaster.errors import ConfigError, MultimasterError
+from multimaster.ops import retention
 
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology
@@ -46,28 +51,48 @@ class PurgePolicy:
 
     retention: a puller that has not refreshed for longer is expired and stops holding entries.
     min_age: only entries whose version is older than this go (a margin for copies in transit).
-    snapshots: also drop this site's applied snapshot rows."""
+    snapshots: also drop this site's applied snapshot rows.
+    tombstones_after / conflicts_after: keep tombstones / conflict-log rows at least this long
+    (seconds; infinity: forever); None: the topology's ``purge`` section."""
 
     retention: float = 7 * 86400.0
     min_age: float = 3600.0
     snapshots: bool = True
+    tombstones_after: float | None = None
+    conflicts_after: float | None = None
 
     @classmethod
     def parse(
-        cls, retention: str | float | None = None, min_age: str | float | None = None, snapshots: bool = True
+        cls,
+        retention: str | float | None = None,
+        min_age: str | float | None = None,
+        snapshots: bool = True,
+        tombstones_after: str | float | None = None,
+        conflicts_after: str | float | None = None,
     ) -> "PurgePolicy":
         problems = []
         vals: dict[str, float] = {}
-        for name, v in (("retention", retention), ("min_age", min_age)):
+        for name, v, parse in (
+            ("retention", retention, parse_duration),
+            ("min_age", min_age, parse_duration),
+            ("tombstones_after", tombstones_after, parse_retention),
+            ("conflicts_after", conflicts_after, parse_retention),
+        ):
             if v is None:
                 continue
             try:
-                vals[name] = parse_duration(v)
+                vals[name] = parse(v)
             except ValueError as e:
-                problems.append(f"--{name.replace('_', '-')}: {e}")
+                problems.append(f"--{name.replace('_', '-')}: {e}" + (" or 'off'" if name.endswith("_after") else ""))
         if problems:
             raise ConfigError(problems)
         return cls(snapshots=snapshots, **vals)
+
+    def after(self, topo: "Topology") -> tuple[float, float]:
+        """(tombstones_after, conflicts_after) in seconds, the topology's where not given."""
+        t = self.tombstones_after if self.tombstones_after is not None else parse_retention(topo.purge.tombstones_after)
+        c = self.conflicts_after if self.conflicts_after is not None else parse_retention(topo.purge.conflicts_after)
+        return t, c
 
 
 @dataclass
@@ -93,6 +118,12 @@ class TablePurge:
     snapshot_rows: int = 0
     log_left: int = 0
     log2_left: int = 0
+    tombstones: int = 0  # tombstones dropped (step 7)
+    tombstones_held: int = 0  # past the retention, kept because some site may still need them
+    tombstones_left: int = 0
+    conflicts: int = 0  # conflict-log rows deleted
+    conflicts_held: int = 0  # past the retention, kept because some site lacks a change of them
+    state_held_by: dict[str, str] = field(default_factory=dict)  # site -> why it holds step 7 back
 
 
 @dataclass
@@ -111,12 +142,23 @@ class PurgeReport:
     def purged(self) -> int:
         return sum(t.purged for t in self.tables.values())
 
+    @property
+    def tombstones(self) -> int:
+        return sum(t.tombstones for t in self.tables.values())
+
+    @property
+    def conflicts(self) -> int:
+        return sum(t.conflicts for t in self.tables.values())
+
     def as_dict(self) -> dict[str, Any]:
         return {
             "site": self.site,
             "dry_run": self.dry_run,
             "error": self.error,
             "expired": self.expired,
+            "purged": self.purged,
+            "tombstones": self.tombstones,
+            "conflicts": self.conflicts,
             "tables": {t: vars(tp) for t, tp in self.tables.items()},
             "pullers": [vars(p) for p in self.pullers],
         }
@@ -213,6 +255,8 @@ def purge_site(
     with src.read() as conn:
         src.require_installed(conn, topo)
     rep.pullers = pullers(cl, site, policy, now=now, record=not dry_run)
+    tombstones_after, conflicts_after = policy.after(topo)
+    observed, missing = retention.observe_sites(cl, site)
     cutoff = f"{(int((now - policy.min_age) * 1000) << HLC_SHIFT):019d}:"
     for tb in topo.tables:
         tp = TablePurge(tb)
@@ -230,6 +274,10 @@ def purge_site(
             else:
                 w = int(max_seq2 or 0)
             tp.keep_from = w
+            if not dry_run:
+                # the shadow first learns this site's own inserts from the log entries about to go
+                # (SQLite writes it lazily): a later update or delete of such a row finds its identity
+                d.catch_up(conn, src.info(conn, tb, topo))
             cand: list[Any] = []
             if max_seq is not None:
                 cand = _purge_log(conn, d, tb, peers, int(max_seq), cutoff, w, dry_run)
@@ -239,6 +287,23 @@ def purge_site(
                 tp.snapshot_rows += _drop_applied_snapshot_rows(conn, d, tb, peers, dry_run)
             tp.log_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o.log}").scalar() or 0)
             tp.log2_left = int(conn.exec_driver_sql(f"SELECT count(*) FROM {o.log2}").scalar() or 0)
+            st = retention.purge_state(
+                conn,
+                src,
+                topo,
+                tb,
+                {s: obs[tb] for s, obs in observed.items()},
+                missing,
+                tombstones_after=tombstones_after,
+                conflicts_after=conflicts_after,
+                now=now,
+                dry_run=dry_run,
+            )
+            tp.tombstones, tp.tombstones_held, tp.tombstones_left = st.tombstones, st.tombstones_held, st.tombstones_left
+            tp.conflicts, tp.conflicts_held, tp.state_held_by = st.conflicts, st.conflicts_held, st.held_by
+    if not dry_run:
+        with src.write() as conn:
+            store.fences.forget_except(conn, d, list(topo.sites))
     return rep
 
 
@@ -316,10 +381,16 @@ def purge(
             try:
                 out.append(purge_site(cl, n, policy, dry_run=dry_run))
             except MultimasterError as e:
-                out.append(PurgeReport(n, dry_run=dry_run, error=str(e)))
+                out.append(PurgeReport(n, dry_run=dry_run, error=redact(str(e))))
             if progress:
                 r = out[-1]
-                progress(f"{n}: " + (r.error or f"purged {r.purged} change-log entries"))
+                progress(
+                    f"{n}: "
+                    + (
+                        r.error
+                        or f"purged {r.purged} change-log entries, {r.tombstones} tombstones, {r.conflicts} conflict-log rows"
+                    )
+                )
         return out
     finally:
         if own:

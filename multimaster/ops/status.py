@@ -7,13 +7,14 @@ import time
 from typing import Any
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
-from multimaster.core.versions import ver_ms
+from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.engine.cluster import Cluster, as_cluster
-from multimaster.errors import MultimasterError
+from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.verifications import last
 
-__all__ = ["status", "conflicts"]
+__all__ = ["status", "conflicts", "describe", "CONFLICT_KINDS"]
 
 # status / conflicts
 
@@ -40,7 +41,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                             d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
             except MultimasterError as e:
                 d["reachable"] = False
-                d["error"] = str(e)
+                d["error"] = redact(str(e))
             site_data[n] = d
         out["sites"] = site_data
         now_ms = int(time.time() * 1000)
@@ -53,6 +54,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 continue
             with tgt.read() as tconn:
                 entry.update(store.links.row(tconn, tgt.dialect, ln.source))
+                if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
+                    entry["last_error"] = redact(str(entry["last_error"]))
                 wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
                 pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
             waiting_total = 0
@@ -76,26 +79,68 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             cl.close()
 
 
+#: what the planner records (docs/conflicts.md, "The conflict log")
+CONFLICT_KINDS = ("update_update", "insert_insert", "update_delete", "delete_update", "insert_replaces")
+_WINNER = {"local": "local", "remote": "remote", "merged": "both", "delete": "delete"}
+
+
 def conflicts(
-    topo: Topology | Cluster, site: str | None = None, table: str | None = None, limit: int = 100
+    topo: Topology | Cluster,
+    site: str | None = None,
+    table: str | None = None,
+    limit: int = 100,
+    *,
+    since: str | None = None,
+    kind: str | None = None,
 ) -> list[dict[str, Any]]:
+    """The conflict log of every site (or `site`), oldest first, at most the last `limit` (0:
+    all): only of `table`, of `kind`, recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS')
+    when given. Each row: what ``_mm_conflicts`` holds (values and row images decoded) plus, per
+    side, the site that wrote its version and whether that was this site (``local``) or another
+    (``replicated``), and ``winner`` (``local``, ``remote``, ``both`` for a merge, ``delete``).
+    Raises ConfigError for a site, table or kind that does not exist."""
     cl, own = as_cluster(topo)
     try:
+        problems = []
+        if site is not None and site not in cl.topo.sites:
+            problems.append(f"--site: site '{site}' is not defined under sites")
+        if table is not None and table not in cl.topo.tables:
+            problems.append(f"--table: table '{table}' is not defined under tables")
+        if kind is not None and kind not in CONFLICT_KINDS:
+            problems.append(f"--kind: '{kind}' is not a conflict kind (one of {', '.join(CONFLICT_KINDS)})")
+        if limit < 0:
+            problems.append(f"--limit: {limit} is negative (0 lists every conflict)")
+        if problems:
+            raise ConfigError(problems)
         rows: list[dict[str, Any]] = []
         for n in [site] if site else list(cl.topo.sites):
             s = cl.site(n)
             with s.read() as conn:
                 if not s.installed_tables(conn):
                     continue
-                for r in store.conflicts.rows(conn, s.dialect, table, limit):
-                    d = dict(r)
-                    d["site"] = n
-                    for k in ("columns", "local_values", "remote_values"):
-                        if d.get(k):
-                            d[k] = json.loads(d[k])
-                    rows.append(d)
+                for r in store.conflicts.rows(conn, s.dialect, table, limit, since=since, kind=kind):
+                    rows.append(describe(dict(r), n))
         rows.sort(key=lambda r: (r["detected_at"], r["site"], r["id"]))
         return rows[-limit:] if limit else rows
     finally:
         if own:
             cl.close()
+
+
+def describe(row: dict[str, Any], site: str) -> dict[str, Any]:
+    """A conflict-log row as `conflicts` returns it (see there)."""
+    d = dict(row)
+    d["site"] = site
+    if "key" not in d:  # MySQL names the column `key` too; SQLAlchemy gives it bare
+        d["key"] = next((v for k, v in row.items() if k.strip('`"') == "key"), None)
+    for k in ("columns", "local_values", "remote_values", "local_row", "remote_row"):
+        if d.get(k):
+            d[k] = json.loads(d[k])
+    for side in ("local", "remote"):
+        ver = d.get(f"{side}_ver")
+        origin = ver_origin(ver) if ver else None
+        d[f"{side}_origin"] = origin or None
+        d[f"{side}_source"] = None if not origin else ("local" if origin == site else "replicated")
+    d["rule"] = d.get("policy")
+    d["winner"] = _WINNER.get(d.get("decision") or "", d.get("decision"))
+    return d

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
@@ -36,6 +37,7 @@ _TABLE_KEYS = (
     "rows",
     "identities",
     "differing",
+    "unexplained",
     "counts",
     "columns",
     "waiting_total",
@@ -76,6 +78,7 @@ def store(
     table when missing (a site initialised before this existed, or never initialised)."""
     if result is None and error is None:
         raise ValueError("store() needs a result or an error")
+    error = None if error is None else redact(error)
     cl, own = _cluster(topo)
     try:
         site = cl.site(cl.topo.verify_site)
@@ -124,7 +127,7 @@ def last(topo: "Topology | Cluster") -> dict[str, Any] | None:
             "status": r[4],
             "tables": json.loads(r[5]) if r[5] else {},
             "summary": json.loads(r[6]) if r[6] else None,
-            "error": r[7],
+            "error": None if r[7] is None else redact(str(r[7])),
             "source": r[8],
         }
     except MultimasterError:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import sqlalchemy as sa
 
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url, load_topology
 from multimaster.errors import ConfigError, SiteUnreachable
 from multimaster.spark.jdbc import MissingDependency, dialect_of, find_jars, jdbc_source
-from multimaster.spark.result import CONVERGED, CONVERGING, DIVERGED, TableResult, VerifyResult
+from multimaster.spark.result import TableResult, VerifyResult, table_status
 
 __all__ = ["verify", "DEFAULT_PARTITIONS", "DEFAULT_SAMPLE", "DEFAULT_BUCKETS"]
 
@@ -33,7 +35,7 @@ def _engines(topo: Topology, sites: list[str]) -> dict[str, sa.Engine]:
                 c.execute(sa.text("SELECT 1"))
         except Exception as e:  # noqa: BLE001 - any driver error means unreachable here
             reason = str(getattr(e, "orig", e)).splitlines()[0][:300] if str(e) else type(e).__name__
-            raise SiteUnreachable(s, hidden_url(url), reason) from None
+            raise SiteUnreachable(s, hidden_url(url), redact(reason)) from None
         engines[s] = eng
     return engines
 
@@ -84,10 +86,10 @@ def verify(
     jar_paths = find_jars({src.dialect for src in sources.values()}, jars)
 
     from multimaster.core.versions import started_at_now as now_iso
-    from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds
+    from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds, pending_identities
     from multimaster.spark.schema import reflect_table
     from multimaster.spark.session import get_spark
-    from multimaster.spark.waiting import waiting_changes, waiting_rids
+    from multimaster.spark.waiting import waiting_changes, waiting_reads
 
     started = now_iso()
     engines = _engines(topo, chosen)
@@ -102,44 +104,42 @@ def verify(
             plan = reflect_table(name, cfg.key, list(cfg.exclude), engines, sources)
             bounds = key_bounds(plan, engines, sources, partitions)
             readers = {s: SiteReader(spark, sources[s], plan, bounds, partitions) for s in chosen}
+            waiting = waiting_changes(topo, name, engines)
+            # the bounds of what is on its way are read before the rows, the identities after:
+            # a change in flight at any moment of the compare explains its row (docs/verify.md)
+            reads = waiting_reads(topo, name, engines)
+
+            def pending(reads: list[tuple[str, str]] = reads) -> Any:
+                return pending_identities(spark, sources, reads)
+
             if checksum_only:
-                co = compare_checksum(spark, chosen, readers, plan, bounds, buckets, sample_limit, partitions)
+                co = compare_checksum(spark, chosen, readers, plan, bounds, buckets, sample_limit, partitions, pending)
                 full = co.full
                 rows, fps = co.rows, co.fingerprints
                 identities = max(rows.values()) if rows else 0
                 if full is not None:
                     identities = max(identities, full.identities)
             else:
-                full = compare_full(spark, chosen, {s: readers[s].read for s in chosen}, plan, sample_limit)
+                full = compare_full(spark, chosen, {s: readers[s].read for s in chosen}, plan, sample_limit, pending)
                 rows, fps, identities = full.rows, full.fingerprints, full.identities
-            waiting = waiting_changes(topo, name, engines)
             differing = full.differing if full else 0
-            samples = full.samples if full else []
-            if samples:
-                hit = waiting_rids(topo, name, engines, sorted({x.rid for x in samples}))
-                for x in samples:
-                    x.waiting = x.rid in hit
-            if differing == 0:
-                status = CONVERGED
-            elif any(w.total for w in waiting):
-                status = CONVERGING
-            else:
-                status = DIVERGED
+            unexplained = full.unexplained if full else 0
             results[name] = TableResult(
                 table=name,
-                status=status,
+                status=table_status(differing, unexplained),
                 rows=rows,
                 fingerprints=fps,
                 identities=identities,
                 differing=differing,
                 counts=full.counts if full else {k: {s: 0 for s in chosen} for k in ("missing", "extra", "key", "values")},
                 columns=full.columns if full else {},
-                samples=samples,
+                samples=full.samples if full else [],
                 waiting=waiting,
                 mode="checksum" if checksum_only else "full",
                 buckets=co.buckets if checksum_only else 0,
                 buckets_differing=len(co.differing_buckets) if checksum_only else 0,
                 seconds=time.perf_counter() - t0,
+                unexplained=unexplained,
             )
     finally:
         for e in engines.values():

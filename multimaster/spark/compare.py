@@ -2,8 +2,9 @@
 
 Everything table-sized stays in Spark. What comes back to the driver: one row of totals per
 table (per-site row counts, fingerprints and difference counts), per-column difference counts,
-at most `sample_limit` differing identities per kind with their values, and in checksum mode one
-(count, hash) pair per site and key range.
+the number of differing identities no waiting change touches, at most `sample_limit` differing
+identities per kind with their values, and in checksum mode one (count, hash) pair per site and
+key range.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from multimaster.spark.jdbc import JdbcSource
 from multimaster.spark.result import Sample
 from multimaster.spark.schema import SPARK_TYPE, TablePlan, custom_schema, read_sql
 
-__all__ = ["Bounds", "key_bounds", "SiteReader", "grouped", "compare_full", "compare_checksum", "FullOutcome"]
+__all__ = [
+    "Bounds",
+    "key_bounds",
+    "SiteReader",
+    "grouped",
+    "pending_identities",
+    "compare_full",
+    "compare_checksum",
+    "FullOutcome",
+]
 
 STATE = {0: "present", 1: "deleted", 2: "lost", None: "unknown"}
 
@@ -156,6 +166,38 @@ class FullOutcome:
     counts: dict[str, dict[str, int]]
     columns: dict[str, int]
     samples: list[Sample]
+    unexplained: int = 0  # differing identities that no waiting change touches
+
+
+def pending_identities(spark, sources: Mapping[str, JdbcSource], reads: list[tuple[str, str]]):
+    """The distinct identities (``mm_rid``) that changes still on their way touch, read with Spark
+    from each (site, query) of `reads` (spark.waiting.waiting_reads); None when nothing waits."""
+    from pyspark.sql import functions as F
+
+    if not reads:
+        return None
+    parts = []
+    for site, sql in reads:
+        src = sources[site]
+        opts = dict(src.properties)
+        if src.jdbc.read_types is not None:
+            opts["customSchema"] = "mm_rid STRING"
+        df = spark.read.jdbc(src.url, f"({sql}) mm_w", properties=opts)
+        parts.append(df.select(F.col("mm_rid").cast("string").alias("mm_rid")))
+    u = parts[0]
+    for p in parts[1:]:
+        u = u.unionByName(p)
+    return u.distinct()
+
+
+def _flag_waiting(diff, pending):
+    """`diff` (one row per differing identity) with ``mm_wait``: a waiting change touches it."""
+    from pyspark.sql import functions as F
+
+    if pending is None:
+        return diff.withColumn("mm_wait", F.lit(False))
+    w = diff.join(pending.withColumn("mm_w", F.lit(True)), "mm_rid", "left")
+    return w.withColumn("mm_wait", F.coalesce(F.col("mm_w"), F.lit(False))).drop("mm_w")
 
 
 def _fp_hex(v: int | None) -> str:
@@ -257,8 +299,9 @@ def _totals(d, n: int) -> dict[str, Any]:
 
 
 def _pick_samples(diff, n: int, counts: dict[str, dict[str, int]], sample_limit: int) -> list[tuple[str, Any]]:
-    """One job: the first `sample_limit` differing identities (by rid) of every kind present, as
-    (kind, row), in kind order then rid order."""
+    """One job: the first `sample_limit` differing identities of every kind present, those no
+    waiting change touches first, then by rid; as (kind, row), those first again, then in kind
+    order, then rid order."""
     from pyspark.sql import functions as F
 
     picked: list[tuple[str, Any]] = []
@@ -269,7 +312,7 @@ def _pick_samples(diff, n: int, counts: dict[str, dict[str, int]], sample_limit:
         "values": F.col("valdiff"),
     }
     wanted = [
-        diff.filter(cond).orderBy("mm_rid").limit(sample_limit).withColumn("mm_kind", F.lit(kind))
+        diff.filter(cond).orderBy("mm_wait", "mm_rid").limit(sample_limit).withColumn("mm_kind", F.lit(kind))
         for kind, cond in kind_filters.items()
         if sum(counts[kind].values()) and sample_limit > 0
     ]
@@ -279,7 +322,7 @@ def _pick_samples(diff, n: int, counts: dict[str, dict[str, int]], sample_limit:
             sdf = sdf.unionByName(w)
         got = sdf.collect()
         order = {k: i for i, k in enumerate(kind_filters)}
-        for r in sorted(got, key=lambda r: (order[r["mm_kind"]], r["mm_rid"])):
+        for r in sorted(got, key=lambda r: (bool(r["mm_wait"]), order[r["mm_kind"]], r["mm_rid"])):
             picked.append((r["mm_kind"], r))
     return picked
 
@@ -325,7 +368,7 @@ def _sample(kind: str, r: Any, sites: list[str], values: dict[str, dict[str, dic
     if kind == "values":
         vs = [per[s]["values"] for s in sites if per[s]["state"] == "present"]
         cols = [c.name for c in plan.columns if len({repr(v.get(c.name)) for v in vs}) > 1]
-    return Sample(kind, r["mm_rid"], per, odd, cols)
+    return Sample(kind, r["mm_rid"], per, odd, cols, waiting=bool(r["mm_wait"]))
 
 
 def _column_counts(diff, readers: Mapping[str, Callable[..., Any]], sites: list[str], plan: TablePlan) -> dict[str, int]:
@@ -346,9 +389,17 @@ def _column_counts(diff, readers: Mapping[str, Callable[..., Any]], sites: list[
 
 
 def compare_full(
-    spark, sites: list[str], readers: Mapping[str, Callable[..., Any]], plan: TablePlan, sample_limit: int
+    spark,
+    sites: list[str],
+    readers: Mapping[str, Callable[..., Any]],
+    plan: TablePlan,
+    sample_limit: int,
+    pending: Callable[[], Any] | None = None,
 ) -> FullOutcome:
-    """Compare every site at once. readers[site]() returns the site's canonical DataFrame."""
+    """Compare every site at once. readers[site]() returns the site's canonical DataFrame;
+    pending(), called only when something differs, the identities that changes on their way touch
+    (pending_identities; None: nothing waits): the differing identities outside it are counted as
+    `unexplained`."""
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
@@ -364,8 +415,10 @@ def compare_full(
     if differing == 0:
         return FullOutcome(rows, fps, identities, 0, counts, columns, samples)
 
-    diff = d.filter(F.col("anydiff")).persist(StorageLevel.MEMORY_AND_DISK)
+    waiting = pending() if pending is not None else None
+    diff = _flag_waiting(d.filter(F.col("anydiff")), waiting).persist(StorageLevel.MEMORY_AND_DISK)
     try:
+        unexplained = differing if waiting is None else diff.filter(~F.col("mm_wait")).count()
         picked = _pick_samples(diff, n, counts, sample_limit)
         values = _sampled_values(readers, sites, plan, sorted({r["mm_rid"] for _, r in picked}))
         samples = [_sample(kind, r, sites, values, plan) for kind, r in picked]
@@ -374,7 +427,7 @@ def compare_full(
             columns = _column_counts(diff, readers, sites, plan)
     finally:
         diff.unpersist()
-    return FullOutcome(rows, fps, identities, differing, counts, columns, samples)
+    return FullOutcome(rows, fps, identities, differing, counts, columns, samples, unexplained)
 
 
 def _any(conds):
@@ -402,9 +455,10 @@ def compare_checksum(
     buckets: int,
     sample_limit: int,
     partitions: int,
+    pending: Callable[[], Any] | None = None,
 ) -> ChecksumOutcome:
     """Merkle-style: (count, bit_xor of row hashes) per site and key range; then a full compare
-    restricted to the ranges whose hashes differ."""
+    restricted to the ranges whose hashes differ (`pending`: as compare_full's)."""
     from pyspark.sql import functions as F
 
     h = _row_hash(plan)
@@ -461,7 +515,7 @@ def compare_checksum(
     else:
         keep = F.pmod(F.xxhash64(F.col("mm_rid")), F.lit(buckets)).cast("int").isin(differing)
         sub = {s: (lambda s=s: readers[s].read().filter(keep)) for s in sites}
-    full = compare_full(spark, sites, sub, plan, sample_limit)
+    full = compare_full(spark, sites, sub, plan, sample_limit, pending)
     return ChecksumOutcome(rows, fps, nb, differing, full)
 
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from multimaster.spark.result import KIND_LABELS, KINDS, Sample, TableResult, VerifyResult
 
-__all__ = ["render_rich", "to_json", "to_html", "render_plan"]
+__all__ = ["render_rich", "to_json", "to_html", "render_plan", "verdict"]
 
 STATUS_STYLE = {"converged": "bold green", "converging": "bold yellow", "diverged": "bold red"}
+_ON_ITS_WAY = {True: "yes", False: "<span class='bad'>no: diverged</span>"}
 KIND_COLOR = {"missing": "#d62728", "extra": "#ff7f0e", "key": "#9467bd", "values": "#1f77b4"}
 
 
@@ -35,16 +36,19 @@ def _samples_table(name: str, t: TableResult, sites: list[str]) -> Any:
     from rich.table import Table
 
     st = Table(title=f"{name}: sample of differing rows ({len(t.samples)})")
-    for c in ("kind", "rid", "counted at", "columns", *sites, "waiting"):
+    for c in ("kind", "rid", "counted at", "columns", *sites, "change on its way"):
         st.add_column(c, overflow="fold")
     for x in t.samples:
         cells = [_sample_cell(x, x.sites.get(s, {})) for s in sites]
-        st.add_row(x.kind, x.rid, ", ".join(x.odd_sites), ", ".join(x.columns), *cells, "yes" if x.waiting else "")
+        st.add_row(
+            x.kind, x.rid, ", ".join(x.odd_sites), ", ".join(x.columns), *cells, "yes" if x.waiting else "[red]no: diverged[/]"
+        )
     return st
 
 
 def render_rich(res: VerifyResult, console=None) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = console or Console()
@@ -90,11 +94,29 @@ def render_rich(res: VerifyResult, console=None) -> None:
             )
         if t.samples:
             con.print(_samples_table(name, t, res.sites))
-        if t.status == "converging":
-            con.print(
-                f"[yellow]{name}: {t.waiting_total} change(s) are still on their way; the differences may be "
-                "'not yet converged' rather than diverged. Run refresh and verify again.[/]"
-            )
+        style = {"converged": "green", "converging": "yellow"}.get(t.status, "red")
+        con.print(f"[{style}]{escape(verdict(name, t))}[/]", highlight=False)
+
+
+def verdict(name: str, t: TableResult) -> str:
+    """One sentence saying why table `name` has its status, naming the first differing row that no
+    change on its way explains."""
+    if t.status == "converged":
+        return f"{name}: every site holds the same rows."
+    if t.status == "converging":
+        return (
+            f"{name}: each of the {t.differing:,} differing row(s) has a change on its way "
+            f"({t.waiting_total:,} change(s) waiting in all): not yet converged. Run refresh and verify again."
+        )
+    first = next((x for x in t.samples if not x.waiting), None)
+    named = ""
+    if first is not None:
+        key = next((e["key"] for e in first.sites.values() if "key" in e), None)
+        named = f" (first: identity {first.rid}" + (f", key {key}" if key is not None else "") + f", {KIND_LABELS[first.kind]})"
+    return (
+        f"{name}: {t.unexplained:,} of the {t.differing:,} differing row(s) have no change on its way{named}: "
+        "diverged. Nothing in flight will fix them (see verify --repair-from)."
+    )
 
 
 def to_json(res: VerifyResult) -> str:
@@ -163,6 +185,7 @@ def to_html(res: VerifyResult) -> str:
             )
     parts.append("</table>")
     for name, t in res.tables.items():
+        parts.append(f"<p>{e(verdict(name, t))}</p>")
         waiting = [w for w in t.waiting if w.total or w.error]
         if waiting:
             parts.append(
@@ -179,7 +202,7 @@ def to_html(res: VerifyResult) -> str:
             parts.append(
                 f"<h3>{e(name)}: sample of differing rows</h3><table><tr><th>kind</th><th>rid</th><th>counted at</th><th>columns</th>"
                 + "".join(f"<th>{e(s)}</th>" for s in res.sites)
-                + "<th>waiting</th></tr>"
+                + "<th>change on its way</th></tr>"
             )
             for x in t.samples:
                 cells = []
@@ -193,7 +216,7 @@ def to_html(res: VerifyResult) -> str:
                     cells.append(f"<td><code>{e(txt)}</code></td>")
                 parts.append(
                     f"<tr><td>{e(KIND_LABELS[x.kind])}</td><td><code>{e(x.rid)}</code></td><td>{e(', '.join(x.odd_sites))}</td>"
-                    f"<td>{e(', '.join(x.columns))}</td>{''.join(cells)}<td>{'yes' if x.waiting else ''}</td></tr>"
+                    f"<td>{e(', '.join(x.columns))}</td>{''.join(cells)}<td>{_ON_ITS_WAY[x.waiting]}</td></tr>"
                 )
             parts.append("</table>")
     parts.append("</body></html>")

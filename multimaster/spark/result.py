@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["KINDS", "KIND_LABELS", "Waiting", "Sample", "TableResult", "VerifyResult"]
+__all__ = ["KINDS", "KIND_LABELS", "Waiting", "Sample", "TableResult", "VerifyResult", "table_status", "run_status"]
 
 # Difference kinds, in report order.
 KINDS = ("missing", "extra", "key", "values")
@@ -17,8 +17,28 @@ KIND_LABELS = {
 }
 # Table / run status
 CONVERGED = "converged"
-CONVERGING = "converging"  # differences, but changes are still waiting on some link
-DIVERGED = "diverged"  # differences and nothing waiting that could fix them
+CONVERGING = "converging"  # differences, each on a row that a change still on its way touches
+DIVERGED = "diverged"  # some differing row that no waiting change touches: nothing will fix it
+
+
+def table_status(differing: int, unexplained: int) -> str:
+    """A table's status from its differing identities and how many of them no waiting change
+    touches: one such row is enough for diverged, whatever else is in flight."""
+    if differing < 0 or not 0 <= unexplained <= differing:
+        raise ValueError(f"differing={differing}, unexplained={unexplained}: need 0 <= unexplained <= differing")
+    if differing == 0:
+        return CONVERGED
+    return DIVERGED if unexplained else CONVERGING
+
+
+def run_status(statuses: list[str]) -> str:
+    """A run's status from its tables': diverged if any is, converged if all are."""
+    unknown = set(statuses) - {CONVERGED, CONVERGING, DIVERGED}
+    if unknown:
+        raise ValueError(f"unknown table status(es): {sorted(unknown)}")
+    if DIVERGED in statuses:
+        return DIVERGED
+    return CONVERGING if CONVERGING in statuses else CONVERGED
 
 
 @dataclass
@@ -45,7 +65,7 @@ class Sample:
     sites: dict[str, dict[str, Any]]
     odd_sites: list[str]  # the sites this difference is counted against
     columns: list[str] = field(default_factory=list)  # for kind 'values': the differing columns
-    waiting: bool = False  # a waiting change touches this identity
+    waiting: bool = False  # a waiting change touches this identity (else this difference is divergence)
 
 
 @dataclass
@@ -64,6 +84,7 @@ class TableResult:
     buckets: int = 0  # checksum mode: key ranges hashed
     buckets_differing: int = 0  # checksum mode: key ranges drilled into
     seconds: float = 0.0
+    unexplained: int = 0  # differing identities that no waiting change touches (diverged when > 0)
 
     @property
     def converged(self) -> bool:
@@ -85,10 +106,7 @@ class VerifyResult:
 
     @property
     def status(self) -> str:
-        st = {t.status for t in self.tables.values()}
-        if st <= {CONVERGED}:
-            return CONVERGED
-        return DIVERGED if DIVERGED in st else CONVERGING
+        return run_status([t.status for t in self.tables.values()])
 
     @property
     def converged(self) -> bool:

@@ -4,6 +4,8 @@ For a link source -> target and table t:
 - unpulled: entries of source's `_mm_log2_<t>` past target's watermark (`_mm_watermarks.seq2` for
   peer = source, tbl = t) that append a change not originating at target (the refresher skips those);
 - unapplied: rows of target's `_mm_snap_<t>__<source>` with applied 0 (new) or 2 (waiting for its row).
+
+`waiting_reads` names the identities those changes touch, for verify's per-row decision.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from multimaster import store
+from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.spark.jdbc import dialect_of
 from multimaster.spark.result import Waiting
 
-__all__ = ["waiting_changes", "waiting_rids", "mm_name"]
+__all__ = ["waiting_changes", "waiting_reads", "mm_name"]
 
 
 def mm_name(url: str, name: str) -> str:
@@ -59,37 +62,38 @@ def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -
                     unpulled = sc.execute(sa.text(f"SELECT count(*) FROM {log2} WHERE seq2 > :wm"), {"wm": wm}).scalar_one()
             out.append(Waiting(ln.source, ln.target, int(unpulled), int(unapplied)))
         except sa.exc.DBAPIError as e:
-            out.append(Waiting(ln.source, ln.target, 0, 0, error=str(e.orig).splitlines()[0][:200]))
+            out.append(Waiting(ln.source, ln.target, 0, 0, error=redact(str(e.orig).splitlines()[0][:200])))
     return out
 
 
-def waiting_rids(topo: Topology, table: str, engines: dict[str, sa.Engine], rids: list[str]) -> set[str]:
-    """Which of `rids` (a small sample) some waiting change touches, on any link."""
-    if not rids:
-        return set()
-    hit: set[str] = set()
+def waiting_reads(topo: Topology, table: str, engines: dict[str, sa.Engine]) -> list[tuple[str, str]]:
+    """Where verify reads the identities (rids) that changes on their way touch: (site, query
+    selecting ``mm_rid``) pairs, per link between `engines`' sites. Their bounds are read now, the
+    rows later (by Spark, after the compare), so the queries name every change in flight at any
+    moment in between: at the source, every change-log entry past the target's watermark as it is
+    now (pulled since or not, captured since included); at the target, every snapshot row from
+    the oldest one not applied now (applied since or not). docs/verify.md, "Waiting changes"."""
+    out: list[tuple[str, str]] = []
     for ln in topo.links:
         if ln.source not in engines or ln.target not in engines:
             continue
         s_url, t_url = topo.sites[ln.source].url, topo.sites[ln.target].url
-        try:
-            with engines[ln.target].connect() as tc:
-                wm = _watermark(tc, t_url, ln.source, table)
-                try:
-                    snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
-                    q = sa.text(f"SELECT DISTINCT rid FROM {snap} WHERE applied <> 1 AND rid IN :rids").bindparams(
-                        sa.bindparam("rids", expanding=True)
-                    )
-                    hit |= {r[0] for r in tc.execute(q, {"rids": rids})}
-                except sa.exc.DBAPIError:
-                    tc.rollback()
-            with engines[ln.source].connect() as sc:
-                log2, log = mm_name(s_url, f"_mm_log2_{table}"), mm_name(s_url, f"_mm_log_{table}")
-                q = sa.text(
-                    f"SELECT DISTINCT l.rid FROM {log2} l2 JOIN {log} l ON l.seq = l2.seq "
-                    "WHERE l2.seq2 > :wm AND l2.op = 'A' AND l.origin <> :target AND l.rid IN :rids"
-                ).bindparams(sa.bindparam("rids", expanding=True))
-                hit |= {r[0] for r in sc.execute(q, {"wm": wm, "target": ln.target, "rids": rids})}
-        except sa.exc.DBAPIError:
-            continue
-    return hit
+        snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
+        with engines[ln.target].connect() as tc:
+            wm = int(_watermark(tc, t_url, ln.source, table))
+            try:
+                oldest = tc.execute(sa.text(f"SELECT min(pseq) FROM {snap} WHERE applied <> 1")).scalar()
+            except sa.exc.DBAPIError:  # no snapshot yet: nothing pulled, nothing waiting there
+                tc.rollback()
+                oldest = None
+        if oldest is not None:
+            out.append((ln.target, f"SELECT DISTINCT rid AS mm_rid FROM {snap} WHERE pseq >= {int(oldest)}"))
+        log2, log = mm_name(s_url, f"_mm_log2_{table}"), mm_name(s_url, f"_mm_log_{table}")
+        out.append(
+            (
+                ln.source,
+                f"SELECT DISTINCT l.rid AS mm_rid FROM {log2} l2 JOIN {log} l ON l.seq = l2.seq "
+                f"WHERE l2.seq2 > {wm} AND l2.op = 'A' AND l.origin <> '{ln.target}'",
+            )
+        )
+    return out

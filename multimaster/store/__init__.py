@@ -8,6 +8,8 @@ only code that reads or writes its tables:
   applied (the duplicate filter);
 - :mod:`~multimaster.store.conflicts` ``_mm_conflicts``: the conflict log;
 - :mod:`~multimaster.store.purges` ``_mm_purges``, ``_mm_pullers``: the purge horizon, the pullers;
+- :mod:`~multimaster.store.fences` ``_mm_fences``: observations of the other sites, what tombstones
+  and conflict-log rows are purged with;
 - :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
 - :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts.
 
@@ -22,14 +24,17 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
-from multimaster.store import conflicts, links, origins, purges, tables, verifications, watermarks
+from multimaster.store import conflicts, fences, links, origins, purges, tables, verifications, watermarks
 
-__all__ = ["conflicts", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
+__all__ = ["conflicts", "fences", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
-    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_verifications``."""
+    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_fences``,
+    ``_mm_verifications``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)
+    fences.install(conn, d)
     verifications.install(conn, d)
+    conflicts.install(conn, d)

@@ -1,5 +1,9 @@
-"""``_mm_conflicts``: every conflict the planner resolved, with both versions, their values, the
-policy and the decision (docs/conflicts.md)."""
+"""``_mm_conflicts``: every conflict the planner resolved, with both versions, the values of the
+slot, both row images (``local_row``: the row here before the change; ``remote_row``: the
+columns the incoming change carried), the policy and the decision (docs/conflicts.md).
+
+The table is created by each dialect's site template; :func:`install` adds the columns later
+versions brought to a table created before them (``multimaster init`` runs it on every site)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ from sqlalchemy.engine import Connection
 from multimaster.core.planner import ConflictRecord
 from multimaster.dialects.base import Dialect
 
-__all__ = ["record", "count", "count_since", "rows"]
+__all__ = ["install", "record", "count", "count_since", "rows", "expired", "delete"]
 
 _COLS = (
     "tbl",
@@ -26,7 +30,28 @@ _COLS = (
     "remote_values",
     "policy",
     "decision",
+    "local_row",
+    "remote_row",
 )
+
+#: columns added after the first release, each with the column whose type it takes
+_ADDED = (("local_row", "local_values"), ("remote_row", "remote_values"))
+
+
+def install(conn: Connection, d: Dialect) -> list[str]:
+    """Add the columns of `_ADDED` missing from an existing conflict log, each with the type of
+    the column it mirrors (idempotent). Returns the columns added."""
+    from sqlalchemy import inspect
+
+    name = d.mm_table("_mm_conflicts").rsplit(".", 1)[-1]
+    cols = {c["name"]: c for c in inspect(conn).get_columns(name, schema=d.caps.bookkeeping_schema)}
+    added = []
+    for col, like in _ADDED:
+        if col not in cols:
+            typ = cols[like]["type"].compile(dialect=conn.dialect)
+            conn.exec_driver_sql(f"ALTER TABLE {d.mm_table('_mm_conflicts')} ADD COLUMN {col} {typ}")
+            added.append(col)
+    return added
 
 
 def _collist(d: Dialect) -> str:
@@ -66,6 +91,8 @@ def record(conn: Connection, d: Dialect, conflicts: Sequence[ConflictRecord], ke
                 _values(c.remote_values),
                 c.policy,
                 c.decision,
+                _values(c.local_row),
+                _values(c.remote_row),
             )
             for c in conflicts
         ],
@@ -83,16 +110,61 @@ def count_since(conn: Connection, d: Dialect, since: str) -> int:
     return int(conn.exec_driver_sql(sql, (since,)).scalar() or 0)
 
 
-def rows(conn: Connection, d: Dialect, table: str | None, limit: int) -> list[Any]:
-    """The last `limit` conflicts (all with 0), of `table` only if given, newest first, as mappings."""
-    where = f"WHERE tbl = {d.caps.placeholder}" if table else ""
-    params = (table,) if table else ()
+def rows(
+    conn: Connection,
+    d: Dialect,
+    table: str | None,
+    limit: int,
+    *,
+    since: str | None = None,
+    kind: str | None = None,
+    ids: Sequence[int] | None = None,
+) -> list[Any]:
+    """The last `limit` conflicts (all with 0), newest first, as mappings; only of `table`, of
+    `kind`, recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS'), with an id in `ids`, when
+    given."""
+    ph = d.caps.placeholder
+    conds: list[str] = []
+    params: list[Any] = []
+    for col, v in (("tbl", table), ("kind", kind)):
+        if v is not None:
+            conds.append(f"{col} = {ph}")
+            params.append(v)
+    if since is not None:
+        conds.append(f"detected_at >= {ph}")
+        params.append(since)
+    if ids is not None:
+        if not ids:
+            return []
+        conds.append(f"id IN ({d.ph(len(ids))})")
+        params.extend(int(i) for i in ids)
+    where = f"WHERE {' AND '.join(conds)}" if conds else ""
     lim = f" LIMIT {int(limit)}" if limit else ""
     return [
         r._mapping
         for r in conn.exec_driver_sql(
             f"SELECT id, detected_at, tbl, rid, {d.key_col}, kind, slot, columns, local_ver, local_values, remote_ver, "
-            f"remote_values, policy, decision FROM {d.mm_table('_mm_conflicts')} {where} ORDER BY id DESC{lim}",
-            params,
+            f"remote_values, policy, decision, local_row, remote_row FROM {d.mm_table('_mm_conflicts')} {where} "
+            f"ORDER BY id DESC{lim}",
+            tuple(params),
         )
     ]
+
+
+def expired(conn: Connection, d: Dialect, table: str, before: str) -> list[tuple[int, str | None, str]]:
+    """(id, local_ver, remote_ver) of the conflicts of `table` recorded before `before`."""
+    ph = d.caps.placeholder
+    return [
+        (int(r[0]), r[1], r[2])
+        for r in conn.exec_driver_sql(
+            f"SELECT id, local_ver, remote_ver FROM {d.mm_table('_mm_conflicts')} WHERE tbl = {ph} AND detected_at < {ph}",
+            (table, before),
+        )
+    ]
+
+
+def delete(conn: Connection, d: Dialect, ids: Sequence[int]) -> int:
+    """Delete the conflicts `ids`; returns how many."""
+    if ids:
+        conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_conflicts')} WHERE id = {d.caps.placeholder}", [(i,) for i in ids])
+    return len(ids)

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 import sqlalchemy as sa
-from mm_spark_helpers import client, require_server, row, uncaptured, write_topology
+from mm_spark_helpers import base_rid, client, require_server, row, uncaptured, write_topology
 
 from multimaster import api
 from multimaster.config.topology import load_topology
@@ -96,8 +96,27 @@ def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
     cs = verify(topo, spark=spark, checksum_only=True, buckets=8).tables["items"]
     assert cs.converged and cs.fingerprints == t.fingerprints
 
+    # per row: a change on its way explains its own row, not another one (the waiting identities
+    # are read from PostgreSQL's change log and MariaDB's snapshot)
+    c = client(urls["pg"])
+    c.cursor().execute("UPDATE items SET qty = 555 WHERE id = 5")  # captured at pg
+    c.commit()
+    c.close()
+    api.refresh(load_topology(topo), "my", "pg", reconcile_=False)  # pulled by my, not applied; s1 has not pulled it
+    t = verify(topo, spark=spark).tables["items"]
+    assert (t.status, t.differing, t.unexplained) == ("converging", 1, 0)
     with uncaptured(urls["pg"]) as c:
         c.execute("UPDATE items SET qty = 1000, price = 0.5 WHERE id = 3")
+    t = verify(topo, spark=spark).tables["items"]
+    assert (t.status, t.differing, t.unexplained) == ("diverged", 2, 1)
+    assert {x.rid: x.waiting for x in t.samples} == {base_rid(3): False, base_rid(5): True}
+    api.reconcile(load_topology(topo), "my")  # what was pulled without reconciling is applied by reconcile
+    for _ in range(3):  # row 5 lands everywhere; row 3 stays as it is
+        api.refresh(load_topology(topo))
+    t = verify(topo, spark=spark).tables["items"]
+    assert (t.status, t.differing, t.unexplained, t.samples[0].rid) == ("diverged", 1, 1, base_rid(3))
+    logs = {s: _log_count(urls[s], s) for s in ("pg", "my")}
+
     with uncaptured(urls["my"]) as c:
         c.execute("DELETE FROM items WHERE id = 4")
         c.execute("DELETE FROM _mm_shadow_items WHERE `key` = 4")
@@ -116,8 +135,14 @@ def test_mixed_cluster_converged_diverged_repaired(spark, mixed):
     apply_plan(topo, plan)
     assert verify(topo, spark=spark).converged
     for s in ("pg", "my"):  # neither the divergence nor the repair was captured
-        c = client(urls[s])
+        assert _log_count(urls[s], s) == logs[s], s
+
+
+def _log_count(url: str, site: str) -> int:
+    c = client(url)
+    try:
         cur = c.cursor()
-        cur.execute("SELECT count(*) FROM _mm._mm_log_items" if s == "pg" else "SELECT count(*) FROM _mm_log_items")
-        assert cur.fetchone()[0] == 0, s
+        cur.execute("SELECT count(*) FROM _mm._mm_log_items" if site == "pg" else "SELECT count(*) FROM _mm_log_items")
+        return int(cur.fetchone()[0])
+    finally:
         c.close()

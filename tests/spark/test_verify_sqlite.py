@@ -75,16 +75,66 @@ def test_waiting_changes_tell_converging_from_diverged(spark, cluster):
         with uncaptured(cluster, s) as c:
             c.execute("UPDATE _mm_watermarks SET seq2 = 2 WHERE peer = 's1'")
     t = verify(cluster, spark=spark).tables["items"]
-    assert t.status == "diverged"
-    # an unapplied snapshot row also counts as waiting
+    assert t.status == "diverged" and t.unexplained == 2
+    # an unapplied snapshot row counts as waiting for its own row only
     with uncaptured(cluster, "s2") as c:
         c.execute(
             "INSERT INTO _mm_snap_items__s1(pseq, ver, origin, op, rid, key, mask, applied) "
-            "VALUES (1, 'v', 's1', 'I', 'r', 201, 7, 0)"
+            "VALUES (1, 'v', 's1', 'I', 'some other row', 201, 7, 0)"
         )
     t = verify(cluster, spark=spark).tables["items"]
-    assert t.status == "converging"
+    assert t.status == "diverged" and t.unexplained == 2
     assert {(x.source, x.target): x.unapplied for x in t.waiting}[("s1", "s2")] == 1
+    with uncaptured(cluster, "s1") as c:
+        new_rid, upd_rid = (c.execute(f"SELECT rid FROM _mm_log_items WHERE key = {k}").fetchone()[0] for k in (201, 3))
+    for s in ("s2", "s3"):
+        with uncaptured(cluster, s) as c:
+            c.execute(
+                "INSERT INTO _mm_snap_items__s1(pseq, ver, origin, op, rid, key, mask, applied) VALUES (?, 'v', 's1', 'U', ?, 3, 7, 0)",
+                (2, upd_rid),
+            )
+    t = verify(cluster, spark=spark).tables["items"]
+    assert t.status == "diverged" and t.unexplained == 1  # the new row 201 is still on its way nowhere
+    for s in ("s2", "s3"):
+        with uncaptured(cluster, s) as c:
+            c.execute(
+                "INSERT INTO _mm_snap_items__s1(pseq, ver, origin, op, rid, key, mask, applied) VALUES (3, 'v', 's1', 'I', ?, 201, 7, 0)",
+                (new_rid,),
+            )
+    t = verify(cluster, spark=spark).tables["items"]
+    assert t.status == "converging" and t.unexplained == 0
+
+
+def test_a_waiting_change_explains_only_its_own_row(spark, cluster):
+    """Issue 13 item 4: a change waiting for row A does not make an uncaptured difference on row B
+    "converging". Each differing identity is converging only when a waiting change touches it."""
+    captured(cluster, "s1", "UPDATE items SET qty = 0 WHERE id = 3")  # row A: captured at s1, not yet pulled
+    res = verify(cluster, spark=spark)
+    t = res.tables["items"]
+    assert (res.status, t.status, t.differing, t.unexplained) == ("converging", "converging", 1, 0)
+    with uncaptured(cluster, "s2") as c:  # row B: changed at s2 with capture off: nothing will fix it
+        c.execute("UPDATE items SET qty = 999 WHERE id = 20")
+    for mode in ({}, {"checksum_only": True, "buckets": 8}):
+        res = verify(cluster, spark=spark, **mode)
+        t = res.tables["items"]
+        assert (res.status, t.status, res.exit_code) == ("diverged", "diverged", 1)
+        assert t.differing == 2 and t.unexplained == 1
+        assert {x.rid: x.waiting for x in t.samples} == {rid(20): False, rid(3): True}
+        assert t.samples[0].rid == rid(20)  # the differences nothing explains come first
+    # the change pulled into s2's snapshot but not applied yet still explains row A at s2
+    from multimaster import api
+
+    api.refresh(load_topology(cluster), "s2", "s1", reconcile_=False)
+    t = verify(cluster, spark=spark).tables["items"]
+    assert t.status == "diverged" and t.unexplained == 1
+    assert {(w.source, w.target): (w.unpulled, w.unapplied) for w in t.waiting if w.total} == {
+        ("s1", "s2"): (0, 1),
+        ("s1", "s3"): (1, 0),
+    }
+    with uncaptured(cluster, "s2") as c:  # row B repaired by hand: only row A differs, and it is on its way
+        c.execute("UPDATE items SET qty = 20 WHERE id = 20")
+    res = verify(cluster, spark=spark)
+    assert (res.status, res.tables["items"].unexplained) == ("converging", 0)
 
 
 @pytest.mark.parametrize("diverge", [False, True])
