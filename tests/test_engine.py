@@ -396,3 +396,15 @@ def test_backlog_pulls_in_bounded_batches(backend, tmp_path):  # type: ignore[no
     res = cl.refresh("s2", "s1", batch_size=40)
     assert res[0].batches == 7 and res[0].pulled == 250
     cl.assert_converged()
+
+
+def test_rows_pulled_without_reconciling_are_applied_by_the_next_refresh(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """`refresh --no-reconcile` stores what it pulls; a later plain refresh that pulls nothing new
+    applies it (it used to wait, silently, for a refresh that brought something)."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh("s2", "s1", reconcile_=False)
+    assert cl.rows("s2", "items") == []
+    res = cl.refresh("s2", "s1")
+    assert res[0].pulled == 0 and res[0].applied == 1
+    assert cl.rows("s2", "items") == [(1, "a", 1, 1.0)]

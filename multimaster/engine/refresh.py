@@ -17,6 +17,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
@@ -130,6 +131,7 @@ def _refresh_table(
     `stop` says so), counting them in `res`. Returns what reconciling did."""
     tgt, src, source, target, tb = link.tgt, link.src, link.source, link.target, link.table
     rr = ReconcileResult(tb)
+    batches = 0
     while True:
         with tgt.read() as conn:
             wm = store.watermarks.read(conn, tgt.dialect, source, tb)
@@ -144,13 +146,43 @@ def _refresh_table(
         if done[1] is not None:
             rr.add(done[1])
         res.batches += 1
+        batches += 1
         if progress:
             progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
         if len(rows) < batch or (stop is not None and stop()):
             break
-    if link.reconcile_ and not rr.applied and link.info.spec.renumber and tgt.dialect.caps.concurrent_capture:
-        # nothing applied: still rank the keys local inserts drew, as a reconcile would
-        rr.renumbered += write_retrying(tgt, functools.partial(rank_local_keys, site=tgt, info=link.info, base_max=link.base_max))
+    if link.reconcile_ and not batches:
+        # nothing pulled: still apply what an earlier `refresh --no-reconcile` stored, and rank the
+        # keys local inserts drew, as a reconcile would (read first: usually there is nothing to do)
+        with tgt.read() as conn:
+            todo = _unsettled(conn, link)
+        if todo:
+            rr.add(write_retrying(tgt, functools.partial(_settle, link=link)))
+    return rr
+
+
+def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
+    """What a link that brought nothing still has to do at its target: "apply" the source's snapshot
+    rows not applied yet (pulled without reconciling), "rank" the keys local inserts drew (dialects
+    whose writers capture concurrently), or None."""
+    d, info = link.tgt.dialect, link.info
+    snap = d.obj(info.name, link.source).snapshot()
+    if conn.exec_driver_sql(f"SELECT 1 FROM {snap} WHERE applied = 0 LIMIT 1").first() is not None:
+        return "apply"
+    if info.spec.renumber and d.caps.concurrent_capture and keys_unranked(conn, d, info, link.base_max):
+        return "rank"
+    return None
+
+
+def _settle(conn: Connection, *, link: _LinkTable) -> ReconcileResult:
+    """In a write transaction at the target: what _unsettled found."""
+    tgt, info = link.tgt, link.info
+    todo = _unsettled(conn, link)
+    if todo == "apply":
+        return reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info))
+    rr = ReconcileResult(info.name)
+    if todo == "rank":
+        rr.renumbered = rank_local_keys(conn, tgt, info, link.base_max)
     return rr
 
 

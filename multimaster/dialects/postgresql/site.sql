@@ -131,12 +131,13 @@ END
 $$;
 --
 -- The horizon: every position below it is final (its transaction committed, and a statement
--- started after this call sees it, or rolled back). (1) c0 = the clock's last value, (2) the
--- lowest lower bound of the transactions registered now; H = least(c0 + 1, that bound). A tick
--- p < H was drawn before (1), by a transaction registered before it drew p with a bound <= p; had
--- that transaction still been running at (2), H would be <= p. Readers call it in a statement of
--- its own and read below it in the next (engine/pull.py). SECURITY DEFINER: pull roles read
--- pg_locks' rows of other roles' transactions only through it.
+-- started after this call sees it, or rolled back). (1) c0 = the clock's last value, (2) m = the
+-- lowest lower bound of the transactions registered now; H = least(c0, m) + 1. A tick p < H is
+-- <= c0, so it was drawn before (1), by a transaction registered before it drew p with a bound
+-- lo < p (every tick a transaction draws exceeds its bound); had that transaction still been
+-- running at (2), m <= lo < p, so H <= p. Readers call it in a statement of its own and read below
+-- it in the next (engine/pull.py). SECURITY DEFINER: pull roles read pg_locks' rows of other
+-- roles' transactions only through it.
 CREATE OR REPLACE FUNCTION _mm._mm_horizon() RETURNS bigint LANGUAGE plpgsql VOLATILE
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -146,7 +147,7 @@ BEGIN
   SELECT min((l.classid::bigint << 32) | l.objid::bigint) INTO m FROM pg_locks l
    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid >= 262144 AND l.classid < 2147483648
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database());
-  RETURN least(c0 + 1, coalesce(m, c0 + 1));
+  RETURN least(c0, coalesce(m, c0)) + 1;
 END
 $$;
 --
