@@ -16,14 +16,16 @@ CREATE TABLE IF NOT EXISTS _mm_tables (
   key_col VARCHAR(64) NOT NULL,
   renumber INT NOT NULL,
   columns TEXT NOT NULL,
-  base_max BIGINT NOT NULL DEFAULT 0
+  base_max BIGINT NOT NULL DEFAULT 0,
+  keys_ranked BIGINT NOT NULL DEFAULT 0  -- every key up to it is base_max + rank (engine/apply.py normalize_keys)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- Per replicated table: the clock and the highest key given. Every captured write locks its
--- table's row until COMMIT (so does the reconciler): versions, ranks and change-log sequence
--- numbers (the second-order log's seq2) are then given in commit order. The row also carries the
--- floor (the highest version received: the reconciler and add-site raise it), the only clock
--- state the capture triggers read. See docs/mysql.md.
+ALTER TABLE _mm_tables ADD COLUMN IF NOT EXISTS keys_ranked BIGINT NOT NULL DEFAULT 0;
+--
+-- One row per replicated table: the reconcilers' lock (Dialect.lock_for_apply locks it FOR
+-- UPDATE, so the reconcilers of a table run one at a time and a relay hands an origin's changes on
+-- in version order). Application writers never touch it. (hlc and maxkey are what earlier
+-- versions' capture kept here; nothing reads them any more.)
 CREATE TABLE IF NOT EXISTS _mm_clock (
   tbl VARCHAR(64) PRIMARY KEY,
   hlc BIGINT NOT NULL DEFAULT 0,
@@ -64,3 +66,94 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   policy VARCHAR(255) NOT NULL,
   decision VARCHAR(32) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The clock (docs/mysql.md "How capture works with many writers"). A change-log entry's position
+-- is a value of this table's AUTO_INCREMENT, drawn by the transaction that writes the entry
+-- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its
+-- version (LPAD(p, 19, '0'):site): writers never wait for each other (InnoDB hands AUTO_INCREMENT
+-- values of simple inserts out under a mutex, in increasing order; no row of the table is ever
+-- read by a writer). It follows the wall clock (ms * 65536): a draw that finds the counter behind
+-- it inserts the wall clock as an explicit value first, which moves the counter, then draws again;
+-- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
+-- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
+CREATE TABLE IF NOT EXISTS _mm_tick (
+  t BIGINT AUTO_INCREMENT PRIMARY KEY
+) ENGINE=InnoDB;
+--
+-- One draw: the next value of the clock, at or past the wall clock. Called by the capture
+-- triggers inside the UPDATE that locks their slot (capture.sql), so the slot is locked first.
+-- LAST_INSERT_ID() is restored when the function returns: an application's own insert id is kept.
+CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE p BIGINT;
+  DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
+  INSERT INTO _mm_tick (t) VALUES (NULL);
+  SET p = LAST_INSERT_ID();
+  IF p < w THEN
+    INSERT IGNORE INTO _mm_tick (t) VALUES (w);
+    INSERT INTO _mm_tick (t) VALUES (NULL);
+    SET p = LAST_INSERT_ID();
+  END IF;
+  RETURN p;
+END
+--
+-- Slots: one row per (replicated table, connection) that captured changes of that table. Every
+-- captured row locks its connection's slot and draws its position into the slot's cur in one
+-- UPDATE (for a connection's first capture an INSERT first, see capture.sql): the slot is X-locked
+-- from the transaction's first draw until COMMIT / ROLLBACK, and its *committed* cur is the last
+-- position of the connection's previous transaction, below every position the running one draws.
+-- lo is a value drawn when the slot was created, the bound of a connection whose slot is not
+-- committed yet.
+CREATE TABLE IF NOT EXISTS _mm_slots (
+  tbl VARCHAR(64) NOT NULL,
+  conn BIGINT UNSIGNED NOT NULL,
+  lo BIGINT NOT NULL,
+  cur BIGINT NOT NULL,
+  PRIMARY KEY (tbl, conn)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The gate of a table's slots: a connection creating its slot of the table locks the table's row
+-- here in SHARE MODE first (in its own table: a trigger that also writes _mm_slots would turn a
+-- shared read of _mm_slots into an exclusive one). The reconciler, when it gives keys, locks the
+-- gate and every slot of the table (Dialect.lock_writers): then no local insert is in flight and
+-- none can start.
+CREATE TABLE IF NOT EXISTS _mm_gates (
+  tbl VARCHAR(64) PRIMARY KEY
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The horizon of table t: every position below it is final (its transaction committed, and a
+-- statement started after this call sees it, or rolled back). Returns it as a one-row result.
+-- (a) c0 := a value drawn from _mm_tick (the insert rolled back: the value is never reused); (b) the free slots of t: those a locking read does not find locked
+-- (LOCK IN SHARE MODE SKIP LOCKED); (c) per other slot its committed cur (READ COMMITTED), or its lo
+-- when no committed version exists (READ UNCOMMITTED), plus one (every position a running
+-- transaction draws is above it); H = least(c0, min of (c)). Why: a
+-- position p < H was drawn before (a) by a transaction W that locked its slot before drawing it.
+-- Had W still run at (b), its slot would have been locked, and (c) would have read a value below
+-- p: the committed cur of W's slot predates W (only W's connection writes it), a slot W created
+-- carries a lo drawn before p; so H <= p, impossible. W ended before (b), and its commit is
+-- visible to the next statement of the caller. Each step runs in a transaction of its own (the
+-- caller's ends first): the reader holds a slot only for the instant of (b).
+-- SQL SECURITY DEFINER: pull roles need only EXECUTE on it.
+CREATE OR REPLACE PROCEDURE _mm_horizon(IN t VARCHAR(64))
+  MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE c0, g BIGINT;
+  DECLARE free, seen LONGTEXT;
+  DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
+  COMMIT;
+  INSERT INTO _mm_tick (t) VALUES (NULL);
+  SET c0 = LAST_INSERT_ID();
+  ROLLBACK;
+  SELECT GROUP_CONCAT(conn) INTO free FROM _mm_slots WHERE tbl = t LOCK IN SHARE MODE SKIP LOCKED;
+  COMMIT;
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SELECT JSON_OBJECTAGG(conn, cur) INTO seen FROM _mm_slots
+   WHERE tbl = t AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+  COMMIT;
+  SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED;
+  SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
+   WHERE tbl = t AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+  COMMIT;
+  SET SESSION tx_isolation = iso;
+  SELECT LEAST(c0, coalesce(g, c0)) AS h;
+END
