@@ -229,3 +229,64 @@ def test_random_writers_at_two_sites_match_a_reference_model(backend, tmp_path):
     # every site gave the same identities the same keys, and a new row takes a key past them all
     cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('last', 0)")
     assert max(r[0] for r in cl.rows("s1", "stock")) == len(inserted) + 1
+
+
+TAGS = {"tags": {"key": "code", "auto": False, "columns": {"label": "text"}}}
+
+
+def test_replace_and_on_duplicate_key_update_capture_concurrently(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB's REPLACE (a delete and an insert of the key) and INSERT ... ON DUPLICATE KEY UPDATE
+    (an update, or an insert) on a natural-key table: A replaces a row and stays open; B upserts an
+    existing and a new key and commits without waiting; a peer pulls nothing while A, registered
+    first, runs; after A commits every site holds both, the replaced row as a new incarnation."""
+    if backend.name != "mysql":
+        pytest.skip("REPLACE and ON DUPLICATE KEY UPDATE are MariaDB's")
+    _concurrent_only(backend)
+    base = [("tags", "x", "x0"), ("tags", "y", "y0")]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TAGS, base={"s1": base, "s2": base})
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("REPLACE INTO tags (code, label) VALUES ('x', 'A')")
+        b.in_thread("INSERT INTO tags (code, label) VALUES ('y', 'B'), ('z', 'B') ON DUPLICATE KEY UPDATE label = 'B'")
+        assert cl.refresh("s2", "s1")[0].pulled == 0, "B's changes were handed out while A, registered before it, ran"
+        a.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert {r[0]: r[1] for r in cl.rows(s, "tags")} == {"x": "A", "y": "B", "z": "B"}, s
+    c = cl.db("s2")
+    try:  # REPLACE ended the first incarnation of 'x' and began a second one
+        cur = c.cursor()
+        cur.execute("SELECT count(*), sum(deleted IS NULL) FROM _mm_shadow_tags WHERE `key` = 'x'")
+        assert tuple(int(v) for v in cur.fetchone()) == (2, 1)
+    finally:
+        c.close()
+
+
+def test_a_connections_next_transaction_is_held_back_by_its_committed_slot(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB's slots: a connection that captured before (its slot is committed) opens a new
+    transaction and captures; another commits after it. The horizon must stay below the open
+    transaction's positions, which its slot shows only uncommitted, and may pass the previous
+    transaction's (the slot's committed value): a peer pulls the first transaction's change and
+    nothing after, until A commits."""
+    if backend.name != "mysql":
+        pytest.skip("the slots are MariaDB's")
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
+        a.conn.commit()  # a's slot now exists, committed
+        a.run("UPDATE stock SET qty = qty + 1 WHERE id = 1")  # a's second transaction, open (by key: no scan locks)
+        b.in_thread("INSERT INTO stock (name, qty) VALUES ('b1', 2)")
+        assert cl.refresh("s2", "s1")[0].pulled == 1, "only A's first, committed transaction may be handed out"
+        a.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"a1": 2, "b1": 2}
