@@ -290,3 +290,34 @@ def test_a_connections_next_transaction_is_held_back_by_its_committed_slot(backe
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert _names(cl, "s2") == {"a1": 2, "b1": 2}
+
+
+def test_the_clock_rows_below_the_horizon_are_trimmed_by_a_pull(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB's clock (_mm_tick) keeps a row per position drawn until a peer's pull trims those
+    below the horizon (their transactions ended); the newest row stays, and the clock reads on."""
+    if backend.name != "mysql":
+        pytest.skip("the clock table is MariaDB's")
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(30):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+
+    def ticks() -> tuple[int, int]:
+        c = cl.db("s1")
+        try:
+            cur = c.cursor()
+            cur.execute("SELECT count(*), max(t) FROM _mm_tick")
+            n, top = cur.fetchone()
+            return int(n), int(top)
+        finally:
+            c.close()
+
+    n0, top0 = ticks()
+    assert n0 >= 30
+    cl.refresh_until_quiet()
+    n1, top1 = ticks()
+    assert n1 <= 2 and top1 >= top0, (n0, n1)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('later', 1)")
+    cl.refresh_until_quiet()
+    assert _names(cl, "s2")["later"] == 1
+    cl.assert_converged()

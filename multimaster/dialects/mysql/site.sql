@@ -135,26 +135,42 @@ CREATE TABLE IF NOT EXISTS _mm_gates (
 -- visible to the next statement of the caller. Each step runs in a transaction of its own (the
 -- caller's ends first): the reader holds a slot only for the instant of (b).
 -- SQL SECURITY DEFINER: pull roles need only EXECUTE on it.
-CREATE OR REPLACE PROCEDURE _mm_horizon(IN t VARCHAR(64))
+CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
   MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
-  DECLARE c0, g BIGINT;
+  DECLARE c0, g, hz, top BIGINT;
   DECLARE free, seen LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
   INSERT INTO _mm_tick (t) VALUES (NULL);
   SET c0 = LAST_INSERT_ID();
   ROLLBACK;
-  SELECT GROUP_CONCAT(conn) INTO free FROM _mm_slots WHERE tbl = t LOCK IN SHARE MODE SKIP LOCKED;
+  SELECT GROUP_CONCAT(conn) INTO free FROM _mm_slots WHERE tbl = tname LOCK IN SHARE MODE SKIP LOCKED;
   COMMIT;
   SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
   SELECT JSON_OBJECTAGG(conn, cur) INTO seen FROM _mm_slots
-   WHERE tbl = t AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+   WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
   COMMIT;
   SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED;
   SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
-   WHERE tbl = t AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+   WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
   COMMIT;
   SET SESSION tx_isolation = iso;
-  SELECT LEAST(c0, coalesce(g, c0)) AS h;
+  SET hz = LEAST(c0, coalesce(g, c0));
+  -- at most once a second per reading session: the clock's rows below the horizon (their
+  -- transactions ended) go, the newest row stays (read_clock); a row still locked (an explicit
+  -- value the reconciler inserted and deletes again) makes the trim give up at once
+  IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
+    BEGIN
+      DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
+      SELECT max(t) INTO top FROM _mm_tick;
+      SET @mm_lwt = @@session.innodb_lock_wait_timeout;
+      SET SESSION innodb_lock_wait_timeout = 0;
+      DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
+      COMMIT;
+      SET SESSION innodb_lock_wait_timeout = @mm_lwt;
+      SET @mm_trimmed = hz;
+    END;
+  END IF;
+  SELECT hz AS h;
 END
