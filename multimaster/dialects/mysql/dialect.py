@@ -226,31 +226,32 @@ class MySQLDialect(Dialect):
     #: the wall clock in clock units (ms * 65536), as the capture triggers read it
     WALL = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536"
 
-    def _draw(self, table: str) -> str:
+    def _draw(self, table: str, gated: bool = False) -> str:
         """Trigger SQL drawing the next position into @mm_p through this connection's slot of
         `table` (site.sql _mm_slots, _mm_draw): one UPDATE locks the slot, then draws the position
         into its cur (InnoDB locks the row before it evaluates SET). A connection's first capture
-        of the table inserts its slot, after locking the table's gate in SHARE MODE, with INSERT ...
-        ON DUPLICATE KEY UPDATE (an UPDATE that misses would leave a gap lock), then draws."""
+        of the table inserts its slot with INSERT ... ON DUPLICATE KEY UPDATE (an UPDATE that
+        misses would leave a gap lock), then draws. `gated` (the key trigger of a renumbered table,
+        before the row is inserted): a slot not created through the table's gate passes it first
+        (LOCK IN SHARE MODE), so a local insert cannot start while the reconciler holds the gate
+        (lock_writers); updates and deletes, which have locked their row already, never wait there.
+        The session variable is 1 for a slot known to exist, 2 once it passed the gate."""
         t, flag = _lit(table), self._slot_flag(table)
         upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = {t} AND conn = CONNECTION_ID();"
-        return "\n      ".join(
-            [
-                "SET @mm_p = NULL;",
-                f"IF {flag} = 1 THEN",
-                f"  {upd}",
-                "END IF;",
-                "IF @mm_p IS NULL THEN",
-                f"  SELECT 1 INTO @mm_gate FROM _mm_gates WHERE tbl = {t} LOCK IN SHARE MODE;",
-                f"  INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0)",
-                "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw());",
-                "  IF @mm_p IS NULL THEN",
-                f"    {upd}",
-                "  END IF;",
-                f"  SET {flag} = 1;",
-                "END IF;",
-            ]
-        )
+        known = f"{flag} = 2" if gated else f"{flag} >= 1"
+        lines = ["SET @mm_p = NULL;", f"IF {known} THEN", f"  {upd}", "END IF;", "IF @mm_p IS NULL THEN"]
+        if gated:
+            lines.append(f"  SELECT 1 INTO @mm_gate FROM _mm_gates WHERE tbl = {t} LOCK IN SHARE MODE;")
+        lines += [
+            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0)",
+            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw());",
+            "  IF @mm_p IS NULL THEN",
+            f"    {upd}",
+            "  END IF;",
+            f"  SET {flag} = {2 if gated else 1};",
+            "END IF;",
+        ]
+        return "\n      ".join(lines)
 
     def _sync_clock(self, conn: Connection, at_least: int) -> None:
         """Move the clock (_mm_tick's AUTO_INCREMENT) past `at_least`: an explicit value moves it,
@@ -415,7 +416,13 @@ class MySQLDialect(Dialect):
         )
         if spec.renumber:
             stmts += self.render(
-                "renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank, draw=draw, keyseq=o.keyseq
+                "renumber",
+                table=q(info.name),
+                tbl_lit=_lit(info.name),
+                key=key,
+                rank=rank,
+                draw=self._draw(info.name, gated=True),
+                keyseq=o.keyseq,
             )
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]

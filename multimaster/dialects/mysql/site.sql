@@ -113,18 +113,20 @@ CREATE TABLE IF NOT EXISTS _mm_slots (
   PRIMARY KEY (tbl, conn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- The gate of a table's slots: a connection creating its slot of the table locks the table's row
--- here in SHARE MODE first (in its own table: a trigger that also writes _mm_slots would turn a
--- shared read of _mm_slots into an exclusive one). The reconciler, when it gives keys, locks the
--- gate and every slot of the table (Dialect.lock_writers): then no local insert is in flight and
--- none can start.
+-- The gate of a table's slots: a local insert into a renumbered table whose connection's slot
+-- did not pass it yet locks the table's row here in SHARE MODE before it draws (in a table of its
+-- own: a trigger that also writes _mm_slots would turn a shared read of _mm_slots into an
+-- exclusive one). The reconciler, when it gives keys, locks the gate and every slot of the table
+-- (Dialect.lock_writers): then no local insert is in flight and none can start. Updates and
+-- deletes, which hold their row's lock when their trigger runs, never wait at the gate.
 CREATE TABLE IF NOT EXISTS _mm_gates (
   tbl VARCHAR(64) PRIMARY KEY
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- The horizon of table t: every position below it is final (its transaction committed, and a
+-- The horizon of table tname: every position below it is final (its transaction committed, and a
 -- statement started after this call sees it, or rolled back). Returns it as a one-row result.
--- (a) c0 := a value drawn from _mm_tick (the insert rolled back: the value is never reused); (b) the free slots of t: those a locking read does not find locked
+-- (a) c0 := a value drawn from _mm_tick (the insert rolled back: the value is never reused);
+-- (b) the free slots of tname: those a locking read does not find locked
 -- (LOCK IN SHARE MODE SKIP LOCKED); (c) per other slot its committed cur (READ COMMITTED), or its lo
 -- when no committed version exists (READ UNCOMMITTED), plus one (every position a running
 -- transaction draws is above it); H = least(c0, min of (c)). Why: a
