@@ -398,6 +398,9 @@ def replication(b, tmp: Path, seconds: float, clients: int = 16, think_ms: float
         for _ in range(20):
             if api.refresh_link(cl, "r2", "r1").pulled == 0:
                 break
+        # r1's own refresh ranks the keys its concurrent local inserts drew (where writers
+        # capture concurrently, keys are ranks at a site after its next reconcile)
+        api.refresh_link(cl, "r1", "r2")
     rows = {}
     for s, u in urls.items():
         c = b.connect(u)

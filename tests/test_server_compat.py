@@ -3,10 +3,10 @@ PostgreSQL 15) and, where a setting cannot be switched on here, at the level of 
 
 - MySQL 8 deprecations: text changes are compared with ``CAST(x AS BINARY)`` (not the ``BINARY``
   operator), and no ``VALUES(col)`` in ``ON DUPLICATE KEY UPDATE``; ``@v := expr`` (deprecated in
-  8.0.13, still supported) only in the capture triggers' clock ``UPDATE``, on purpose (docs/mysql.md);
+  8.0.13, still supported) only in the capture triggers' draw of a position, on purpose (docs/mysql.md);
 - ``key`` is reserved in MySQL: no statement multimaster sends names its tables' column ``key``
   unquoted (nothing rewrites statements on the way);
-- MariaDB capture: an insert takes the rank trigger's clock value only for its own table and row;
+- MariaDB capture: an insert takes the key trigger's position only for its own table and row;
 - binary logging without SUPER: init refuses before writing anything (``install_problems``);
 - ``sql_require_primary_key = ON`` (MySQL 8.0.13+): every table the MySQL dialect creates,
   temporary or not, has a primary key;
@@ -127,22 +127,26 @@ def test_mysql_sql_avoids_mysql8_deprecations(mysql_backend, tmp_path):  # type:
     assert bodies and any("CAST(OLD." in b for b in bodies)
     for sql in bodies + sent:
         assert not re.search(r"\bBINARY\s+(OLD|NEW)\.", sql, re.I), sql
-        odku = re.split(r"ON DUPLICATE KEY UPDATE", sql, flags=re.I)[1:]
+        # each ON DUPLICATE KEY UPDATE clause, up to the end of its statement
+        odku = [part.split(";")[0] for part in re.split(r"ON DUPLICATE KEY UPDATE", sql, flags=re.I)[1:]]
         assert not any(re.search(r"\bVALUES\s*\(", part, re.I) for part in odku), sql
-    # the one deprecated form used on purpose (docs/mysql.md): `@v := expr` in the triggers' clock UPDATE only
+    # the one deprecated form used on purpose (docs/mysql.md): `@v := expr` in the triggers' draw of a
+    # position through the slot (an UPDATE of _mm_slots, or the ON DUPLICATE KEY UPDATE of the
+    # slot's INSERT) and in the ON DUPLICATE KEY UPDATE telling a natural key's first shadow row was there
     for sql in sent:
         assert ":=" not in sql or sql.lstrip().upper().startswith("CREATE TRIGGER"), sql
     for body in bodies:
-        clock_updates = re.findall(r"UPDATE _mm_clock SET .*?WHERE tbl", body, re.S)
-        assert body.count(":=") == sum(u.count(":=") for u in clock_updates), body
-        assert set(re.findall(r"@(\w+)\s*:=", body)) <= {"mm_k", "mm_h", "mm_c"}, body
+        uses = re.findall(r"(UPDATE _mm_slots SET|ON DUPLICATE KEY UPDATE) (\w+) = \(@(\w+) :=", body)
+        assert body.count(":=") == len(uses), body
+        assert {(col, var) for _, col, var in uses} <= {("cur", "mm_p"), ("rid", "mm_dup")}, body
 
 
-def test_mysql_insert_takes_the_rank_triggers_version_only_for_its_own_row(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
-    """On a renumbered table the insert trigger takes its version from the rank trigger's UPDATE
-    (@mm_h). A user trigger that writes another renumbered table in between (BEFORE INSERT, created
-    after init: it fires after the rank trigger) ticks that table's clock with the same key: the
-    insert trigger must see that the value is not its own (@mm_t) and tick its own clock."""
+def test_mysql_insert_takes_the_key_triggers_position_only_for_its_own_row(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """On a renumbered table the insert trigger takes its position from the key trigger (@mm_h),
+    which drew it before the key. A user trigger that inserts into another renumbered table in
+    between (BEFORE INSERT, created after init: it fires after the key trigger) draws that table's
+    position with the same key: the insert trigger must see that the value is not its own (@mm_t)
+    and draw its own. Every entry's version is its position, all past a clock moved ahead."""
     import time
 
     from clusters import ITEMS
@@ -151,7 +155,7 @@ def test_mysql_insert_takes_the_rank_triggers_version_only_for_its_own_row(mysql
 
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], {**ITEMS, "other": {"key": "id", "columns": {"name": "text"}}})
     cl.execute("s1", "CREATE TRIGGER user_between BEFORE INSERT ON items FOR EACH ROW INSERT INTO other (name) VALUES (NEW.name)")
-    ahead = (int(time.time() * 1000) + 3_600_000) << 16  # items' clock an hour ahead (a version received)
+    ahead = (int(time.time() * 1000) + 3_600_000) << 16  # the clock an hour ahead (a version received)
     site = Site("s1", cl.urls["s1"])
     with site.write() as conn:
         site.dialect.advance_clock(conn, ahead, "items")
@@ -161,12 +165,13 @@ def test_mysql_insert_takes_the_rank_triggers_version_only_for_its_own_row(mysql
     c = cl.db("s1")
     try:
         cur = c.cursor()
-        for t in ("items", "other"):  # every entry carries its own table's clock: the last one is the clock
-            cur.execute(f"SELECT ver FROM _mm_log_{t} ORDER BY seq")
-            vers = [r[0] for r in cur.fetchall()]
-            cur.execute("SELECT hlc FROM _mm_clock WHERE tbl = %s", (t,))
-            assert len(vers) == 2 and vers == sorted(vers) and int(vers[-1].split(":")[0]) == cur.fetchone()[0], t
-            assert (int(vers[0].split(":")[0]) > ahead) is (t == "items"), t
+        seqs = {}
+        for t in ("items", "other"):
+            cur.execute(f"SELECT seq, ver FROM _mm_log_{t} ORDER BY seq")
+            rows = cur.fetchall()
+            assert len(rows) == 2 and all(v == f"{s:019d}:s1" and s > ahead for s, v in rows), (t, rows)
+            seqs[t] = {s for s, _ in rows}
+        assert not seqs["items"] & seqs["other"], seqs  # no entry took the other table's position
     finally:
         c.close()
     cl.refresh_until_quiet()

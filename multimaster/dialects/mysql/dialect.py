@@ -2,11 +2,13 @@
 
 SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql.md):
 
-- no sequences in MySQL and no transaction ids a reader can compare: every captured write of a
-  table locks that table's ``_mm_clock`` row until COMMIT, so versions, ranks and the change log's
-  AUTO_INCREMENT are given in commit order and a peer can read everything committed (the
-  second-order log is a view over the change log, seq2 = seq); writers to *different* tables never
-  wait for each other;
+- many writers at once, none waiting for another (docs/mysql.md "How capture works with many
+  writers"): a change's position in the change log is a value of the site's clock (the
+  AUTO_INCREMENT of ``_mm_tick``, kept at or past the wall clock), and its version that value; each captured row locks its connection's slot of the
+  table (``_mm_slots``) before it draws, and a peer reads only below the horizon (``_mm_horizon``),
+  under which every position is final; local inserts into a renumbered table draw keys from a
+  per-table SEQUENCE, ranked by the reconciler while it holds every slot of the table
+  (MariaDB 10.6+: sequences, SKIP LOCKED);
 - the echo guard is the session variable ``@mm_applying``;
 - ``key`` is a reserved word: every statement naming the column ``key`` of multimaster's own tables
   quotes it (:attr:`Dialect.key_col`, the templates write `` `key` ``);
@@ -15,6 +17,7 @@ SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any, Mapping, Sequence
 
@@ -81,11 +84,11 @@ class MySQLDialect(Dialect):
         max_identifier_length=64,
         identifier_unit="characters",
         placeholder="%s",  # PyMySQL / mysqlclient
-        single_writer=False,  # writers of one table queue on its _mm_clock row, other tables are free
+        single_writer=False,  # many writers: capture locks only the rows it writes and its own slot
         #: not set-based: its statements would lock rows in another order than applications do and
         #: make them deadlock victims (measured); the planner's path locks rows in key order first
         set_based_apply=False,
-        concurrent_capture=False,  # positions and keys are given in commit order
+        concurrent_capture=True,  # positions below _mm_horizon; keys from a counter
         daemon_lock_sql="SELECT GET_LOCK(%s, 0)",
         serial_pk="BIGINT AUTO_INCREMENT PRIMARY KEY",
         log_rid_column="rid",
@@ -207,6 +210,54 @@ class MySQLDialect(Dialect):
         for sql in self.render("site"):
             conn.exec_driver_sql(sql)
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
+        # the clock starts past every version an earlier layout gave (capture keeps it at or past
+        # the wall clock itself)
+        floor = conn.exec_driver_sql(
+            "SELECT GREATEST((SELECT coalesce(max(hlc), 0) FROM _mm_clock), (SELECT hlc FROM _mm_state WHERE id = 1))"
+        ).scalar()
+        self._sync_clock(conn, int(floor or 0))
+
+    @staticmethod
+    def _slot_flag(table: str) -> str:
+        """The session variable telling that this connection's slot of `table` exists (a name of
+        fixed length, whatever the table's)."""
+        return "@mm_s_" + hashlib.sha1(table.encode()).hexdigest()[:16]
+
+    #: the wall clock in clock units (ms * 65536), as the capture triggers read it
+    WALL = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536"
+
+    def _draw(self, table: str, gated: bool = False) -> str:
+        """Trigger SQL drawing the next position into @mm_p through this connection's slot of
+        `table` (site.sql _mm_slots, _mm_draw): one UPDATE locks the slot, then draws the position
+        into its cur (InnoDB locks the row before it evaluates SET). A connection's first capture
+        of the table inserts its slot with INSERT ... ON DUPLICATE KEY UPDATE (an UPDATE that
+        misses would leave a gap lock), then draws. `gated` (the key trigger of a renumbered table,
+        before the row is inserted): a slot not created through the table's gate passes it first
+        (LOCK IN SHARE MODE), so a local insert cannot start while the reconciler holds the gate
+        (lock_writers); updates and deletes, which have locked their row already, never wait there.
+        The session variable is 1 for a slot known to exist, 2 once it passed the gate."""
+        t, flag = _lit(table), self._slot_flag(table)
+        upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = {t} AND conn = CONNECTION_ID();"
+        known = f"{flag} = 2" if gated else f"{flag} >= 1"
+        lines = ["SET @mm_p = NULL;", f"IF {known} THEN", f"  {upd}", "END IF;", "IF @mm_p IS NULL THEN"]
+        if gated:
+            lines.append(f"  SELECT 1 INTO @mm_gate FROM _mm_gates WHERE tbl = {t} LOCK IN SHARE MODE;")
+        lines += [
+            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0)",
+            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw());",
+            "  IF @mm_p IS NULL THEN",
+            f"    {upd}",
+            "  END IF;",
+            f"  SET {flag} = {2 if gated else 1};",
+            "END IF;",
+        ]
+        return "\n      ".join(lines)
+
+    def _sync_clock(self, conn: Connection, at_least: int) -> None:
+        """Move the clock (_mm_tick's AUTO_INCREMENT) past `at_least`: an explicit value moves it,
+        and the row goes again (the counter stays)."""
+        if conn.exec_driver_sql("INSERT IGNORE INTO _mm_tick (t) VALUES (%s)", (int(at_least),)).rowcount:
+            conn.exec_driver_sql("DELETE FROM _mm_tick WHERE t = %s", (int(at_least),))
 
     def table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(
@@ -309,20 +360,29 @@ class MySQLDialect(Dialect):
             stamps.append(f"{vcol} = CASE WHEN {diff[s.columns[0]]} THEN mm_v ELSE {vcol} END")
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
-            insrid, slotnames, slotinit, ridvar, ridinit, replaced, live = "mm_v", "", "", "", "", "", ""
+            insrid, ridvar, ridinit, live = "mm_v", "", "", ""
+            shadowins = f"\n    INSERT INTO {o.shadow} (rid, `key`) VALUES (mm_v, NEW.{key});"
         else:
             # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
-            # still live here (never, short of a capture gap) ends at this insert's version
+            # still live here (never, short of a capture gap) ends at this insert's version. The
+            # first life's shadow row goes in without a read (ON DUPLICATE KEY tells it was there)
             insrid = "mm_r"
             ridvar = "\n  DECLARE mm_r VARCHAR(255);"
-            ridinit = (
-                f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR), coalesce(CONCAT('@', (SELECT CASE WHEN "
-                f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o.shadow} WHERE `key` = NEW.{key})), ''));"
-            )
-            replaced = f"\n    UPDATE {o.shadow} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", mm_v" for _ in spec.slots)
+            ins = f"INSERT INTO {o.shadow} (rid, `key`{slotnames}) VALUES (mm_r, NEW.{key}{slotinit})"
+            ridinit = (
+                f"\n    SET mm_r = CONCAT('k:', CAST(NEW.{key} AS CHAR)), @mm_dup = NULL;"
+                f"\n    {ins} ON DUPLICATE KEY UPDATE rid = (@mm_dup := rid);"
+                "\n    IF @mm_dup IS NOT NULL THEN"
+                f"\n      SET mm_r = CONCAT(mm_r, coalesce(CONCAT('@', (SELECT CASE WHEN "
+                f"max(deleted IS NULL) = 1 THEN mm_v ELSE max(deleted) END FROM {o.shadow} WHERE `key` = NEW.{key})), ''));"
+                f"\n      UPDATE {o.shadow} SET deleted = mm_v WHERE `key` = NEW.{key} AND deleted IS NULL;"
+                f"\n      {ins};"
+                "\n    END IF;"
+            )
+            shadowins = ""
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
         msg = (
@@ -330,7 +390,8 @@ class MySQLDialect(Dialect):
             "updated; delete and insert the row instead"
         )
         rank = self.quote("_mm_rank_" + info.name)
-        # the version the rank trigger ticked for this very row (renumbered tables; renumber.sql)
+        draw = self._draw(info.name)
+        # the position the key trigger drew for this very row (renumbered tables; renumber.sql)
         ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
         stmts = self.render(
             "capture",
@@ -345,30 +406,30 @@ class MySQLDialect(Dialect):
             anychanged=anychanged,
             updmask=updmask,
             slotstamp=slotstamp,
-            slotnames=slotnames,
-            slotinit=slotinit,
             ridvar=ridvar,
             ridinit=ridinit,
-            replaced=replaced,
+            shadowins=shadowins,
             live=live,
             keyguard_msg=_lit(msg[:128]),
+            draw=draw,
             **o.mapping(),
         )
         if spec.renumber:
-            stmts += self.render("renumber", table=q(info.name), tbl_lit=_lit(info.name), key=key, rank=rank)
+            stmts += self.render(
+                "renumber",
+                table=q(info.name),
+                tbl_lit=_lit(info.name),
+                key=key,
+                rank=rank,
+                draw=self._draw(info.name, gated=True),
+                keyseq=o.keyseq,
+            )
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
-        self._sync_maxkey(conn, info)
         for sql in stmts:
             conn.exec_driver_sql(sql)
-
-    def _sync_maxkey(self, conn: Connection, info: TableInfo) -> None:
-        if not info.spec.renumber:
-            return
-        shadow = self.obj(info.name).shadow
-        conn.exec_driver_sql(
-            f"UPDATE _mm_clock SET maxkey = (SELECT coalesce(max(`key`), 0) FROM {shadow}) WHERE tbl = %s", (info.name,)
-        )
+        if spec.renumber:
+            self.after_apply(conn, info)  # the key counter starts past every key
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []
@@ -388,15 +449,79 @@ class MySQLDialect(Dialect):
             kind = "view" if typ == "VIEW" else "table"
             conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {self.quote(name)}")
             dropped.append(f"{kind} {name}")
+        for name, kind in conn.exec_driver_sql(
+            "SELECT ROUTINE_NAME, ROUTINE_TYPE FROM information_schema.ROUTINES WHERE ROUTINE_SCHEMA = DATABASE() "
+            "AND ROUTINE_NAME LIKE %s ORDER BY 1",
+            (pat,),
+        ).all():
+            conn.exec_driver_sql(f"DROP {kind} IF EXISTS {self.quote(name)}")
+            dropped.append(f"{str(kind).lower()} {name}")
         return dropped
 
     # ---- apply -----------------------------------------------------------------------------
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("SET @mm_applying = %s", (1 if on else None,))
 
+    def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
+        """The table's _mm_clock row, which only reconcilers lock."""
+        conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    def lock_writers(self, conn: Connection, info: TableInfo) -> None:
+        """The table's gate, then every slot of the table (site.sql): waits for the transactions
+        that captured a change of it and are still running, and holds back every new one (an
+        existing slot is locked, a new one needs the gate) until this transaction ends."""
+        conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    def read_horizon(self, conn: Connection, table: str) -> int | None:
+        return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
+
+    def _register(self, conn: Connection, table: str) -> None:
+        """Lock this connection's slot of `table` (creating it behind the gate), as capture does
+        before it draws a position (site.sql, capture.sql)."""
+        conn.exec_driver_sql("SELECT 1 FROM _mm_gates WHERE tbl = %s LOCK IN SHARE MODE", (table,)).all()
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES (%s, CONNECTION_ID(), _mm_draw(), 0) "
+            "ON DUPLICATE KEY UPDATE cur = cur",
+            (table,),
+        )
+
+    #: rows per INSERT statement of append_log
+    APPEND_CHUNK = 500
+
+    def append_log(
+        self,
+        conn: Connection,
+        table: str,
+        cols: Sequence[str],
+        select: str | None = None,
+        rows: Sequence[tuple[Any, ...]] = (),
+        params: tuple[Any, ...] = (),
+    ) -> None:
+        """Lock this connection's slot of `table`, then give the rows positions in order: a
+        multi-row INSERT into _mm_tick takes consecutive AUTO_INCREMENT values (a simple insert
+        of known size), the first of them LAST_INSERT_ID(), after the counter was moved to the
+        wall clock."""
+        if select is not None:
+            rows = [tuple(r) for r in conn.exec_driver_sql(select, params)]
+        if not rows:
+            return
+        self._register(conn, table)
+        wall = int(conn.exec_driver_sql(f"SELECT {self.WALL}").scalar() or 0)
+        self._sync_clock(conn, wall)
+        target = f"INSERT INTO {self.obj(table).log} (seq, {', '.join(self.log_write_columns(cols))}) VALUES "
+        for i in range(0, len(rows), self.APPEND_CHUNK):
+            part = rows[i : i + self.APPEND_CHUNK]
+            conn.exec_driver_sql("INSERT INTO _mm_tick (t) VALUES " + ", ".join(["(NULL)"] * len(part)))
+            first = int(conn.exec_driver_sql("SELECT LAST_INSERT_ID()").scalar() or 0)
+            vals = ", ".join(f"({first + j}, {self.ph(len(cols))})" for j in range(len(part)))
+            conn.exec_driver_sql(target + vals, tuple(v for r in part for v in r))
+        # the slot's committed cur: this transaction's last position (drawn after the rows')
+        conn.exec_driver_sql("UPDATE _mm_slots SET cur = _mm_draw() WHERE tbl = %s AND conn = CONNECTION_ID()", (table,))
+
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
-        """The rows first, then the table's clock row: an application's UPDATE locks its row and then,
-        in the capture trigger, the clock row; taking them in the same order cannot deadlock."""
+        """The rows, in key order (the order an application's multi-row UPDATE takes them), then
+        their shadow rows."""
         q = self.quote
         o = self.obj(info.name)
         key = q(info.key.name)
@@ -416,27 +541,44 @@ class MySQLDialect(Dialect):
                     f"ORDER BY t.{key} FOR UPDATE",
                     (first_new,),
                 ).all()
-        conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
-        """With `table` (the reconciler): that table's clock row, which this transaction holds
-        already (_mm_state stays unlocked for the capture triggers that read it). Without (add-site,
-        once): every table's clock row and the site's floor ``_mm_state.hlc``, so no change made here
-        afterwards can take a version below `hlc`."""
-        if table is not None:
-            conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s) WHERE tbl = %s", (hlc, table))
-            return
-        conn.exec_driver_sql("UPDATE _mm_clock SET hlc = GREATEST(hlc, %s)", (hlc,))
-        conn.exec_driver_sql("UPDATE _mm_state SET hlc = GREATEST(hlc, %s)", (hlc,))
+        """Move the clock past `hlc`, and the site's floor ``_mm_state.hlc`` with it when no table
+        is given (add-site)."""
+        self._sync_clock(conn, hlc)
+        if table is None:
+            conn.exec_driver_sql("UPDATE _mm_state SET hlc = GREATEST(hlc, %s)", (hlc,))
 
     def read_clock(self, conn: Connection) -> int | None:
-        v = conn.exec_driver_sql("SELECT GREATEST(coalesce((SELECT max(hlc) FROM _mm_clock), 0), hlc) FROM _mm_state").scalar()
+        v = conn.exec_driver_sql("SELECT GREATEST(hlc, (SELECT coalesce(max(t), 0) FROM _mm_tick)) FROM _mm_state").scalar()
         return None if v is None else int(v)
 
+    def _key_top(self, conn: Connection, info: TableInfo) -> int:
+        q = self.quote
+        return int(
+            conn.exec_driver_sql(
+                f"SELECT GREATEST((SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)}), "
+                f"(SELECT coalesce(max(`key`), 0) FROM {self.obj(info.name).shadow}))"
+            ).scalar()
+            or 0
+        )
+
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
-        """The next rank counts every identity now known. (AUTO_INCREMENT needs no move: the
-        insert trigger gives the key, and InnoDB moves the counter past every key inserted.)"""
-        self._sync_maxkey(conn, info)
+        """The key counter of a renumbered table past the highest key (forward only: a local
+        insert may have drawn a value). AUTO_INCREMENT needs no move: InnoDB moves it past every key
+        inserted."""
+        if info.spec.renumber:
+            conn.exec_driver_sql(f"SELECT SETVAL({self.obj(info.name).keyseq}, {self._key_top(conn, info)})").all()
+
+    def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
+        """Back to the highest key: SETVAL moves a sequence back only into a later round (the key
+        counter is a CYCLE sequence whose rounds count these resets). A sequence is not
+        transactional: if this transaction rolled back afterwards, keys above `top` could remain
+        and a local insert collide with one (a duplicate-key error, never a wrong row)."""
+        seq = self.obj(info.name).keyseq
+        top = max(int(top), self._key_top(conn, info))
+        rnd = int(conn.exec_driver_sql(f"SELECT cycle_count FROM {seq}").scalar() or 0)
+        conn.exec_driver_sql(f"SELECT SETVAL({seq}, {top}, 1, {rnd + 1})").all()
 
     # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
     jdbc = Dialect.Jdbc(
@@ -452,9 +594,12 @@ class MySQLDialect(Dialect):
     def pull_grants(self, site: str, peer: str, login: str, database: str, objects: Sequence[str]) -> list[str]:
         # a user without a password (the owner sets it, never printed), from any host
         user = f"'{login}'@'%'"
-        return [f"CREATE USER IF NOT EXISTS {user}"] + [
-            f"GRANT SELECT ON {self.quote(database)}.{self.quote(o)} TO {user}" for o in objects
-        ]
+        return (
+            [f"CREATE USER IF NOT EXISTS {user}"]
+            + [f"GRANT SELECT ON {self.quote(database)}.{self.quote(o)} TO {user}" for o in objects]
+            # the horizon a puller reads below (site.sql); it runs as its definer
+            + [f"GRANT EXECUTE ON PROCEDURE {self.quote(database)}.`_mm_horizon` TO {user}"]
+        )
 
 
 DIALECT = MySQLDialect()

@@ -1,17 +1,22 @@
--- multimaster: renumbering at insert (MariaDB / MySQL) for $table. A new row takes the next rank:
--- base + number of identities known (deleted ones included), counted in _mm_clock.maxkey under the
--- table's row lock (held until COMMIT: a rolled-back insert leaves no gap). The same UPDATE ticks
--- the table's clock for the row's change-log entry: the capture trigger (capture.sql) takes the
--- version from @mm_h when @mm_t / @mm_k show that this trigger ran for its row. `@v := expr`
--- inside an expression is deprecated in MySQL 8.0.13+ (still supported; docs/mysql.md).
+-- multimaster: keys of local inserts (MariaDB) into the renumbered table $table. A new row takes
+-- the next value of the table's key counter $keyseq, whatever key the statement gave (the key is
+-- the framework's). Before the key is drawn the row draws its change-log position through its
+-- connection's slot ($draw, capture.sql), which locks the slot until COMMIT: the reconciler, when
+-- it gives keys, locks every slot of the table (Dialect.lock_writers), so no local insert is in
+-- flight while it ranks the keys drawn here (a rolled-back insert leaves a gap; two inserts may draw
+-- key and version in opposite orders: engine/apply.py normalize_keys) and sets the counter back to
+-- the highest key. The insert trigger takes the position from @mm_h when @mm_t / @mm_k show that
+-- this trigger ran for its row. `@v := expr` inside an expression is deprecated in MySQL 8.0.13+
+-- (still supported; docs/mysql.md).
+CREATE SEQUENCE IF NOT EXISTS $keyseq START WITH 1 MINVALUE 0 MAXVALUE 9223372036854775806 INCREMENT BY 1 CACHE 100 CYCLE;
+--
 DROP TRIGGER IF EXISTS $rank;
 --
 CREATE TRIGGER $rank BEFORE INSERT ON $table FOR EACH ROW
 BEGIN
   IF coalesce(@mm_applying, 0) = 0 THEN
-    UPDATE _mm_clock SET maxkey = (@mm_k := maxkey + 1),
-        hlc = (@mm_h := GREATEST(hlc + 1, CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536))
-      WHERE tbl = $tbl_lit;
-    SET NEW.$key = @mm_k, @mm_t = $tbl_lit;
+    $draw
+    SET NEW.$key = NEXTVAL($keyseq);
+    SET @mm_h = @mm_p, @mm_k = NEW.$key, @mm_t = $tbl_lit;
   END IF;
 END;

@@ -16,14 +16,16 @@ CREATE TABLE IF NOT EXISTS _mm_tables (
   key_col VARCHAR(64) NOT NULL,
   renumber INT NOT NULL,
   columns TEXT NOT NULL,
-  base_max BIGINT NOT NULL DEFAULT 0
+  base_max BIGINT NOT NULL DEFAULT 0,
+  keys_ranked BIGINT NOT NULL DEFAULT 0  -- every key up to it is base_max + rank (engine/apply.py normalize_keys)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- Per replicated table: the clock and the highest key given. Every captured write locks its
--- table's row until COMMIT (so does the reconciler): versions, ranks and change-log sequence
--- numbers (the second-order log's seq2) are then given in commit order. The row also carries the
--- floor (the highest version received: the reconciler and add-site raise it), the only clock
--- state the capture triggers read. See docs/mysql.md.
+ALTER TABLE _mm_tables ADD COLUMN IF NOT EXISTS keys_ranked BIGINT NOT NULL DEFAULT 0;
+--
+-- One row per replicated table: the reconcilers' lock (Dialect.lock_for_apply locks it FOR
+-- UPDATE, so the reconcilers of a table run one at a time and a relay hands an origin's changes on
+-- in version order). Application writers never touch it. (hlc and maxkey are what earlier
+-- versions' capture kept here; nothing reads them any more.)
 CREATE TABLE IF NOT EXISTS _mm_clock (
   tbl VARCHAR(64) PRIMARY KEY,
   hlc BIGINT NOT NULL DEFAULT 0,
@@ -64,3 +66,113 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   policy VARCHAR(255) NOT NULL,
   decision VARCHAR(32) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The clock (docs/mysql.md "How capture works with many writers"). A change-log entry's position
+-- is a value of this table's AUTO_INCREMENT, drawn by the transaction that writes the entry
+-- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its
+-- version (LPAD(p, 19, '0'):site): writers never wait for each other (InnoDB hands AUTO_INCREMENT
+-- values of simple inserts out under a mutex, in increasing order; no row of the table is ever
+-- read by a writer). It follows the wall clock (ms * 65536): a draw that may find the counter
+-- behind it inserts the wall clock as an explicit value first, which moves the counter (_mm_draw);
+-- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
+-- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
+CREATE TABLE IF NOT EXISTS _mm_tick (
+  t BIGINT AUTO_INCREMENT PRIMARY KEY
+) ENGINE=InnoDB;
+--
+-- One draw: the next value of the clock, past the wall clock. Unless this session's last draw
+-- (@mm_last) is past the wall clock already (then so is the counter), the wall clock goes in first
+-- as an explicit value, which moves the counter (IGNOREd if the value is taken). Called by the
+-- capture triggers inside the UPDATE that locks their slot (capture.sql), so the slot is locked
+-- first.
+-- LAST_INSERT_ID() is restored when the function returns: an application's own insert id is kept.
+CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE p BIGINT;
+  DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
+  IF coalesce(@mm_last, 0) < w THEN
+    INSERT IGNORE INTO _mm_tick (t) VALUES (w);
+  END IF;
+  INSERT INTO _mm_tick (t) VALUES (NULL);
+  SET p = LAST_INSERT_ID(), @mm_last = p;
+  RETURN p;
+END
+--
+-- Slots: one row per (replicated table, connection) that captured changes of that table. Every
+-- captured row locks its connection's slot and draws its position into the slot's cur in one
+-- UPDATE (for a connection's first capture an INSERT first, see capture.sql): the slot is X-locked
+-- from the transaction's first draw until COMMIT / ROLLBACK, and its *committed* cur is the last
+-- position of the connection's previous transaction, below every position the running one draws.
+-- lo is a value drawn when the slot was created, the bound of a connection whose slot is not
+-- committed yet.
+CREATE TABLE IF NOT EXISTS _mm_slots (
+  tbl VARCHAR(64) NOT NULL,
+  conn BIGINT UNSIGNED NOT NULL,
+  lo BIGINT NOT NULL,
+  cur BIGINT NOT NULL,
+  PRIMARY KEY (tbl, conn)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The gate of a table's slots: a local insert into a renumbered table whose connection's slot
+-- did not pass it yet locks the table's row here in SHARE MODE before it draws (in a table of its
+-- own: a trigger that also writes _mm_slots would turn a shared read of _mm_slots into an
+-- exclusive one). The reconciler, when it gives keys, locks the gate and every slot of the table
+-- (Dialect.lock_writers): then no local insert is in flight and none can start. Updates and
+-- deletes, which hold their row's lock when their trigger runs, never wait at the gate.
+CREATE TABLE IF NOT EXISTS _mm_gates (
+  tbl VARCHAR(64) PRIMARY KEY
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- The horizon of table tname: every position below it is final (its transaction committed, and a
+-- statement started after this call sees it, or rolled back). Returns it as a one-row result.
+-- (a) c0 := a value drawn from _mm_tick (the insert rolled back: the value is never reused);
+-- (b) the free slots of tname: those a locking read does not find locked
+-- (LOCK IN SHARE MODE SKIP LOCKED); (c) per other slot its committed cur (READ COMMITTED), or its lo
+-- when no committed version exists (READ UNCOMMITTED), plus one (every position a running
+-- transaction draws is above it); H = least(c0, min of (c)). Why: a
+-- position p < H was drawn before (a) by a transaction W that locked its slot before drawing it.
+-- Had W still run at (b), its slot would have been locked, and (c) would have read a value below
+-- p: the committed cur of W's slot predates W (only W's connection writes it), a slot W created
+-- carries a lo drawn before p; so H <= p, impossible. W ended before (b), and its commit is
+-- visible to the next statement of the caller. Each step runs in a transaction of its own (the
+-- caller's ends first): the reader holds a slot only for the instant of (b).
+-- SQL SECURITY DEFINER: pull roles need only EXECUTE on it.
+CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
+  MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE c0, g, hz, top BIGINT;
+  DECLARE free, seen LONGTEXT;
+  DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
+  COMMIT;
+  INSERT INTO _mm_tick (t) VALUES (NULL);
+  SET c0 = LAST_INSERT_ID();
+  ROLLBACK;
+  SELECT GROUP_CONCAT(conn) INTO free FROM _mm_slots WHERE tbl = tname LOCK IN SHARE MODE SKIP LOCKED;
+  COMMIT;
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SELECT JSON_OBJECTAGG(conn, cur) INTO seen FROM _mm_slots
+   WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+  COMMIT;
+  SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED;
+  SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
+   WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
+  COMMIT;
+  SET SESSION tx_isolation = iso;
+  SET hz = LEAST(c0, coalesce(g, c0));
+  -- at most once a second per reading session: the clock's rows below the horizon (their
+  -- transactions ended) go, the newest row stays (read_clock); a row still locked (an explicit
+  -- value the reconciler inserted and deletes again) makes the trim give up at once
+  IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
+    BEGIN
+      DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
+      SELECT max(t) INTO top FROM _mm_tick;
+      SET @mm_lwt = @@session.innodb_lock_wait_timeout;
+      SET SESSION innodb_lock_wait_timeout = 0;
+      DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
+      COMMIT;
+      SET SESSION innodb_lock_wait_timeout = @mm_lwt;
+      SET @mm_trimmed = hz;
+    END;
+  END IF;
+  SELECT hz AS h;
+END

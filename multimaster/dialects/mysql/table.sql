@@ -1,7 +1,7 @@
 -- multimaster: per-table objects (MariaDB / MySQL) for table $table.
 -- $logcols expands to one typed n_<col> / o_<col> pair per replicated column.
 CREATE TABLE IF NOT EXISTS $log (
-  seq BIGINT AUTO_INCREMENT PRIMARY KEY,
+  seq BIGINT PRIMARY KEY,  -- the position: a value of _mm_tick drawn through the writer's slot (site.sql)
   ver VARCHAR(255) NOT NULL,
   origin VARCHAR(64) NOT NULL,
   op CHAR(1) NOT NULL,
@@ -13,11 +13,10 @@ CREATE TABLE IF NOT EXISTS $log (
 --
 -- The second-order log (docs/decisions.md "The second-order log is a view"):
 -- every change-log entry is its own append record (seq2 = seq), with the columns the
--- trigger-filled table of earlier versions had, so peers read it with the same SQL. Sound because
--- every writer of the change log holds the table's _mm_clock row until COMMIT (the capture
--- triggers update it before they write the log; the reconciler locks it before it relays) and seq
--- is an AUTO_INCREMENT taken at insert: seq is handed out in commit order, so no entry can commit
--- below a position a peer already read. Purges are recorded in _mm_purges.horizon.
+-- trigger-filled table of earlier versions had, so peers read it with the same SQL. Writers do not
+-- commit in position order; a peer reads only below the horizon (_mm_horizon, site.sql), below
+-- which every position is final, so no entry ever appears below a position a peer has read
+-- (docs/mysql.md "How capture works with many writers"). Purges are recorded in _mm_purges.horizon.
 CREATE OR REPLACE VIEW $log2 AS
   SELECT seq AS seq2, seq, 'A' AS op FROM $log;
 --
@@ -31,7 +30,8 @@ CREATE TABLE IF NOT EXISTS $shadow (
 CREATE OR REPLACE VIEW $tombstones AS
   SELECT rid, `key`, deleted FROM $shadow WHERE deleted IS NOT NULL;
 --
--- The table's clock starts at the site's floor (raised by add-site): the capture triggers read
--- only this row.
-INSERT INTO _mm_clock (tbl, hlc) VALUES ($tbl_lit, coalesce((SELECT hlc FROM _mm_state WHERE id = 1), 0))
-  ON DUPLICATE KEY UPDATE tbl = tbl;
+-- The reconcilers' lock row of the table (Dialect.lock_for_apply) ...
+INSERT INTO _mm_clock (tbl, hlc) VALUES ($tbl_lit, 0) ON DUPLICATE KEY UPDATE tbl = tbl;
+--
+-- ... and the gate of its writers' slots (site.sql _mm_gates).
+INSERT INTO _mm_gates (tbl) VALUES ($tbl_lit) ON DUPLICATE KEY UPDATE tbl = tbl;
