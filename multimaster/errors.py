@@ -85,6 +85,20 @@ class CorruptChange(MultimasterError):
         )
 
 
+class ClockAhead(MultimasterError):
+    """A pulled change's version is further ahead of this site's wall clock than the topology's
+    refresh.max_clock_offset: the batch is held (nothing applied, the watermark stays)."""
+
+    def __init__(self, source: str, target: str, table: str, seq: object, origin: str, ahead: float, limit: float):
+        super().__init__(
+            f"site '{target}' holds the changes of table '{table}' from peer '{source}': entry {seq} (origin "
+            f"'{origin}') has a version {ahead:.1f} s ahead of this site's clock, past refresh.max_clock_offset "
+            f"({limit:g} s). Nothing from this batch was applied, and this site's clock was not moved. Correct the "
+            f"clock of site '{origin}' (its changes flow again once their versions are within the offset), or raise "
+            "refresh.max_clock_offset in the topology file."
+        )
+
+
 class ResolverError(MultimasterError):
     def __init__(self, path: str, reason: str):
         super().__init__(f"conflict resolver '{path}': {reason}")

@@ -140,8 +140,10 @@ def make_cluster(
     links: Any = "mesh",
     base: dict[str, list[tuple[Any, ...]]] | None = None,
     init: bool = True,
+    settings: dict[str, Any] | None = None,
 ) -> TestCluster:
-    """tables: name -> {"key": "id", "columns": {"name": "text", ...}, "auto": True, "config": {...}}"""
+    """tables: name -> {"key": "id", "columns": {"name": "text", ...}, "auto": True, "config": {...}};
+    settings: further top-level sections of the topology file (e.g. {"refresh": {...}})."""
     urls = {s: backend.new_site(tmp, s) for s in sites}
     for url in urls.values():
         for tb, spec in tables.items():
@@ -150,6 +152,7 @@ def make_cluster(
         "sites": {s: {"url": u} for s, u in urls.items()},
         "tables": {tb: {"key": spec["key"], **spec.get("config", {})} for tb, spec in tables.items()},
         "links": links,
+        **(settings or {}),
     }
     path = tmp / "topology.yaml"
     path.write_text(yaml.safe_dump(topo_doc, sort_keys=False))

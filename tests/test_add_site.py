@@ -151,8 +151,9 @@ def test_new_site_clock_starts_past_everything_it_copied(backend, tmp_path):  # 
     """After add-site the new site's clock is at least its source's: a change made there at once sorts
     after every version it copied (it follows them causally) and wins, under `latest`, over an older
     change another site made concurrently. The peers' clocks run ahead of the wall clock here, so the
-    wall clock alone would give the new site's change a lower version than both."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE})
+    wall clock alone would give the new site's change a lower version than both (the topology
+    allows that offset)."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": BASE}, settings={"refresh": {"max_clock_offset": "3h"}})
     hour = (3600 * 1000) << HLC_SHIFT
     now = hlc_now()
     _set_clock_floor(cl, "s2", now + hour)

@@ -110,8 +110,9 @@ def test_application_cannot_change_a_managed_key(backend, tmp_path):  # type: ig
 
 def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ignore[no-untyped-def]
     """s2's clock runs ten minutes ahead. s1 edits a row after seeing s2's edit: with wall clocks
-    s1's later edit would lose (its timestamp is smaller); the hybrid clock moved past s2's."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS)
+    s1's later edit would lose (its timestamp is smaller); the hybrid clock moved past s2's. (The
+    topology allows the offset: by default a site that far ahead is held, see below.)"""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], ITEMS, settings={"refresh": {"max_clock_offset": "15m"}})
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 0, 0)")
     cl.refresh_until_quiet()
     from multimaster.engine.site import Site
@@ -132,6 +133,43 @@ def test_a_site_ten_minutes_fast_keeps_causality(backend, tmp_path):  # type: ig
         rows = cl.rows(s, "items")
         assert rows[0][1] == "seen it, changed it"
         assert [r[1] for r in rows[1:]] == ["s3-before-sync", "later"]
+
+
+def test_a_site_whose_clock_is_too_far_ahead_is_held_not_followed(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """s2's clock runs ten minutes ahead, past the default refresh.max_clock_offset (5 s): s1 holds
+    s2's changes — the refresh fails naming the site and its offset, nothing is applied, s1's clock
+    is not dragged ahead, status reports the link — and a later, unrelated change of s2 waits
+    behind it. With the offset raised, everything flows."""
+    from pathlib import Path
+
+    import yaml
+
+    from multimaster.config.topology import load_topology
+    from multimaster.engine.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    fast = Site("s2", cl.urls["s2"])
+    with fast.write() as conn:
+        fast.dialect.advance_clock(conn, (int(time.time() * 1000) + 10 * 60 * 1000) << 16)
+    fast.dispose()
+    cl.execute("s2", "INSERT INTO items (name, qty, price) VALUES ('from the fast site', 0, 0)")
+    res = api.refresh(cl.topo, "s1", "s2")
+    assert res[0].error and "site 's1' holds the changes of table 'items' from peer 's2'" in res[0].error
+    assert "origin 's2'" in res[0].error and "max_clock_offset (5 s)" in res[0].error
+    assert cl.rows("s1", "items") == []
+    s1 = Site("s1", cl.urls["s1"])
+    with s1.read() as conn:
+        assert (s1.dialect.read_clock(conn) or 0) >> 16 < int(time.time() * 1000) + 5_000
+    s1.dispose()
+    held = [e for e in api.status(cl.topo)["links"] if "max_clock_offset" in str(e.get("last_error"))]
+    assert len(held) == 1 and "'s2'" in held[0]["last_error"], held
+    doc = yaml.safe_load(Path(cl.topo.path).read_text())
+    doc["refresh"] = {"max_clock_offset": "15m"}
+    Path(cl.topo.path).write_text(yaml.safe_dump(doc))
+    cl.topo = load_topology(cl.topo.path)
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert [r[1] for r in cl.rows("s1", "items")] == ["from the fast site"]
 
 
 def test_the_reconciler_moves_the_clock_strictly_past_a_version_received(backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -153,7 +153,13 @@ def test_mysql_insert_takes_the_key_triggers_position_only_for_its_own_row(mysql
 
     from multimaster.engine.site import Site
 
-    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], {**ITEMS, "other": {"key": "id", "columns": {"name": "text"}}})
+    cl = make_cluster(
+        mysql_backend,
+        tmp_path,
+        ["s1", "s2"],
+        {**ITEMS, "other": {"key": "id", "columns": {"name": "text"}}},
+        settings={"refresh": {"max_clock_offset": "2h"}},  # the clock is set an hour ahead below
+    )
     cl.execute("s1", "CREATE TRIGGER user_between BEFORE INSERT ON items FOR EACH ROW INSERT INTO other (name) VALUES (NEW.name)")
     ahead = (int(time.time() * 1000) + 3_600_000) << 16  # the clock an hour ahead (a version received)
     site = Site("s1", cl.urls["s1"])

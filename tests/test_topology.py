@@ -130,3 +130,23 @@ def test_purge_retention_section(tmp_path):  # type: ignore[no-untyped-def]
         "purge.tombstones_after: 'soon' is not a duration (use e.g. 500ms, 10s, 5m, 1h) or 'off'",
         "purge.conflicts_after: '3x' is not a duration (use e.g. 500ms, 10s, 5m, 1h) or 'off'",
     ]
+
+
+@pytest.mark.parametrize(
+    "value, seconds, problem",
+    [
+        (None, 5.0, None),  # the default
+        ("500ms", 0.5, None),
+        ("15m", 900.0, None),
+        ("off", None, None),
+        ("soon", None, "refresh.max_clock_offset"),
+        ("0s", None, "must be more than 0"),
+    ],
+)
+def test_max_clock_offset(tmp_path, value, seconds, problem):  # type: ignore[no-untyped-def]
+    text = GOOD + ("" if value is None else f"refresh: {{max_clock_offset: {value}}}\n")
+    if problem:
+        with pytest.raises(ConfigError, match=problem):
+            load_topology(write(tmp_path, text))
+    else:
+        assert load_topology(write(tmp_path, text)).refresh.max_offset_seconds() == seconds

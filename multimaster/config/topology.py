@@ -121,6 +121,19 @@ class RefreshConfig(_Strict):
     interval: str | float = "10s"
     batch_size: int = Field(default=10_000, ge=1, le=1_000_000)
     jitter: str | float = "1s"
+    #: the furthest a pulled change's version may be ahead of this site's wall clock ('off': no
+    #: limit); a change further ahead is held, with its link's error naming the site and the offset
+    #: (docs/clock.md "Clock discipline")
+    max_clock_offset: bool | float | str = "5s"  # (YAML reads a bare off as false)
+
+    def max_offset_seconds(self) -> float | None:
+        """max_clock_offset in seconds, None when 'off'."""
+        v = self.max_clock_offset
+        if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
+            return None
+        if v is True:
+            raise ValueError("expected a duration such as '5s'")
+        return parse_duration(v)
 
 
 class VerifyScheduleConfig(_Strict):
@@ -394,6 +407,12 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             parse_duration(d)
         except ValueError as e:
             problems.append(f"{label}: {e}")
+    try:
+        off = model.refresh.max_offset_seconds()
+        if off is not None and off <= 0:
+            problems.append("refresh.max_clock_offset: must be more than 0 (or 'off')")
+    except ValueError as e:
+        problems.append(f"refresh.max_clock_offset: {e} (or 'off')")
     if model.verify is not None:
         _verify_problems(model, problems)
     for name in ("tombstones_after", "conflicts_after"):

@@ -41,6 +41,12 @@ def natural_rid(key: object) -> str:
     return f"k:{key}"
 
 
+def seconds_ahead(ver: str, now_ms: int) -> float:
+    """How many seconds the clock of version `ver` is ahead of the wall clock `now_ms` (negative:
+    behind)."""
+    return ((ver_hlc(ver) >> HLC_SHIFT) - now_ms) / 1000.0
+
+
 def hlc_now(floor: int = 0) -> int:
     """The next clock value: wall milliseconds, never behind `floor + 1`."""
     return max(floor + 1, int(time.time() * 1000) << HLC_SHIFT)

@@ -15,14 +15,14 @@ from sqlalchemy.exc import DBAPIError
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
-from multimaster.core.versions import now_iso
+from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, PurgedPastWatermark
+from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark
 
 __all__ = ["refresh", "refresh_link", "reconcile", "catch_up", "relay_origins", "write_retrying", "check_not_purged", "RETRIES"]
 
@@ -196,6 +196,7 @@ def _apply_batch(
     tgt, source, tb, info = link.tgt, link.source, link.table, link.info
     if store.watermarks.read(conn, tgt.dialect, source, tb) != wm:
         return None  # another refresher moved it: read again
+    _check_clock_offset(link, rows)
     stored, last, lowest = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
     store.watermarks.write(conn, tgt.dialect, source, tb, last)
     if link.reconcile_:
@@ -205,6 +206,22 @@ def _apply_batch(
         return stored, r
     store.links.stats(conn, tgt.dialect, source, stored, 0, 0, now_iso())
     return stored, None
+
+
+def _check_clock_offset(link: _LinkTable, rows: list[tuple[Any, ...]]) -> None:
+    """Refuse (ClockAhead) a batch holding a change whose version is further ahead of this site's
+    wall clock than refresh.max_clock_offset: applying it would drag this site's clock there for
+    good (docs/clock.md "Clock discipline")."""
+    limit = link.topo.refresh.max_offset_seconds()
+    if limit is None:
+        return
+    now_ms = int(time.time() * 1000)
+    for r in rows:
+        ver = r[3]
+        if isinstance(ver, str) and len(ver) > 19 and ver[:19].isdigit():
+            ahead = seconds_ahead(ver, now_ms)
+            if ahead > limit:
+                raise ClockAhead(link.source, link.target, link.table, r[2], str(r[4]), ahead, limit)
 
 
 #: attempts of one write transaction that failed transiently (deadlock, serialization failure, lock timeout)

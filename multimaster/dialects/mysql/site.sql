@@ -17,7 +17,7 @@ CREATE TABLE IF NOT EXISTS _mm_tables (
   renumber INT NOT NULL,
   columns TEXT NOT NULL,
   base_max BIGINT NOT NULL DEFAULT 0,
-  keys_ranked BIGINT NOT NULL DEFAULT 0  -- every key up to it is base_max + rank (engine/apply.py normalize_keys)
+  keys_ranked BIGINT NOT NULL DEFAULT 0  -- all keys up to it are base_max + rank (engine/apply.py normalize_keys)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 ALTER TABLE _mm_tables ADD COLUMN IF NOT EXISTS keys_ranked BIGINT NOT NULL DEFAULT 0;
