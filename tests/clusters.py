@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,31 @@ class TestCluster:
                 if all(r.pulled == 0 for r in res):
                     return i + 1
         raise AssertionError("the cluster did not go quiet")
+
+    def run_while_refreshing(self, threads: list[threading.Thread]) -> list[BaseException]:
+        """Run `threads` (applications writing) to their end while one more thread refreshes every
+        link over and over; returns what the refresher raised or reported (a link's error)."""
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def refresher() -> None:
+            try:
+                with api.Cluster(self.topo) as c:
+                    while not stop.is_set():
+                        for r in api.refresh(c):
+                            assert r.error is None, r.error
+            except BaseException as e:  # noqa: BLE001 - returned to the test
+                errors.append(e)
+
+        rt = threading.Thread(target=refresher)
+        rt.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop.set()
+        rt.join()
+        return errors
 
     def assert_converged(self) -> None:
         for tb in self.tables:

@@ -150,7 +150,6 @@ def test_renumbering_while_applications_insert(backend, tmp_path):  # type: igno
             else "CREATE INDEX items_name ON items (name)",
         )
     n_threads, n_rows = (1, 15) if backend.name == "sqlite" else (3, 15)
-    stop = threading.Event()
     errors: list[BaseException] = []
 
     def app(site: str, sql: str, params: tuple) -> None:  # type: ignore[type-arg]
@@ -174,24 +173,8 @@ def test_renumbering_while_applications_insert(backend, tmp_path):  # type: igno
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    def refresher() -> None:
-        try:
-            with api.Cluster(cl.topo) as c:
-                while not stop.is_set():
-                    for r in api.refresh(c):
-                        assert r.error is None, r.error
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
     threads = [threading.Thread(target=writer, args=(s, w)) for s in ("s1", "s2") for w in range(n_threads)]
-    rt = threading.Thread(target=refresher)
-    rt.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    rt.join()
+    errors += cl.run_while_refreshing(threads)
     assert not errors, errors
     cl.refresh_until_quiet()
     cl.assert_converged()

@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from clusters import make_cluster
 
-from multimaster import api
 from multimaster.dialects import get_dialect
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
@@ -131,7 +130,6 @@ def test_random_writers_at_two_sites_match_a_reference_model(backend, tmp_path):
     deleted: set[str] = set()
     errors: list[BaseException] = []
     deadlocks: list[BaseException] = []
-    stop = threading.Event()
     n_tx = 25
     if backend.name == "mysql":  # the applications update and delete by name: index it, as an application would
         for s in ("s1", "s2"):
@@ -207,24 +205,8 @@ def test_random_writers_at_two_sites_match_a_reference_model(backend, tmp_path):
                     dele.add(name)
             time.sleep(r.random() * 0.004)  # application work inside the transaction
 
-    def refresher() -> None:
-        try:
-            with api.Cluster(cl.topo) as c:
-                while not stop.is_set():
-                    for res in api.refresh(c):
-                        assert res.error is None, res.error
-        except BaseException as e:  # noqa: BLE001
-            errors.append(e)
-
     threads = [threading.Thread(target=writer, args=(s, w, rnd.randrange(1 << 30))) for s in ("s1", "s2") for w in range(3)]
-    rt = threading.Thread(target=refresher)
-    rt.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop.set()
-    rt.join()
+    errors += cl.run_while_refreshing(threads)
     assert not errors, errors
     assert len(deadlocks) < n_tx, deadlocks  # a few victims at most: most transactions run through
     cl.refresh_until_quiet()
