@@ -288,3 +288,11 @@ def test_conflicts_filters_and_purge_of_tombstones_and_conflicts(backend, tmp_pa
     assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
     cl.assert_converged()
     assert [row[0] for row in cl.rows("s1", "items")] == [1, 3, 4]
+
+
+def test_version_is_the_installed_package_version():  # type: ignore[no-untyped-def]
+    from importlib.metadata import version
+
+    r = mm("--version")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == f"multimaster {version('multimaster')}"

@@ -27,6 +27,24 @@ app = typer.Typer(
 console = Console()
 err = Console(stderr=True)
 
+
+def _version(value: bool) -> None:
+    if value:
+        from multimaster import __version__
+
+        console.print(f"multimaster {__version__}", highlight=False)
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version of multimaster and exit."
+    ),
+) -> None:
+    """Update-anywhere asynchronous replication of SQL tables with triggers and snapshot logs."""
+
+
 TOPOLOGY = typer.Option(..., "-t", "--topology", help="Topology file (YAML).", exists=False)
 TRACEBACK = typer.Option(False, "--traceback", help="Show the Python traceback on errors.")
 
