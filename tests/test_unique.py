@@ -1,0 +1,170 @@
+"""Secondary UNIQUE constraints (docs/unique.md): two sites writing the same value of a UNIQUE set
+never block replication; the earliest claim holds the value, the other row is marked, every site
+ends the same whatever the delivery order, and the conflict log says so. Applications write with
+plain clients (sqlite3, psycopg, PyMySQL)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from clusters import Backend, TestCluster, make_cluster
+
+from multimaster import api
+from multimaster.errors import SchemaError
+
+USERS: dict[str, dict[str, Any]] = {
+    "users": {"key": "id", "columns": {"email": "varchar(100)", "name": "varchar(40)", "tenant": "int", "code": "varchar(40)"}}
+}
+
+
+def _q(cl: TestCluster) -> str:
+    return "`" if cl.backend.name == "mysql" else '"'
+
+
+def _cluster(backend: Backend, tmp_path: Any, indexes: list[str], config: dict[str, Any] | None = None) -> TestCluster:
+    """Two sites with `users`, the UNIQUE indexes `indexes` (SQL column lists) created by the
+    application before init."""
+    tables = {"users": dict(USERS["users"], config=config or {})}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables, init=False)
+    for site in cl.urls:
+        for n, cols in enumerate(indexes):
+            cl.execute(site, f"CREATE UNIQUE INDEX ux{n} ON users ({cols})")
+    api.init(cl.topo)
+    return cl
+
+
+def _emails(cl: TestCluster, site: str) -> dict[str, Any]:
+    return {r[2]: r[1] for r in cl.rows(site, "users")}  # name -> email
+
+
+def _unique_conflicts(cl: TestCluster, site: str) -> list[dict[str, Any]]:
+    return [r for r in api.conflicts(cl.topo, site) if r["kind"] == "unique"]
+
+
+@pytest.mark.parametrize("first", ["s1", "s2"])
+def test_same_email_at_two_sites_converges_in_both_orders(backend: Backend, tmp_path: Any, first: str) -> None:
+    cl = _cluster(backend, tmp_path, ["email"])
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")  # later: loses
+    other = "s2" if first == "s1" else "s1"
+    cl.refresh(first, other)
+    cl.refresh(other, first)
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        e = _emails(cl, s)
+        assert e["ann"] == "a@x"
+        assert e["bob"].startswith("a@x~s2~")
+        log = _unique_conflicts(cl, s)
+        assert [(r["decision"], r["slot"], r["remote_values"]) for r in log] == [("marked", "email", {"email": "a@x"})]
+    # later, unrelated changes still flow both ways
+    cl.execute("s1", "UPDATE users SET name = 'ann2' WHERE email = 'a@x'")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('c@x', 'cid')")
+    cl.execute("s2", "UPDATE users SET name = 'bob2' WHERE name = 'bob'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert set(_emails(cl, "s1")) == {"ann2", "bob2", "cid"}
+
+
+def test_released_value_is_regained_at_every_site(backend: Backend, tmp_path: Any) -> None:
+    cl = _cluster(backend, tmp_path, ["email"])
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('b@x', 'bea')")
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('b@x', 'ben')")  # later: loses to bea
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "s1")["bob"].startswith("a@x~") and _emails(cl, "s1")["ben"].startswith("b@x~")
+    # the holder of a@x changes it (at its own site), the holder of b@x is deleted (at the other)
+    cl.execute("s1", "UPDATE users SET email = 'z@x' WHERE name = 'ann'")
+    cl.execute("s1", "DELETE FROM users WHERE name = 'bea'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        e = _emails(cl, s)
+        assert (e["ann"], e["bob"], e["ben"]) == ("z@x", "a@x", "b@x")
+        assert sorted((r["decision"], r["remote_values"]["email"]) for r in _unique_conflicts(cl, s)) == [
+            ("marked", "a@x"),
+            ("marked", "b@x"),
+            ("regained", "a@x"),
+            ("regained", "b@x"),
+        ]
+
+
+def test_loser_changing_its_own_value_ends_its_mark(backend: Backend, tmp_path: Any) -> None:
+    cl = _cluster(backend, tmp_path, ["email"])
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.refresh_until_quiet()
+    # at its own site, an application updates the marked row: other columns, then the UNIQUE one
+    cl.execute("s2", "UPDATE users SET name = 'bobby' WHERE name = 'bob'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "s1")["bobby"].startswith("a@x~")
+    cl.execute("s2", "UPDATE users SET email = 'b@x' WHERE name = 'bobby'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    # the holder releasing a@x later gives it to nobody: bobby's mark ended with its own change
+    cl.execute("s1", "DELETE FROM users WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "s2") == {"bobby": "b@x"}
+
+
+def test_multi_column_unique(backend: Backend, tmp_path: Any) -> None:
+    cl = _cluster(backend, tmp_path, ["tenant, code"])
+    cl.execute("s1", "INSERT INTO users (tenant, code, name) VALUES (1, 'k', 'ann')")
+    cl.execute("s2", "INSERT INTO users (tenant, code, name) VALUES (1, 'k', 'bob')")
+    cl.execute("s2", "INSERT INTO users (tenant, code, name) VALUES (2, 'k', 'cid')")  # other tenant: no collision
+    cl.execute("s2", "INSERT INTO users (tenant, code, name) VALUES (3, 'q', 'dan')")
+    cl.refresh_until_quiet()
+    # concurrently, s1 inserts (4, q) and s2 moves dan to tenant 4, an update of the other
+    # column of the set: eve's claim is the earlier
+    cl.execute("s1", "INSERT INTO users (tenant, code, name) VALUES (4, 'q', 'eve')")
+    cl.execute("s2", "UPDATE users SET tenant = 4 WHERE name = 'dan'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    rows = {r[2]: (r[3], r[4]) for r in cl.rows("s1", "users")}  # name -> (tenant, code)
+    assert rows["ann"] == (1, "k") and rows["cid"] == (2, "k") and rows["eve"] == (4, "q")
+    assert rows["bob"][0] == 1 and rows["bob"][1].startswith("k~s2~")
+    assert rows["dan"][0] == 4 and rows["dan"][1].startswith("q~s2~")
+    assert {r["slot"] for r in _unique_conflicts(cl, "s1")} == {"code+tenant"}
+
+
+def test_null_policy(backend: Backend, tmp_path: Any) -> None:
+    cl = _cluster(backend, tmp_path, ["email"], {"unique": {"email": "null"}})
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "s2") == {"ann": "a@x", "bob": None}
+    assert [r["policy"] for r in _unique_conflicts(cl, "s2")] == ["null"]
+    cl.execute("s2", "DELETE FROM users WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "s1") == {"bob": "a@x"}
+
+
+def test_init_refuses_a_partial_or_expression_index(sqlite_backend: Backend, tmp_path: Any) -> None:
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], USERS, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_live ON users (email) WHERE tenant > 0")
+        cl.execute(s, "CREATE UNIQUE INDEX ux_lower ON users (lower(name))")
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    msg = str(e.value)
+    assert "'ux_live' is a partial index" in msg and "'ux_lower' is an expression index" in msg
+
+
+def test_topology_unique_names_a_set_the_table_lacks(sqlite_backend: Backend, tmp_path: Any) -> None:
+    cl = make_cluster(
+        sqlite_backend,
+        tmp_path,
+        ["s1", "s2"],
+        dict(USERS, users=dict(USERS["users"], config={"unique": {"name": "null"}})),
+        init=False,
+    )
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    assert "tables.users.unique.name: no UNIQUE set" in str(e.value)
