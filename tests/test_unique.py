@@ -168,3 +168,118 @@ def test_topology_unique_names_a_set_the_table_lacks(sqlite_backend: Backend, tm
     with pytest.raises(SchemaError) as e:
         api.init(cl.topo)
     assert "tables.users.unique.name: no UNIQUE set" in str(e.value)
+
+
+def test_cli_init_refresh_and_conflicts_show_the_mark(tmp_path: Any) -> None:
+    """As a user runs it: sqlite3 writes, the `multimaster` command replicates and lists."""
+    import json
+    import sqlite3
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    cli = str(Path(sys.executable).parent / "multimaster")
+    for s in ("s1", "s2"):
+        with sqlite3.connect(tmp_path / f"{s}.db") as c:
+            c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, email TEXT UNIQUE, name TEXT)")
+    topo = tmp_path / "topology.yaml"
+    doc = {
+        "sites": {s: {"url": f"sqlite:///{tmp_path / (s + '.db')}"} for s in ("s1", "s2")},
+        "tables": {"users": {"key": "id", "unique": {"email": "suffix"}}},
+        "links": "mesh",
+    }
+    topo.write_text(yaml.safe_dump(doc))
+
+    def mm(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([cli, *args], capture_output=True, text=True, timeout=120)
+
+    assert mm("init", "-t", str(topo)).returncode == 0
+    for s, name in (("s1", "ann"), ("s2", "bob")):
+        with sqlite3.connect(tmp_path / f"{s}.db") as c:
+            c.execute("INSERT INTO users (email, name) VALUES ('a@x', ?)", (name,))
+    for _ in range(2):
+        r = mm("refresh", "-t", str(topo))
+        assert r.returncode == 0, r.stderr
+    r = mm("conflicts", "-t", str(topo), "--site", "s1", "--kind", "unique", "--json")
+    assert r.returncode == 0, r.stderr
+    [row] = json.loads(r.stdout)
+    assert (row["kind"], row["slot"], row["decision"], row["rule"]) == ("unique", "email", "marked", "suffix")
+    assert row["remote_values"] == {"email": "a@x"} and row["remote_row"]["email"].startswith("a@x~s2~")
+    for s in ("s1", "s2"):
+        with sqlite3.connect(tmp_path / f"{s}.db") as c:
+            assert [r[0] for r in c.execute("SELECT email FROM users ORDER BY name")][0] == "a@x"
+    # a bad policy in the topology file: named, with the fix, non-zero exit
+    doc["tables"]["users"]["unique"] = {"email": "newest"}
+    topo.write_text(yaml.safe_dump(doc))
+    r = mm("status", "-t", str(topo))
+    assert (
+        r.returncode != 0 and "tables.users.unique.email: unknown policy 'newest'; use one of suffix, null" in r.stdout + r.stderr
+    )
+
+
+def test_mixed_cluster(tmp_path: Any) -> None:
+    """SQLite, PostgreSQL and MariaDB in one cluster: each inserts the same email."""
+    import yaml
+    from clusters import BACKENDS, server_unavailable
+
+    from multimaster.config.topology import load_topology
+
+    backends: dict[str, Backend] = {}
+    try:
+        for n in ("sqlite", "postgresql", "mysql"):
+            try:
+                backends[n] = BACKENDS[n]()
+            except ConnectionError as e:
+                server_unavailable(n, str(e))
+        urls = {}
+        for site, n in (("lite", "sqlite"), ("pg", "postgresql"), ("maria", "mysql")):
+            urls[site] = backends[n].new_site(tmp_path, site)
+            backends[n].create_table(urls[site], "users", "id", {"email": "varchar(100)", "name": "varchar(40)"})
+            c = backends[n].connect(urls[site])
+            c.cursor().execute("CREATE UNIQUE INDEX ux_email ON users (email)")
+            c.commit()
+            c.close()
+        doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"users": {"key": "id"}}, "links": "mesh"}
+        (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
+        cl = TestCluster(
+            backends["sqlite"],
+            load_topology(tmp_path / "topology.yaml"),
+            urls,
+            {"users": {"key": "id", "columns": {"email": "", "name": ""}}},
+        )
+        api.init(cl.topo)
+
+        def run(site: str, sql: str) -> None:
+            b = backends[{"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}[site]]
+            c = b.connect(urls[site])
+            c.cursor().execute(sql)
+            c.commit()
+            c.close()
+
+        def table(site: str) -> dict[str, Any]:
+            b = backends[{"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}[site]]
+            c = b.connect(urls[site])
+            cur = c.cursor()
+            cur.execute("SELECT name, email FROM users")
+            out = dict(cur.fetchall())
+            c.close()
+            return out
+
+        for site in ("pg", "lite", "maria"):  # pg's insert is the earliest claim
+            run(site, f"INSERT INTO users (email, name) VALUES ('a@x', '{site}')")
+        cl.refresh_until_quiet()
+        got = {s: table(s) for s in urls}
+        assert got["lite"] == got["pg"] == got["maria"]
+        assert (
+            got["pg"]["pg"] == "a@x" and got["pg"]["lite"].startswith("a@x~lite~") and got["pg"]["maria"].startswith("a@x~maria~")
+        )
+        run("maria", "DELETE FROM users WHERE name = 'pg'")  # released: lite's claim is the next
+        cl.refresh_until_quiet()
+        got = {s: table(s) for s in urls}
+        assert got["lite"] == got["pg"] == got["maria"]
+        assert got["pg"]["lite"] == "a@x" and got["pg"]["maria"].startswith("a@x~maria~")
+    finally:
+        for b in backends.values():
+            b.cleanup()
