@@ -283,3 +283,33 @@ def test_mixed_cluster(tmp_path: Any) -> None:
     finally:
         for b in backends.values():
             b.cleanup()
+
+
+def test_added_site_keeps_what_marked_rows_want(backend: Backend, tmp_path: Any) -> None:
+    """add-site copies the remembered values: a value released later is regained at the new site too."""
+    import yaml
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.instantiate import add_site
+
+    cl = _cluster(backend, tmp_path, ["email"])
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.refresh_until_quiet()
+    url = cl.backend.new_site(tmp_path, "s3")
+    cl.backend.create_table(url, "users", "id", USERS["users"]["columns"])
+    c = cl.backend.connect(url)
+    c.cursor().execute("CREATE UNIQUE INDEX ux0 ON users (email)")
+    c.commit()
+    c.close()
+    doc = yaml.safe_load(open(cl.topo.path).read())
+    doc["sites"]["s3"] = {"url": url}
+    (tmp_path / "grown.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    big = TestCluster(cl.backend, load_topology(tmp_path / "grown.yaml"), {**cl.urls, "s3": url}, cl.tables)
+    add_site(big.topo, "s3", "s2")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    big.execute("s1", "DELETE FROM users WHERE name = 'ann'")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert _emails(big, "s3") == {"bob": "a@x"}

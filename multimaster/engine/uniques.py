@@ -38,7 +38,7 @@ from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 
-__all__ = ["Pending", "install", "table_name", "before_apply", "after_apply", "settle", "unsettled"]
+__all__ = ["Pending", "install", "copy_marks", "table_name", "before_apply", "after_apply", "settle", "unsettled"]
 
 
 def table_name(d: Dialect, table: str) -> str:
@@ -64,6 +64,21 @@ def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
     for c in marks:
         if "i_" + c.name not in have:
             conn.exec_driver_sql(f"ALTER TABLE {t} ADD COLUMN {q('i_' + c.name)} {c.type_sql}")
+
+
+def copy_marks(src: Connection, sd: Dialect, dst: Connection, dd: Dialect, info: TableInfo) -> int:
+    """add-site: copy the peer's ``_mm_unique_<t>`` (the shadow, copied with it, holds the same
+    slot versions, so the remembered values stay valid). Returns how many rows."""
+    if not info.uniques:
+        return 0
+    names = ["rid", "col", "ver"] + ["i_" + info.columns[i].name for i in sorted({u.mark for u in info.uniques})]
+    rows = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in names)} FROM {table_name(sd, info.name)}").all()
+    if rows:
+        dst.exec_driver_sql(
+            f"INSERT INTO {table_name(dd, info.name)} ({', '.join(dd.quote(c) for c in names)}) VALUES ({dd.ph(len(names))})",
+            [tuple(r) for r in rows],
+        )
+    return len(rows)
 
 
 @dataclass
