@@ -250,13 +250,27 @@ def _make_room(conn: Connection, d: Dialect, info: TableInfo, cand: str, u: Uniq
     ph = d.caps.placeholder
     mcol = q("n_" + info.columns[m].name)
     vers = [v for v, (_, _, setsm) in colliding.items() if setsm]
+    new: list[tuple[str, Any]] = []
     for k in range(0, len(vers), 500):
         chunk = vers[k : k + 500]
         for ver, rid, val in conn.exec_driver_sql(
             f"SELECT ver, rid, {mcol} FROM {cand} WHERE ver IN ({', '.join([ph] * len(chunk))})", tuple(chunk)
         ).all():
             pend.rewritten.append((ver, rid, m, val))
-            conn.exec_driver_sql(f"UPDATE {cand} SET {mcol} = {ph} WHERE ver = {ph}", (mark_value(u, val, rid), ver))
+            new.append((ver, mark_value(u, val, rid)))
+    _set_candidates(conn, d, cand, mcol, new)
+
+
+def _set_candidates(conn: Connection, d: Dialect, cand: str, col: str, values: list[tuple[str, Any]]) -> None:
+    """Set `col` of the candidates named by version in `values` ((ver, value) pairs), in one
+    statement through a scratch table (the candidates have no index on ver)."""
+    if not values:
+        return
+    tmp = d.temp_name("_mm_tmp_uqv")
+    d.create_temp(conn, tmp, f"SELECT ver, {col} AS v FROM {cand} WHERE 1 = 0", keys="ver", index=None)
+    conn.exec_driver_sql(f"INSERT INTO {tmp} (ver, v) VALUES ({d.ph(2)})", values)
+    d.update_from(conn, cand, [f"{col} = x.v"], f"{tmp} x", f"{cand}.ver = x.ver")
+    d.drop_temp(conn, tmp)
 
 
 def _vacate(conn: Connection, d: Dialect, info: TableInfo, u: UniqueSet, keys: set[Any], pend: Pending) -> None:
@@ -306,9 +320,8 @@ def after_apply(conn: Connection, site: Site, info: TableInfo, cand: str, pend: 
     if pend is None:
         return []
     d = site.dialect
-    ph = d.caps.placeholder
-    for ver, _rid, m, val in pend.rewritten:
-        conn.exec_driver_sql(f"UPDATE {cand} SET {d.quote('n_' + info.columns[m].name)} = {ph} WHERE ver = {ph}", (val, ver))
+    for m in sorted({m for _, _, m, _ in pend.rewritten}):
+        _set_candidates(conn, d, cand, d.quote("n_" + info.columns[m].name), [(v, x) for v, _r, i, x in pend.rewritten if i == m])
     return _settle(conn, d, info, pend, write=True)[0]
 
 
