@@ -368,3 +368,34 @@ def test_applications_writing_while_refreshing(backend: Backend, tmp_path: Any) 
     assert len(rows) == done["s1"] + done["s2"]
     plain = [r[1] for r in rows if r[1] is not None and "~" not in r[1]]
     assert len(plain) == len(set(plain))
+
+
+def test_star_hub_relays_the_values_changes_carried(sqlite_backend: Backend, tmp_path: Any) -> None:
+    """The hub marks a colliding insert for itself but relays it as it came: the leaves decide
+    themselves, and regain the value when it is released."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["h", "a", "b"], USERS, links={"star": "h"}, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux0 ON users (email)")
+    api.init(cl.topo)
+    cl.execute("a", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("b", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.refresh("h")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "a")["bob"].startswith("a@x~b~")
+    cl.execute("b", "DELETE FROM users WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _emails(cl, "a") == {"bob": "a@x"}
+
+
+def test_a_site_installed_before_its_unique_constraint_is_told_to_init(sqlite_backend: Backend, tmp_path: Any) -> None:
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], USERS)
+    for s in cl.urls:  # the application adds a UNIQUE constraint after init
+        cl.execute(s, "CREATE UNIQUE INDEX ux0 ON users (email)")
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    errors = [r.error for r in api.refresh(cl.topo, "s1") if r.error]
+    assert errors and "_mm_unique_users" in errors[0] and "multimaster init" in errors[0]
+    api.init(cl.topo)
+    cl.refresh_until_quiet()
+    cl.assert_converged()

@@ -37,6 +37,7 @@ from multimaster.core.versions import BASE_VER
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
+from multimaster.errors import NotInstalled
 
 __all__ = ["Pending", "install", "copy_marks", "table_name", "before_apply", "after_apply", "settle", "unsettled"]
 
@@ -79,6 +80,22 @@ def copy_marks(src: Connection, sd: Dialect, dst: Connection, dd: Dialect, info:
             [tuple(r) for r in rows],
         )
     return len(rows)
+
+
+_installed: set[tuple[str, str]] = set()  # (database URL, table) whose _mm_unique_<t> was seen
+
+
+def _require(conn: Connection, site: Site, info: TableInfo) -> None:
+    """Refuse a site installed before `info` had UNIQUE sets (``_mm_unique_<t>`` missing), naming
+    the fix, instead of failing on the missing table inside the apply."""
+    seen = (str(conn.engine.url), info.name)
+    if seen in _installed:
+        return
+    if site.dialect.table_kind(conn, f"_mm_unique_{info.name}") is None:
+        raise NotInstalled(
+            site.name, f"table _mm_unique_{info.name} (table '{info.name}' has UNIQUE constraints it was installed without)"
+        )
+    _installed.add(seen)
 
 
 @dataclass
@@ -194,6 +211,7 @@ def before_apply(conn: Connection, site: Site, info: TableInfo, cand: str) -> Pe
     has no UNIQUE set."""
     if not info.uniques:
         return None
+    _require(conn, site, info)
     d = site.dialect
     pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()})
     for u in info.uniques:
@@ -330,6 +348,7 @@ def settle(conn: Connection, site: Site, info: TableInfo) -> list[ConflictRecord
     rows again (a value their holder released here, a mark an application's change ended)."""
     if not info.uniques:
         return []
+    _require(conn, site, info)
     d = site.dialect
     return _settle(conn, d, info, Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}), write=True)[0]
 
@@ -339,6 +358,7 @@ def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
     value, or its mark has ended)."""
     if not info.uniques:
         return False
+    _require(conn, site, info)
     d = site.dialect
     if conn.exec_driver_sql(f"SELECT 1 FROM {table_name(d, info.name)} LIMIT 1").first() is None:
         return False
