@@ -399,3 +399,26 @@ def test_a_site_installed_before_its_unique_constraint_is_told_to_init(sqlite_ba
     api.init(cl.topo)
     cl.refresh_until_quiet()
     cl.assert_converged()
+
+
+def test_init_refuses_sets_it_cannot_mark(sqlite_backend: Backend, tmp_path: Any) -> None:
+    tables = {
+        "t": {
+            "key": "id",
+            "columns": {"n": "int NOT NULL", "email": "varchar(100)", "name": "varchar(10)", "m": "int", "note": "text"},
+        }
+    }
+    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix"}}
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], tables, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: neither policy can mark it
+        cl.execute(s, "CREATE UNIQUE INDEX ux_e ON t (email)")  # its mark column is in a group
+        cl.execute(s, "CREATE UNIQUE INDEX ux_name ON t (name)")  # 10 characters: too short for a suffix
+        cl.execute(s, "CREATE UNIQUE INDEX ux_m ON t (m)")  # an int, nullable: null by default, fine
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    msg = str(e.value)
+    assert "UNIQUE (n) has no nullable column for policy 'null'" in msg
+    assert "column 'email' marks the rows losing UNIQUE (email) and cannot be in a column group" in msg
+    assert "column 'name' (VARCHAR(10)) is too short for a suffix mark" in msg
+    assert "(m)" not in msg

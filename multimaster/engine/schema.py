@@ -160,10 +160,10 @@ def _unique_sets(
         )
         if policy == "suffix":
             marks = [c for c in cols if _is_text(by_name[c])]
-            need = "a text column"
+            need = "text column"
         else:
             marks = [c for c in cols if by_name[c].nullable]
-            need = "a nullable column"
+            need = "nullable column"
         if not marks:
             problems.append(
                 f"{where}: UNIQUE ({', '.join(cols)}) has no {need} for policy '{policy}' to mark a row losing its value; "
