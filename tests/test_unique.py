@@ -422,3 +422,23 @@ def test_init_refuses_sets_it_cannot_mark(sqlite_backend: Backend, tmp_path: Any
     assert "column 'email' marks the rows losing UNIQUE (email) and cannot be in a column group" in msg
     assert "column 'name' (VARCHAR(10)) is too short for a suffix mark" in msg
     assert "(m)" not in msg
+
+
+def test_colliding_changes_in_one_batch(backend: Backend, tmp_path: Any) -> None:
+    """s3 pulls both peers without reconciling, then reconciles once: the two inserts of a@x are
+    candidates of the same batch (and s3 holds a@x itself, claimed last)."""
+    tables = {"users": dict(USERS["users"])}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], tables, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux0 ON users (email)")
+    api.init(cl.topo)
+    cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    cl.execute("s3", "INSERT INTO users (email, name) VALUES ('a@x', 'cid')")
+    cl.refresh("s3", reconcile_=False)
+    api.reconcile(cl.topo, "s3")
+    e = _emails(cl, "s3")
+    assert e["bob"] == "a@x" and e["ann"].startswith("a@x~s1~") and e["cid"].startswith("a@x~s3~")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert sorted(r["rid"] for r in _unique_conflicts(cl, "s3")) == sorted(r["rid"] for r in _unique_conflicts(cl, "s1"))
