@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy.engine import URL, make_url
 
 from multimaster.config import secrets
+from multimaster.core.unique import POLICIES
 from multimaster.errors import ConfigError
 
 __all__ = [
@@ -107,6 +108,9 @@ class TableConfig(_Strict):
     columns: dict[str, PolicySpec] = Field(default_factory=dict)
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
     exclude: list[str] = Field(default_factory=list)
+    #: per UNIQUE set (a column, or its columns joined by ','): what a row losing its value gets
+    #: ('suffix' or 'null'; docs/unique.md)
+    unique: dict[str, str] = Field(default_factory=dict)
 
 
 class LinkConfig(_Strict):
@@ -443,6 +447,24 @@ def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[
         for col in g.columns:
             _group_column_problems(t, f"{where}.groups.{gname}", col, seen, problems)
             seen[col] = gname
+    _unique_problems(t, where, problems)
+
+
+def _unique_problems(t: TableConfig, where: str, problems: list[str]) -> None:
+    """The problems of a table's `unique` entry: each key names columns, each value a policy."""
+    for name, pol in t.unique.items():
+        cols = unique_columns(name)
+        for col in cols:
+            _check_ident("column", col, 48, f"{where}.unique", problems)
+        if t.key in cols:
+            problems.append(f"{where}.unique.{name}: the key column '{t.key}' is not a secondary UNIQUE set")
+        if pol not in POLICIES:
+            problems.append(f"{where}.unique.{name}: unknown policy {pol!r}; use one of {', '.join(POLICIES)}")
+
+
+def unique_columns(name: str) -> list[str]:
+    """The columns a key of a table's `unique` entry names ('email', 'tenant_id,email')."""
+    return [c.strip() for c in name.split(",")]
 
 
 def _group_column_problems(t: TableConfig, where: str, col: str, seen: dict[str, str], problems: list[str]) -> None:

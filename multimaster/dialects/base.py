@@ -243,6 +243,32 @@ class Dialect:
         """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
         raise NotImplementedError
 
+    def unique_sets(self, conn: Connection, table: str) -> list[tuple[str, list[str] | None, str | None]]:
+        """The UNIQUE constraints and unique indexes of `table` other than its primary key, each as
+        (name, its columns or None, why it cannot be replicated or None: a partial or expression
+        index). Default: SQLAlchemy's inspector."""
+        from sqlalchemy import inspect
+
+        insp = inspect(conn)
+        pk = set(insp.get_pk_constraint(table).get("constrained_columns") or [])
+        out: list[tuple[str, list[str] | None, str | None]] = []
+        for uc in insp.get_unique_constraints(table):
+            out.append((str(uc["name"]), list(uc["column_names"]), None))
+        for ix in insp.get_indexes(table):
+            if not ix.get("unique") or ix.get("duplicates_constraint"):
+                continue
+            opts = ix.get("dialect_options") or {}
+            cols = list(ix.get("column_names") or [])
+            if any(c is None for c in cols) or ix.get("expressions"):
+                out.append((str(ix["name"]), None, "an expression index"))
+            elif any(k.endswith("_where") and v is not None for k, v in opts.items()):
+                out.append((str(ix["name"]), None, "a partial index (WHERE ...)"))
+            elif opts.get("postgresql_nulls_not_distinct"):
+                out.append((str(ix["name"]), None, "NULLS NOT DISTINCT"))
+            else:
+                out.append((str(ix["name"]), [str(c) for c in cols], None))
+        return [u for u in out if u[1] is None or set(u[1]) != pk]
+
     # ---- install -----------------------------------------------------------------------------
     def install_site(self, conn: Connection, site: str) -> None:
         """The site's own objects (site template: state, clock, bookkeeping tables) and its name."""

@@ -21,7 +21,7 @@ from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, pla
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import fastpath
+from multimaster.engine import fastpath, uniques
 from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
@@ -110,17 +110,21 @@ def reconcile_table(
     # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
     keying = _lock_keys(conn, site, info, base_max, cands, res)
     if cands is None:
+        res.conflicts = uniques.settle(conn, site, info)
         if keying:
             keys_ranked_now(conn, d, info, base_max)
         d.set_applying(conn, False)
         return res
     res.duplicates += max(0, cands.pending - cands.total)
     max_hlc = ver_hlc(max(top for _, top in cands.per_origin.values()))
+    # 1c. secondary UNIQUE sets: room for the changes that collide (engine/uniques.py)
+    uq = uniques.before_apply(conn, site, info, cands.table)
     # 2. the plain changes, set-based
     fr, rest = _apply_plain(conn, site, info, cands, base_max, res)
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+    uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq)
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
     # 5. what is applied is known for good: the highest version per origin
@@ -137,7 +141,7 @@ def reconcile_table(
     d.drop_temp(conn, cands.table)
     res.applied = cands.total - len(p.parked)
     res.parked = len(p.parked)
-    res.conflicts = p.conflicts
+    res.conflicts = p.conflicts + uq_conflicts
     return res
 
 

@@ -17,6 +17,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
@@ -171,6 +172,8 @@ def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
         return "apply"
     if info.spec.renumber and d.caps.concurrent_capture and keys_unranked(conn, d, info, link.base_max):
         return "rank"
+    if uniques.unsettled(conn, link.tgt, info):
+        return "apply"  # a marked row regains a value released here (docs/unique.md)
     return None
 
 

@@ -4,12 +4,16 @@ comparison of a table across sites."""
 
 from __future__ import annotations
 
+import re
+
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Inspector
 
-from multimaster.config.topology import TableConfig
+from multimaster.config.topology import TableConfig, unique_columns
 from multimaster.core.planner import Slot, TableSpec
 from multimaster.core.policies import make_policy
+from multimaster.core.unique import UniqueSet, set_name
+from multimaster.dialects import get_dialect
 from multimaster.dialects.schema import MAX_COLUMNS, Column, TableInfo
 from multimaster.errors import SchemaError
 
@@ -101,7 +105,89 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> Tab
         )
     slots = _slots(site, table, cfg, rep)
     spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots))
-    return TableInfo(table, key, tuple(rep), tuple(cfg.exclude), spec)
+    uniques = _unique_sets(conn, site, table, cfg, rep, slots)
+    return TableInfo(table, key, tuple(rep), tuple(cfg.exclude), spec, uniques)
+
+
+def _is_text(col: Column) -> bool:
+    t = col.type_sql.upper()
+    return any(x in t for x in ("CHAR", "TEXT", "CLOB", "STRING")) and "BINARY" not in t
+
+
+def _declared_length(col: Column) -> int | None:
+    m = re.search(r"\((\d+)\)", col.type_sql)
+    return int(m.group(1)) if m and "CHAR" in col.type_sql.upper() else None
+
+
+def _unique_sets(
+    conn: Connection, site: str, table: str, cfg: TableConfig, rep: list[Column], slots: list[Slot]
+) -> tuple[UniqueSet, ...]:
+    """The UNIQUE constraints and unique indexes of `table` other than its key, each with the
+    policy its losing rows get (docs/unique.md). Raises SchemaError for one that cannot be kept
+    the same at every site: a partial or expression index, a set with an excluded column, a
+    policy the set's columns do not allow, a mark column sharing a conflict group."""
+    where = f"site '{site}': table '{table}'"
+    index = {c.name: i for i, c in enumerate(rep)}
+    by_name = {c.name: c for c in rep}
+    problems: list[str] = []
+    found: dict[str, list[str]] = {}
+    for name, cols, why in get_dialect(conn.dialect.name).unique_sets(conn, table):
+        if cols is None:
+            problems.append(
+                f"{where}: unique index '{name}' is {why}, which cannot be kept unique the same way at every site; "
+                "replace it with a UNIQUE constraint on plain columns, or drop it"
+            )
+        elif any(c not in index for c in cols):
+            if cfg.key not in cols:
+                problems.append(
+                    f"{where}: UNIQUE '{name}' ({', '.join(cols)}) has a column that is not replicated "
+                    f"(tables.{table}.exclude); replicate every column of a UNIQUE set, or drop it"
+                )
+        else:
+            found.setdefault(set_name(cols), sorted(cols, key=lambda c: index[c]))
+    configured = {set_name(unique_columns(k)): (k, v) for k, v in cfg.unique.items()}
+    for sname, (k, _) in configured.items():
+        if sname not in found:
+            have = "; ".join(",".join(c) for c in found.values()) or "none"
+            problems.append(
+                f"site '{site}': tables.{table}.unique.{k}: no UNIQUE set of table '{table}' has exactly these columns (its UNIQUE sets: {have})"
+            )
+    grouped = {rep[i].name for s in slots if len(s.columns) > 1 for i in s.columns}
+    out = []
+    for sname, cols in sorted(found.items()):
+        policy = (
+            configured[sname][1] if sname in configured else ("suffix" if any(_is_text(by_name[c]) for c in cols) else "null")
+        )
+        if policy == "suffix":
+            marks = [c for c in cols if _is_text(by_name[c])]
+            need = "text column"
+        else:
+            marks = [c for c in cols if by_name[c].nullable]
+            need = "nullable column"
+        if not marks:
+            problems.append(
+                f"{where}: UNIQUE ({', '.join(cols)}) has no {need} for policy '{policy}' to mark a row losing its value; "
+                f"set tables.{table}.unique.{','.join(cols)} to the other policy, or make one column nullable"
+            )
+            continue
+        mark = marks[0]
+        if mark in grouped:
+            problems.append(
+                f"{where}: column '{mark}' marks the rows losing UNIQUE ({', '.join(cols)}) and cannot be in a column group "
+                f"(tables.{table}.groups); take it out of the group"
+            )
+            continue
+        ml = _declared_length(by_name[mark]) if policy == "suffix" else None
+        if ml is not None and ml < 24:
+            problems.append(
+                f"{where}: column '{mark}' ({by_name[mark].type_sql}) is too short for a suffix mark (24 characters at least); "
+                f"set tables.{table}.unique.{','.join(cols)}: null, or widen the column"
+            )
+            continue
+        out.append(UniqueSet(sname, tuple(sorted(index[c] for c in cols)), policy, index[mark], ml))
+    if problems:
+        raise SchemaError(problems)
+    return tuple(out)
 
 
 def _norm_type(t: str) -> str:
@@ -130,6 +216,11 @@ def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[
                 detail.append(f"only '{site}' has {only_b}")
             problems.append(f"table '{table}' differs between sites '{ref_site}' and '{site}': " + "; ".join(detail))
             continue
+        if ref.uniques != info.uniques:
+            problems.append(
+                f"table '{table}': its UNIQUE sets differ between sites '{ref_site}' ({_show_uniques(ref)}) and '{site}' "
+                f"({_show_uniques(info)}); declare the same UNIQUE constraints (and lengths of their text columns) at every site"
+            )
         if same_dialect[site] == same_dialect[ref_site]:
             for ca, cb in zip((ref.key, *ref.columns), (info.key, *info.columns)):
                 if _norm_type(ca.type_sql) != _norm_type(cb.type_sql):
@@ -138,3 +229,7 @@ def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[
                         f"but {cb.type_sql or 'untyped'} at '{site}'"
                     )
     return problems
+
+
+def _show_uniques(info: TableInfo) -> str:
+    return "; ".join(f"{u.name} {u.policy}" + (f" max {u.max_len}" if u.max_len else "") for u in info.uniques) or "none"

@@ -10,6 +10,7 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
@@ -167,6 +168,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
         for tb in t.tables:
             info = chk.infos[tb][n]
             s.dialect.install_table(conn, info)
+            uniques.install(conn, s.dialect, info)
             for peer in t.peers_of(n):
                 s.dialect.install_snapshot(conn, info, peer)
                 store.links.ensure(conn, s.dialect, peer, tb)

@@ -37,6 +37,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
@@ -317,6 +318,7 @@ def _copy(
                 if replace:
                     nconn.exec_driver_sql(f"DELETE FROM {nd.quote(tb)}")
                 nd.install_table(nconn, ni)
+                uniques.install(nconn, nd, ni)
                 for q in sources:
                     nd.install_snapshot(nconn, ni, q)
                     store.links.ensure(nconn, nd, q, tb)
@@ -343,6 +345,7 @@ def _copy(
                     nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", fresh)
                     n += len(fresh)
                 rep.identities[tb] = n
+                uniques.copy_marks(pconn, pd, nconn, nd, ni)  # the values marked rows want
                 # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
                 lcols = (
                     ["ver", "origin", "op", "rid", "key", "mask"]

@@ -305,6 +305,22 @@ class SQLiteDialect(Dialect):
             conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name LIKE '\\_mm\\_%' ESCAPE '\\'")
         return dropped
 
+    def unique_sets(self, conn: Connection, table: str) -> list[tuple[str, list[str] | None, str | None]]:
+        """From SQLite's own catalogue (the inspector misses a column's inline UNIQUE and skips
+        expression indexes)."""
+        out: list[tuple[str, list[str] | None, str | None]] = []
+        for _seq, name, unique, origin, partial in conn.exec_driver_sql(f"PRAGMA index_list({self.quote(table)})").all():
+            if not unique or origin == "pk":
+                continue
+            keys = [r for r in conn.exec_driver_sql(f"PRAGMA index_xinfo({self.quote(name)})").all() if r[5]]
+            if partial:
+                out.append((name, None, "a partial index (WHERE ...)"))
+            elif any(r[1] == -2 for r in keys):
+                out.append((name, None, "an expression index"))
+            else:
+                out.append((name, [r[2] for r in keys], None))
+        return out
+
     # ---- apply -----------------------------------------------------------------------------
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("UPDATE _mm_state SET applying = ?", (1 if on else 0,))

@@ -1,0 +1,541 @@
+"""Secondary UNIQUE constraints at apply time (docs/unique.md): the rule of
+:mod:`multimaster.core.unique` carried out in the reconcile transaction.
+
+Three calls from the reconciler:
+
+- :func:`before_apply`, on the candidate changes before the fast path: a set-based check per
+  UNIQUE set finds the changes whose new values collide with a row of the table or with another
+  candidate (none, usually: then nothing else happens). For each colliding change the rows that
+  hold the value are *vacated* (their mark column gets their mark value, their intended value is
+  remembered in ``_mm_unique_<t>``), and the change itself writes its mark value instead of the
+  value (an insert, an update of the mark column) or has its row vacated too (an update of other
+  columns of the set). Nothing collides during the apply any more.
+- :func:`after_apply`, after the plan is executed: the candidates get their values back (they are
+  relayed as they came), then :func:`settle`.
+- :func:`settle`: every row with a remembered value, and every row claiming the same values of any
+  set (transitively), is decided again by the rule; marks and regains are written (marks first,
+  so a regained value is free), ``_mm_unique_<t>`` keeps the intended values of the marked rows,
+  and every row newly marked or regaining its value is in the conflict log (kind ``unique``).
+
+A remembered value stays valid while the version of its column's slot in the shadow is the one
+it was remembered with: a later change of the column (replicated, or written by an application
+here) is a normal change and ends the mark. Everything runs with the capture guard set: marks and
+regains are never captured; every site computes them for itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+from sqlalchemy.engine import Connection
+
+from multimaster import store
+from multimaster.core.planner import ConflictRecord
+from multimaster.core.unique import Claimant, Resolution, UniqueSet, group_key, mark_value, resolve
+from multimaster.core.versions import BASE_VER
+from multimaster.dialects import Dialect
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine.site import Site
+from multimaster.errors import NotInstalled
+
+__all__ = ["Pending", "install", "copy_marks", "table_name", "before_apply", "after_apply", "settle", "unsettled"]
+
+
+def table_name(d: Dialect, table: str) -> str:
+    """``_mm_unique_<t>``: the intended values of the marked rows of `table`, as written in SQL."""
+    return d.mm_table(d.quote(f"_mm_unique_{table}"))
+
+
+def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
+    """Create ``_mm_unique_<t>`` when `info` has UNIQUE sets (and add the columns of mark columns
+    a later UNIQUE set brought). One row per marked row and mark column: `rid`, `col` (the mark
+    column), `ver` (the version of its slot when its value was remembered) and the value in
+    ``i_<col>``, of the column's own type. Few rows: no index."""
+    if not info.uniques:
+        return
+    q = d.quote
+    t = table_name(d, info.name)
+    marks = [info.columns[i] for i in sorted({u.mark for u in info.uniques})]
+    cols = "".join(f", {q('i_' + c.name)} {c.type_sql}" for c in marks)
+    conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {t} (rid TEXT NOT NULL, col TEXT NOT NULL, ver TEXT NOT NULL{cols})")
+    from sqlalchemy import inspect
+
+    have = {c["name"] for c in inspect(conn).get_columns(f"_mm_unique_{info.name}", schema=d.caps.bookkeeping_schema)}
+    for c in marks:
+        if "i_" + c.name not in have:
+            conn.exec_driver_sql(f"ALTER TABLE {t} ADD COLUMN {q('i_' + c.name)} {c.type_sql}")
+
+
+def copy_marks(src: Connection, sd: Dialect, dst: Connection, dd: Dialect, info: TableInfo) -> int:
+    """add-site: copy the peer's ``_mm_unique_<t>`` (the shadow, copied with it, holds the same
+    slot versions, so the remembered values stay valid). Returns how many rows."""
+    if not info.uniques:
+        return 0
+    names = ["rid", "col", "ver"] + ["i_" + info.columns[i].name for i in sorted({u.mark for u in info.uniques})]
+    rows = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in names)} FROM {table_name(sd, info.name)}").all()
+    if rows:
+        dst.exec_driver_sql(
+            f"INSERT INTO {table_name(dd, info.name)} ({', '.join(dd.quote(c) for c in names)}) VALUES ({dd.ph(len(names))})",
+            [tuple(r) for r in rows],
+        )
+    return len(rows)
+
+
+_installed: set[tuple[str, str]] = set()  # (database URL, table) whose _mm_unique_<t> was seen
+
+
+def _require(conn: Connection, site: Site, info: TableInfo) -> None:
+    """Refuse a site installed before `info` had UNIQUE sets (``_mm_unique_<t>`` missing), naming
+    the fix, instead of failing on the missing table inside the apply."""
+    seen = (str(conn.engine.url), info.name)
+    if seen in _installed:
+        return
+    if site.dialect.table_kind(conn, f"_mm_unique_{info.name}") is None:
+        raise NotInstalled(
+            site.name, f"table _mm_unique_{info.name} (table '{info.name}' has UNIQUE constraints it was installed without)"
+        )
+    _installed.add(seen)
+
+
+@dataclass
+class Pending:
+    """What before_apply did: the candidates' values it replaced (ver, rid, column, value) and the
+    rows marked before this reconcile (rid -> columns)."""
+
+    rewritten: list[tuple[str, str, int, Any]] = field(default_factory=list)
+    was_marked: dict[str, set[int]] = field(default_factory=dict)
+
+
+# ---- reading ---------------------------------------------------------------------------------
+
+
+def _default_ver(info: TableInfo, rid: str) -> str:
+    return rid if info.spec.renumber else BASE_VER
+
+
+def _slot_col(info: TableInfo, i: int) -> str:
+    return "v_" + info.spec.slots[info.spec.slot_of[i]].name
+
+
+def _set_cols(info: TableInfo) -> list[int]:
+    return sorted({i for u in info.uniques for i in u.columns})
+
+
+def _join(d: Dialect, info: TableInfo) -> str:
+    """The table's row of a shadow row `s` (a natural key's row belongs to its live incarnation)."""
+    live = " AND s.deleted IS NULL" if not info.spec.renumber else ""
+    return f"{d.quote(info.name)} t ON t.{d.quote(info.key.name)} = s.{d.key_col}{live}"
+
+
+def _stored(conn: Connection, d: Dialect, info: TableInfo) -> dict[str, dict[int, tuple[str, Any]]]:
+    """``_mm_unique_<t>``: rid -> mark column -> (version, intended value)."""
+    q = d.quote
+    marks = sorted({u.mark for u in info.uniques})
+    index = {info.columns[i].name: i for i in marks}
+    sql = f"SELECT rid, col, ver, {', '.join(q('i_' + info.columns[i].name) for i in marks)} FROM {table_name(d, info.name)}"
+    out: dict[str, dict[int, tuple[str, Any]]] = {}
+    for r in conn.exec_driver_sql(sql):
+        i = index.get(r[1])
+        if i is not None:
+            out.setdefault(r[0], {})[i] = (r[2], r[3 + marks.index(i)])
+    return out
+
+
+@dataclass
+class _Row:
+    rid: str
+    key: Any
+    live: bool
+    actual: dict[int, Any]  # the table's values of every column of a set
+    versions: dict[int, str]  # per column of a set, the version of its slot
+
+
+def _load(conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str]) -> dict[str, _Row]:
+    """The shadow and table rows of `rids`."""
+    q = d.quote
+    cols = _set_cols(info)
+    ph = d.caps.placeholder
+    slots = sorted({_slot_col(info, i) for i in cols})
+    out: dict[str, _Row] = {}
+    for k in range(0, len(rids), 500):
+        chunk = list(rids[k : k + 500])
+        sql = (
+            f"SELECT s.rid, s.{d.key_col}, s.deleted, t.{q(info.key.name)} IS NOT NULL"
+            + "".join(f", s.{q(v)}" for v in slots)
+            + "".join(f", t.{q(info.columns[i].name)}" for i in cols)
+            + f" FROM {d.obj(info.name).shadow} s LEFT JOIN {_join(d, info)} WHERE s.rid IN ({', '.join([ph] * len(chunk))})"
+        )
+        for r in conn.exec_driver_sql(sql, tuple(chunk)):
+            sv = dict(zip(slots, r[4 : 4 + len(slots)]))
+            vals = r[4 + len(slots) :]
+            live = bool(r[3]) and r[2] is None
+            out[r[0]] = _Row(
+                r[0],
+                r[1],
+                live,
+                {i: vals[j] for j, i in enumerate(cols)},
+                {i: sv[_slot_col(info, i)] or _default_ver(info, r[0]) for i in cols},
+            )
+    return out
+
+
+def _lock(conn: Connection, d: Dialect, info: TableInfo, rids: Iterable[str]) -> None:
+    """Lock the table and shadow rows of `rids` (an application's concurrent write waits)."""
+    rids = list(rids)
+    if not rids:
+        return
+    tmp = d.temp_rids(conn)
+    conn.exec_driver_sql(f"INSERT INTO {tmp} (rid) VALUES ({d.caps.placeholder})", [(r,) for r in rids])
+    d.lock_rows(conn, info, tmp)
+    conn.exec_driver_sql(f"DELETE FROM {tmp}")
+
+
+def _holders(conn: Connection, d: Dialect, info: TableInfo, u: UniqueSet, groups: Iterable[tuple[Any, ...]]) -> set[str]:
+    """The rids of the rows whose values of set `u` are one of `groups`."""
+    q = d.quote
+    ph = d.caps.placeholder
+    where = " AND ".join(f"t.{q(info.columns[i].name)} = {ph}" for i in u.columns)
+    sql = f"SELECT s.rid FROM {d.obj(info.name).shadow} s JOIN {_join(d, info)} WHERE {where}"
+    out: set[str] = set()
+    for g in groups:
+        out.update(r[0] for r in conn.exec_driver_sql(sql, tuple(g)))
+    return out
+
+
+# ---- before the apply --------------------------------------------------------------------------
+
+
+def before_apply(conn: Connection, site: Site, info: TableInfo, cand: str) -> Pending | None:
+    """Make room for the candidates of `cand` that collide (module docstring). None when `info`
+    has no UNIQUE set."""
+    if not info.uniques:
+        return None
+    _require(conn, site, info)
+    d = site.dialect
+    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()})
+    for u in info.uniques:
+        _make_room(conn, d, info, cand, u, pend)
+    return pend
+
+
+def _make_room(conn: Connection, d: Dialect, info: TableInfo, cand: str, u: UniqueSet, pend: Pending) -> None:
+    q = d.quote
+    t = q(info.name)
+    keyc = q(info.key.name)
+    shadow = d.obj(info.name).shadow
+    smask = sum(1 << i for i in u.columns)
+    m = u.mark
+    sets_m = f"CASE WHEN c.op = 'I' OR (c.mask & {1 << m}) <> 0 THEN 1 ELSE 0 END"
+    vals = ", ".join(
+        f"CASE WHEN c.op = 'I' OR (c.mask & {1 << i}) <> 0 THEN c.{q('n_' + info.columns[i].name)} "
+        f"ELSE t.{q(info.columns[i].name)} END AS u{k}"
+        for k, i in enumerate(u.columns)
+    )
+    nv = d.temp_name("_mm_tmp_uq")
+    d.create_temp(
+        conn,
+        nv,
+        f"SELECT c.ver AS ver, c.rid AS rid, s.{d.key_col} AS lkey, {sets_m} AS setsm, {vals} "
+        f"FROM {cand} c LEFT JOIN {shadow} s ON s.rid = c.rid LEFT JOIN {_join(d, info)} "
+        f"WHERE c.op = 'I' OR (c.op = 'U' AND (c.mask & {smask}) <> 0)",
+        index=None,
+    )
+    ucols = [f"u{k}" for k in range(len(u.columns))]
+    notnull = " AND ".join(f"n.{c} IS NOT NULL" for c in ucols)
+    on = " AND ".join(f"x.{q(info.columns[i].name)} = n.u{k}" for k, i in enumerate(u.columns))
+    # (MySQL reads a scratch table once per statement: the two checks are two statements)
+    hits = conn.exec_driver_sql(
+        f"SELECT n.ver, n.rid, n.lkey, n.setsm, x.{keyc} FROM {nv} n JOIN {t} x ON {on} "
+        f"WHERE {notnull} AND (n.lkey IS NULL OR x.{keyc} <> n.lkey)"
+    ).all()
+    dups = conn.exec_driver_sql(
+        f"SELECT {', '.join(ucols)} FROM {nv} n WHERE {notnull} GROUP BY {', '.join(ucols)} HAVING count(DISTINCT n.rid) > 1"
+    ).all()
+    colliding: dict[str, tuple[str, Any, int]] = {r[0]: (r[1], r[2], int(r[3])) for r in hits}
+    holder_keys = {r[4] for r in hits}
+    if dups:
+        dupset = {tuple(r) for r in dups}
+        for r in conn.exec_driver_sql(f"SELECT ver, rid, lkey, setsm, {', '.join(ucols)} FROM {nv}"):
+            if tuple(r[4:]) in dupset:
+                colliding[r[0]] = (r[1], r[2], int(r[3]))
+    d.drop_temp(conn, nv)
+    if not colliding:
+        return
+    # rows to vacate: those holding a colliding value, and those of updates not writing the mark column
+    holder_keys.update(lkey for rid, lkey, setsm in colliding.values() if not setsm and lkey is not None)
+    _vacate(conn, d, info, u, holder_keys, pend)
+    ph = d.caps.placeholder
+    mcol = q("n_" + info.columns[m].name)
+    vers = [v for v, (_, _, setsm) in colliding.items() if setsm]
+    new: list[tuple[str, Any]] = []
+    for k in range(0, len(vers), 500):
+        chunk = vers[k : k + 500]
+        for ver, rid, val in conn.exec_driver_sql(
+            f"SELECT ver, rid, {mcol} FROM {cand} WHERE ver IN ({', '.join([ph] * len(chunk))})", tuple(chunk)
+        ).all():
+            pend.rewritten.append((ver, rid, m, val))
+            new.append((ver, mark_value(u, val, rid)))
+    _set_candidates(conn, d, cand, mcol, new)
+
+
+def _set_candidates(conn: Connection, d: Dialect, cand: str, col: str, values: list[tuple[str, Any]]) -> None:
+    """Set `col` of the candidates named by version in `values` ((ver, value) pairs), in one
+    statement through a scratch table (the candidates have no index on ver)."""
+    if not values:
+        return
+    tmp = d.temp_name("_mm_tmp_uqv")
+    d.create_temp(conn, tmp, f"SELECT ver, {col} AS v FROM {cand} WHERE 1 = 0", keys="ver", index=None)
+    conn.exec_driver_sql(f"INSERT INTO {tmp} (ver, v) VALUES ({d.ph(2)})", values)
+    d.update_from(conn, cand, [f"{col} = x.v"], f"{tmp} x", f"{cand}.ver = x.ver")
+    d.drop_temp(conn, tmp)
+
+
+def _vacate(conn: Connection, d: Dialect, info: TableInfo, u: UniqueSet, keys: set[Any], pend: Pending) -> None:
+    """Give the rows of `keys` their mark value of set `u` now, remembering their value."""
+    if not keys:
+        return
+    q = d.quote
+    ph = d.caps.placeholder
+    live = " AND deleted IS NULL" if not info.spec.renumber else ""
+    rids = [
+        r[0]
+        for k in keys
+        for r in conn.exec_driver_sql(f"SELECT rid FROM {d.obj(info.name).shadow} WHERE {d.key_col} = {ph}{live}", (k,))
+    ]
+    _lock(conn, d, info, rids)
+    rows = _load(conn, d, info, rids)
+    m = u.mark
+    stored = _stored(conn, d, info)
+    for r in rows.values():
+        if not r.live or r.actual[m] is None:
+            continue
+        if m in stored.get(r.rid, {}) and stored[r.rid][m][0] == r.versions[m]:
+            continue  # marked already (its value is remembered)
+        _remember(conn, d, info, r.rid, m, r.versions[m], r.actual[m])
+        conn.exec_driver_sql(
+            f"UPDATE {q(info.name)} SET {q(info.columns[m].name)} = {ph} WHERE {q(info.key.name)} = {ph}",
+            (mark_value(u, r.actual[m], r.rid), r.key),
+        )
+
+
+def _remember(conn: Connection, d: Dialect, info: TableInfo, rid: str, m: int, ver: str, value: Any) -> None:
+    q = d.quote
+    ph = d.caps.placeholder
+    t = table_name(d, info.name)
+    name = info.columns[m].name
+    conn.exec_driver_sql(f"DELETE FROM {t} WHERE rid = {ph} AND col = {ph}", (rid, name))
+    conn.exec_driver_sql(f"INSERT INTO {t} (rid, col, ver, {q('i_' + name)}) VALUES ({d.ph(4)})", (rid, name, ver, value))
+
+
+# ---- after the apply ---------------------------------------------------------------------------
+
+
+def after_apply(conn: Connection, site: Site, info: TableInfo, cand: str, pend: Pending | None) -> list[ConflictRecord]:
+    """The candidates get back the values before_apply replaced (they are relayed as they came);
+    then every marked row and every claimant of their values is decided again (:func:`settle`).
+    Returns the conflict records written."""
+    if pend is None:
+        return []
+    d = site.dialect
+    for m in sorted({m for _, _, m, _ in pend.rewritten}):
+        _set_candidates(conn, d, cand, d.quote("n_" + info.columns[m].name), [(v, x) for v, _r, i, x in pend.rewritten if i == m])
+    return _settle(conn, d, info, pend, write=True)[0]
+
+
+def settle(conn: Connection, site: Site, info: TableInfo) -> list[ConflictRecord]:
+    """In the reconcile transaction (capture guard set), with nothing to apply: decide the marked
+    rows again (a value their holder released here, a mark an application's change ended)."""
+    if not info.uniques:
+        return []
+    _require(conn, site, info)
+    d = site.dialect
+    return _settle(conn, d, info, Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}), write=True)[0]
+
+
+def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
+    """Read-only: whether :func:`settle` would change anything (a marked row would regain its
+    value, or its mark has ended)."""
+    if not info.uniques:
+        return False
+    _require(conn, site, info)
+    d = site.dialect
+    if conn.exec_driver_sql(f"SELECT 1 FROM {table_name(d, info.name)} LIMIT 1").first() is None:
+        return False
+    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()})
+    return _settle(conn, d, info, pend, write=False)[1]
+
+
+def _intended(
+    info: TableInfo, r: _Row, stored: dict[int, tuple[str, Any]], rewritten: dict[tuple[str, int], dict[str, Any]]
+) -> dict[int, Any]:
+    """The values row `r` is meant to hold: the table's, but for a mark column whose slot version
+    is that of a replaced candidate value or of a remembered value."""
+    out = dict(r.actual)
+    for i in out:
+        v = r.versions[i]
+        if v in rewritten.get((r.rid, i), {}):
+            out[i] = rewritten[(r.rid, i)][v]
+        elif i in stored and stored[i][0] == v:
+            out[i] = stored[i][1]
+    return out
+
+
+def _claims(info: TableInfo, r: _Row) -> dict[str, str]:
+    return {u.name: max(r.versions[i] for i in u.columns) for u in info.uniques}
+
+
+def _settle(conn: Connection, d: Dialect, info: TableInfo, pend: Pending, write: bool) -> tuple[list[ConflictRecord], bool]:
+    """Decide the marked rows (and the rows `pend` replaced values of) and every claimant of their
+    values again; when `write`, write the difference. Returns the conflict records and whether
+    anything changes."""
+    stored = _stored(conn, d, info)
+    rewritten: dict[tuple[str, int], dict[str, Any]] = {}
+    for ver, rid, m, val in pend.rewritten:
+        rewritten.setdefault((rid, m), {})[ver] = val
+    seeds = set(stored) | {rid for _, rid, _, _ in pend.rewritten}
+    if not seeds:
+        return [], False
+    rows, intended = _gather(conn, d, info, seeds, stored, rewritten, write)
+    live = [Claimant(rid, intended[rid], _claims(info, rows[rid])) for rid in sorted(intended)]
+    res = resolve(info.uniques, live)
+    changes, records = _decide(info, rows, live, res, stored, pend)
+    desired = {c.rid: {i: (rows[c.rid].versions[i], c.values[i]) for i in res.marks.get(c.rid, {})} for c in live}
+    stale = any(
+        set(desired.get(rid, {})) != set(stored.get(rid, {}))
+        or any(stored[rid][i][0] != v or not _same(stored[rid][i][1], x) for i, (v, x) in desired.get(rid, {}).items())
+        for rid in rows
+    )
+    if write:
+        _write(conn, d, info, changes, rows, desired)
+        store.conflicts.record(conn, d, records, {rid: r.key for rid, r in rows.items()})
+    return records, bool(changes or stale)
+
+
+def _gather(
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    seeds: set[str],
+    stored: dict[str, dict[int, tuple[str, Any]]],
+    rewritten: dict[tuple[str, int], dict[str, Any]],
+    lock: bool,
+) -> tuple[dict[str, _Row], dict[str, dict[int, Any]]]:
+    """The rows to decide: the seeds and, transitively, every row holding or claiming a value of
+    one of theirs (locked first, when `lock`). Returns them and the live ones' intended values."""
+    rows: dict[str, _Row] = {}
+    intended: dict[str, dict[int, Any]] = {}
+    todo = set(seeds)
+    seen: set[tuple[str, tuple[Any, ...]]] = set()
+    while todo:
+        if lock:
+            _lock(conn, d, info, sorted(todo))
+        loaded = _load(conn, d, info, sorted(todo))
+        todo = set()
+        groups: dict[str, set[tuple[Any, ...]]] = {}
+        for rid, r in loaded.items():
+            rows[rid] = r
+            if not r.live:
+                continue
+            intended[rid] = _intended(info, r, stored.get(rid, {}), rewritten)
+            for u in info.uniques:
+                g = group_key(u, intended[rid])
+                if g is not None and (u.name, g) not in seen:
+                    seen.add((u.name, g))
+                    groups.setdefault(u.name, set()).add(g)
+        for u in info.uniques:
+            if u.name in groups:
+                todo |= _holders(conn, d, info, u, groups[u.name]) - set(rows)
+    return rows, intended
+
+
+def _decide(
+    info: TableInfo,
+    rows: dict[str, _Row],
+    live: list[Claimant],
+    res: Resolution,
+    stored: dict[str, dict[int, tuple[str, Any]]],
+    pend: Pending,
+) -> tuple[list[tuple[Any, int, Any, bool]], list[ConflictRecord]]:
+    """What the table's rows get (key, column, value, is a mark), marks first, and the conflict
+    records: a row newly marked, a marked row regaining its value (not one whose mark a change of
+    the column ended)."""
+    by_name = {u.name: u for u in info.uniques}
+    claim_of = {c.rid: c.claims for c in live}
+    changes: list[tuple[Any, int, Any, bool]] = []
+    records: list[ConflictRecord] = []
+    for c in live:
+        r = rows[c.rid]
+        want = res.marks.get(c.rid, {})
+        for i in sorted({u.mark for u in info.uniques}):
+            target = want[i] if i in want else c.values[i]
+            if not _same(r.actual[i], target):
+                changes.append((r.key, i, target, i in want))
+        before = pend.was_marked.get(c.rid, set())
+        for sname, winner in res.lost.get(c.rid, []):
+            u = by_name[sname]
+            if u.mark not in before:
+                records.append(_record(info, u, c, claim_of[winner][sname], winner, "marked", want[u.mark]))
+        for i in sorted(before - set(want)):
+            still = stored.get(c.rid, {}).get(i)
+            if still is not None and still[0] == r.versions[i]:
+                u = next(x for x in info.uniques if x.mark == i)
+                records.append(_record(info, u, c, c.claims[u.name], c.rid, "regained", c.values[i]))
+    changes.sort(key=lambda x: not x[3])
+    return changes, records
+
+
+def _write(
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    changes: list[tuple[Any, int, Any, bool]],
+    rows: dict[str, _Row],
+    desired: dict[str, dict[int, tuple[str, Any]]],
+) -> None:
+    """Write the marks, then the regains, to the table; ``_mm_unique_<t>`` holds `desired` for `rows`."""
+    q = d.quote
+    ph = d.caps.placeholder
+    for key, i, val, _mark in changes:
+        conn.exec_driver_sql(
+            f"UPDATE {q(info.name)} SET {q(info.columns[i].name)} = {ph} WHERE {q(info.key.name)} = {ph}", (val, key)
+        )
+    rids = list(rows)
+    for k in range(0, len(rids), 500):
+        chunk = rids[k : k + 500]
+        conn.exec_driver_sql(
+            f"DELETE FROM {table_name(d, info.name)} WHERE rid IN ({', '.join([ph] * len(chunk))})", tuple(chunk)
+        )
+    for rid, marks in desired.items():
+        for i, (ver, val) in sorted(marks.items()):
+            _remember(conn, d, info, rid, i, ver, val)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
+        return bytes(a) == bytes(b)
+    return bool(a == b)
+
+
+def _record(
+    info: TableInfo, u: UniqueSet, c: Claimant, winner_claim: str, winner: str, decision: str, now: Any
+) -> ConflictRecord:
+    cols = tuple(info.columns[i].name for i in u.columns)
+    mark = info.columns[u.mark].name
+    return ConflictRecord(
+        table=info.name,
+        rid=c.rid,
+        kind="unique",
+        slot=u.name,
+        columns=cols,
+        local_ver=winner_claim,
+        local_values={"holder": winner},
+        remote_ver=c.claims[u.name],
+        remote_values={n: c.values[i] for n, i in zip(cols, u.columns)},
+        policy=u.policy,
+        decision=decision,
+        local_row=None,
+        remote_row={mark: now},
+    )
