@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 __all__ = ["is_version", "malformed", "retry_order"]
 
-_VERSION = re.compile(r"\d{19}:[A-Za-z_][A-Za-z0-9_]*\Z")
+_VERSION = re.compile(r"[0-9]{19}:[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
 def is_version(v: Any) -> bool:

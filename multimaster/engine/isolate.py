@@ -33,7 +33,7 @@ from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 from multimaster.store.errorqueue import Held
 
-__all__ = ["permanent", "describe", "apply_batch", "reconcile_isolating", "retry", "RetryResult"]
+__all__ = ["permanent", "describe", "has_malformed", "apply_batch", "reconcile_isolating", "retry", "RetryResult"]
 
 
 def permanent(d: Dialect, e: BaseException) -> bool:
@@ -70,6 +70,11 @@ def _split(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tup
         else:
             good.append(r)
     return good, bad
+
+
+def has_malformed(rows: list[tuple[Any, ...]]) -> bool:
+    """Whether pulled `rows` hold an entry that cannot be applied as it is (core.errorqueue.malformed)."""
+    return bool(_split(rows)[1])
 
 
 def apply_batch(

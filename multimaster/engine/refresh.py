@@ -140,10 +140,11 @@ def _refresh_table(
         check_not_purged(src, target, tb, wm)
         if not rows:
             break
+        first = isolate.has_malformed(rows)  # a malformed entry: hold it at once (engine/isolate.py)
         try:
-            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm))
-        except Exception as e:  # rejected for good: again, holding the changes at fault (engine/isolate.py)
-            if not isolate.permanent(tgt.dialect, e):
+            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=first))
+        except Exception as e:  # rejected for good: again, holding the changes at fault
+            if first or not isolate.permanent(tgt.dialect, e):
                 raise
             done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=True))
         if done is None:
