@@ -14,12 +14,13 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.core.errorqueue import is_version
+from multimaster.core.planner import Plan
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.store.errorqueue import Held
 
-__all__ = ["HELD", "hold_behind", "only_versions", "mark", "peer_of"]
+__all__ = ["HELD", "hold_behind", "only_versions", "mark", "peer_of", "rank_only", "rank_kept", "tombstone"]
 
 #: `applied` of a snapshot row held in the error queue
 HELD = 3
@@ -68,3 +69,31 @@ def hold_behind(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, 
         mark(conn, d, list(snaps.values()), ver)
         conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {d.caps.placeholder}", (ver,))
     return len(behind)
+
+
+def rank_only(p: Plan) -> None:
+    """Make the plan's new identities shadow rows alone: a held insert of a renumbered table keeps
+    its rank (so every key agrees with the other sites') while its row is absent."""
+    for st in p.rows.values():
+        if not st.existed:
+            st.values = None
+
+
+def rank_kept(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> int | None:
+    """The key identity `rid` ranks to when a held insert kept its rank here (its shadow row alive,
+    its table row absent), None otherwise."""
+    q = d.quote
+    ph = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT s.{d.key_col} FROM {d.obj(info.name).shadow} s WHERE s.rid = {ph} AND s.deleted IS NULL AND NOT EXISTS "
+        f"(SELECT 1 FROM {q(info.name)} t WHERE t.{q(info.key.name)} = s.{d.key_col})",
+        (rid,),
+    ).first()
+    return None if r is None else int(r[0])
+
+
+def tombstone(conn: Connection, d: Dialect, info: TableInfo, rid: str, ver: str) -> None:
+    """A held insert that kept its rank is skipped: its identity is deleted here (at its own
+    version), so this site holds a tombstone, not a row it never had."""
+    ph = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {d.obj(info.name).shadow} SET deleted = {ph} WHERE rid = {ph} AND deleted IS NULL", (ver, rid))

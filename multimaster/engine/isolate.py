@@ -27,7 +27,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import held
-from multimaster.engine.pull import store_batch
+from multimaster.engine.pull import log_select_columns, store_batch
 from multimaster.engine.reconcile import ReconcileResult, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
@@ -172,16 +172,21 @@ def _apply_one(
     if not is_version(h.ver):
         why = f"malformed change (ver={h.ver!r})"
     else:
+        # a held insert that kept its rank: its row goes in at the key it ranks to
+        key = held.rank_kept(conn, d, info, h.rid) if queued is not None and h.op == "I" and info.spec.renumber else None
         sp = conn.begin_nested()
         try:
-            r = reconcile_table(conn, site, info, peers, base_max, relay, only=[h.ver])
+            if key is not None:
+                r = _insert_at_rank(conn, site, info, peers, relay, h, key)
+            else:
+                r = reconcile_table(conn, site, info, peers, base_max, relay, only=[h.ver])
         except (DBAPIError, CorruptChange) as e:
             if not permanent(d, e):
                 raise
-            sp.rollback()
-            d.set_applying(conn, False)  # a session setting on some databases: a rollback keeps it
-            conn.exec_driver_sql(f"DELETE FROM {d.temp_rids(conn)}")
+            _rolled_back(conn, d, sp)
             why = describe(e)
+            if h.op == "I" and info.spec.renumber and queued is None:
+                _keep_rank(conn, site, info, peers, base_max, h)
         else:
             sp.commit()
             return r, None
@@ -191,6 +196,57 @@ def _apply_one(
         store.errorqueue.failed_again(conn, d, queued["id"], why, at)
     held.mark(conn, d, snaps, h.ver)
     return None, why
+
+
+def _rolled_back(conn: Connection, d: Dialect, sp: Any) -> None:
+    """Roll back to savepoint `sp`, and what a rollback does not undo everywhere: the capture
+    guard (a session setting on some databases) and the scratch table of identities."""
+    sp.rollback()
+    d.set_applying(conn, False)
+    conn.exec_driver_sql(f"DELETE FROM {d.temp_rids(conn)}")
+
+
+def _keep_rank(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int, h: Held) -> bool:
+    """A held insert of a renumbered table keeps its rank: its shadow row is written (the keys of
+    later identities shift as if it were here) and not its table row, so every key agrees with the
+    other sites' while it is held. Not relayed (a retry relays it). Returns whether it could."""
+    sp = conn.begin_nested()
+    try:
+        reconcile_table(conn, site, info, peers, base_max, [], only=[h.ver], rank_only=True)
+    except (DBAPIError, CorruptChange) as e:
+        if not permanent(site.dialect, e):
+            raise
+        _rolled_back(conn, site.dialect, sp)
+        return False
+    sp.commit()
+    return True
+
+
+def _insert_at_rank(
+    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None, h: Held, key: int
+) -> ReconcileResult:
+    """Retry a held insert that kept its rank: insert its row at `key` (the values its snapshot row
+    carries), relay it when peers need it, mark it applied."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    snaps = _snaps(d, info, peers)
+    snap = snaps[held.peer_of(conn, d, snaps, h.ver)]
+    cols = info.column_names
+    vals = conn.exec_driver_sql(f"SELECT {', '.join(q('n_' + c) for c in cols)} FROM {snap} WHERE ver = {ph}", (h.ver,)).first()
+    if vals is None:
+        raise CorruptChange(info.name, h.peer, h.ver, "the held insert is no longer in the snapshot")
+    d.lock_for_apply(conn, info)
+    d.set_applying(conn, True)
+    collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
+    conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *vals))
+    d.after_apply(conn, info)
+    if relay is None or h.origin in relay:
+        lcols = log_select_columns(site, info)
+        d.append_log(conn, info.name, lcols, select=f"SELECT {', '.join(lcols)} FROM {snap} WHERE ver = {ph}", params=(h.ver,))
+    d.set_applying(conn, False)
+    held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
+    return ReconcileResult(info.name, applied=1, inserted=1)
 
 
 @dataclass

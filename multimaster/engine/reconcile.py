@@ -88,6 +88,7 @@ def reconcile_table(
     relay: Sequence[str] | None = None,
     fresh: dict[str, int] | None = None,
     only: Sequence[str] | None = None,
+    rank_only: bool = False,
 ) -> ReconcileResult:
     """Apply every snapshot row not yet applied (from all `peers`) to the local table.
 
@@ -100,7 +101,8 @@ def reconcile_table(
     `only` (versions, checked by core.errorqueue.is_version): apply those snapshot rows alone, one
     by one through the planner, whatever `_mm_origins` says (the error queue's isolating mode and
     retries, engine/isolate.py). Otherwise a change of a row that has a change held in the error
-    queue waits behind it there (engine/held.py).
+    queue waits behind it there (engine/held.py). `rank_only`: new identities get their shadow row
+    (their rank) and no table row (a held insert, engine/isolate.py).
 
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
@@ -128,6 +130,8 @@ def reconcile_table(
     fr, rest = _apply_plain(conn, site, info, cands, base_max, res, isolating=only is not None)
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
+    if rank_only:
+        held.rank_only(p)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)

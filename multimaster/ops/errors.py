@@ -164,6 +164,9 @@ def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None
             if first["tbl"] in t.tables and first["op"] != "?":  # its snapshot rows: done with, on purpose
                 snaps = [s.dialect.obj(first["tbl"], p).snapshot() for p in t.peers_of(n)]
                 held.mark(conn, s.dialect, snaps, first["ver"], applied=1)
+                info = s.info(conn, first["tbl"], t)
+                if first["op"] == "I" and info.spec.renumber and held.rank_kept(conn, s.dialect, info, first["rid"]) is not None:
+                    held.tombstone(conn, s.dialect, info, first["rid"], first["ver"])  # its rank stays, as a deleted row's
             return store.errorqueue.chain(conn, s.dialect, first)
 
         rep = _report(_retry_at(cl, n, behind))
