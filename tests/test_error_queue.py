@@ -240,6 +240,79 @@ def test_skip_drops_one_logged_and_applies_what_waited(backend: Backend, tmp_pat
     cl.assert_converged()
 
 
+@pytest.mark.parametrize("then", ["retry", "skip"])
+def test_a_rejected_insert_keeps_its_rank(backend: Backend, tmp_path: Path, then: str) -> None:
+    """A held insert of a renumbered table keeps its rank at the site holding it: the keys of every
+    later row (received or inserted there) agree with the other sites' while it is held; a retry
+    inserts it at its key; a skip leaves its rank as a deleted row's."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('apple', 1)")
+    cl.refresh_until_quiet()
+    reject_negative_qty(cl, "s2")
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('bad', -1)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('plum', 3)")
+    cl.execute("s1", "UPDATE items SET qty = 2 WHERE name = 'bad'")
+    cl.refresh_until_quiet()
+    cl.execute("s2", "INSERT INTO items (name, qty) VALUES ('kiwi', 4)")  # an application at the holding site
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items") == [(1, "apple", 1), (2, "bad", 2), (3, "plum", 3), (4, "kiwi", 4)]
+    assert cl.rows("s2", "items") == [(1, "apple", 1), (3, "plum", 3), (4, "kiwi", 4)]
+    held = _errors(topo, "--site", "s2")
+    assert [(h["state"], h["op"], h["change"]["key"]) for h in held] == [("failed", "I", 2), ("waiting", "U", 2)]
+    if then == "retry":
+        allow_negative_qty(cl, "s2")
+        r = mm("errors", "retry", "-t", topo, "--site", "s2", "--id", str(held[0]["id"]))
+        assert r.returncode == 0, r.stdout + r.stderr
+        cl.refresh_until_quiet()
+        cl.assert_converged()
+    else:
+        r = mm("errors", "skip", "-t", topo, "--site", "s2", "--id", str(held[0]["id"]), "--reason", "not wanted here")
+        assert r.returncode == 0, r.stdout + r.stderr
+        cl.refresh_until_quiet()
+        assert cl.rows("s2", "items") == [(1, "apple", 1), (3, "plum", 3), (4, "kiwi", 4)]  # its rank stays free
+        cl.execute("s2", "INSERT INTO items (name, qty) VALUES ('fig', 5)")
+        cl.refresh_until_quiet()
+        assert cl.rows("s1", "items")[-1] == cl.rows("s2", "items")[-1] == (5, "fig", 5)
+    assert _errors(topo) == []
+
+
+def test_the_daemon_does_not_retry_a_held_change(backend: Backend, tmp_path: Path) -> None:
+    """Under the daemon, a rejected change is held once; the link keeps refreshing without an
+    error, later changes arrive, and the held change is not tried again (one attempt)."""
+    from multimaster.ops.daemon import Daemon
+
+    links = [{"from": a, "to": b, "interval": "100ms", "jitter": 0} for a, b in (("s1", "s2"), ("s2", "s1"))]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES, links=links)
+    _seed(cl)
+    reject_negative_qty(cl, "s2")
+    cl.execute("s1", "UPDATE items SET qty = -5 WHERE name = 'apple'")
+    d = Daemon(cl.topo, ["s2"])
+    d.start()
+    try:
+        _wait(lambda: api.list_errors(cl.topo), "the change to be held")
+        runs = d.stats.links["s1->s2"].runs
+        cl.execute("s1", "UPDATE items SET qty = 6 WHERE name = 'pear'")
+        _wait(lambda: cl.rows("s2", "items")[1] == (2, "pear", 6), "a later change to arrive")
+        _wait(lambda: d.stats.links["s1->s2"].runs >= runs + 5, "more refreshes of the link")
+    finally:
+        d.stop()
+    assert d.stats.links["s1->s2"].errors == 0
+    held = api.list_errors(cl.topo)
+    assert [(h["state"], h["attempts"]) for h in held] == [("failed", 1)]
+
+
+def _wait(cond: Any, what: str, deadline: float = 120.0) -> Any:
+    end = time.monotonic() + deadline
+    while time.monotonic() < end:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
 def _corrupt_log_entry(cl: TestCluster, site: str) -> None:
     """Make the newest entry of `site`'s change log of items malformed by hand (a version that is none)."""
     d = Site(site, cl.urls[site]).dialect
