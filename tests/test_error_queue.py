@@ -313,6 +313,33 @@ def _wait(cond: Any, what: str, deadline: float = 120.0) -> Any:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def test_reconcile_holds_a_rejected_change_pulled_without_reconciling(backend: Backend, tmp_path: Path) -> None:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    _seed(cl)
+    _reject_one(cl, "s2")
+    assert mm("refresh", "-t", topo, "--site", "s2", "--no-reconcile").returncode == 0
+    r = mm("reconcile", "-t", topo, "--site", "s2")
+    assert r.returncode == 0, r.stderr
+    assert cl.rows("s2", "items") == [(1, "apple", 1), (2, "pear", 7), (3, "plum", 3)]
+    assert [h["state"] for h in _errors(topo, "--site", "s2")] == ["failed", "waiting"]
+
+
+def test_init_adds_the_error_queue_to_a_site_installed_before_it(backend: Backend, tmp_path: Path) -> None:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    site = Site("s2", cl.urls["s2"])
+    with site.write() as conn:  # as an earlier version left it
+        conn.exec_driver_sql(f"DROP TABLE {site.dialect.mm_table('_mm_errors')}")
+    site.dispose()
+    r = mm("init", "-t", topo)
+    assert r.returncode == 0, r.stderr
+    _seed(cl)
+    _reject_one(cl, "s2")
+    cl.refresh_until_quiet()
+    assert [h["state"] for h in _errors(topo, "--site", "s2")] == ["failed", "waiting"]
+
+
 def _corrupt_log_entry(cl: TestCluster, site: str) -> None:
     """Make the newest entry of `site`'s change log of items malformed by hand (a version that is none)."""
     d = Site(site, cl.urls[site]).dialect

@@ -312,12 +312,18 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
             out[n] = {}
             for tb in t.tables:
 
-                def apply(conn: Connection, tb: str = tb) -> ReconcileResult:
+                def apply(conn: Connection, tb: str = tb, isolating: bool = False) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    return reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
+                    run = isolate.reconcile_isolating if isolating else reconcile_table
+                    return run(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
 
-                out[n][tb] = write_retrying(s, apply)
+                try:
+                    out[n][tb] = write_retrying(s, apply)
+                except Exception as e:  # rejected for good: again, holding the changes at fault
+                    if not isolate.permanent(s.dialect, e):
+                        raise
+                    out[n][tb] = write_retrying(s, functools.partial(apply, isolating=True))
         return out
     finally:
         if own:
