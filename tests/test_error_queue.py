@@ -340,6 +340,42 @@ def test_init_adds_the_error_queue_to_a_site_installed_before_it(backend: Backen
     assert [h["state"] for h in _errors(topo, "--site", "s2")] == ["failed", "waiting"]
 
 
+KEEP_APPLE = {
+    "sqlite": [
+        "CREATE TRIGGER keep_apple BEFORE DELETE ON items WHEN OLD.name = 'apple' BEGIN SELECT RAISE(ABORT, 'apple is kept'); END"
+    ],
+    "postgresql": [
+        "CREATE FUNCTION keep_apple() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+        "IF OLD.name = 'apple' THEN RAISE EXCEPTION 'apple is kept'; END IF; RETURN OLD; END $$",
+        "CREATE TRIGGER keep_apple BEFORE DELETE ON items FOR EACH ROW EXECUTE FUNCTION keep_apple()",
+    ],
+    "mysql": [
+        "CREATE TRIGGER keep_apple BEFORE DELETE ON items FOR EACH ROW BEGIN IF OLD.name = 'apple' THEN "
+        "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'apple is kept'; END IF; END"
+    ],
+}
+
+
+def test_an_application_trigger_rejecting_a_delete(backend: Backend, tmp_path: Path) -> None:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    _seed(cl)
+    for sql in KEEP_APPLE[backend.name]:
+        cl.execute("s2", sql)
+    cl.execute("s1", "DELETE FROM items WHERE name = 'apple'")
+    cl.execute("s1", "DELETE FROM items WHERE name = 'pear'")
+    cl.refresh_until_quiet()
+    assert cl.rows("s2", "items") == [(1, "apple", 1)]
+    held = _errors(topo, "--site", "s2")
+    assert [(h["state"], h["op"]) for h in held] == [("failed", "D")] and "apple is kept" in held[0]["error"]
+    cl.execute("s2", "DROP TRIGGER keep_apple" + (" ON items" if backend.name == "postgresql" else ""))
+    r = mm("errors", "retry", "-t", topo, "--all")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert cl.rows("s2", "items") == []
+
+
 def _corrupt_log_entry(cl: TestCluster, site: str) -> None:
     """Make the newest entry of `site`'s change log of items malformed by hand (a version that is none)."""
     d = Site(site, cl.urls[site]).dialect
