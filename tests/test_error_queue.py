@@ -376,6 +376,41 @@ def test_an_application_trigger_rejecting_a_delete(backend: Backend, tmp_path: P
     assert cl.rows("s2", "items") == []
 
 
+def test_held_changes_are_not_on_their_way_and_add_site_refuses_their_holder(sqlite_backend: Backend, tmp_path: Path) -> None:
+    """verify does not count a held change as in flight (it is a difference until retried or
+    skipped), and add-site will not copy a site that holds changes: its copy would lack them."""
+    import sqlalchemy as sa
+
+    from multimaster.spark.waiting import waiting_changes, waiting_reads
+
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    _seed(cl)
+    _reject_one(cl, "s2")
+    cl.refresh_until_quiet()
+    engines = {s: sa.create_engine(u) for s, u in cl.urls.items()}
+    try:
+        w = {(x.source, x.target): x for x in waiting_changes(cl.topo, "items", engines)}
+        assert w[("s1", "s2")].unapplied == 0
+        assert all(site != "s2" or "_mm_snap_" not in q for site, q in waiting_reads(cl.topo, "items", engines))
+    finally:
+        for e in engines.values():
+            e.dispose()
+    import yaml
+
+    url = sqlite_backend.new_site(tmp_path, "s3")
+    for tb, spec in TABLES.items():
+        sqlite_backend.create_table(url, tb, spec["key"], spec["columns"])
+    doc = yaml.safe_load(Path(topo).read_text())
+    doc["sites"]["s3"] = {"url": url}
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = mm("add-site", "-t", str(grown), "s3", "--from", "s2")
+    assert r.returncode == 1 and "error queue" in r.stderr and "errors retry" in r.stderr, r.stderr
+    assert cl.rows("s1", "items")  # nothing changed; from a site holding nothing it goes ahead
+    assert mm("add-site", "-t", str(grown), "s3", "--from", "s1").returncode == 0
+
+
 def _corrupt_log_entry(cl: TestCluster, site: str) -> None:
     """Make the newest entry of `site`'s change log of items malformed by hand (a version that is none)."""
     d = Site(site, cl.urls[site]).dialect
