@@ -16,6 +16,7 @@ from multimaster.dialects.schema import names
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
+from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.install import InitReport, init, uninstall
 from multimaster.ops.status import conflicts, status
 
@@ -30,6 +31,9 @@ __all__ = [
     "write_retrying",
     "status",
     "conflicts",
+    "list_errors",
+    "retry_errors",
+    "skip_error",
     "InitReport",
     "Cluster",
     "as_cluster",

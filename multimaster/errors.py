@@ -17,6 +17,7 @@ __all__ = [
     "CorruptChange",
     "ResolverError",
     "PurgedPastWatermark",
+    "ChangesHeld",
 ]
 
 
@@ -114,4 +115,16 @@ class PurgedPastWatermark(MultimasterError):
             f"(watermark {watermark}, purged up to {horizon}): '{target}' stayed away longer than the retention. "
             f"Re-instantiate it: multimaster remove-site -t FILE {target} --force, then "
             f"multimaster add-site -t FILE {target} --from {source} --replace"
+        )
+
+
+class ChangesHeld(MultimasterError):
+    """A site holds changes in its error queue (docs/errors.md) and an operation would copy its
+    state without them."""
+
+    def __init__(self, site: str, count: int, operation: str):
+        self.site = site
+        super().__init__(
+            f"site '{site}' holds {count} change(s) in its error queue, and {operation} would copy its rows without "
+            f"them. Apply or drop them first: multimaster errors -t FILE --site {site}, then 'errors retry' or 'errors skip'."
         )

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, execute
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute
 from multimaster.config.topology import load_topology
 
 
@@ -190,7 +190,9 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
     t = Table(title="sites")
     since = any("conflicts_since" in d for d in st["sites"].values())
     cols = (
-        ["site", "reachable", "rows", "change log", "tombstones", "conflicts"] + (["conflicts since"] if since else []) + ["url"]
+        ["site", "reachable", "rows", "change log", "tombstones", "conflicts"]
+        + (["conflicts since"] if since else [])
+        + ["held errors", "url"]
     )
     for c in cols:
         t.add_column(c)
@@ -206,6 +208,9 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         ]
         if since:
             row.append(str(d.get("conflicts_since", "-")))
+        errs = d.get("errors") or {}
+        held = errs.get("failed", 0) + errs.get("waiting", 0)
+        row.append("-" if not errs else f"[red]{held}[/]" if held else "0")
         t.add_row(*row, d["url"])
     lt = Table(title="links")
     for c in ("link", "waiting", "oldest waiting", "watermarks", "last success", "last error"):
@@ -235,7 +240,8 @@ def status(
     traceback: bool = TRACEBACK,
 ) -> None:
     """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
-    site: rows, log sizes, conflicts (and conflicts since --since).
+    site: rows, log sizes, conflicts (and conflicts since --since), changes held in the error
+    queue (exit 1 while some are held: see `multimaster errors`).
 
     Examples:
       multimaster status -t topo.yaml
@@ -244,18 +250,18 @@ def status(
     """
     from multimaster.ops.metrics import parse_since
 
-    def go() -> None:
+    def go() -> int:
         topo = load_topology(topology)
         since_at = parse_since(since)
         with api.Cluster(topo) as cl:
             st = api.status(cl, since=since_at)
             if as_json:
                 dump(st)
-                return
+                return _held_exit(st, as_json)
             if not watch:
                 for t in _status_tables(st):
                     console.print(t)
-                return
+                return _held_exit(st, as_json)
             import time
 
             from rich.console import Group
@@ -266,7 +272,22 @@ def status(
                     time.sleep(interval)
                     live.update(Group(*_status_tables(api.status(cl, since=since_at))))
 
-    execute(go, traceback)
+    raise typer.Exit(execute(go, traceback) or 0)
+
+
+def _held_exit(st: dict[str, Any], as_json: bool) -> int:
+    """1 when a site holds changes in its error queue (docs/errors.md), naming the command that
+    shows them on stderr; else 0."""
+    if not st.get("held_errors"):
+        return 0
+    err.print(
+        f"{st['held_errors']} change(s) held in the error queue: see them with 'multimaster errors -t FILE', "
+        "fix the cause, then 'multimaster errors retry -t FILE --all'",
+        markup=False,
+        highlight=False,
+        soft_wrap=True,
+    )
+    return 1
 
 
 def _side(r: dict[str, Any], side: str) -> str:

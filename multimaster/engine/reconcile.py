@@ -21,7 +21,7 @@ from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, pla
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import fastpath, uniques
+from multimaster.engine import fastpath, held, uniques
 from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
@@ -87,6 +87,8 @@ def reconcile_table(
     base_max: int,
     relay: Sequence[str] | None = None,
     fresh: dict[str, int] | None = None,
+    only: Sequence[str] | None = None,
+    rank_only: bool = False,
 ) -> ReconcileResult:
     """Apply every snapshot row not yet applied (from all `peers`) to the local table.
 
@@ -96,6 +98,12 @@ def reconcile_table(
     all) enter the local change log with their own version and origin and a second-order record,
     so the peers of this site pull them.
 
+    `only` (versions, checked by core.errorqueue.is_version): apply those snapshot rows alone, one
+    by one through the planner, whatever `_mm_origins` says (the error queue's isolating mode and
+    retries, engine/isolate.py). Otherwise a change of a row that has a change held in the error
+    queue waits behind it there (engine/held.py). `rank_only`: new identities get their shadow row
+    (their rank) and no table row (a held insert, engine/isolate.py).
+
     Runs inside the caller's write transaction; sets and resets the capture guard itself."""
     d = site.dialect
     res = ReconcileResult(info.name)
@@ -104,7 +112,9 @@ def reconcile_table(
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)
     # 1. candidates, one per version
-    cands = _candidates(conn, site, info, snaps, fresh)
+    cands = _candidates(conn, site, info, snaps, fresh, only)
+    if cands is not None and only is None and held.hold_behind(conn, d, info, snaps, cands.table):
+        cands = _recount(conn, d, cands)
     # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
     # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
@@ -120,9 +130,11 @@ def reconcile_table(
     # 1c. secondary UNIQUE sets: room for the changes that collide (engine/uniques.py)
     uq = uniques.before_apply(conn, site, info, cands.table)
     # 2. the plain changes, set-based
-    fr, rest = _apply_plain(conn, site, info, cands, base_max, res)
+    fr, rest = _apply_plain(conn, site, info, cands, base_max, res, isolating=only is not None)
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
+    if rank_only:
+        held.rank_only(p)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
     uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq)
     # 4. changes waiting for their row stay in the snapshots, to be tried again
@@ -182,7 +194,12 @@ def rank_local_keys(conn: Connection, site: Site, info: TableInfo, base_max: int
 
 
 def _candidates(
-    conn: Connection, site: Site, info: TableInfo, snaps: dict[str, str], fresh: dict[str, int] | None
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    snaps: dict[str, str],
+    fresh: dict[str, int] | None,
+    only: Sequence[str] | None = None,
 ) -> _Candidates | None:
     """Step 1: copy the new snapshot rows of every peer into a scratch table, one per version, less
     those already applied here (arrived over another route), and mark them applied in the
@@ -190,7 +207,7 @@ def _candidates(
     d = site.dialect
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
-    counts, selects = _new_rows(conn, d, info, snaps, lcols, fresh)
+    counts, selects = _new_rows(conn, d, info, snaps, lcols, fresh, only)
     sources = [p_ for p_, n in counts.items() if n]
     if not sources:
         return None
@@ -201,7 +218,7 @@ def _candidates(
         for p_ in sources:
             conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
     for p_ in sources:
-        conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0")
+        conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0{held.only_versions(only)}")
     per_origin = {
         o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")
     }
@@ -212,8 +229,25 @@ def _candidates(
     return _Candidates(cand, lcols, per_origin, total, sum(counts.values()))
 
 
+def _recount(conn: Connection, d: Dialect, cands: _Candidates) -> _Candidates | None:
+    """The candidates after some left them (held behind a change in the error queue): None, and
+    no scratch table, when none is left. `_mm_origins` still moves past the ones that left."""
+    total = conn.exec_driver_sql(f"SELECT count(*) FROM {cands.table}").scalar() or 0
+    if not total:
+        d.drop_temp(conn, cands.table)
+        return None
+    cands.total = int(total)
+    return cands
+
+
 def _new_rows(
-    conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], lcols: list[str], fresh: dict[str, int] | None
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    snaps: dict[str, str],
+    lcols: list[str],
+    fresh: dict[str, int] | None,
+    only: Sequence[str] | None = None,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Per peer, how many snapshot rows are new, and the SELECT of those not applied here yet.
 
@@ -225,20 +259,27 @@ def _new_rows(
     for p_, snap in snaps.items():
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
         new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
+        applied_here = store.origins.not_applied(d, info.name, "s")
+        if only is not None:  # these versions, whatever _mm_origins says
+            new_rows, applied_here = f"s.applied = 0{held.only_versions(only, 's.')}", "1 = 1"
         counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         # (table names are checked plain identifiers)
-        selects[p_] = (
-            f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND "
-            f"{store.origins.not_applied(d, info.name, 's')}"
-        )
+        selects[p_] = f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND {applied_here}"
     return counts, selects
 
 
 def _apply_plain(
-    conn: Connection, site: Site, info: TableInfo, cands: _Candidates, base_max: int, res: ReconcileResult
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    cands: _Candidates,
+    base_max: int,
+    res: ReconcileResult,
+    isolating: bool = False,
 ) -> tuple[fastpath.FastResult, str]:
     """Step 2: apply the plain changes set-based (fastpath.py) and count them in `res`. Returns what
-    the fast path did and the SELECT of the candidates left for the planner, in version order."""
+    the fast path did and the SELECT of the candidates left for the planner, in version order.
+    `isolating` (the error queue's isolating mode): no fast path, the planner takes them all."""
     d = site.dialect
     lcols = cands.columns
     cand = cands.table
@@ -246,7 +287,7 @@ def _apply_plain(
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows: where applications write the table meanwhile
     # (not single_writer), after locking every row the candidates touch (Capabilities.set_based_apply)
-    if fastpath.enabled() and d.caps.set_based_apply:
+    if fastpath.enabled() and d.caps.set_based_apply and not isolating:
         if not d.caps.single_writer:
             _lock_candidate_rows(conn, d, info, cand)
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, cands.total)

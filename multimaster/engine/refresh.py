@@ -17,7 +17,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import uniques
+from multimaster.engine import isolate, uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
@@ -140,7 +140,13 @@ def _refresh_table(
         check_not_purged(src, target, tb, wm)
         if not rows:
             break
-        done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm))
+        first = isolate.has_malformed(rows)  # a malformed entry: hold it at once (engine/isolate.py)
+        try:
+            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=first))
+        except Exception as e:  # rejected for good: again, holding the changes at fault
+            if first or not isolate.permanent(tgt.dialect, e):
+                raise
+            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=True))
         if done is None:
             continue
         res.pulled += done[0]
@@ -158,7 +164,12 @@ def _refresh_table(
         with tgt.read() as conn:
             todo = _unsettled(conn, link)
         if todo:
-            rr.add(write_retrying(tgt, functools.partial(_settle, link=link)))
+            try:
+                rr.add(write_retrying(tgt, functools.partial(_settle, link=link)))
+            except Exception as e:  # rejected for good: again, holding the changes at fault
+                if not isolate.permanent(tgt.dialect, e):
+                    raise
+                rr.add(write_retrying(tgt, functools.partial(_settle, link=link, isolating=True)))
     return rr
 
 
@@ -177,12 +188,14 @@ def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
     return None
 
 
-def _settle(conn: Connection, *, link: _LinkTable) -> ReconcileResult:
-    """In a write transaction at the target: what _unsettled found."""
+def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> ReconcileResult:
+    """In a write transaction at the target: what _unsettled found (`isolating`: change by change,
+    holding those rejected, engine/isolate.py)."""
     tgt, info = link.tgt, link.info
     todo = _unsettled(conn, link)
     if todo == "apply":
-        return reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info))
+        apply = isolate.reconcile_isolating if isolating else reconcile_table
+        return apply(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info))
     rr = ReconcileResult(info.name)
     if todo == "rank":
         rr.renumbered = rank_local_keys(conn, tgt, info, link.base_max)
@@ -190,16 +203,22 @@ def _settle(conn: Connection, *, link: _LinkTable) -> ReconcileResult:
 
 
 def _apply_batch(
-    conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]], wm: int
+    conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]], wm: int, isolating: bool = False
 ) -> tuple[int, ReconcileResult | None] | None:
     """In the target's write transaction: store the pulled `rows` in the snapshot, move the
     watermark past them, reconcile (when asked) and record the link's statistics. Returns (changes
     stored, what reconciling did), or None when another refresher moved the watermark from `wm`
-    meanwhile (read again)."""
+    meanwhile (read again). `isolating`: the batch was rejected for good; hold the changes at
+    fault in the error queue and apply the rest (engine/isolate.py)."""
     tgt, source, tb, info = link.tgt, link.source, link.table, link.info
     if store.watermarks.read(conn, tgt.dialect, source, tb) != wm:
         return None  # another refresher moved it: read again
     _check_clock_offset(link, rows)
+    if isolating:
+        relay = relay_origins(link.topo, link.target, info)
+        n, ir = isolate.apply_batch(conn, tgt, info, source, rows, link.peers, link.base_max, relay, link.reconcile_)
+        store.links.stats(conn, tgt.dialect, source, n, ir.applied if ir else 0, len(ir.conflicts) if ir else 0, now_iso())
+        return n, ir
     stored, last, lowest = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
     store.watermarks.write(conn, tgt.dialect, source, tb, last)
     if link.reconcile_:
@@ -295,12 +314,18 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
             out[n] = {}
             for tb in t.tables:
 
-                def apply(conn: Connection, tb: str = tb) -> ReconcileResult:
+                def apply(conn: Connection, tb: str = tb, isolating: bool = False) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    return reconcile_table(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
+                    run = isolate.reconcile_isolating if isolating else reconcile_table
+                    return run(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
 
-                out[n][tb] = write_retrying(s, apply)
+                try:
+                    out[n][tb] = write_retrying(s, apply)
+                except Exception as e:  # rejected for good: again, holding the changes at fault
+                    if not isolate.permanent(s.dialect, e):
+                        raise
+                    out[n][tb] = write_retrying(s, functools.partial(apply, isolating=True))
         return out
     finally:
         if own:

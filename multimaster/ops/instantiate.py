@@ -42,7 +42,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, NotInstalled, SchemaError
+from multimaster.errors import ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
 from multimaster.ops.install import uninstall
 from multimaster.ops.status import status
 
@@ -166,6 +166,10 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
     for s in {*sources, *pullers, peer}:
         with cl.site(s).read() as conn:
             cl.site(s).require_installed(conn, t)
+    with psite.read() as conn:  # its copy would lack the changes it holds (docs/errors.md)
+        held = store.errorqueue.counts(conn, psite.dialect)
+    if held["failed"] + held["waiting"]:
+        raise ChangesHeld(peer, held["failed"] + held["waiting"], f"add-site {name} --from {peer}")
     with nsite.read() as conn:
         installed = nsite.installed_tables(conn)
     if installed and replace:

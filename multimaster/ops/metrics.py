@@ -185,6 +185,8 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             d.get("conflicts_since"),
             site=n,
         )
+        for state, n_ in (d.get("errors") or {}).items():
+            o.add("multimaster_error_queue_changes", "gauge", "Changes in the error queue, per state.", n_, site=n, state=state)
         for tb, t in (d.get("tables") or {}).items():
             o.add("multimaster_change_log_entries", "gauge", "Entries in the change log.", t.get("log"), site=n, table=tb)
             o.add(

@@ -42,7 +42,7 @@ def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -
                 wm = _watermark(tc, t_url, ln.source, table)
                 snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
                 try:
-                    unapplied = tc.execute(sa.text(f"SELECT count(*) FROM {snap} WHERE applied <> 1")).scalar_one()
+                    unapplied = tc.execute(sa.text(f"SELECT count(*) FROM {snap} WHERE applied NOT IN (1, 3)")).scalar_one()
                 except sa.exc.DBAPIError:
                     tc.rollback()
                     unapplied = 0  # no snapshot table yet: nothing pulled, nothing waiting there
@@ -82,7 +82,7 @@ def waiting_reads(topo: Topology, table: str, engines: dict[str, sa.Engine]) -> 
         with engines[ln.target].connect() as tc:
             wm = int(_watermark(tc, t_url, ln.source, table))
             try:
-                oldest = tc.execute(sa.text(f"SELECT min(pseq) FROM {snap} WHERE applied <> 1")).scalar()
+                oldest = tc.execute(sa.text(f"SELECT min(pseq) FROM {snap} WHERE applied NOT IN (1, 3)")).scalar()
             except sa.exc.DBAPIError:  # no snapshot yet: nothing pulled, nothing waiting there
                 tc.rollback()
                 oldest = None

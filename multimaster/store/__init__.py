@@ -11,7 +11,8 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.fences` ``_mm_fences``: observations of the other sites, what tombstones
   and conflict-log rows are purged with;
 - :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
-- :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts.
+- :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts;
+- :mod:`~multimaster.store.errorqueue` ``_mm_errors``: the error queue (changes held, not applied).
 
 Every function takes ``(conn, d: Dialect, ...)`` and builds its SQL with the dialect's syntax only
 (placeholder, quoting, upsert, qualified names). What is database mechanics stays in the dialect:
@@ -24,9 +25,9 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
-from multimaster.store import conflicts, fences, links, origins, purges, tables, verifications, watermarks
+from multimaster.store import conflicts, errorqueue, fences, links, origins, purges, tables, verifications, watermarks
 
-__all__ = ["conflicts", "fences", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
+__all__ = ["conflicts", "errorqueue", "fences", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
 
 
 def install(conn: Connection, d: Dialect) -> None:

@@ -58,7 +58,7 @@ def forget(conn: Connection, d: Dialect, peer: str) -> None:
 
 def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int, str | None]:
     """Changes of `peer` in this site's snapshot not applied yet: how many, the oldest version."""
-    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {d.obj(table, peer).snap} WHERE applied <> 1").first()
+    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {d.obj(table, peer).snap} WHERE applied NOT IN (1, 3)").first()
     return (int(r[0] or 0), r[1]) if r else (0, None)
 
 

@@ -67,6 +67,26 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   decision VARCHAR(32) NOT NULL
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
+-- The error queue (docs/errors.md): changes this site rejected (failed), and later changes of the
+-- same row waiting behind them; skipped ones stay, with the reason.
+CREATE TABLE IF NOT EXISTS _mm_errors (
+  id BIGINT AUTO_INCREMENT PRIMARY KEY,
+  tbl VARCHAR(64) NOT NULL,
+  peer VARCHAR(64) NOT NULL,
+  ver VARCHAR(255) NOT NULL,
+  origin VARCHAR(64) NOT NULL,
+  rid VARCHAR(255) NOT NULL,
+  op VARCHAR(8) NOT NULL,
+  state VARCHAR(16) NOT NULL,
+  blocked_by BIGINT,
+  error TEXT,
+  first_at VARCHAR(32) NOT NULL,
+  last_at VARCHAR(32) NOT NULL,
+  attempts INT NOT NULL DEFAULT 1,
+  reason TEXT,
+  INDEX _mm_errors_rid (tbl, rid)
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
 -- The clock (docs/mysql.md "How capture works with many writers"). A change-log entry's position
 -- is a value of this table's AUTO_INCREMENT, drawn by the transaction that writes the entry
 -- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its

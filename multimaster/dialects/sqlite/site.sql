@@ -51,3 +51,24 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   policy TEXT NOT NULL,
   decision TEXT NOT NULL
 );
+--
+-- The error queue (docs/errors.md): changes this site rejected (failed), and later changes of the
+-- same row waiting behind them; skipped ones stay, with the reason.
+CREATE TABLE IF NOT EXISTS _mm_errors (
+  id INTEGER PRIMARY KEY,
+  tbl TEXT NOT NULL,
+  peer TEXT NOT NULL,
+  ver TEXT NOT NULL,
+  origin TEXT NOT NULL,
+  rid TEXT NOT NULL,
+  op TEXT NOT NULL,
+  state TEXT NOT NULL,
+  blocked_by INTEGER,
+  error TEXT,
+  first_at TEXT NOT NULL,
+  last_at TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 1,
+  reason TEXT
+);
+--
+CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm_errors (tbl, rid);

@@ -1,0 +1,187 @@
+"""`multimaster errors`: the error queue (docs/errors.md) — list the changes held, `retry` them once
+the cause is fixed, `skip` one on purpose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.table import Table
+
+from multimaster import api
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute
+from multimaster.config.topology import load_topology
+from multimaster.errors import ConfigError
+
+__all__ = ["register", "errors_app"]
+
+errors_app = typer.Typer(
+    help="The error queue: changes a site rejected, held there; list (default), retry, skip.", no_args_is_help=False
+)
+
+
+def _what(r: dict[str, Any]) -> str:
+    ch = r.get("change")
+    if r["op"] == "?":
+        return "malformed entry"
+    if not ch:
+        return r["op"]
+    vals = ", ".join(f"{k}={v!r}" for k, v in ch["values"].items())
+    return f"{r['op']} key {ch['key']}" + (f": {vals}" if vals else "")
+
+
+def _state(r: dict[str, Any]) -> str:
+    if r["state"] == "waiting":
+        return f"waiting behind #{r['blocked_by']}"
+    if r["state"] == "skipped":
+        return f"skipped: {r.get('reason') or ''}"
+    return "failed"
+
+
+def _table(rows: list[dict[str, Any]]) -> Table:
+    t = Table(title="error queue")
+    for c in ("site", "id", "table", "state", "change", "from", "version", "error", "first", "last", "attempts"):
+        t.add_column(c, overflow="fold")
+    for r in rows:
+        t.add_row(
+            r["site"],
+            str(r["id"]),
+            r["table"],
+            _state(r),
+            _what(r),
+            f"{r['origin']} via {r['peer']}" if r["origin"] != r["peer"] else r["origin"],
+            r["ver"],
+            r.get("error") or "-",
+            r["first_at"],
+            r["last_at"],
+            str(r["attempts"]),
+        )
+    return t
+
+
+def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool, as_json: bool, traceback: bool) -> None:
+    def go() -> None:
+        rows = api.list_errors(load_topology(topology), site, table, include_skipped=all_)
+        if as_json:
+            dump(rows)
+            return
+        if not rows:
+            console.print("no change is held in the error queue", highlight=False)
+            return
+        console.print(_table(rows))
+        if any(r["state"] in ("failed", "waiting") for r in rows):
+            console.print(
+                f"fix the cause, then: multimaster errors retry -t {topology} --all   "
+                f"(or drop one: multimaster errors skip -t {topology} --site SITE --id N --reason TEXT)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+
+    execute(go, traceback)
+
+
+SITE = typer.Option(None, "--site", help="Only this site's queue.")
+JSON = typer.Option(False, "--json", help="Print as JSON.")
+
+
+@errors_app.callback(invoke_without_command=True)
+def errors(
+    ctx: typer.Context,
+    topology: Optional[Path] = typer.Option(None, "-t", "--topology", help="Topology file (YAML)."),
+    site: Optional[str] = SITE,
+    table: Optional[str] = typer.Option(None, "--table", help="Only this table's changes."),
+    all_: bool = typer.Option(False, "--all", help="Also the skipped changes (with their reason)."),
+    as_json: bool = JSON,
+    traceback: bool = TRACEBACK,
+) -> None:
+    """The changes held in the error queue of every site: the change, the database's error, when,
+    and the changes of the same row waiting behind it. Exits 0.
+
+    Examples:
+      multimaster errors -t topo.yaml
+      multimaster errors -t topo.yaml --site s2 --json
+      multimaster errors retry -t topo.yaml --all
+      multimaster errors skip -t topo.yaml --site s2 --id 3 --reason "row was removed by hand"
+    """
+    if ctx.invoked_subcommand is not None:
+        return
+    if topology is None:
+        execute(_topology_required, traceback)
+        return
+    _list(topology, site, table, all_, as_json, traceback)
+
+
+def _topology_required() -> None:
+    raise ConfigError(["errors: -t/--topology FILE is required"])
+
+
+@errors_app.command("list")
+def list_(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = SITE,
+    table: Optional[str] = typer.Option(None, "--table", help="Only this table's changes."),
+    all_: bool = typer.Option(False, "--all", help="Also the skipped changes (with their reason)."),
+    as_json: bool = JSON,
+    traceback: bool = TRACEBACK,
+) -> None:
+    """The same as `multimaster errors`: the changes held in the error queue."""
+    _list(topology, site, table, all_, as_json, traceback)
+
+
+def _print_report(reps: list[dict[str, Any]], as_json: bool) -> int:
+    if as_json:
+        dump(reps)
+    else:
+        for r in reps:
+            line = f"{r['site']}: applied {len(r['applied'])}"
+            if r.get("skipped") is not None:
+                line = f"{r['site']}: skipped #{r['skipped']}; then applied {len(r['applied'])} waiting behind it"
+            console.print(line + (f" ({', '.join('#' + str(i) for i in r['applied'])})" if r["applied"] else ""), markup=False)
+            for i, why in r["held"].items():
+                console.print(f"{r['site']}: #{i} still held: {why}", markup=False, highlight=False, soft_wrap=True)
+    return 1 if any(r["held"] for r in reps) else 0
+
+
+@errors_app.command("retry")
+def retry(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = SITE,
+    id_: Optional[int] = typer.Option(None, "--id", help="This change (and the changes of its row waiting behind it)."),
+    all_: bool = typer.Option(False, "--all", help="Every held change (of --site, or of every site)."),
+    as_json: bool = JSON,
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Apply held changes again, once their cause is fixed, in version order. A change that applies
+    leaves the queue; one rejected again stays with the new error (exit 1).
+
+    Examples:
+      multimaster errors retry -t topo.yaml --all
+      multimaster errors retry -t topo.yaml --site s2 --id 3
+    """
+    code = execute(lambda: _print_report(api.retry_errors(load_topology(topology), site, id_, all_), as_json), traceback)
+    raise typer.Exit(code)
+
+
+@errors_app.command("skip")
+def skip(
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = SITE,
+    id_: int = typer.Option(..., "--id", help="The held change to drop."),
+    reason: str = typer.Option(..., "--reason", help="Why (kept in the queue with the time)."),
+    as_json: bool = JSON,
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Drop a held change on purpose: it is never applied at this site; the queue keeps it as
+    `skipped` with the reason and the time. The changes of its row waiting behind it are applied.
+
+    Examples:
+      multimaster errors skip -t topo.yaml --site s2 --id 3 --reason "price fixed by hand"
+    """
+    code = execute(lambda: _print_report([api.skip_error(load_topology(topology), id_, reason, site)], as_json), traceback)
+    raise typer.Exit(code)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(errors_app, name="errors")

@@ -1,0 +1,99 @@
+"""Changes held in the error queue (docs/errors.md), as the reconciler sees them: a change of a row
+that has a change held waits behind it, and what marks a held change in its snapshot.
+
+A held change's snapshot row is ``applied = 3`` (not applied, not tried again by a refresh: only
+``multimaster errors retry`` applies it, engine/isolate.py). The queue's rows are
+:mod:`multimaster.store.errorqueue`'s.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sqlalchemy.engine import Connection
+
+from multimaster import store
+from multimaster.core.errorqueue import is_version
+from multimaster.core.planner import Plan
+from multimaster.core.versions import now_iso
+from multimaster.dialects import Dialect
+from multimaster.dialects.schema import TableInfo
+from multimaster.store.errorqueue import Held
+
+__all__ = ["HELD", "hold_behind", "only_versions", "mark", "peer_of", "rank_only", "rank_kept", "tombstone"]
+
+#: `applied` of a snapshot row held in the error queue
+HELD = 3
+
+
+def only_versions(only: Sequence[str] | None, prefix: str = "") -> str:
+    """SQL: `` AND <prefix>ver IN (...)`` for `only` ('' for None). Every version must pass
+    core.errorqueue.is_version (digits, ':' and a site name: safe as a literal)."""
+    if only is None:
+        return ""
+    bad = [v for v in only if not is_version(v)]
+    if bad or not only:
+        raise ValueError(f"not versions: {bad or only!r}")
+    return f" AND {prefix}ver IN ({', '.join(repr(str(v)) for v in only)})"
+
+
+def mark(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str, applied: int = HELD) -> None:
+    """Set `applied` of the snapshot rows of `ver` (in every snapshot of `snaps`)."""
+    for snap in snaps:
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = {int(applied)} WHERE ver = {d.caps.placeholder}", (ver,))
+
+
+def peer_of(conn: Connection, d: Dialect, snaps: dict[str, str], ver: str) -> str:
+    """The first peer (in `snaps`' order) whose snapshot holds `ver`."""
+    for peer, snap in snaps.items():
+        if conn.exec_driver_sql(f"SELECT 1 FROM {snap} WHERE ver = {d.caps.placeholder}", (ver,)).first() is not None:
+            return peer
+    return next(iter(snaps))
+
+
+def hold_behind(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], cand: str) -> int:
+    """The candidates in `cand` whose row has a change held in the error queue wait behind it:
+    queued as ``waiting`` (blocked_by the row's earliest held change), their snapshot rows
+    ``applied = 3``, removed from `cand`. Returns how many (0, reading one row, when the table has
+    nothing held)."""
+    if not store.errorqueue.any_open(conn, d, info.name):
+        return 0
+    behind = conn.exec_driver_sql(
+        f"SELECT ver, origin, rid, op FROM {cand} WHERE rid IN ({store.errorqueue.open_rids(d, info.name)}) ORDER BY ver"
+    ).all()
+    at = now_iso()
+    for ver, origin, rid, op in behind:
+        first = store.errorqueue.blocker(conn, d, info.name, rid)
+        h = Held(info.name, peer_of(conn, d, snaps, ver), ver, origin, rid, op)
+        store.errorqueue.hold(conn, d, h, "waiting", at, blocked_by=first)
+        mark(conn, d, list(snaps.values()), ver)
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {d.caps.placeholder}", (ver,))
+    return len(behind)
+
+
+def rank_only(p: Plan) -> None:
+    """Make the plan's new identities shadow rows alone: a held insert of a renumbered table keeps
+    its rank (so every key agrees with the other sites') while its row is absent."""
+    for st in p.rows.values():
+        if not st.existed:
+            st.values = None
+
+
+def rank_kept(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> int | None:
+    """The key identity `rid` ranks to when a held insert kept its rank here (its shadow row alive,
+    its table row absent), None otherwise."""
+    q = d.quote
+    ph = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT s.{d.key_col} FROM {d.obj(info.name).shadow} s WHERE s.rid = {ph} AND s.deleted IS NULL AND NOT EXISTS "
+        f"(SELECT 1 FROM {q(info.name)} t WHERE t.{q(info.key.name)} = s.{d.key_col})",
+        (rid,),
+    ).first()
+    return None if r is None else int(r[0])
+
+
+def tombstone(conn: Connection, d: Dialect, info: TableInfo, rid: str, ver: str) -> None:
+    """A held insert that kept its rank is skipped: its identity is deleted here (at its own
+    version), so this site holds a tombstone, not a row it never had."""
+    ph = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {d.obj(info.name).shadow} SET deleted = {ph} WHERE rid = {ph} AND deleted IS NULL", (ver, rid))

@@ -1,0 +1,217 @@
+"""``_mm_errors``: the error queue (docs/errors.md). One row per change this site held instead of
+applying: ``failed`` (the database rejected it: the error text, when first and last, how many
+attempts), ``waiting`` (a later change of a row whose earlier change is held; ``blocked_by`` names
+the row it waits behind), ``skipped`` (dropped on purpose by ``multimaster errors skip``, with the
+reason). The change itself stays in the snapshot it came in, ``applied = 3``; a change-log entry
+too malformed to be stored there (``op = '?'``) is described in ``error`` alone.
+
+The table is created by each dialect's site template (``init`` adds it to a site installed before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from sqlalchemy.engine import Connection
+
+from multimaster.dialects.base import Dialect
+
+__all__ = [
+    "Held",
+    "OPEN",
+    "hold",
+    "blocker",
+    "any_open",
+    "open_rids",
+    "rows",
+    "get",
+    "chain",
+    "failed_again",
+    "release",
+    "skip",
+    "counts",
+]
+
+#: the states of a change still held (retried by `errors retry`); `skipped` rows are history
+OPEN = ("failed", "waiting")
+
+_COLS = (
+    "id",
+    "tbl",
+    "peer",
+    "ver",
+    "origin",
+    "rid",
+    "op",
+    "state",
+    "blocked_by",
+    "error",
+    "first_at",
+    "last_at",
+    "attempts",
+    "reason",
+)
+
+
+@dataclass(frozen=True)
+class Held:
+    """One change to hold: where it came from and what it is."""
+
+    table: str
+    peer: str
+    ver: str
+    origin: str
+    rid: str
+    op: str
+
+
+def _t(d: Dialect) -> str:
+    return d.mm_table("_mm_errors")
+
+
+def hold(
+    conn: Connection, d: Dialect, h: Held, state: str, at: str, error: str | None = None, blocked_by: int | None = None
+) -> int:
+    """Queue `h` as `state` ('failed' with the database's `error`, or 'waiting' behind the row
+    `blocked_by`). Returns its id. A change queued already (the same table and version, still
+    open) is updated instead: its error, last time and attempts."""
+    p = d.caps.placeholder
+    t = _t(d)
+    cur = conn.exec_driver_sql(
+        f"SELECT id FROM {t} WHERE tbl = {p} AND ver = {p} AND state IN ('failed', 'waiting')", (h.table, h.ver)
+    ).first()
+    if cur is not None:
+        conn.exec_driver_sql(
+            f"UPDATE {t} SET state = {p}, error = {p}, blocked_by = {p}, last_at = {p}, attempts = attempts + 1 WHERE id = {p}",
+            (state, _cut(error), blocked_by, at, cur[0]),
+        )
+        return int(cur[0])
+    conn.exec_driver_sql(
+        f"INSERT INTO {t} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts) "
+        f"VALUES ({d.ph(11)}, 1)",
+        (h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, blocked_by, _cut(error), at, at),
+    )
+    return int(conn.exec_driver_sql(f"SELECT max(id) FROM {t} WHERE tbl = {p} AND ver = {p}", (h.table, h.ver)).scalar_one())
+
+
+def _cut(msg: str | None) -> str | None:
+    return None if msg is None else msg[:2000]
+
+
+def any_open(conn: Connection, d: Dialect, table: str) -> bool:
+    """Whether `table` has a change held here (failed or waiting)."""
+    return (
+        conn.exec_driver_sql(
+            f"SELECT 1 FROM {_t(d)} WHERE tbl = {d.caps.placeholder} AND state IN ('failed', 'waiting') LIMIT 1", (table,)
+        ).first()
+        is not None
+    )
+
+
+def open_rids(d: Dialect, table: str) -> str:
+    """SQL: the identities of `table` with a change held (`table` is a checked plain identifier)."""
+    return f"SELECT rid FROM {_t(d)} WHERE tbl = '{table}' AND state IN ('failed', 'waiting')"
+
+
+def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
+    """The id of the earliest held change of identity `rid` of `table` (later changes of the row
+    wait behind it), None when none is held."""
+    p = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT id FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND state IN ('failed', 'waiting') ORDER BY ver LIMIT 1",
+        (table, rid),
+    ).first()
+    return None if r is None else int(r[0])
+
+
+def rows(
+    conn: Connection, d: Dialect, table: str | None = None, states: Sequence[str] = OPEN, ids: Sequence[int] = ()
+) -> list[dict[str, Any]]:
+    """The queue's rows (of `table`, in `states`, or with `ids`), in version order per table."""
+    p = d.caps.placeholder
+    where = [f"state IN ({', '.join([p] * len(states))})"]
+    params: list[Any] = list(states)
+    if table is not None:
+        where.append(f"tbl = {p}")
+        params.append(table)
+    if ids:
+        where.append(f"id IN ({', '.join([p] * len(ids))})")
+        params += list(ids)
+    sql = f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE {' AND '.join(where)} ORDER BY tbl, ver, id"
+    return [dict(zip(_COLS, r)) for r in conn.exec_driver_sql(sql, tuple(params))]
+
+
+def get(conn: Connection, d: Dialect, id_: int) -> dict[str, Any] | None:
+    """The row `id_`, None when there is none."""
+    r = conn.exec_driver_sql(f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE id = {d.caps.placeholder}", (id_,)).first()
+    return None if r is None else dict(zip(_COLS, r))
+
+
+def chain(conn: Connection, d: Dialect, first: dict[str, Any]) -> list[dict[str, Any]]:
+    """The held change `first` and every open change of its row after it, in version order."""
+    p = d.caps.placeholder
+    return [
+        dict(zip(_COLS, r))
+        for r in conn.exec_driver_sql(
+            f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND ver >= {p} "
+            "AND state IN ('failed', 'waiting') ORDER BY ver, id",
+            (first["tbl"], first["rid"], first["ver"]),
+        )
+    ]
+
+
+def failed_again(conn: Connection, d: Dialect, id_: int, error: str, at: str) -> None:
+    """A retry of `id_` failed: it is `failed` (again), with this error."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {_t(d)} SET state = 'failed', blocked_by = NULL, error = {p}, last_at = {p}, attempts = attempts + 1 "
+        f"WHERE id = {p}",
+        (_cut(error), at, id_),
+    )
+
+
+def waits_behind(conn: Connection, d: Dialect, id_: int, blocked_by: int, at: str) -> None:
+    """`id_` waits (again) behind `blocked_by`."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {_t(d)} SET state = 'waiting', blocked_by = {p}, last_at = {p} WHERE id = {p}", (blocked_by, at, id_)
+    )
+
+
+def release(conn: Connection, d: Dialect, id_: int) -> None:
+    """`id_` was applied: it leaves the queue."""
+    conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE id = {d.caps.placeholder}", (id_,))
+
+
+def skip(conn: Connection, d: Dialect, id_: int, reason: str, at: str) -> None:
+    """`id_` is dropped on purpose: state `skipped`, with `reason`, at `at` (kept as history)."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {_t(d)} SET state = 'skipped', reason = {p}, last_at = {p}, blocked_by = NULL WHERE id = {p}",
+        (reason, at, id_),
+    )
+
+
+def counts(conn: Connection, d: Dialect) -> dict[str, int]:
+    """How many rows per state ('failed', 'waiting', 'skipped')."""
+    out = dict.fromkeys(("failed", "waiting", "skipped"), 0)
+    for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
+        out[str(state)] = int(n)
+    return out
+
+
+def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, columns: Sequence[str]) -> dict[str, Any] | None:
+    """The held change `ver` as its snapshot (of `peer`) holds it: its key and the new values of
+    the columns it set (`columns`: the replicated columns, bit i of the mask = columns[i]); None
+    when the snapshot does not hold it (a malformed entry is not stored)."""
+    ncols = ", ".join(d.quote("n_" + c) for c in columns)
+    r = conn.exec_driver_sql(
+        f"SELECT {d.key_col}, mask{', ' + ncols if ncols else ''} FROM {d.obj(table, peer).snapshot()} "
+        f"WHERE ver = {d.caps.placeholder}",
+        (ver,),
+    ).first()
+    if r is None:
+        return None
+    mask = int(r[1] or 0)
+    return {"key": r[0], "values": {c: r[2 + i] for i, c in enumerate(columns) if mask >> i & 1}}
