@@ -89,6 +89,7 @@ class MySQLDialect(Dialect):
         #: make them deadlock victims (measured); the planner's path locks rows in key order first
         set_based_apply=False,
         concurrent_capture=True,  # positions below _mm_horizon; keys from a counter
+        txn_column=True,  # txn: connection and epoch of its slots (site.sql _mm_slots, docs/transactions.md)
         daemon_lock_sql="SELECT GET_LOCK(%s, 0)",
         serial_pk="BIGINT AUTO_INCREMENT PRIMARY KEY",
         log_rid_column="rid",
@@ -235,7 +236,10 @@ class MySQLDialect(Dialect):
         before the row is inserted): a slot not created through the table's gate passes it first
         (LOCK IN SHARE MODE), so a local insert cannot start while the reconciler holds the gate
         (lock_writers); updates and deletes, which have locked their row already, never wait there.
-        The session variable is 1 for a slot known to exist, 2 once it passed the gate."""
+        The session variable is 1 for a slot known to exist, 2 once it passed the gate.
+        Then the connection's epoch goes to @mm_x (its row of _mm_conns locked in share mode until
+        the transaction ends, so no reader moves it meanwhile): the entry's txn is the connection
+        and that epoch (docs/transactions.md)."""
         t, flag = _lit(table), self._slot_flag(table)
         upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = {t} AND conn = CONNECTION_ID();"
         known = f"{flag} = 2" if gated else f"{flag} >= 1"
@@ -250,6 +254,12 @@ class MySQLDialect(Dialect):
             "  END IF;",
             f"  SET {flag} = {2 if gated else 1};",
             "END IF;",
+            # the transaction's epoch (site.sql _mm_conns): held in share mode until it ends
+            "IF @mm_c IS NULL THEN",
+            "  INSERT IGNORE INTO _mm_conns (conn, epoch) VALUES (CONNECTION_ID(), 0);",
+            "  SET @mm_c = 1;",
+            "END IF;",
+            "SELECT epoch INTO @mm_x FROM _mm_conns WHERE conn = CONNECTION_ID() LOCK IN SHARE MODE;",
         ]
         return "\n      ".join(lines)
 

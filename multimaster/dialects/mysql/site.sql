@@ -113,6 +113,19 @@ CREATE TABLE IF NOT EXISTS _mm_slots (
   PRIMARY KEY (tbl, conn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
+-- Epochs (docs/transactions.md): one row per connection that captured a change. A capturing
+-- transaction reads its connection's epoch at every draw, locking the row in share mode until it
+-- ends, and records the connection and that epoch as each entry's txn (capture.sql): every entry of
+-- one transaction has the same txn. A reader (_mm_horizon) gives every connection whose row it can
+-- lock at once (FOR UPDATE SKIP LOCKED: not inside a capturing transaction) a new epoch, so
+-- transactions of one connection that a horizon separates get different txns. Two transactions of
+-- one connection no horizon ran between may share one: they are applied together, which keeps
+-- each whole.
+CREATE TABLE IF NOT EXISTS _mm_conns (
+  conn BIGINT UNSIGNED PRIMARY KEY,
+  epoch BIGINT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
 -- The gate of a table's slots: a local insert into a renumbered table whose connection's slot
 -- did not pass it yet locks the table's row here in SHARE MODE before it draws (in a table of its
 -- own: a trigger that also writes _mm_slots would turn a shared read of _mm_slots into an
@@ -141,7 +154,7 @@ CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
   MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
   DECLARE c0, g, hz, top BIGINT;
-  DECLARE free, seen LONGTEXT;
+  DECLARE free, seen, idle LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
   INSERT INTO _mm_tick (t) VALUES (NULL);
@@ -157,6 +170,18 @@ BEGIN
   SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
    WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
   COMMIT;
+  -- (d) new epochs for the connections not inside a capturing transaction (their _mm_conns row is
+  -- free): READ COMMITTED, so the UPDATE passes over the rows others hold without waiting for them
+  -- (semi-consistent read: their committed conn is not in the list)
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SET @mm_gcl = @@session.group_concat_max_len;
+  SET SESSION group_concat_max_len = 4294967295;
+  SELECT GROUP_CONCAT(conn) INTO idle FROM _mm_conns FOR UPDATE SKIP LOCKED;
+  IF idle IS NOT NULL THEN
+    UPDATE _mm_conns SET epoch = c0 WHERE FIND_IN_SET(conn, idle);
+  END IF;
+  COMMIT;
+  SET SESSION group_concat_max_len = @mm_gcl;
   SET SESSION tx_isolation = iso;
   SET hz = LEAST(c0, coalesce(g, c0));
   -- at most once a second per reading session: the clock's rows below the horizon (their
