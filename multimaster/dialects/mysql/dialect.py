@@ -237,29 +237,26 @@ class MySQLDialect(Dialect):
         (LOCK IN SHARE MODE), so a local insert cannot start while the reconciler holds the gate
         (lock_writers); updates and deletes, which have locked their row already, never wait there.
         The session variable is 1 for a slot known to exist, 2 once it passed the gate.
-        Then the connection's epoch goes to @mm_x (its row of _mm_conns locked in share mode until
-        the transaction ends, so no reader moves it meanwhile): the entry's txn is the connection
-        and that epoch (docs/transactions.md)."""
+        The same UPDATE reads the slot's epoch into @mm_x: the entry's txn is the connection and
+        that epoch (docs/transactions.md). A new slot takes the epoch of the connection's
+        _mm_conns row, read in share mode first (site.sql)."""
         t, flag = _lit(table), self._slot_flag(table)
-        upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = {t} AND conn = CONNECTION_ID();"
+        upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()), epoch = (@mm_x := epoch) WHERE tbl = {t} AND conn = CONNECTION_ID();"
         known = f"{flag} = 2" if gated else f"{flag} >= 1"
         lines = ["SET @mm_p = NULL;", f"IF {known} THEN", f"  {upd}", "END IF;", "IF @mm_p IS NULL THEN"]
         if gated:
             lines.append(f"  SELECT 1 INTO @mm_gate FROM _mm_gates WHERE tbl = {t} LOCK IN SHARE MODE;")
         lines += [
-            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0)",
-            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw());",
+            # a new slot takes the connection's epoch (its _mm_conns row held in share mode first)
+            "  INSERT IGNORE INTO _mm_conns (conn, epoch) VALUES (CONNECTION_ID(), 0);",
+            "  SELECT epoch INTO @mm_x FROM _mm_conns WHERE conn = CONNECTION_ID() LOCK IN SHARE MODE;",
+            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur, epoch) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0, @mm_x)",
+            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw()), epoch = (@mm_x := epoch);",
             "  IF @mm_p IS NULL THEN",
             f"    {upd}",
             "  END IF;",
             f"  SET {flag} = {2 if gated else 1};",
             "END IF;",
-            # the transaction's epoch (site.sql _mm_conns): held in share mode until it ends
-            "IF @mm_c IS NULL THEN",
-            "  INSERT IGNORE INTO _mm_conns (conn, epoch) VALUES (CONNECTION_ID(), 0);",
-            "  SET @mm_c = 1;",
-            "END IF;",
-            "SELECT epoch INTO @mm_x FROM _mm_conns WHERE conn = CONNECTION_ID() LOCK IN SHARE MODE;",
         ]
         return "\n      ".join(lines)
 
