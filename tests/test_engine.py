@@ -440,9 +440,9 @@ def test_backlog_pulls_in_bounded_batches(backend, tmp_path):  # type: ignore[no
     c.commit()  # and one of 100 rows
     c.close()
     res = cl.refresh("s2", "s1", batch_size=40)
-    # cut at transaction boundaries into batches of at least 40 (the 100-row transaction whole,
-    # the 10 single-row ones before it with it); a source that records no transactions: one read
-    expected = 1 if not get_dialect(backend.name).caps.txn_column else 7
+    # cut at transaction boundaries into batches of at most 40 (6 of 40, the 10 single-row
+    # transactions left, the 100-row one whole); a source that records no transactions: one read
+    expected = 1 if not get_dialect(backend.name).caps.txn_column else 8
     assert res[0].batches == expected and res[0].pulled == 350
     cl.assert_converged()
 

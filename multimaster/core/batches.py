@@ -21,8 +21,10 @@ are held back for a later refresh. The rules (docs/transactions.md):
   entries below the last cut.
 - **Progress.** The last cut is the highest clean cut at most the horizon: whenever a transaction
   committed entirely below the horizon precedes every transaction that is held back, it is taken.
-- **Size.** A batch ends at the first clean cut once it holds at least `limit` entries (a single
-  transaction larger than `limit` is one batch: a batch may exceed it, never split a transaction).
+- **Size.** A batch holds at most `limit` entries, and as many whole stretches (entries between
+  two consecutive clean cuts) as fit; a stretch larger than `limit` (one large transaction, or
+  transactions interleaved with it) is a batch of its own: a batch may exceed `limit`, it never
+  splits a transaction.
 """
 
 from __future__ import annotations
@@ -63,18 +65,20 @@ def plan_cuts(entries: Sequence[tuple[int, Hashable | None]], horizon: int | Non
             end = min(end, lo)
     below = sorted((p, g) for p, g in entries if p < end)
     cuts: list[int] = []
-    reach = -1  # the highest position of a group begun in the current stretch
-    count = 0
-    last_clean: int | None = None
+    reach = -1  # the highest position of a group begun since the last clean cut
+    count = 0  # entries of the current batch, in whole stretches
+    stretch = 0  # entries since the last clean cut
+    last_clean: int | None = None  # the last clean cut (exclusive end), None before the first
     for i, (pos, g) in enumerate(below):
         reach = max(reach, pos if g is None else spans[g][1])
-        count += 1
+        stretch += 1
         if reach <= pos:  # every group begun so far ends here: a cut after this entry is clean
-            nxt = below[i + 1][0] if i + 1 < len(below) else pos + 1
-            if count >= max(limit, 1) and i + 1 < len(below):
-                cuts.append(nxt)
+            if count and count + stretch > max(limit, 1) and last_clean is not None:
+                cuts.append(last_clean)  # the stretch would overfill the batch: it starts the next
                 count = 0
-            last_clean = nxt
+            count += stretch
+            stretch = 0
+            last_clean = below[i + 1][0] if i + 1 < len(below) else pos + 1
     if last_clean is not None and (not cuts or last_clean > cuts[-1]):
         cuts.append(last_clean)
     return cuts

@@ -65,9 +65,21 @@ def test_cuts_match_the_reference(sc: tuple[list[tuple[int, object]], dict[objec
     taken = [p for b in batches for p in b]
     assert len(taken) == len(set(taken)), "an entry twice"
     assert set(taken) == reference_taken(txns, horizon), "skipped, or held back without cause"
-    # every batch but the last holds at least `limit` entries
-    for b in batches[:-1]:
-        assert len(b) >= limit
+
+    # a batch holds at most `limit` entries unless it is one stretch (no clean cut inside it),
+    # and it is full: the next batch's first stretch would not have fit
+    def stretches(b: list[int]) -> list[list[int]]:
+        out: list[list[int]] = [[]]
+        for i, p in enumerate(b):
+            out[-1].append(p)
+            if i + 1 < len(b) and clean(entries, b[i + 1]):
+                out.append([])
+        return out
+
+    for i, b in enumerate(batches):
+        assert len(b) <= limit or len(stretches(b)) == 1
+        if i + 1 < len(batches):
+            assert len(b) + len(stretches(batches[i + 1])[0]) > limit
 
 
 @settings(max_examples=200, deadline=None)
@@ -84,6 +96,8 @@ def test_without_horizon_everything_goes_in_whole_transactions(entries: list[tup
 def test_one_transaction_larger_than_the_limit_is_one_batch() -> None:
     entries = [(1, "a"), (2, "b"), (3, "a"), (4, "b"), (5, "c")]
     assert plan_cuts(entries, 10, 1) == [5, 6]
+    assert plan_cuts(entries, 10, 4) == [5, 6]
+    assert plan_cuts(entries, 10, 5) == [6]
 
 
 def test_a_transaction_past_the_horizon_holds_back_what_follows_its_start() -> None:
