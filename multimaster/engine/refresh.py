@@ -143,6 +143,8 @@ def _refresh_batches(
     """Read the link's entries once, cut them into batches and apply each in one target
     transaction (read again when another refresher moved a watermark meanwhile). Returns the
     tables a batch touched."""
+    if not tables:
+        return set()
     first = next(iter(tables.values()))
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
     touched: set[str] = set()
