@@ -313,3 +313,43 @@ def test_mixed_databases_keep_transactions_whole(three: dict[str, Backend], tmp_
     assert seen == [], seen
     assert polls > 0
     check_converged(cl)
+
+
+def test_every_entry_of_a_transaction_has_its_txn_and_transactions_apart_differ(backend: Backend, tmp_path: Path) -> None:
+    """One connection writes T1 (an order, a horizon read by a puller in the middle, its line),
+    then, after another horizon, T2: T1's entries share one txn, T2's another."""
+    d = get_dialect(backend.name)
+    if not d.caps.txn_column:
+        pytest.skip("no transaction recorded: a SQLite source's read is one batch")
+    cl = Cluster(tmp_path, {"a": backend, "b": backend}, "mesh")
+    p = cl.ph("a")
+    src = api.Cluster(cl.topo)
+    try:
+        site = src.site("a")
+
+        def horizon() -> None:
+            with site.read() as conn:
+                site.dialect.read_horizon(conn, "orders")
+
+        c = cl.connect("a")
+        cur = c.cursor()
+        cur.execute(f"INSERT INTO orders (oref, nlines) VALUES ({p}, 1)", ("T1",))
+        horizon()  # a reader in the middle of T1 does not wait for it, nor change its txn
+        cur.execute(f"INSERT INTO olines (oref, n) VALUES ({p}, 0)", ("T1",))
+        c.commit()
+        horizon()
+        cur.execute(f"INSERT INTO orders (oref, nlines) VALUES ({p}, 0)", ("T2",))
+        c.commit()
+        c.close()
+        txns = {}
+        r = cl.connect("a")
+        rc = r.cursor()
+        for tb in ("orders", "olines"):
+            rc.execute(f"SELECT n_oref, txn FROM {d.obj(tb).log}")
+            for oref, txn in rc.fetchall():
+                txns.setdefault(oref, set()).add(txn)
+        r.close()
+        assert len(txns["T1"]) == 1 and None not in txns["T1"]
+        assert len(txns["T2"]) == 1 and txns["T2"] != txns["T1"]
+    finally:
+        src.close()
