@@ -9,6 +9,7 @@ import pytest
 from clusters import ITEMS, make_cluster
 
 from multimaster import api
+from multimaster.dialects.base import get_dialect
 from multimaster.errors import BaseRowsDiffer, SchemaError
 
 
@@ -406,17 +407,22 @@ def test_interrupted_refresh_leaves_nothing_half_done(backend, tmp_path, monkeyp
         cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, 0)", (f"r{i}", i))
     calls = {"n": 0}
     real = eng.execute_plan
+    # a source that records transactions is cut into batches of 10 single-row transactions; one
+    # that does not (SQLite) is one batch, the whole read (docs/transactions.md)
+    whole_read = not get_dialect(backend.name).caps.txn_column
+    crash_at = 1 if whole_read else 2
 
     def crash_on_second_batch(*a, **k):  # type: ignore[no-untyped-def]
         calls["n"] += 1
-        if calls["n"] == 2:
+        if calls["n"] == crash_at:
             raise RuntimeError("power cut")
         return real(*a, **k)
 
     monkeypatch.setattr(eng, "execute_plan", crash_on_second_batch)
     res = api.refresh(cl.topo, "s2", "s1", batch_size=10)
     assert res[0].error and "power cut" in res[0].error
-    assert len(cl.rows("s2", "items")) == 10  # the first batch committed, the second rolled back whole
+    # the batches before the crash committed, the one it hit rolled back whole
+    assert len(cl.rows("s2", "items")) == (0 if whole_read else 10)
     monkeypatch.setattr(eng, "execute_plan", real)
     cl.refresh_until_quiet()
     assert len(cl.rows("s2", "items")) == 30
@@ -428,11 +434,16 @@ def test_backlog_pulls_in_bounded_batches(backend, tmp_path):  # type: ignore[no
     c = cl.db("s1")
     cur = c.cursor()
     ph = backend.param()
-    cur.executemany(f"INSERT INTO items (name, qty, price) VALUES ({ph}, {ph}, 0)", [(f"r{i}", i) for i in range(250)])
-    c.commit()
+    for i in range(250):  # 250 transactions, each by a client of its own
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, 0)", (f"r{i}", i))
+    cur.executemany(f"INSERT INTO items (name, qty, price) VALUES ({ph}, {ph}, 0)", [(f"t{i}", i) for i in range(100)])
+    c.commit()  # and one of 100 rows
     c.close()
     res = cl.refresh("s2", "s1", batch_size=40)
-    assert res[0].batches == 7 and res[0].pulled == 250
+    # cut at transaction boundaries into batches of at most 40 (6 of 40, the 10 single-row
+    # transactions left, the 100-row one whole); a source that records no transactions: one read
+    expected = 1 if not get_dialect(backend.name).caps.txn_column else 8
+    assert res[0].batches == expected and res[0].pulled == 350
     cl.assert_converged()
 
 

@@ -59,6 +59,11 @@ class Capabilities:
     #: into a renumbered table draw keys from a counter, and the reconciler ranks them
     #: (engine/apply.py normalize_keys) while it holds lock_writers (docs/concepts.md)
     concurrent_capture: bool
+    #: change-log entries (and snapshots) carry ``txn``, the source transaction that wrote them, and
+    #: positions are one site-wide order: a puller cuts a link's batches at transaction boundaries
+    #: below the horizon (core/batches.py). Without it a batch is one whole read of the source,
+    #: whose read transaction holds only whole transactions (docs/transactions.md)
+    txn_column: bool
     #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
     #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file
     #: next to the database

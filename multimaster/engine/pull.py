@@ -7,7 +7,8 @@ the target's write transaction of the batch (`store_batch`), which also reconcil
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -16,16 +17,19 @@ from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
-__all__ = ["log_select_columns", "pull_batch", "read_entries", "store_batch"]
+__all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull_link", "read_entries", "store_batch"]
 
 
 def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
     """The change log's columns in the order the engine reads them: ver, origin, op, rid, key, mask,
-    then n_<column> and o_<column> for every replicated column (quoted; `prefix` is an alias, 'l.')."""
+    then n_<column> and o_<column> for every replicated column (quoted; `prefix` is an alias, 'l.'),
+    then txn where the dialect records source transactions (docs/transactions.md)."""
     q = site.dialect.quote
     cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
     cols += [prefix + q("o_" + c) for c in info.column_names]
+    if site.dialect.caps.txn_column:
+        cols.append(f"{prefix}txn")
     return cols
 
 
@@ -67,8 +71,50 @@ def pull_batch(
         return read_entries(sconn, source, target.name, info, watermark, horizon, limit)
 
 
+@dataclass
+class LinkRead:
+    """What one read at a link's source returned: per table (in the order asked) the entries past
+    the target's watermark, as read_entries returns them, and the source's horizon (None: every
+    entry read is final, and the read holds only whole transactions)."""
+
+    rows: dict[str, list[tuple[Any, ...]]]
+    horizon: int | None
+
+
+def pull_link(source: Site, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int]) -> LinkRead:
+    """Read every table's entries past its watermark at `source`, all in one read.
+
+    Where writers capture concurrently, the horizon of every table is read first (each in a
+    statement of its own) and the lowest is the link's: every entry below it is final. Entries at
+    or past it are read too, unbounded: they tell which transactions continue there, so a batch
+    never ends inside one (core/batches.py). Elsewhere the read is one read transaction, which
+    holds only whole transactions (SQLite: one writer, a reader sees commits whole)."""
+    with source.read() as sconn:
+        hs = [source.dialect.read_horizon(sconn, i.name) for i in infos]
+        horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
+        return LinkRead({i.name: read_entries(sconn, source, target, i, watermarks[i.name]) for i in infos}, horizon)
+
+
+def entry_groups(rows: Sequence[tuple[Any, ...]], info: TableInfo) -> list[tuple[int, Hashable | None]]:
+    """(position, source transaction) of each row read_entries returned: the transaction as (origin,
+    txn), None when the row carries none (an entry of the target's own change, or one recorded
+    without a transaction)."""
+    width = 3 + 6 + 2 * len(info.columns)
+    out: list[tuple[int, Hashable | None]] = []
+    for r in rows:
+        txn = r[width] if len(r) > width else None
+        out.append((int(r[2]), None if txn is None or r[4] is None else (r[4], txn)))
+    return out
+
+
 def store_batch(
-    conn: Connection, site: Site, info: TableInfo, peer: str, rows: list[tuple[Any, ...]], applied: bool = False
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    peer: str,
+    rows: list[tuple[Any, ...]],
+    applied: bool = False,
+    txn: str | None = None,
 ) -> tuple[int, int, int | None]:
     """Copy pulled rows into the snapshot of `peer`. Returns (stored, last seq2, lowest position
     stored or None). The second-order log is a view over the change log on every dialect, so every
@@ -78,7 +124,11 @@ def store_batch(
 
     `applied=True` stores them as applied: the caller reconciles them in the same transaction,
     telling them by the lowest position returned (reconcile_table's `fresh`), which saves marking
-    every row afterwards; not when the snapshot held positions at or past the batch already."""
+    every row afterwards; not when the snapshot held positions at or past the batch already.
+
+    Where this site records source transactions, each row keeps its transaction (relays copy it
+    on); a row that came without one (from a site that records none, whose batch is one read of
+    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together."""
     d = site.dialect
     o = d.obj(info.name, peer)
     held: set[int] = set()
@@ -92,6 +142,7 @@ def store_batch(
         applied = applied and not held
     ncols = len(info.columns)
     width = 6 + 2 * ncols
+    keep_txn = d.caps.txn_column
     appended = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
@@ -108,6 +159,9 @@ def store_batch(
                 for i, f in conv:
                     exact[i] = f(exact[i])
                 vals = exact
+            if keep_txn:
+                t = r[3 + width] if len(r) > 3 + width else None
+                vals = (*vals, txn if t is None else str(t))
             appended.append((seq, *vals))
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
@@ -116,6 +170,7 @@ def store_batch(
             ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
             + [d.quote("n_" + c) for c in info.column_names]
             + [d.quote("o_" + c) for c in info.column_names]
+            + (["txn"] if keep_txn else [])
         )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     last = rows[-1][0] if rows else 0

@@ -1,11 +1,13 @@
-"""Refresh orchestration: every batch of a link pulled and reconciled in one transaction at the
-target, with retries of transient failures; reconcile and catch-up on their own."""
+"""Refresh orchestration: a link's entries of every table read in one read at the source, cut into
+batches at source-transaction boundaries, each batch pulled and reconciled across its tables in one
+transaction at the target, with retries of transient failures; reconcile and catch-up on their own."""
 
 from __future__ import annotations
 
 import functools
 import random
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -15,12 +17,13 @@ from sqlalchemy.exc import DBAPIError
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
+from multimaster.core.batches import plan_cuts
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import isolate, uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
-from multimaster.engine.pull import pull_batch, store_batch
+from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark
@@ -68,11 +71,14 @@ def refresh_link(
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
 ) -> RefreshResult:
-    """Pull `source`'s change log into `target`'s snapshot and reconcile, batch by batch.
+    """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch.
 
-    Each batch is one transaction at `target`: snapshot rows, watermark and the applied changes
-    commit together, so an interrupted refresh leaves nothing half-done and resumes where it was.
-    `stop` is asked between batches (the daemon's shutdown): True ends the refresh there."""
+    Every table's entries are read in one read at the source (engine/pull.py pull_link) and cut
+    into batches at source-transaction boundaries (core/batches.py, docs/transactions.md). Each
+    batch is one transaction at `target` across every table it touches: snapshot rows, watermarks
+    and the applied changes commit together, so a reader at `target` sees a source transaction
+    whole or not at all, and an interrupted refresh leaves nothing half-done and resumes where it
+    was. `stop` is asked between batches (the daemon's shutdown): True ends the refresh there."""
     t = cl.topo
     tgt, src = cl.site(target), cl.site(source)
     batch = batch_size or t.refresh.batch_size
@@ -80,12 +86,19 @@ def refresh_link(
     t0 = time.perf_counter()
     peers = t.peers_of(target)
     try:
+        with tgt.read() as conn:
+            tgt.require_installed(conn, t)
+            tables = {}
+            for tb in _apply_order(t):
+                info = tgt.info(conn, tb, t)
+                tables[tb] = _LinkTable(t, target, source, tgt, src, tb, info, _base_max(conn, tgt, tb), peers, reconcile_)
         for tb in t.tables:
-            info, base_max = _table_at(tgt, t, tb)
-            link = _LinkTable(t, target, source, tgt, src, tb, info, base_max, peers, reconcile_)
-            res.reconciled[tb] = _refresh_table(link, batch, res, progress, stop)
-            if stop is not None and stop():
-                break
+            res.reconciled[tb] = ReconcileResult(tb)
+        touched = _refresh_batches(tables, batch, res, progress, stop)
+        if reconcile_ and not (stop is not None and stop()):
+            for tb, link in tables.items():
+                if tb not in touched:
+                    res.reconciled[tb].add(_settle_if_needed(link))
         if res.pulled == 0:
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
@@ -97,6 +110,13 @@ def refresh_link(
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _apply_order(t: Topology) -> list[str]:
+    """The order in which a batch applies its tables and takes their locks: the same for every
+    refresher, so two never wait for each other in opposite orders. (The topology's order of
+    tables; parents before children once foreign keys are known.)"""
+    return list(t.tables)
 
 
 @dataclass(frozen=True)
@@ -115,62 +135,94 @@ class _LinkTable:
     reconcile_: bool
 
 
-def _table_at(tgt: Site, t: Topology, tb: str) -> tuple[TableInfo, int]:
-    """Table `tb` as the target site holds it, and its base max key (refusing a target where
-    multimaster is not installed)."""
-    with tgt.read() as conn:
-        tgt.require_installed(conn, t)
-        info = tgt.info(conn, tb, t)
-        base_max = _base_max(conn, tgt, tb)
-    return info, base_max
+Rows = list[tuple[Any, ...]]
 
 
-def _refresh_table(
-    link: _LinkTable, batch: int, res: RefreshResult, progress: Progress | None, stop: Callable[[], bool] | None
-) -> ReconcileResult:
-    """Pull and apply one table of a link in batches of `batch` changes until none is left (or
-    `stop` says so), counting them in `res`. Returns what reconciling did."""
-    tgt, src, source, target, tb = link.tgt, link.src, link.source, link.target, link.table
-    rr = ReconcileResult(tb)
-    batches = 0
+def _refresh_batches(
+    tables: dict[str, _LinkTable], batch: int, res: RefreshResult, progress: Progress | None, stop: Callable[[], bool] | None
+) -> set[str]:
+    """Read the link's entries once, cut them into batches and apply each in one target
+    transaction (read again when another refresher moved a watermark meanwhile). Returns the
+    tables a batch touched."""
+    if not tables:
+        return set()
+    first = next(iter(tables.values()))
+    tgt, src, source, target = first.tgt, first.src, first.source, first.target
+    touched: set[str] = set()
     while True:
         with tgt.read() as conn:
-            wm = store.watermarks.read(conn, tgt.dialect, source, tb)
-        rows = pull_batch(src, tgt, None, link.info, wm, batch)
-        check_not_purged(src, target, tb, wm)
-        if not rows:
-            break
-        first = isolate.has_malformed(rows)  # a malformed entry: hold it at once (engine/isolate.py)
-        try:
-            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=first))
-        except Exception as e:  # rejected for good: again, holding the changes at fault
-            if first or not isolate.permanent(tgt.dialect, e):
-                raise
-            done = write_retrying(tgt, functools.partial(_apply_batch, link=link, rows=rows, wm=wm, isolating=True))
-        if done is None:
-            continue
-        res.pulled += done[0]
-        if done[1] is not None:
-            rr.add(done[1])
-        res.batches += 1
-        batches += 1
-        if progress:
-            progress(f"{source} -> {target} {tb}: {res.pulled} changes pulled")
-        if len(rows) < batch or (stop is not None and stop()):
-            break
-    if link.reconcile_ and not batches:
-        # nothing pulled: still apply what an earlier `refresh --no-reconcile` stored, and rank the
-        # keys local inserts drew, as a reconcile would (read first: usually there is nothing to do)
-        with tgt.read() as conn:
-            todo = _unsettled(conn, link)
-        if todo:
+            wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+        read = pull_link(src, target, [lt.info for lt in tables.values()], wms)
+        for tb in tables:
+            check_not_purged(src, target, tb, wms[tb])
+        moved = False
+        for part in _batches(tables, read, batch):
+            # a malformed entry: hold it at once; a batch rejected for good: again, holding the
+            # changes at fault (engine/isolate.py)
+            malformed = any(isolate.has_malformed(rows) for rows in part.values() if rows)
             try:
-                rr.add(write_retrying(tgt, functools.partial(_settle, link=link)))
-            except Exception as e:  # rejected for good: again, holding the changes at fault
-                if not isolate.permanent(tgt.dialect, e):
+                done = write_retrying(
+                    tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed)
+                )
+            except Exception as e:
+                if malformed or not isolate.permanent(tgt.dialect, e):
                     raise
-                rr.add(write_retrying(tgt, functools.partial(_settle, link=link, isolating=True)))
-    return rr
+                done = write_retrying(
+                    tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=True)
+                )
+            if done is None:
+                moved = True
+                break
+            stored, results = done
+            for tb, rows in part.items():
+                if rows:
+                    wms[tb] = rows[-1][0]
+                    touched.add(tb)
+            res.pulled += stored
+            for tb, r in results.items():
+                res.reconciled[tb].add(r)
+            res.batches += 1
+            if progress:
+                progress(f"{source} -> {target}: {res.pulled} changes pulled")
+            if stop is not None and stop():
+                return touched
+        if not moved:
+            return touched
+
+
+def _batches(tables: dict[str, _LinkTable], read: LinkRead, batch: int) -> list[dict[str, Rows]]:
+    """The batches of one read, in order, each as rows per table: cut at source-transaction
+    boundaries below the horizon where the source records transactions (core/batches.py), else
+    the whole read (it holds only whole transactions)."""
+    if not any(read.rows.values()):
+        return []
+    src = next(iter(tables.values())).src
+    if not src.dialect.caps.txn_column or read.horizon is None:
+        return [read.rows]
+    entries = [e for tb, rows in read.rows.items() for e in entry_groups(rows, tables[tb].info)]
+    cuts = plan_cuts(entries, read.horizon, batch)
+    out: list[dict[str, Rows]] = []
+    lo: int | None = None
+    for c in cuts:
+        out.append({tb: [r for r in rows if (lo is None or int(r[2]) >= lo) and int(r[2]) < c] for tb, rows in read.rows.items()})
+        lo = c
+    return out
+
+
+def _settle_if_needed(link: _LinkTable) -> ReconcileResult:
+    """A table the refresh brought nothing for: still apply what an earlier `refresh
+    --no-reconcile` stored, and rank the keys local inserts drew, as a reconcile would (read
+    first: usually there is nothing to do)."""
+    with link.tgt.read() as conn:
+        todo = _unsettled(conn, link)
+    if todo:
+        try:
+            return write_retrying(link.tgt, functools.partial(_settle, link=link))
+        except Exception as e:  # rejected for good: again, holding the changes at fault
+            if not isolate.permanent(link.tgt.dialect, e):
+                raise
+            return write_retrying(link.tgt, functools.partial(_settle, link=link, isolating=True))
+    return ReconcileResult(link.table)
 
 
 def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
@@ -203,31 +255,50 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
 
 
 def _apply_batch(
-    conn: Connection, *, link: _LinkTable, rows: list[tuple[Any, ...]], wm: int, isolating: bool = False
-) -> tuple[int, ReconcileResult | None] | None:
-    """In the target's write transaction: store the pulled `rows` in the snapshot, move the
-    watermark past them, reconcile (when asked) and record the link's statistics. Returns (changes
-    stored, what reconciling did), or None when another refresher moved the watermark from `wm`
-    meanwhile (read again). `isolating`: the batch was rejected for good; hold the changes at
-    fault in the error queue and apply the rest (engine/isolate.py)."""
-    tgt, source, tb, info = link.tgt, link.source, link.table, link.info
-    if store.watermarks.read(conn, tgt.dialect, source, tb) != wm:
-        return None  # another refresher moved it: read again
-    _check_clock_offset(link, rows)
-    if isolating:
-        relay = relay_origins(link.topo, link.target, info)
-        n, ir = isolate.apply_batch(conn, tgt, info, source, rows, link.peers, link.base_max, relay, link.reconcile_)
-        store.links.stats(conn, tgt.dialect, source, n, ir.applied if ir else 0, len(ir.conflicts) if ir else 0, now_iso())
-        return n, ir
-    stored, last, lowest = store_batch(conn, tgt, info, source, rows, applied=link.reconcile_)
-    store.watermarks.write(conn, tgt.dialect, source, tb, last)
-    if link.reconcile_:
-        fresh = {source: lowest} if lowest is not None else {}
-        r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
-        store.links.stats(conn, tgt.dialect, source, stored, r.applied, len(r.conflicts), now_iso())
-        return stored, r
-    store.links.stats(conn, tgt.dialect, source, stored, 0, 0, now_iso())
-    return stored, None
+    conn: Connection, *, tables: dict[str, _LinkTable], rows: dict[str, Rows], wms: dict[str, int], isolating: bool = False
+) -> tuple[int, dict[str, ReconcileResult]] | None:
+    """In the target's one write transaction of the batch, table by table in _apply_order: store
+    the pulled `rows` in the snapshots, move the watermarks past them, reconcile (when asked), then
+    record the link's statistics. Returns (changes stored, what reconciling did per table), or None
+    when another refresher moved a watermark from `wms` meanwhile (read again). `isolating`: the
+    batch was rejected for good; hold the changes at fault in the error queue and apply the rest,
+    change by change (engine/isolate.py)."""
+    first = next(iter(tables.values()))
+    tgt, source = first.tgt, first.source
+    for tb in tables:
+        if store.watermarks.read(conn, tgt.dialect, source, tb) != wms[tb]:
+            return None  # another refresher moved it: read again
+    for tb, link in tables.items():
+        if rows.get(tb):
+            _check_clock_offset(link, rows[tb])
+    token = uuid.uuid4().hex  # the transaction of rows that came without one (store_batch)
+    stored_all, applied, conflicts = 0, 0, 0
+    results: dict[str, ReconcileResult] = {}
+    for tb, link in tables.items():
+        part = rows.get(tb)
+        if not part:
+            continue
+        info = link.info
+        if isolating:
+            relay = relay_origins(link.topo, link.target, info)
+            n, ir = isolate.apply_batch(conn, tgt, info, source, part, link.peers, link.base_max, relay, link.reconcile_)
+            stored_all += n
+            if ir is not None:
+                applied += ir.applied
+                conflicts += len(ir.conflicts)
+                results[tb] = ir
+            continue
+        stored, last, lowest = store_batch(conn, tgt, info, source, part, applied=link.reconcile_, txn=token)
+        store.watermarks.write(conn, tgt.dialect, source, tb, last)
+        stored_all += stored
+        if link.reconcile_:
+            fresh = {source: lowest} if lowest is not None else {}
+            r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
+            applied += r.applied
+            conflicts += len(r.conflicts)
+            results[tb] = r
+    store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
+    return stored_all, results
 
 
 def _check_clock_offset(link: _LinkTable, rows: list[tuple[Any, ...]]) -> None:

@@ -355,6 +355,7 @@ def _copy(
                     ["ver", "origin", "op", "rid", "key", "mask"]
                     + ["n_" + c for c in pi.column_names]
                     + ["o_" + c for c in pi.column_names]
+                    + (["txn"] if pd.caps.txn_column and nd.caps.txn_column else [])  # docs/transactions.md
                 )
                 lq = ", ".join(pd.quote(c) for c in lcols)
                 rep.log_entries[tb] = 0

@@ -10,6 +10,8 @@
 -- table and this row (always false on natural-key tables), so a user trigger that writes another
 -- replicated table in between cannot hand it a foreign value. (`@v := expr` inside an expression is
 -- deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
+-- Each entry records its source transaction: txn = the connection and its epoch (@mm_x, read by
+-- $draw from _mm_conns and held until the transaction ends; site.sql, docs/transactions.md).
 -- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates and
 -- deletes to the live one (deleted IS NULL); mm_r is a new row's incarnation ($ridinit). A key's
 -- first incarnation goes into the shadow without reading it first (a read inside a trigger is a
@@ -27,8 +29,8 @@ BEGIN
       $draw
     END IF;
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask$newvals);$shadowins
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ncols)
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$newvals);$shadowins
   END IF;
 END;
 --
@@ -40,8 +42,8 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 AND ($anychanged) THEN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask$ncols$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask$updnew$updold);
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ncols$ocols)
+      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$updnew$updold);
     UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;
@@ -54,8 +56,8 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 THEN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask$oldvals);
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ocols)
+      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$oldvals);
     UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
   END IF;
 END;

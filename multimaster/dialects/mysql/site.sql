@@ -133,6 +133,22 @@ CREATE TABLE IF NOT EXISTS _mm_slots (
   PRIMARY KEY (tbl, conn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
+-- Epochs (docs/transactions.md): a capturing transaction records as each entry's txn its
+-- connection and the epoch of the slot it draws through (capture.sql reads it in the UPDATE that
+-- locks the slot, so the draw costs nothing more). All slots of a connection, and its row here,
+-- have the same epoch: a new slot copies it from this row, read in share mode first; a reader
+-- (_mm_horizon, step (d)) gives a new epoch to every connection whose row here and every slot it
+-- can lock at once (SKIP LOCKED: none is held by a capturing transaction), to all of them in one
+-- transaction. So every entry of one transaction has the same txn, and transactions of one
+-- connection a horizon ran between get different ones. Two transactions of one connection no
+-- horizon separated may share one: they are applied together, which keeps each whole.
+CREATE TABLE IF NOT EXISTS _mm_conns (
+  conn BIGINT UNSIGNED PRIMARY KEY,
+  epoch BIGINT NOT NULL
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+ALTER TABLE _mm_slots ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0;
+--
 -- The gate of a table's slots: a local insert into a renumbered table whose connection's slot
 -- did not pass it yet locks the table's row here in SHARE MODE before it draws (in a table of its
 -- own: a trigger that also writes _mm_slots would turn a shared read of _mm_slots into an
@@ -161,7 +177,7 @@ CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
   MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
   DECLARE c0, g, hz, top BIGINT;
-  DECLARE free, seen LONGTEXT;
+  DECLARE free, seen, idle, held, busy LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
   INSERT INTO _mm_tick (t) VALUES (NULL);
@@ -177,6 +193,22 @@ BEGIN
   SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
    WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
   COMMIT;
+  -- (d) new epochs for the connections not inside a capturing transaction (their _mm_conns row and
+  -- every slot of theirs free: locked here, SKIP LOCKED): READ COMMITTED, so the UPDATEs pass over
+  -- the rows others hold without waiting for them (semi-consistent read: they do not match)
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SET @mm_gcl = @@session.group_concat_max_len;
+  SET SESSION group_concat_max_len = 4294967295;
+  SELECT GROUP_CONCAT(conn) INTO idle FROM _mm_conns FOR UPDATE SKIP LOCKED;
+  IF idle IS NOT NULL THEN
+    SELECT GROUP_CONCAT(CONCAT(conn, '/', tbl)) INTO held FROM _mm_slots WHERE FIND_IN_SET(conn, idle) FOR UPDATE SKIP LOCKED;
+    SELECT GROUP_CONCAT(DISTINCT conn) INTO busy FROM _mm_slots
+     WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(CONCAT(conn, '/', tbl), coalesce(held, ''));
+    UPDATE _mm_conns SET epoch = c0 WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(conn, coalesce(busy, ''));
+    UPDATE _mm_slots SET epoch = c0 WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(conn, coalesce(busy, ''));
+  END IF;
+  COMMIT;
+  SET SESSION group_concat_max_len = @mm_gcl;
   SET SESSION tx_isolation = iso;
   SET hz = LEAST(c0, coalesce(g, c0));
   -- at most once a second per reading session: the clock's rows below the horizon (their

@@ -10,3 +10,5 @@ CREATE TABLE IF NOT EXISTS $snap (
   applied SMALLINT NOT NULL DEFAULT 0,
   KEY $snap_idx (applied)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- the entry's source transaction (relays copy it)

@@ -11,6 +11,10 @@ CREATE TABLE IF NOT EXISTS $log (
   UNIQUE KEY (ver)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
+-- the source transaction of the entry (capture: connection and epoch, site.sql _mm_conns; a
+-- relayed entry keeps its origin's): a peer applies a transaction whole (docs/transactions.md)
+ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn VARCHAR(64);
+--
 -- The second-order log (docs/decisions.md "The second-order log is a view"):
 -- every change-log entry is its own append record (seq2 = seq), with the columns the
 -- trigger-filled table of earlier versions had, so peers read it with the same SQL. Writers do not

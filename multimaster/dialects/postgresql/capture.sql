@@ -7,6 +7,8 @@
 -- Updates and deletes draw it after the row lock (AFTER trigger): a change that overwrote another's
 -- committed write has a later version. Writers of a renumbered table also take the table's
 -- writers' lock in shared mode (renumber.sql).
+-- Each entry records its source transaction (txn, pg_current_xact_id(): 64 bits, never wraps), so
+-- a peer applies the transaction whole (docs/transactions.md).
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
 -- own transaction, which no other session ever sees.
 -- The functions run as their owner (SECURITY DEFINER: the role that ran init), so applications
@@ -22,8 +24,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ncols)
-      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask$newvals
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ncols)
+      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask, pg_current_xact_id()::text$newvals
       FROM (SELECT lpad(m.mm_t::text, 19, '0') || ':' || $site_lit AS mm_v, m.*
             FROM (SELECT _mm._mm_tick() AS mm_t, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) m) n
       RETURNING rid, key, ver)$replaced
@@ -40,8 +42,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ncols$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m$xupd
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ncols$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m, pg_current_xact_id()::text$xupd
       FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n.$key AS mm_k, $updmask AS mm_m$updvals
             FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
             WHERE $anychanged OFFSET 0) x
@@ -58,8 +60,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask$xdel
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask, pg_current_xact_id()::text$xdel
       FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o.$key AS mm_k$delvals
             FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live OFFSET 0) x
       RETURNING key, ver)

@@ -10,4 +10,6 @@ CREATE TABLE IF NOT EXISTS $snap (
   applied smallint NOT NULL DEFAULT 0
 );
 --
+ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn text;  -- the entry's source transaction (relays copy it)
+--
 CREATE INDEX IF NOT EXISTS $snap_idx ON $snap (applied) WHERE applied <> 1;

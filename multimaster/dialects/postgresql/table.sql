@@ -10,6 +10,10 @@ CREATE TABLE IF NOT EXISTS $log (
   mask bigint NOT NULL$logcols
 );
 --
+-- the source transaction of the entry (capture: pg_current_xact_id(); a relayed entry keeps its
+-- origin's): a peer applies a transaction whole (docs/transactions.md)
+ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn text;
+--
 -- The second-order log (docs/decisions.md "The second-order log is a view"):
 -- every entry of the change log is its own append record (seq2 = seq), with the columns and types
 -- the trigger-filled table of earlier versions had, so peers read it with the same SQL. Writers

@@ -28,6 +28,7 @@ class SQLiteDialect(Dialect):
         single_writer=True,  # one writer per file: BEGIN IMMEDIATE before applying
         set_based_apply=True,  # BEGIN IMMEDIATE: the apply transaction is the only writer
         concurrent_capture=False,  # positions and keys are given in commit order
+        txn_column=False,  # no transaction id in triggers: a batch is one whole read
         daemon_lock_sql=None,  # no server: the daemon locks a file next to the database
         serial_pk="INTEGER PRIMARY KEY",  # the rowid
         log_rid_column="xrid",  # rid is a generated column: coalesce(xrid, ver) (sqlite/table.sql)

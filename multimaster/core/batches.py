@@ -1,0 +1,84 @@
+"""Where a link's batches end: cuts at source-transaction boundaries, as pure functions of plain data.
+
+A puller reads, at the source, every replicated table's change-log entries past its watermarks.
+On a dialect whose positions are one site-wide order (a change-log entry's position is a tick of
+the site's clock, docs/concepts.md "Many writers"), each entry is ``(position, group)``: its
+position, and the source transaction it belongs to (``group``; None: an entry whose transaction is
+not known, a group of its own). Every position below the source's horizon is final; an entry at or
+past it may belong to a transaction that is still running, or to one that committed after entries
+below the horizon were written.
+
+:func:`plan_cuts` returns the cuts: batch ``i`` holds the entries with ``cuts[i-1] <= position <
+cuts[i]`` (``cuts[-1]`` is the lowest position before the first); entries at or past the last cut
+are held back for a later refresh. The rules (docs/transactions.md):
+
+- **No transaction is split.** A cut ``c`` is *clean* when no group has an entry below ``c`` and
+  one at or past it. Every cut returned is clean.
+- **Held back whole.** A group with an entry at or past the horizon is held back, all of it; so is
+  every entry at or past its first position (a watermark is one position per table: nothing above
+  an entry left behind may be taken).
+- **Nothing skipped, nothing twice.** The batches are consecutive, disjoint, and hold exactly the
+  entries below the last cut.
+- **Progress.** The last cut is the highest clean cut at most the horizon: whenever a transaction
+  committed entirely below the horizon precedes every transaction that is held back, it is taken.
+- **Size.** A batch holds at most `limit` entries, and as many whole stretches (entries between
+  two consecutive clean cuts) as fit; a stretch larger than `limit` (one large transaction, or
+  transactions interleaved with it) is a batch of its own: a batch may exceed `limit`, it never
+  splits a transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+__all__ = ["plan_cuts", "clean"]
+
+
+def _spans(entries: Sequence[tuple[int, Hashable | None]]) -> dict[Hashable, tuple[int, int]]:
+    """Per known group, its lowest and highest position."""
+    spans: dict[Hashable, tuple[int, int]] = {}
+    for pos, g in entries:
+        if g is None:
+            continue
+        lo, hi = spans.get(g, (pos, pos))
+        spans[g] = (min(lo, pos), max(hi, pos))
+    return spans
+
+
+def clean(entries: Sequence[tuple[int, Hashable | None]], cut: int) -> bool:
+    """Whether no group has an entry below `cut` and another at or past it."""
+    return all(not (lo < cut <= hi) for lo, hi in _spans(entries).values())
+
+
+def plan_cuts(entries: Sequence[tuple[int, Hashable | None]], horizon: int | None, limit: int) -> list[int]:
+    """The ends (exclusive) of the batches to apply, in order; [] when nothing can be taken yet.
+
+    `entries`: (position, group) of every entry read past the watermarks, in any order, including
+    those at or past `horizon` (they tell which transactions continue there). `horizon` None: every
+    entry read is final. `limit`: the entries a batch should hold at least before it may end."""
+    if not entries:
+        return []
+    spans = _spans(entries)
+    end = horizon if horizon is not None else max(p for p, _ in entries) + 1
+    for lo, hi in spans.values():
+        if hi >= end:  # continues at or past the horizon: held back, and everything after its start
+            end = min(end, lo)
+    below = sorted((p, g) for p, g in entries if p < end)
+    cuts: list[int] = []
+    reach = -1  # the highest position of a group begun since the last clean cut
+    count = 0  # entries of the current batch, in whole stretches
+    stretch = 0  # entries since the last clean cut
+    last_clean: int | None = None  # the last clean cut (exclusive end), None before the first
+    for i, (pos, g) in enumerate(below):
+        reach = max(reach, pos if g is None else spans[g][1])
+        stretch += 1
+        if reach <= pos:  # every group begun so far ends here: a cut after this entry is clean
+            if count and count + stretch > max(limit, 1) and last_clean is not None:
+                cuts.append(last_clean)  # the stretch would overfill the batch: it starts the next
+                count = 0
+            count += stretch
+            stretch = 0
+            last_clean = below[i + 1][0] if i + 1 < len(below) else pos + 1
+    if last_clean is not None and (not cuts or last_clean > cuts[-1]):
+        cuts.append(last_clean)
+    return cuts
