@@ -17,6 +17,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
 from multimaster.ops.install import InitReport, init, uninstall
+from multimaster.ops.keys import current_key, key_history
 from multimaster.ops.status import conflicts, status
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "write_retrying",
     "status",
     "conflicts",
+    "current_key",
+    "key_history",
     "InitReport",
     "Cluster",
     "as_cluster",

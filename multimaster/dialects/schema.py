@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from multimaster.core.planner import TableSpec
+from multimaster.core.references import Ref
 
 __all__ = ["Column", "TableInfo", "Names", "names", "MAX_COLUMNS"]
 
@@ -32,6 +33,8 @@ class TableInfo:
     columns: tuple[Column, ...]  # replicated columns, key excluded, sorted by name
     excluded: tuple[str, ...]
     spec: TableSpec
+    #: declared foreign keys to renumbered replicated tables (engine/references.py discovers them)
+    refs: tuple[Ref, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:

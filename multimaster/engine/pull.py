@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import references
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
@@ -26,6 +27,7 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
     cols += [prefix + q("o_" + c) for c in info.column_names]
+    cols += references.log_columns(site.dialect, info, prefix)  # identities of references (f_, fo_)
     return cols
 
 
@@ -91,7 +93,7 @@ def store_batch(
         # they are stored as not applied yet (and no lowest position is returned)
         applied = applied and not held
     ncols = len(info.columns)
-    width = 6 + 2 * ncols
+    width = 6 + 2 * ncols + 2 * len(info.refs)
     appended = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
@@ -116,6 +118,7 @@ def store_batch(
             ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
             + [d.quote("n_" + c) for c in info.column_names]
             + [d.quote("o_" + c) for c in info.column_names]
+            + references.log_columns(d, info)
         )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     last = rows[-1][0] if rows else 0

@@ -21,7 +21,7 @@ from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, pla
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import fastpath
+from multimaster.engine import fastpath, references
 from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
@@ -107,6 +107,22 @@ def reconcile_table(
     cands = _candidates(conn, site, info, snaps, fresh)
     # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
+    with references.deferred(conn, d, references.involved(conn, d, info)):  # foreign keys: checked at COMMIT
+        return _reconcile(conn, site, info, base_max, relay, snaps, cands, res)
+
+
+def _reconcile(
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    base_max: int,
+    relay: Sequence[str] | None,
+    snaps: dict[str, str],
+    cands: "_Candidates | None",
+    res: ReconcileResult,
+) -> ReconcileResult:
+    """reconcile_table from step 1b on, with the capture guard set and foreign-key checks deferred."""
+    d = site.dialect
     # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
     keying = _lock_keys(conn, site, info, base_max, cands, res)
     if cands is None:
@@ -121,6 +137,7 @@ def reconcile_table(
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+    references.fix_self(conn, site, info, cands.table)
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
     # 5. what is applied is known for good: the highest version per origin
@@ -198,6 +215,8 @@ def _candidates(
             conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
     for p_ in sources:
         conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0")
+    # references: to keys here; a change referencing an identity not held here waits
+    references.resolve(conn, site, info, cand, snaps)
     per_origin = {
         o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")
     }

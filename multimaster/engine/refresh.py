@@ -17,6 +17,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import references
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import pull_batch, store_batch
@@ -79,7 +80,7 @@ def refresh_link(
     t0 = time.perf_counter()
     peers = t.peers_of(target)
     try:
-        for tb in t.tables:
+        for tb in references.refresh_order(tgt, t):  # referenced tables first
             info, base_max = _table_at(tgt, t, tb)
             link = _LinkTable(t, target, source, tgt, src, tb, info, base_max, peers, reconcile_)
             res.reconciled[tb] = _refresh_table(link, batch, res, progress, stop)
@@ -168,6 +169,8 @@ def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
     d, info = link.tgt.dialect, link.info
     snap = d.obj(info.name, link.source).snapshot()
     if conn.exec_driver_sql(f"SELECT 1 FROM {snap} WHERE applied = 0 LIMIT 1").first() is not None:
+        return "apply"
+    if references.waiting_rows(conn, d, info, link.peers):  # what they wait for may have come by now
         return "apply"
     if info.spec.renumber and d.caps.concurrent_capture and keys_unranked(conn, d, info, link.base_max):
         return "rank"

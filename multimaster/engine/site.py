@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator
 
 from sqlalchemy import create_engine
@@ -15,6 +16,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine.references import discover
 from multimaster.engine.schema import introspect
 from multimaster.errors import NotInstalled, SiteUnreachable
 
@@ -80,8 +82,18 @@ class Site:
 
     def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
         if table not in self._infos:
-            self._infos[table] = introspect(conn, self.name, table, topo.tables[table])
+            base = introspect(conn, self.name, table, topo.tables[table])
+            self._infos[table] = base  # (a parent referencing this table back finds it)
+            try:
+                self._infos[table] = replace(base, refs=discover(conn, self, base, topo))
+            except BaseException:
+                del self._infos[table]
+                raise
         return self._infos[table]
+
+    def known_info(self, table: str) -> TableInfo | None:
+        """`table` as info() described it already at this site, or None."""
+        return self._infos.get(table)
 
     def installed_tables(self, conn: Connection) -> list[str]:
         return store.tables.installed(conn, self.dialect)

@@ -1,0 +1,234 @@
+"""Foreign keys between replicated tables (docs/foreign-keys.md), on every backend.
+
+parent(id auto) <- child(parent_id) <- grand(child_id), each replicated and renumbered. Applications
+write with plain clients, foreign keys enforced (SQLite: PRAGMA foreign_keys = ON on their
+connection); every site must end with the same rows, and every child with the same parent *by
+identity* (its name here), whatever order links are refreshed in.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import Backend, TestCluster, make_cluster
+
+from multimaster import api
+from multimaster.errors import SchemaError
+
+
+def _tables(on_update: str = "", on_delete: str = "") -> dict[str, dict[str, Any]]:
+    act = (f" ON DELETE {on_delete}" if on_delete else "") + (f" ON UPDATE {on_update}" if on_update else "")
+    return {
+        "parent": {"key": "id", "columns": {"name": "text"}},
+        "child": {"key": "id", "columns": {"name": "text", "parent_id": f"INTEGER REFERENCES parent(id){act}"}},
+        "grand": {"key": "id", "columns": {"name": "text", "child_id": f"INTEGER REFERENCES child(id){act}"}},
+    }
+
+
+def _q(cl: TestCluster) -> str:
+    return "`" if cl.backend.name == "mysql" else '"'
+
+
+def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list[Any]:
+    """One application transaction at `site` with foreign keys enforced; returns each statement's
+    new row id (the key the application was given)."""
+    c = cl.db(site)
+    ids = []
+    try:
+        cur = c.cursor()
+        if cl.backend.name == "sqlite":
+            cur.execute("PRAGMA foreign_keys = ON")
+            c.execute("BEGIN")
+        for sql, params in stmts:
+            sql = sql.replace("?", cl.backend.param())
+            if cl.backend.name == "postgresql" and sql.lstrip().upper().startswith("INSERT"):
+                sql += " RETURNING id"
+                cur.execute(sql, params)
+                ids.append(cur.fetchone()[0])
+            else:
+                cur.execute(sql, params)
+                ids.append(getattr(cur, "lastrowid", None))
+        c.commit()
+    finally:
+        c.close()
+    return ids
+
+
+def add_family(cl: TestCluster, site: str, tag: str) -> None:
+    """Insert parent p-<tag>, its child c-<tag> and grandchild g-<tag> at `site`, one transaction each."""
+    q = _q(cl)
+    (pid,) = app(cl, site, (f"INSERT INTO parent ({q}name{q}) VALUES (?)", (f"p-{tag}",)))
+    (cid,) = app(cl, site, (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", (f"c-{tag}", pid)))
+    app(cl, site, (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", (f"g-{tag}", cid)))
+
+
+def families(cl: TestCluster, site: str) -> set[tuple[Any, ...]]:
+    """(grandchild, child, parent) by name, following the keys at `site`; a dangling reference
+    shows as None."""
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        cur.execute(
+            "SELECT g.name, c.name, p.name FROM grand g LEFT JOIN child c ON c.id = g.child_id "
+            "LEFT JOIN parent p ON p.id = c.parent_id"
+        )
+        out = {tuple(r) for r in cur.fetchall()}
+        cur.execute("SELECT c.name, p.name FROM child c LEFT JOIN parent p ON p.id = c.parent_id")
+        return out | {("-", *r) for r in cur.fetchall()}
+    finally:
+        c.close()
+
+
+def expected(tags: list[str]) -> set[tuple[Any, ...]]:
+    return {(f"g-{t}", f"c-{t}", f"p-{t}") for t in tags} | {("-", f"c-{t}", f"p-{t}") for t in tags}
+
+
+def fk_cluster(backend: Backend, tmp: Path, sites: list[str], tables: dict[str, Any] | None = None, **kw: Any) -> TestCluster:
+    return make_cluster(backend, tmp, sites, tables or _tables(), **kw)
+
+
+def check(cl: TestCluster, tags: list[str]) -> None:
+    for s in cl.urls:
+        assert families(cl, s) == expected(tags), s
+    cl.assert_converged()
+
+
+@pytest.mark.parametrize("order", list(itertools.permutations(["a", "b", "c"]))[:3])
+def test_concurrent_families_every_order(backend: Backend, tmp_path: Path, order: tuple[str, ...]) -> None:
+    """Three sites each insert a parent, a child of it and a grandchild of that, concurrently;
+    links are refreshed one by one in `order` (targets) with peers in reverse: renumbering moves
+    keys at every site, and every child still has its own parent everywhere."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b", "c"])
+    for s in ("a", "b", "c"):
+        add_family(cl, s, s)
+    for _ in range(2):
+        for target in order:
+            for peer in reversed(order):
+                if peer != target:
+                    cl.refresh(target, peer)
+    check(cl, ["a", "b", "c"])
+    # a second wave on top of renumbered keys
+    for s in ("c", "a"):
+        add_family(cl, s, s + "2")
+    cl.refresh_until_quiet()
+    check(cl, ["a", "b", "c", "a2", "c2"])
+
+
+def test_child_before_parent_waits(backend: Backend, tmp_path: Path) -> None:
+    """c hears of b's child (of a's parent) before it hears of the parent: the child waits in its
+    snapshot, and the refresh from a, which brings the parent but no child, applies it."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b", "c"])
+    q = _q(cl)
+    (pid,) = app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-x",)))
+    cl.refresh("b", "a")
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT id FROM parent WHERE name = 'p-x'")
+        bpid = cur.fetchone()[0]
+    finally:
+        c.close()
+    (cid,) = app(cl, "b", (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", ("c-x", bpid)))
+    app(cl, "b", (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", ("g-x", cid)))
+    cl.refresh("c", "b")
+    assert cl.rows("c", "child") == [] and cl.rows("c", "grand") == []  # waiting for p-x
+    cl.refresh("c", "a")
+    assert families(cl, "c") == expected(["x"])
+    cl.refresh_until_quiet()
+    check(cl, ["x"])
+
+
+def test_self_reference(backend: Backend, tmp_path: Path) -> None:
+    """A table referencing itself (a tree): concurrent inserts of a node and its child at two sites,
+    each a chain of three in one batch."""
+    tables = {"node": {"key": "id", "columns": {"name": "text", "up": "INTEGER REFERENCES node(id)"}}}
+    cl = make_cluster(backend, tmp_path, ["a", "b"], tables)
+    q = _q(cl)
+    for s in ("a", "b"):
+        (r,) = app(cl, s, (f"INSERT INTO node ({q}name{q}, up) VALUES (?, NULL)", (f"{s}0",)))
+        (m,) = app(cl, s, (f"INSERT INTO node ({q}name{q}, up) VALUES (?, ?)", (f"{s}1", r)))
+        app(cl, s, (f"INSERT INTO node ({q}name{q}, up) VALUES (?, ?)", (f"{s}2", m)))
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("a", "b"):
+        c = cl.db(s)
+        try:
+            cur = c.cursor()
+            cur.execute("SELECT n.name, u.name FROM node n LEFT JOIN node u ON u.id = n.up")
+            got = set(cur.fetchall())
+        finally:
+            c.close()
+        assert got == {("a0", None), ("a1", "a0"), ("a2", "a1"), ("b0", None), ("b1", "b0"), ("b2", "b1")}, s
+
+
+def test_on_update_cascade(backend: Backend, tmp_path: Path) -> None:
+    """ON UPDATE CASCADE references follow moved keys too (the database or the reconciler moves
+    them, never both)."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b", "c"], _tables(on_update="CASCADE"))
+    for s in ("b", "c", "a"):
+        add_family(cl, s, s)
+    cl.refresh_until_quiet()
+    check(cl, ["a", "b", "c"])
+
+
+def test_update_moves_reference(backend: Backend, tmp_path: Path) -> None:
+    """An application moves a child to another parent after renumbering: the move arrives by identity."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    for s in ("a", "b"):
+        add_family(cl, s, s)
+    cl.refresh_until_quiet()
+    q = _q(cl)
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT id FROM parent WHERE name = 'p-a'")
+        pa = cur.fetchone()[0]
+    finally:
+        c.close()
+    app(cl, "b", (f"UPDATE child SET parent_id = ? WHERE {q}name{q} = 'c-b'", (pa,)))
+    add_family(cl, "a", "a3")  # a's keys move again meanwhile
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("a", "b"):
+        fam = families(cl, s)
+        assert ("-", "c-b", "p-a") in fam and ("g-b", "c-b", "p-a") in fam, s
+
+
+def test_refused_at_init(backend: Backend, tmp_path: Path) -> None:
+    """A replicated table referencing a table with an auto-counter key that is not replicated is
+    refused at init, naming both."""
+    tables = {
+        "parent": {"key": "id", "columns": {"name": "text"}},
+        "child": {"key": "id", "columns": {"name": "text", "parent_id": "INTEGER REFERENCES parent(id)"}},
+    }
+    cl = make_cluster(backend, tmp_path, ["a", "b"], tables, init=False)
+    cl.topo.tables.pop("parent")
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    msg = str(e.value)
+    assert "'child'" in msg and "'parent'" in msg and "not replicated" in msg
+
+
+def test_keys_history(backend: Backend, tmp_path: Path) -> None:
+    """Renumbering is recorded: the key an application was given finds its row again."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    q = _q(cl)
+    app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-a",)))
+    (pb,) = app(cl, "b", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-b",)))
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    now = api.current_key(cl.topo, "b", "parent", pb)
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute(f"SELECT {q}name{q} FROM parent WHERE id = {cl.backend.param()}", (now,))
+        assert cur.fetchone()[0] == "p-b"
+    finally:
+        c.close()
+    assert now != pb  # a's insert came first: b's parent moved
+    hist = api.key_history(cl.topo, "b", "parent", pb)
+    assert [(h["old_key"], h["new_key"]) for h in hist] == [(pb, now)]
+    assert hist[0]["reason"] in ("shift", "rank")
