@@ -232,3 +232,45 @@ def test_keys_history(backend: Backend, tmp_path: Path) -> None:
     hist = api.key_history(cl.topo, "b", "parent", pb)
     assert [(h["old_key"], h["new_key"]) for h in hist] == [(pb, now)]
     assert hist[0]["reason"] in ("shift", "rank")
+
+
+@pytest.mark.parametrize("on_delete", ["", "CASCADE", "SET NULL"])
+def test_parent_deleted_while_child_inserted(backend: Backend, tmp_path: Path, on_delete: str) -> None:
+    """a deletes a parent while b inserts a child (and grandchild) of it: delete wins at every site,
+    in either arrival order: the child is deleted (or its reference set NULL), with an `orphan`
+    record in the conflict log."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b"], _tables(on_delete=on_delete))
+    add_family(cl, "a", "x")
+    add_family(cl, "a", "y")
+    cl.refresh_until_quiet()
+    q = _q(cl)
+    app(
+        cl,
+        "a",
+        (
+            "DELETE FROM grand WHERE child_id IN (SELECT id FROM child WHERE parent_id IN (SELECT id FROM parent WHERE name = 'p-x'))",
+            (),
+        ),
+    )
+    app(cl, "a", ("DELETE FROM child WHERE parent_id IN (SELECT id FROM parent WHERE name = 'p-x')", ()))
+    app(cl, "a", (f"DELETE FROM parent WHERE {q}name{q} = 'p-x'", ()))
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT id FROM parent WHERE name = 'p-x'")
+        px = cur.fetchone()[0]
+    finally:
+        c.close()
+    (cid,) = app(cl, "b", (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", ("c-new", px)))
+    if cid is None:  # PostgreSQL: RETURNING gave it
+        raise AssertionError("no key")
+    app(cl, "b", (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", ("g-new", cid)))
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    want = expected(["y"])
+    if on_delete == "SET NULL":
+        want |= {("-", "c-new", None), ("g-new", "c-new", None)}
+    for s in ("a", "b"):
+        assert families(cl, s) == want, s
+    kinds = [r["kind"] for r in api.conflicts(cl.topo, kind="orphan")]
+    assert kinds, "no orphan recorded"

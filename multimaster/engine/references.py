@@ -33,7 +33,8 @@ from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster import store
-from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_order, waiting
+from multimaster.core.planner import ConflictRecord
+from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_order, orphan_action, waiting
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo, names
@@ -51,7 +52,7 @@ class Site(Protocol):
 
     def info(self, conn: Connection, table: str, topo: "Topology") -> TableInfo: ...
 
-    def known_info(self, table: str) -> TableInfo | None: ...
+    def known_info(self, table: str, conn: Connection | None = None) -> TableInfo | None: ...
 
     def read(self) -> AbstractContextManager[Connection]: ...
 
@@ -69,6 +70,8 @@ __all__ = [
     "shadow_keys",
     "keys_moved",
     "waiting_rows",
+    "before_deletes",
+    "orphans",
     "refresh_order",
     "Referencing",
     "referencing",
@@ -121,6 +124,13 @@ def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") ->
                 f"site '{site.name}': table '{info.name}' (column '{ref.column}') references renumbered table '{parent}' "
                 f"ON UPDATE {ref.on_update}: the keys of '{parent}' move, and the reference would not follow; declare it "
                 "ON UPDATE CASCADE or NO ACTION"
+            )
+            continue
+        if orphan_action(ref.on_delete) == "default":
+            problems.append(
+                f"site '{site.name}': table '{info.name}' (column '{ref.column}') references renumbered table '{parent}' "
+                f"ON DELETE SET DEFAULT: a default key names a different row of '{parent}' at each site; declare it "
+                "ON DELETE SET NULL, CASCADE or NO ACTION"
             )
             continue
         refs.append(ref)
@@ -176,7 +186,7 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
     q = d.quote
     ph = d.caps.placeholder
     for parent in {r.parent for r in info.refs if r.parent != info.name}:
-        pinfo = site.known_info(parent)
+        pinfo = site.known_info(parent, conn)
         if pinfo is not None:
             d.catch_up(conn, pinfo)  # (SQLite writes a local insert's shadow row lazily)
     fcols = [q("f_" + r.column) for r in info.refs]
@@ -276,6 +286,7 @@ class Referencing:
     table: str
     column: str
     on_update: str
+    on_delete: str = "NO ACTION"
 
 
 _REFERENCING: "weakref.WeakKeyDictionary[Engine, dict[str, list[Referencing]]]" = weakref.WeakKeyDictionary()
@@ -296,7 +307,12 @@ def referencing(conn: Connection, d: Dialect, table: str, key: str) -> list[Refe
                 cols, pcols = fk.get("constrained_columns") or [], fk.get("referred_columns") or []
                 if len(cols) == 1 and len(pcols) == 1 and fk.get("referred_table"):
                     by_parent.setdefault(f"{fk['referred_table']}.{pcols[0]}", []).append(
-                        Referencing(t, cols[0], _action((fk.get("options") or {}).get("onupdate")))
+                        Referencing(
+                            t,
+                            cols[0],
+                            _action((fk.get("options") or {}).get("onupdate")),
+                            _action((fk.get("options") or {}).get("ondelete")),
+                        )
                     )
         _REFERENCING[eng] = by_parent
     return by_parent.get(f"{table}.{key}", [])
@@ -348,6 +364,134 @@ def shadow_keys(
             for rid, k in conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {sh} WHERE {cond}", params)
         ]
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the orphan rule: a row whose referenced row is deleted (delete wins)
+
+
+def before_deletes(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:
+    """Before the candidates of renumbered `info` delete its rows: the rows referencing them, at
+    any depth, are set NULL or deleted first (core.references.orphan_action), as every site does
+    when the delete reaches it, with the delete's version; not left to the database, whose
+    referential actions do not touch the shadow or the conflict log (or do not run at all while
+    checks are off)."""
+    d = site.dialect
+    if not (info.spec.renumber and referencing(conn, d, info.name, info.key.name)):
+        return
+    dels = conn.exec_driver_sql(
+        f"SELECT s.{d.key_col}, c.ver FROM {cand} c JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
+        f"WHERE c.op = 'D' AND s.deleted IS NULL"
+    ).all()
+    if dels:
+        _cascade(conn, site, info.name, info.key.name, {int(k): v for k, v in dels}, set())
+
+
+def orphans(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:
+    """After the candidates of `info` were applied: a row they set a reference of to a deleted
+    identity (its delete reached this site first) is set NULL or deleted, with the delete's version."""
+    d = site.dialect
+    q = d.quote
+    for r in info.refs:
+        ps = d.obj(r.parent).shadow
+        f = q("f_" + r.column)
+        rows = conn.exec_driver_sql(
+            f"SELECT DISTINCT ps.{d.key_col}, ps.deleted FROM {cand} c JOIN {ps} ps ON ps.rid = c.{f} "
+            f"JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
+            f"WHERE c.op <> 'D' AND ps.deleted IS NOT NULL AND s.deleted IS NULL"
+        ).all()
+        if rows:
+            _orphan_rows(conn, site, info.name, r.column, r.on_delete, {int(k): v for k, v in rows}, set())
+
+
+def _cascade(conn: Connection, site: Site, table: str, key: str, dead: dict[int, str], seen: set[tuple[str, int]]) -> None:
+    """Rows of `table` with keys `dead` (key -> delete version) are going: every row referencing
+    one, in any table, gets its ON DELETE action, depth first."""
+    for ref in referencing(conn, site.dialect, table, key):
+        _orphan_rows(conn, site, ref.table, ref.column, ref.on_delete, dead, seen)
+
+
+def _orphan_rows(
+    conn: Connection,
+    site: Site,
+    table: str,
+    column: str,
+    on_delete: str,
+    dead: dict[int, str],
+    seen: set[tuple[str, int]],
+) -> None:
+    """The rows of `table` whose `column` holds a key of `dead` (parent key -> its delete version):
+    set NULL, or deleted (their shadow rows marked with the version, a conflict record `orphan`
+    each, and their own referencing rows first)."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    info = site.known_info(table, conn)
+    keycol = info.key.name if info is not None else _pk(conn, table)
+    if keycol is None:
+        return
+    action = orphan_action(on_delete)
+    cols = [keycol, column] + ([c for c in info.column_names if c != column] if info is not None else [])
+    found: list[tuple[Any, ...]] = []
+    ordered = sorted(dead)
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i : i + 500]
+        found += conn.exec_driver_sql(
+            f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)} WHERE {q(column)} IN ({', '.join([ph] * len(chunk))})",
+            tuple(chunk),
+        ).all()
+    found = [r for r in found if (table, r[0]) not in seen]
+    if not found:
+        return
+    if action == "null":
+        conn.exec_driver_sql(f"UPDATE {q(table)} SET {q(column)} = NULL WHERE {q(keycol)} = {ph}", [(r[0],) for r in found])
+    else:
+        seen.update((table, r[0]) for r in found)
+        gone = {r[0]: dead[r[1]] for r in found}
+        _cascade(conn, site, table, keycol, gone, seen)  # their own referencing rows first
+        conn.exec_driver_sql(f"DELETE FROM {q(table)} WHERE {q(keycol)} = {ph}", [(k,) for k in gone])
+    if info is None:
+        return  # not replicated: no shadow, no conflict log
+    sh = d.obj(table).shadow
+    d.catch_up(conn, info)
+    by_key = {}
+    for r in found:
+        rid = conn.exec_driver_sql(f"SELECT rid FROM {sh} WHERE {d.key_col} = {ph} AND deleted IS NULL", (r[0],)).scalar()
+        if rid is not None:
+            by_key[r[0]] = rid
+    if action != "null":
+        conn.exec_driver_sql(
+            f"UPDATE {sh} SET deleted = {ph} WHERE rid = {ph}", [(dead[r[1]], by_key[r[0]]) for r in found if r[0] in by_key]
+        )
+    store.conflicts.record(
+        conn,
+        d,
+        [
+            ConflictRecord(
+                table,
+                by_key[r[0]],
+                "orphan",
+                None,
+                (column,),
+                None,
+                {column: r[1]},
+                dead[r[1]],
+                None,
+                "delete-wins",
+                "null" if action == "null" else "delete",
+                dict(zip(cols[1:], r[1:])),
+                None,
+            )
+            for r in found
+            if r[0] in by_key
+        ],
+        {by_key[r[0]]: r[0] for r in found if r[0] in by_key},
+    )
+
+
+def _pk(conn: Connection, table: str) -> str | None:
+    pk = inspect(conn).get_pk_constraint(table).get("constrained_columns") or []
+    return pk[0] if len(pk) == 1 else None
 
 
 # ---------------------------------------------------------------------------------------------

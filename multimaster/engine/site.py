@@ -32,6 +32,7 @@ class Site:
         self.dialect: Dialect = get_dialect(u.get_backend_name())
         self._engine: Engine | None = None
         self._infos: dict[str, TableInfo] = {}
+        self._topo: Topology | None = None
 
     def __repr__(self) -> str:
         return f"Site({self.name!r}, {hidden_url(self.url)!r})"
@@ -81,6 +82,7 @@ class Site:
             self._engine = None
 
     def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
+        self._topo = topo
         if table not in self._infos:
             base = introspect(conn, self.name, table, topo.tables[table])
             self._infos[table] = base  # (a parent referencing this table back finds it)
@@ -91,8 +93,11 @@ class Site:
                 raise
         return self._infos[table]
 
-    def known_info(self, table: str) -> TableInfo | None:
-        """`table` as info() described it already at this site, or None."""
+    def known_info(self, table: str, conn: Connection | None = None) -> TableInfo | None:
+        """`table` as info() described it at this site (read on `conn` when not yet, if it is a
+        table of the topology info() was last given), or None: not a replicated table."""
+        if table not in self._infos and conn is not None and self._topo is not None and table in self._topo.tables:
+            return self.info(conn, table, self._topo)
         return self._infos.get(table)
 
     def installed_tables(self, conn: Connection) -> list[str]:
