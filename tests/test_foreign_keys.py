@@ -9,13 +9,17 @@ identity* (its name here), whatever order links are refreshed in.
 from __future__ import annotations
 
 import itertools
+import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, TestCluster, make_cluster
+import yaml
+from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
 
 from multimaster import api
+from multimaster.config.topology import load_topology
 from multimaster.errors import SchemaError
 
 
@@ -28,8 +32,22 @@ def _tables(on_update: str = "", on_delete: str = "") -> dict[str, dict[str, Any
     }
 
 
-def _q(cl: TestCluster) -> str:
-    return "`" if cl.backend.name == "mysql" else '"'
+@dataclass
+class MixedCluster(TestCluster):
+    """A cluster whose sites are on different databases (backend per site)."""
+
+    backends: dict[str, Backend] = field(default_factory=dict)
+
+    def db(self, site: str) -> Any:
+        return self.backends[site].connect(self.urls[site])
+
+
+def _be(cl: TestCluster, site: str) -> Backend:
+    return cl.backends[site] if isinstance(cl, MixedCluster) else cl.backend
+
+
+def _q(cl: TestCluster, site: str = "a") -> str:
+    return "`" if _be(cl, site).name == "mysql" else '"'
 
 
 def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list[Any]:
@@ -39,12 +57,13 @@ def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list
     ids = []
     try:
         cur = c.cursor()
-        if cl.backend.name == "sqlite":
+        be = _be(cl, site)
+        if be.name == "sqlite":
             cur.execute("PRAGMA foreign_keys = ON")
             c.execute("BEGIN")
         for sql, params in stmts:
-            sql = sql.replace("?", cl.backend.param())
-            if cl.backend.name == "postgresql" and sql.lstrip().upper().startswith("INSERT"):
+            sql = sql.replace("?", be.param())
+            if be.name == "postgresql" and sql.lstrip().upper().startswith("INSERT"):
                 sql += " RETURNING id"
                 cur.execute(sql, params)
                 ids.append(cur.fetchone()[0])
@@ -59,7 +78,7 @@ def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list
 
 def add_family(cl: TestCluster, site: str, tag: str) -> None:
     """Insert parent p-<tag>, its child c-<tag> and grandchild g-<tag> at `site`, one transaction each."""
-    q = _q(cl)
+    q = _q(cl, site)
     (pid,) = app(cl, site, (f"INSERT INTO parent ({q}name{q}) VALUES (?)", (f"p-{tag}",)))
     (cid,) = app(cl, site, (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", (f"c-{tag}", pid)))
     app(cl, site, (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", (f"g-{tag}", cid)))
@@ -274,3 +293,85 @@ def test_parent_deleted_while_child_inserted(backend: Backend, tmp_path: Path, o
         assert families(cl, s) == want, s
     kinds = [r["kind"] for r in api.conflicts(cl.topo, kind="orphan")]
     assert kinds, "no orphan recorded"
+
+
+def test_keys_command(backend: Backend, tmp_path: Path) -> None:
+    """`multimaster keys` as a user runs it: every move of a table, one key's row and its key now
+    (--json), and clear refusals of an unknown table or site (exit 2)."""
+    from test_cli import mm
+
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    q = _q(cl)
+    app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-a",)))
+    (pb,) = app(cl, "b", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-b",)))
+    (cb,) = app(cl, "b", (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", ("c-b", pb)))
+    topo = str(tmp_path / "topology.yaml")
+    assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
+    r = mm("keys", "-t", topo, "--site", "b", "--table", "parent", "--key", str(pb), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["current_key"] == pb + 1 and [(m["old_key"], m["new_key"]) for m in out["moves"]] == [(pb, pb + 1)]
+    assert out["moves"][0]["reason"] == "shift"
+    r = mm("keys", "-t", topo, "--site", "b", "--table", "parent")
+    assert r.returncode == 0 and "shift" in r.stdout, r.stdout + r.stderr
+    # the child followed its parent: it names p-b by its new key
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute(f"SELECT parent_id FROM child WHERE id = {cl.backend.param()}", (cb,))
+        assert cur.fetchone()[0] == out["current_key"]
+    finally:
+        c.close()
+    r = mm("keys", "-t", topo, "--site", "b", "--table", "nope")
+    assert r.returncode == 2 and "nope" in (r.stdout + r.stderr)
+    r = mm("keys", "-t", topo, "--site", "zz", "--table", "parent")
+    assert r.returncode == 2 and "zz" in (r.stdout + r.stderr)
+
+
+def _rows(cl: TestCluster, site: str, table: str) -> list[tuple[Any, ...]]:
+    q = _q(cl, site)
+    cols = ["id", *cl.tables[table]["columns"]]
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        cur.execute(f"SELECT {', '.join(q + x + q for x in cols)} FROM {q}{table}{q} ORDER BY {q}id{q}")
+        return [tuple(r) for r in cur.fetchall()]
+    finally:
+        c.close()
+
+
+def test_mixed_cluster(tmp_path: Path) -> None:
+    """SQLite, PostgreSQL and MariaDB sites, each inserting families concurrently, twice: the same
+    rows and the same parent of every child everywhere."""
+    backends: dict[str, Backend] = {}
+    try:
+        for site, name in (("lite", "sqlite"), ("pg", "postgresql"), ("maria", "mysql")):
+            try:
+                backends[site] = BACKENDS[name]()
+            except ConnectionError as e:
+                server_unavailable(name, str(e))
+        tables = _tables()
+        urls = {}
+        for site, be in backends.items():
+            urls[site] = be.new_site(tmp_path, site)
+            for tb, spec in tables.items():
+                be.create_table(urls[site], tb, spec["key"], spec["columns"])
+        doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {tb: {"key": "id"} for tb in tables}, "links": "mesh"}
+        (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
+        cl = MixedCluster(backends["lite"], load_topology(tmp_path / "topology.yaml"), urls, tables, backends=backends)
+        api.init(cl.topo)
+        tags = []
+        for wave in ("1", "2"):
+            for s in ("maria", "lite", "pg"):
+                add_family(cl, s, s + wave)
+                tags.append(s + wave)
+            cl.refresh_until_quiet()
+        for s in urls:
+            assert families(cl, s) == expected(tags), s
+        for tb in tables:
+            ref = _rows(cl, "lite", tb)
+            for s in urls:
+                assert _rows(cl, s, tb) == ref, (tb, s)
+    finally:
+        for be in backends.values():
+            be.cleanup()

@@ -6,8 +6,7 @@ change log's ``f_<col>``) and resolved to its key at the applying site. What thi
 - :func:`fk_order`: the order tables are refreshed in, parents before children;
 - :func:`waiting`: which changes of a batch wait for a referenced identity this site does not hold
   yet (and, in order, the later changes of their origin);
-- :func:`orphan_action`: what becomes of a row whose referenced row was deleted (delete wins);
-- :func:`key_moves`: the old → new key of every row whose key moved.
+- :func:`orphan_action`: what becomes of a row whose referenced row was deleted (delete wins).
 
 Nothing here touches a database; ``multimaster.engine.references`` reads the inputs and carries
 the decisions out.
@@ -18,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Sequence
 
-__all__ = ["Ref", "RefChange", "fk_order", "waiting", "orphan_action", "key_moves", "REFUSED_ON_UPDATE"]
+__all__ = ["Ref", "RefChange", "fk_order", "waiting", "orphan_action", "REFUSED_ON_UPDATE"]
 
 #: ON UPDATE actions a reference to a renumbered table cannot have: the framework moves keys, and
 #: these would null, reset or refuse the reference instead of following it
@@ -110,9 +109,3 @@ def orphan_action(on_delete: str) -> str:
     if a == "SET DEFAULT":
         return "default"
     return "delete"
-
-
-def key_moves(before: Mapping[str, int], after: Mapping[str, int]) -> list[tuple[str, int, int]]:
-    """(identity, old key, new key) of every identity of `before` whose key differs in `after`,
-    by identity."""
-    return [(rid, old, after[rid]) for rid, old in sorted(before.items()) if rid in after and after[rid] != old]
