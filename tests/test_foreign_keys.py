@@ -375,3 +375,29 @@ def test_mixed_cluster(tmp_path: Path) -> None:
     finally:
         for be in backends.values():
             be.cleanup()
+
+
+def test_add_site(backend: Backend, tmp_path: Path) -> None:
+    """A site added to a running cluster copies the identities of references with the change log,
+    and its own families and its peers' converge with the right parents."""
+    from multimaster.ops.instantiate import add_site
+
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    for s in ("a", "b"):
+        add_family(cl, s, s)
+    cl.refresh_until_quiet()
+    add_family(cl, "b", "b2")  # not pulled by a yet: c gets it from b's log
+    url = backend.new_site(tmp_path, "c")
+    for tb, spec in _tables().items():
+        backend.create_table(url, tb, spec["key"], spec["columns"])
+    path = tmp_path / "topology.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["sites"]["c"] = {"url": url}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cl.topo = load_topology(path)
+    cl.urls["c"] = url
+    add_site(cl.topo, "c", "a")
+    add_family(cl, "c", "c")
+    add_family(cl, "a", "a2")
+    cl.refresh_until_quiet()
+    check(cl, ["a", "b", "b2", "c", "a2"])
