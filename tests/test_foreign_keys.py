@@ -50,9 +50,9 @@ def _q(cl: TestCluster, site: str = "a") -> str:
     return "`" if _be(cl, site).name == "mysql" else '"'
 
 
-def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list[Any]:
+def app(cl: TestCluster, site: str, *stmts: tuple[str, Any]) -> list[Any]:
     """One application transaction at `site` with foreign keys enforced; returns each statement's
-    new row id (the key the application was given)."""
+    new row id (the key the application was given). Params may be a function of the ids so far."""
     c = cl.db(site)
     ids = []
     try:
@@ -62,6 +62,7 @@ def app(cl: TestCluster, site: str, *stmts: tuple[str, tuple[Any, ...]]) -> list
             cur.execute("PRAGMA foreign_keys = ON")
             c.execute("BEGIN")
         for sql, params in stmts:
+            params = params(ids) if callable(params) else params
             sql = sql.replace("?", be.param())
             if be.name == "postgresql" and sql.lstrip().upper().startswith("INSERT"):
                 sql += " RETURNING id"
@@ -401,3 +402,41 @@ def test_add_site(backend: Backend, tmp_path: Path) -> None:
     add_family(cl, "a", "a2")
     cl.refresh_until_quiet()
     check(cl, ["a", "b", "b2", "c", "a2"])
+
+
+def test_many_writers_while_refreshing(backend: Backend, tmp_path: Path) -> None:
+    """Applications insert families from several threads at two sites while a refresher loops:
+    keys drawn concurrently are ranked and moved, and every reference follows."""
+    import threading
+
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    tags: list[str] = []
+    failures: list[BaseException] = []
+
+    q = _q(cl)
+
+    def writer(site: str, w: int) -> None:
+        # a family per transaction: keys read in an earlier transaction may have moved since
+        # (api.current_key translates them)
+        try:
+            for i in range(4):
+                tag = f"{site}{w}-{i}"
+                app(
+                    cl,
+                    site,
+                    (f"INSERT INTO parent ({q}name{q}) VALUES (?)", (f"p-{tag}",)),
+                    (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", lambda ids, t=tag: (f"c-{t}", ids[0])),
+                    (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", lambda ids, t=tag: (f"g-{t}", ids[1])),
+                )
+        except BaseException as e:  # noqa: BLE001 - reported below
+            failures.append(e)
+
+    threads = []
+    for s in ("a", "b"):
+        for w in range(3):
+            threads.append(threading.Thread(target=writer, args=(s, w)))
+            tags += [f"{s}{w}-{i}" for i in range(4)]
+    errors = cl.run_while_refreshing(threads)
+    assert not errors and not failures, (errors, failures)
+    cl.refresh_until_quiet()
+    check(cl, tags)
