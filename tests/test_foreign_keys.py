@@ -323,6 +323,10 @@ def test_keys_command(backend: Backend, tmp_path: Path) -> None:
         assert cur.fetchone()[0] == out["current_key"]
     finally:
         c.close()
+    # the key history goes with the conflict log's retention
+    r = mm("purge", "-t", topo, "--conflicts-after", "0s", "--min-age", "0s")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert api.key_history(cl.topo, "b", "parent") == []
     r = mm("keys", "-t", topo, "--site", "b", "--table", "nope")
     assert r.returncode == 2 and "nope" in (r.stdout + r.stderr)
     r = mm("keys", "-t", topo, "--site", "zz", "--table", "parent")

@@ -35,7 +35,6 @@ from sqlalchemy.engine import Connection, Engine
 from multimaster import store
 from multimaster.core.planner import ConflictRecord
 from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_order, orphan_action, waiting
-from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo, names
 from multimaster.errors import SchemaError
@@ -345,7 +344,7 @@ def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tu
                 f"WHERE {c} IN (SELECT m2.old_k FROM {km} m2)"
             )
         d.drop_temp(conn, km)
-    store.keymoves.record(conn, d, info.name, moves, now_iso(), reason)
+    store.keymoves.record(conn, d, info.name, moves, reason)
 
 
 def shadow_keys(

@@ -5,13 +5,14 @@ it, ``shift``) one row records (table, identity, old key, new key, when, why). R
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
 
-__all__ = ["install", "record", "history", "moves_from"]
+__all__ = ["install", "record", "history", "moves_from", "delete_before"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -25,8 +26,16 @@ def install(conn: Connection, d: Dialect) -> None:
     )
 
 
-def record(conn: Connection, d: Dialect, table: str, moves: Sequence[tuple[str, int, int]], at: str, reason: str) -> None:
-    """Record the key moves (identity, old key, new key) of `table`."""
+def _now() -> str:
+    """The current UTC time as ``moved_at`` is written: like the conflict log's ``detected_at``
+    ('2026-01-02T03:04:05.678Z', sorts as text), so both are purged with one cut."""
+    t = datetime.now(timezone.utc)
+    return t.strftime("%Y-%m-%dT%H:%M:%S") + f".{t.microsecond // 1000:03d}Z"
+
+
+def record(conn: Connection, d: Dialect, table: str, moves: Sequence[tuple[str, int, int]], reason: str) -> None:
+    """Record the key moves (identity, old key, new key) of `table`, now."""
+    at = _now()
     if moves:
         conn.exec_driver_sql(
             f"INSERT INTO {d.mm_table('_mm_keymoves')} (tbl, rid, old_key, new_key, moved_at, reason) VALUES ({d.ph(6)})",
@@ -57,3 +66,12 @@ def moves_from(conn: Connection, d: Dialect, table: str, key: int) -> list[tuple
             (table, int(key)),
         )
     ]
+
+
+def delete_before(conn: Connection, d: Dialect, table: str, before: str) -> int:
+    """Delete the moves of `table` recorded before `before` (UTC, as moved_at is written). Returns how many."""
+    p = d.caps.placeholder
+    n = conn.exec_driver_sql(
+        f"DELETE FROM {d.mm_table('_mm_keymoves')} WHERE tbl = {p} AND moved_at < {p}", (table, before)
+    ).rowcount
+    return int(n or 0)
