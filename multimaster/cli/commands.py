@@ -282,7 +282,9 @@ def conflicts(
     site: Optional[str] = typer.Option(None, "--site", help="Only the conflicts this site recorded."),
     table: Optional[str] = typer.Option(None, "--table", help="Only conflicts of this table."),
     kind: Optional[str] = typer.Option(
-        None, "--kind", help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces."
+        None,
+        "--kind",
+        help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces, orphan.",
     ),
     since: Optional[str] = typer.Option(None, "--since", help="Only conflicts since: a duration ago (1h) or an ISO time."),
     limit: int = typer.Option(50, "--limit", help="At most the last N conflicts (0: all)."),
