@@ -444,3 +444,30 @@ def test_many_writers_while_refreshing(backend: Backend, tmp_path: Path) -> None
     assert not errors and not failures, (errors, failures)
     cl.refresh_until_quiet()
     check(cl, tags)
+
+
+@pytest.mark.parametrize("first", ["a", "c"])
+def test_child_moved_away_from_a_parent_deleted_concurrently(backend: Backend, tmp_path: Path, first: str) -> None:
+    """b inserts a child of p1 and then moves it to p2, while a deletes p1: the child referenced a
+    deleted row, so it goes at every site — also where it had moved away before the delete
+    arrived, and whether its insert and its move arrive in one batch or in two."""
+    tables = {k: v for k, v in _tables().items() if k != "grand"}
+    cl = fk_cluster(backend, tmp_path, ["a", "b", "c"], tables)
+    q = _q(cl)
+    for n in ("p1", "p2", "p3"):
+        app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", (n,)))
+    cl.refresh_until_quiet()
+    app(cl, "a", (f"DELETE FROM parent WHERE {q}name{q} = 'p1'", ()))
+    app(cl, "b", ("INSERT INTO child (name, parent_id) SELECT 'c-moved', id FROM parent WHERE name = 'p1'", ()))
+    app(cl, "b", ("UPDATE child SET parent_id = (SELECT id FROM parent WHERE name = 'p2') WHERE name = 'c-moved'", ()))
+    app(cl, "b", ("INSERT INTO child (name, parent_id) SELECT 'c-kept', id FROM parent WHERE name = 'p3'", ()))
+    if first == "a":
+        cl.refresh("a", "b", batch_size=1)  # the insert alone: its parent is dead here already
+        cl.refresh("b", "a")  # b hears of the delete after the child moved away
+    else:
+        cl.refresh("c", "b")  # c applies insert and move together, then hears of the delete
+        cl.refresh("c", "a")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("a", "b", "c"):
+        assert {r[1] for r in cl.rows(s, "child")} == {"c-kept"}, s

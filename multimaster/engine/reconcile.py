@@ -132,14 +132,14 @@ def _reconcile(
         return res
     res.duplicates += max(0, cands.pending - cands.total)
     max_hlc = ver_hlc(max(top for _, top in cands.per_origin.values()))
-    references.before_deletes(conn, site, info, cands.table)  # rows referencing deleted rows go first
+    references.before_deletes(conn, site, info, cands.table, list(snaps))  # rows referencing deleted rows go first
     # 2. the plain changes, set-based
     fr, rest = _apply_plain(conn, site, info, cands, base_max, res)
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
     references.fix_self(conn, site, info, cands.table)
-    references.orphans(conn, site, info, cands.table)  # references to rows deleted meanwhile
+    references.orphans(conn, site, info, cands.table, list(snaps))  # references to rows deleted meanwhile
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
     # 5. what is applied is known for good: the highest version per origin

@@ -369,45 +369,84 @@ def shadow_keys(
 # the orphan rule: a row whose referenced row is deleted (delete wins)
 
 
-def before_deletes(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:
+def before_deletes(conn: Connection, site: Site, info: TableInfo, cand: str, peers: Sequence[str]) -> None:
     """Before the candidates of renumbered `info` delete its rows: the rows referencing them, at
-    any depth, are set NULL or deleted first (core.references.orphan_action), as every site does
-    when the delete reaches it, with the delete's version; not left to the database, whose
+    any depth, are set NULL or deleted first (core.references.orphan_action), with the delete's
+    version, as every site does whichever arrives first; not left to the database, whose
     referential actions do not touch the shadow or the conflict log (or do not run at all while
-    checks are off)."""
+    checks are off). A row is deleted when any change of it that reached this site referenced a
+    deleted row — also when a later change moved it to another row — so the outcome does not
+    depend on the order changes arrive in (`peers`: whose snapshots hold those changes)."""
     d = site.dialect
     if not (info.spec.renumber and referencing(conn, d, info.name, info.key.name)):
         return
     dels = conn.exec_driver_sql(
-        f"SELECT s.{d.key_col}, c.ver FROM {cand} c JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
+        f"SELECT s.{d.key_col}, s.rid, c.ver FROM {cand} c JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
         f"WHERE c.op = 'D' AND s.deleted IS NULL"
     ).all()
     if dels:
-        _cascade(conn, site, info.name, info.key.name, {int(k): v for k, v in dels}, set())
+        _cascade(conn, site, info.name, info.key.name, {int(k): v for k, _, v in dels}, {r: v for _, r, v in dels}, peers, set())
 
 
-def orphans(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:
-    """After the candidates of `info` were applied: a row they set a reference of to a deleted
-    identity (its delete reached this site first) is set NULL or deleted, with the delete's version."""
+def orphans(conn: Connection, site: Site, info: TableInfo, cand: str, peers: Sequence[str]) -> None:
+    """After the candidates of `info` were applied: a row one of them made reference a deleted
+    identity (its delete reached this site first) is deleted — whatever it references now — or,
+    ON DELETE SET NULL, its reference set NULL if it still names it; with the delete's version."""
     d = site.dialect
     q = d.quote
+    sh = d.obj(info.name).shadow
     for r in info.refs:
         ps = d.obj(r.parent).shadow
         f = q("f_" + r.column)
         rows = conn.exec_driver_sql(
-            f"SELECT DISTINCT ps.{d.key_col}, ps.deleted FROM {cand} c JOIN {ps} ps ON ps.rid = c.{f} "
-            f"JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
-            f"WHERE c.op <> 'D' AND ps.deleted IS NOT NULL AND s.deleted IS NULL"
+            f"SELECT DISTINCT ps.{d.key_col}, ps.rid, ps.deleted, s.{d.key_col} FROM {cand} c JOIN {ps} ps ON ps.rid = c.{f} "
+            f"JOIN {sh} s ON s.rid = c.rid WHERE c.op <> 'D' AND ps.deleted IS NOT NULL AND s.deleted IS NULL"
         ).all()
-        if rows:
-            _orphan_rows(conn, site, info.name, r.column, r.on_delete, {int(k): v for k, v in rows}, set())
+        if not rows:
+            continue
+        dead_keys = {int(pk): v for pk, _, v, _ in rows}
+        if orphan_action(r.on_delete) == "null":
+            _orphan_rows(conn, site, info.name, r.column, r.on_delete, dead_keys, {}, peers, set())
+        else:
+            own = {int(k): v for _, _, v, k in rows}  # these rows go, whatever they reference now
+            _orphan_rows(conn, site, info.name, r.column, r.on_delete, dead_keys, {}, peers, set(), own)
 
 
-def _cascade(conn: Connection, site: Site, table: str, key: str, dead: dict[int, str], seen: set[tuple[str, int]]) -> None:
-    """Rows of `table` with keys `dead` (key -> delete version) are going: every row referencing
-    one, in any table, gets its ON DELETE action, depth first."""
+def _cascade(
+    conn: Connection,
+    site: Site,
+    table: str,
+    key: str,
+    dead: dict[int, str],
+    dead_rids: dict[str, str],
+    peers: Sequence[str],
+    seen: set[tuple[str, int]],
+) -> None:
+    """Rows of `table` with keys `dead` (key -> delete version; identities `dead_rids`) are going:
+    every row referencing one, in any table, gets its ON DELETE action, depth first."""
     for ref in referencing(conn, site.dialect, table, key):
-        _orphan_rows(conn, site, ref.table, ref.column, ref.on_delete, dead, seen)
+        _orphan_rows(conn, site, ref.table, ref.column, ref.on_delete, dead, dead_rids, peers, seen)
+
+
+def _ever_referenced(
+    conn: Connection, d: Dialect, table: str, column: str, dead_rids: dict[str, str], peers: Sequence[str]
+) -> dict[str, str]:
+    """The identities of `table` some change of which, in this site's change log or snapshots,
+    referenced (by `column`) an identity of `dead_rids`: identity -> that delete's version."""
+    q = d.quote
+    ph = d.caps.placeholder
+    f = q("f_" + column)
+    out: dict[str, str] = {}
+    ordered = sorted(dead_rids)
+    sources = [d.obj(table).log] + [d.obj(table, p).snapshot() for p in peers]
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i : i + 500]
+        marks = ", ".join([ph] * len(chunk))
+        for src in sources:
+            for rid, f_rid in conn.exec_driver_sql(f"SELECT rid, {f} FROM {src} WHERE {f} IN ({marks})", tuple(chunk)):
+                v = dead_rids[f_rid]
+                out[rid] = min(out.get(rid, v), v)
+    return out
 
 
 def _orphan_rows(
@@ -417,11 +456,16 @@ def _orphan_rows(
     column: str,
     on_delete: str,
     dead: dict[int, str],
+    dead_rids: dict[str, str],
+    peers: Sequence[str],
     seen: set[tuple[str, int]],
+    own: dict[int, str] | None = None,
 ) -> None:
-    """The rows of `table` whose `column` holds a key of `dead` (parent key -> its delete version):
-    set NULL, or deleted (their shadow rows marked with the version, a conflict record `orphan`
-    each, and their own referencing rows first)."""
+    """The rows of `table` referencing (by `column`) a key of `dead` (parent key -> its delete
+    version) — and, when they are deleted, the rows of `own` (their key -> version) and those any
+    change of which referenced an identity of `dead_rids` — are set NULL, or deleted (their shadow
+    rows marked with the version, a conflict record `orphan` each, their own referencing rows
+    first)."""
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
@@ -431,36 +475,83 @@ def _orphan_rows(
         return
     action = orphan_action(on_delete)
     cols = [keycol, column] + ([c for c in info.column_names if c != column] if info is not None else [])
-    found: list[tuple[Any, ...]] = []
+    sel = f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)} WHERE "
+    found: dict[Any, tuple[tuple[Any, ...], str]] = {}  # row key -> (row, version)
     ordered = sorted(dead)
     for i in range(0, len(ordered), 500):
         chunk = ordered[i : i + 500]
-        found += conn.exec_driver_sql(
-            f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)} WHERE {q(column)} IN ({', '.join([ph] * len(chunk))})",
-            tuple(chunk),
-        ).all()
-    found = [r for r in found if (table, r[0]) not in seen]
+        for row in conn.exec_driver_sql(sel + f"{q(column)} IN ({', '.join([ph] * len(chunk))})", tuple(chunk)):
+            found[row[0]] = (tuple(row), dead[int(row[1])])
+    if info is not None:
+        d.catch_up(conn, info)
+        if action != "null" and info.spec.renumber:
+            _found_by_identity(conn, d, info, column, sel, dead_rids, own or {}, peers, found)
+    for k in [k for k in found if (table, k) in seen]:
+        del found[k]
     if not found:
         return
+    by_key: dict[Any, str] = {}
+    if info is not None:
+        for k in found:
+            rid = conn.exec_driver_sql(
+                f"SELECT rid FROM {d.obj(table).shadow} WHERE {d.key_col} = {ph} AND deleted IS NULL", (k,)
+            ).scalar()
+            if rid is not None:
+                by_key[k] = rid
     if action == "null":
-        conn.exec_driver_sql(f"UPDATE {q(table)} SET {q(column)} = NULL WHERE {q(keycol)} = {ph}", [(r[0],) for r in found])
+        conn.exec_driver_sql(f"UPDATE {q(table)} SET {q(column)} = NULL WHERE {q(keycol)} = {ph}", [(k,) for k in found])
     else:
-        seen.update((table, r[0]) for r in found)
-        gone = {r[0]: dead[r[1]] for r in found}
-        _cascade(conn, site, table, keycol, gone, seen)  # their own referencing rows first
+        seen.update((table, k) for k in found)
+        gone = {k: v for k, (_, v) in found.items()}
+        _cascade(conn, site, table, keycol, gone, {by_key[k]: v for k, v in gone.items() if k in by_key}, peers, seen)
         conn.exec_driver_sql(f"DELETE FROM {q(table)} WHERE {q(keycol)} = {ph}", [(k,) for k in gone])
-    if info is None:
-        return  # not replicated: no shadow, no conflict log
-    sh = d.obj(table).shadow
-    d.catch_up(conn, info)
-    by_key = {}
-    for r in found:
-        rid = conn.exec_driver_sql(f"SELECT rid FROM {sh} WHERE {d.key_col} = {ph} AND deleted IS NULL", (r[0],)).scalar()
-        if rid is not None:
-            by_key[r[0]] = rid
+    if info is not None:
+        _record_orphans(conn, d, table, column, cols, action, found, by_key)
+
+
+def _found_by_identity(
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    column: str,
+    sel: str,
+    dead_rids: dict[str, str],
+    own: dict[int, str],
+    peers: Sequence[str],
+    found: dict[Any, tuple[tuple[Any, ...], str]],
+) -> None:
+    """Add to `found` the live rows of `own` (key -> version) and those some change of which
+    referenced (by `column`) an identity of `dead_rids`."""
+    ph = d.caps.placeholder
+    extra = dict(own)
+    if dead_rids and any(r.column == column for r in info.refs):
+        sh = d.obj(info.name).shadow
+        for rid, v in _ever_referenced(conn, d, info.name, column, dead_rids, peers).items():
+            k = conn.exec_driver_sql(f"SELECT {d.key_col} FROM {sh} WHERE rid = {ph} AND deleted IS NULL", (rid,)).scalar()
+            if k is not None:
+                extra[int(k)] = min(extra.get(int(k), v), v)
+    for k, v in extra.items():
+        if k not in found:
+            row = conn.exec_driver_sql(sel + f"{d.quote(info.key.name)} = {ph}", (k,)).first()
+            if row is not None:
+                found[k] = (tuple(row), v)
+
+
+def _record_orphans(
+    conn: Connection,
+    d: Dialect,
+    table: str,
+    column: str,
+    cols: list[str],
+    action: str,
+    found: dict[Any, tuple[tuple[Any, ...], str]],
+    by_key: dict[Any, str],
+) -> None:
+    """Mark the deleted orphans' shadow rows with their version and log an `orphan` conflict each."""
+    ph = d.caps.placeholder
     if action != "null":
         conn.exec_driver_sql(
-            f"UPDATE {sh} SET deleted = {ph} WHERE rid = {ph}", [(dead[r[1]], by_key[r[0]]) for r in found if r[0] in by_key]
+            f"UPDATE {d.obj(table).shadow} SET deleted = {ph} WHERE rid = {ph}", [(found[k][1], rid) for k, rid in by_key.items()]
         )
     store.conflicts.record(
         conn,
@@ -468,23 +559,22 @@ def _orphan_rows(
         [
             ConflictRecord(
                 table,
-                by_key[r[0]],
+                rid,
                 "orphan",
                 None,
                 (column,),
                 None,
-                {column: r[1]},
-                dead[r[1]],
+                {column: found[k][0][1]},
+                found[k][1],
                 None,
                 "delete-wins",
                 "null" if action == "null" else "delete",
-                dict(zip(cols[1:], r[1:])),
+                dict(zip(cols[1:], found[k][0][1:])),
                 None,
             )
-            for r in found
-            if r[0] in by_key
+            for k, rid in by_key.items()
         ],
-        {by_key[r[0]]: r[0] for r in found if r[0] in by_key},
+        {rid: k for k, rid in by_key.items()},
     )
 
 
