@@ -471,3 +471,42 @@ def test_child_moved_away_from_a_parent_deleted_concurrently(backend: Backend, t
     cl.assert_converged()
     for s in ("a", "b", "c"):
         assert {r[1] for r in cl.rows(s, "child")} == {"c-kept"}, s
+
+
+def test_table_not_replicated_referencing_a_renumbered_one(backend: Backend, tmp_path: Path) -> None:
+    """A local table (not replicated) whose rows reference a replicated, renumbered one: its
+    references move with the keys too."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b"], init=False)
+    q = _q(cl)
+    for s in ("a", "b"):
+        c = cl.db(s)
+        c.cursor().execute(
+            f"CREATE TABLE notes (id INTEGER PRIMARY KEY, parent_id INTEGER REFERENCES parent(id), {q}txt{q} TEXT)"
+        )
+        c.commit()
+        c.close()
+    api.init(cl.topo)
+    for s in ("a", "b"):
+        add_family(cl, s, s)
+    app(cl, "b", ("INSERT INTO notes (id, parent_id, txt) SELECT 1, id, 'about p-b' FROM parent WHERE name = 'p-b'", ()))
+    cl.refresh_until_quiet()
+    check(cl, ["a", "b"])
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT p.name FROM notes n JOIN parent p ON p.id = n.parent_id")
+        assert [tuple(r) for r in cur.fetchall()] == [("p-b",)]
+    finally:
+        c.close()
+
+
+def test_refused_actions_at_init(backend: Backend, tmp_path: Path) -> None:
+    """A reference to a renumbered table that would not follow a moved key is refused, named."""
+    tables = {
+        "parent": {"key": "id", "columns": {"name": "text"}},
+        "child": {"key": "id", "columns": {"name": "text", "parent_id": "INTEGER REFERENCES parent(id) ON UPDATE SET NULL"}},
+    }
+    cl = make_cluster(backend, tmp_path, ["a", "b"], tables, init=False)
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    assert "'child'" in str(e.value) and "'parent'" in str(e.value) and "ON UPDATE SET NULL" in str(e.value)

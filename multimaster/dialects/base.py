@@ -429,9 +429,10 @@ class Dialect:
         Idempotent."""
         raise NotImplementedError
 
-    def make_references_deferrable(self, conn: Connection, info: TableInfo) -> None:
-        """Make the foreign keys of `info` to renumbered tables deferrable where the database
-        needs it for defer_foreign_keys (applications see no difference). Default: nothing."""
+    def make_foreign_key_deferrable(self, conn: Connection, table: str, name: str) -> None:
+        """Make foreign key `name` of `table` (one referencing a renumbered table) deferrable where
+        the database needs it for defer_foreign_keys (applications see no difference). Default:
+        nothing."""
 
     def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
         """`on`: from now until this transaction ends, foreign-key checks wait for COMMIT (or, where

@@ -157,7 +157,10 @@ def install(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str])
                         conn.exec_driver_sql(
                             f"ALTER TABLE {d.mm_table(tbl)} ADD COLUMN {d.quote(p + r.column)} {d.reference_type}"
                         )
-        d.make_references_deferrable(conn, info)
+    if info.spec.renumber:  # every foreign key to its key, of any table: its keys move
+        for fk in referencing(conn, d, info.name, info.key.name, fresh=True):
+            if fk.name:
+                d.make_foreign_key_deferrable(conn, fk.table, fk.name)
     d.install_reference_capture(conn, info)
 
 
@@ -286,16 +289,17 @@ class Referencing:
     column: str
     on_update: str
     on_delete: str = "NO ACTION"
+    name: str | None = None  # the constraint's name, when the database gives one
 
 
 _REFERENCING: "weakref.WeakKeyDictionary[Engine, dict[str, list[Referencing]]]" = weakref.WeakKeyDictionary()
 
 
-def referencing(conn: Connection, d: Dialect, table: str, key: str) -> list[Referencing]:
+def referencing(conn: Connection, d: Dialect, table: str, key: str, fresh: bool = False) -> list[Referencing]:
     """Every single-column foreign key of the database's tables to `table`.`key` (read once per
-    engine: the schema is fixed while replicating)."""
+    engine, or again when `fresh`: the schema is fixed while replicating)."""
     eng = conn.engine
-    by_parent = _REFERENCING.get(eng)
+    by_parent = None if fresh else _REFERENCING.get(eng)
     if by_parent is None:
         insp = inspect(conn)
         by_parent = {}
@@ -311,6 +315,7 @@ def referencing(conn: Connection, d: Dialect, table: str, key: str) -> list[Refe
                             cols[0],
                             _action((fk.get("options") or {}).get("onupdate")),
                             _action((fk.get("options") or {}).get("ondelete")),
+                            fk.get("name"),
                         )
                     )
         _REFERENCING[eng] = by_parent

@@ -412,14 +412,12 @@ class PostgreSQLDialect(Dialect):
             f"WHEN (NEW.origin = {_lit(self._site_name(conn))}) EXECUTE FUNCTION {fn}()"
         )
 
-    def make_references_deferrable(self, conn: Connection, info: TableInfo) -> None:
-        """SET CONSTRAINTS defers only deferrable constraints: each reference becomes DEFERRABLE
+    def make_foreign_key_deferrable(self, conn: Connection, table: str, name: str) -> None:
+        """SET CONSTRAINTS defers only deferrable constraints: the foreign key becomes DEFERRABLE
         INITIALLY IMMEDIATE (checked at each statement for applications, as before)."""
-        for r in info.refs:
-            if r.name:
-                conn.exec_driver_sql(
-                    f"ALTER TABLE {self.quote(info.name)} ALTER CONSTRAINT {self.quote(r.name)} DEFERRABLE INITIALLY IMMEDIATE"
-                )
+        conn.exec_driver_sql(
+            f"ALTER TABLE {self.quote(table)} ALTER CONSTRAINT {self.quote(name)} DEFERRABLE INITIALLY IMMEDIATE"
+        )
 
     def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
         """SET CONSTRAINTS ALL DEFERRED, for this transaction; referential actions still run."""
