@@ -116,11 +116,16 @@ def check(cl: TestCluster, tags: list[str]) -> None:
     cl.assert_converged()
 
 
-@pytest.mark.parametrize("order", list(itertools.permutations(["a", "b", "c"]))[:3])
+ORDERS = list(itertools.permutations(["a", "b", "c"]))
+
+
+@pytest.mark.parametrize("order", ORDERS, ids=["".join(o) for o in ORDERS])
 def test_concurrent_families_every_order(backend: Backend, tmp_path: Path, order: tuple[str, ...]) -> None:
     """Three sites each insert a parent, a child of it and a grandchild of that, concurrently;
     links are refreshed one by one in `order` (targets) with peers in reverse: renumbering moves
     keys at every site, and every child still has its own parent everywhere."""
+    if backend.name != "sqlite" and ORDERS.index(order) >= 3:
+        pytest.skip("every order runs on SQLite; three on each server, whose clusters cost more")
     cl = fk_cluster(backend, tmp_path, ["a", "b", "c"])
     for s in ("a", "b", "c"):
         add_family(cl, s, s)
