@@ -187,9 +187,12 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
-    for parent in {r.parent for r in info.refs if r.parent != info.name}:
+    for parent in sorted({r.parent for r in info.refs if r.parent != info.name}):
         pinfo = site.known_info(parent, conn)
         if pinfo is not None:
+            # no key of the parent moves until this transaction ends (another link's reconciler
+            # would move them in a transaction of its own), and its shadow knows every local row
+            d.lock_writers(conn, pinfo)
             d.catch_up(conn, pinfo)  # (SQLite writes a local insert's shadow row lazily)
     fcols = [q("f_" + r.column) for r in info.refs]
     rows = conn.exec_driver_sql(f"SELECT ver, origin, rid, op, mask, {', '.join(fcols)} FROM {cand} ORDER BY ver").all()
