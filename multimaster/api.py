@@ -18,6 +18,7 @@ from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.install import InitReport, init, uninstall
+from multimaster.ops.keys import current_key, key_history
 from multimaster.ops.status import conflicts, status
 
 __all__ = [
@@ -34,6 +35,8 @@ __all__ = [
     "list_errors",
     "retry_errors",
     "skip_error",
+    "current_key",
+    "key_history",
     "InitReport",
     "Cluster",
     "as_cluster",

@@ -273,3 +273,116 @@ def test_natural_key_histories_converge_to_the_reference(sqlite_backend, n_sites
         assert all(sh == shadows[0] for sh in shadows), "tombstones differ"
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ---- foreign keys -----------------------------------------------------------------------------
+# parent(id, name) <- child(id, name, parent_id REFERENCES parent ON DELETE CASCADE, pname): the
+# application writes with foreign keys enforced and records in `pname`, in the same statement, the
+# name of the parent it meant (names are unique). The model, from the rules alone (docs/foreign-keys.md):
+# a parent lives iff never deleted; a child lives iff never deleted and no change of it named a
+# parent that was deleted (delete wins, whichever arrives first); its pname is the latest set. At
+# every site each live child's parent_id must name the parent called pname.
+
+FK_TABLES = {
+    "parent": {"key": "id", "columns": {"name": "text"}},
+    "child": {
+        "key": "id",
+        "columns": {"name": "text", "parent_id": "INTEGER REFERENCES parent(id) ON DELETE CASCADE", "pname": "text"},
+    },
+}
+
+fk_op = st.one_of(
+    st.tuples(st.just("parent"), st.integers(0, 4)),
+    st.tuples(st.just("child"), st.integers(0, 4), st.integers(0, 50)),
+    st.tuples(st.just("move"), st.integers(0, 4), st.integers(0, 50), st.integers(0, 50)),
+    st.tuples(st.just("del_parent"), st.integers(0, 4), st.integers(0, 50)),
+    st.tuples(st.just("del_child"), st.integers(0, 4), st.integers(0, 50)),
+    st.tuples(st.just("refresh"), st.integers(0, 40)),
+)
+
+
+def fk_reference(cl, sites: list[str]) -> tuple[set[str], dict[str, str]]:  # type: ignore[no-untyped-def]
+    """The live parents' names, and every live child's name -> its parent's name."""
+    plog, clog = [], []
+    for s in sites:
+        c = cl.db(s)
+        plog += c.execute("SELECT ver, op, rid, n_name FROM _mm_log_parent WHERE origin = ?", (s,)).fetchall()
+        clog += c.execute("SELECT ver, op, rid, mask, n_name, n_pname FROM _mm_log_child WHERE origin = ?", (s,)).fetchall()
+        c.close()
+    pname_of = {rid: name for _, op_, rid, name in plog if op_ == "I"}
+    dead_parents = {pname_of[rid] for _, op_, rid, _ in plog if op_ == "D"}
+    children: dict[str, dict] = {}  # type: ignore[type-arg]
+    for ver, op_, rid, mask, name, pname in sorted(clog):
+        ch = children.setdefault(rid, {"alive": True, "named": set()})
+        if op_ == "I":
+            ch.update(name=name, pname=pname)
+            ch["named"].add(pname)
+        elif op_ == "D":
+            ch["alive"] = False
+        elif mask & 4:  # COLS of child, sorted: name, parent_id, pname
+            ch["pname"] = pname
+            ch["named"].add(pname)
+    live = set(pname_of.values()) - dead_parents
+    kids = {ch["name"]: ch["pname"] for ch in children.values() if ch["alive"] and not (ch["named"] & dead_parents)}
+    return live, kids
+
+
+@settings(
+    max_examples=int(os.environ.get("MM_PROPERTY_EXAMPLES", "35")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    n_sites=st.sampled_from([2, 3, 3, 4]),
+    links=st.sampled_from(["mesh", "ring", "star", "chain"]),
+    ops=st.lists(fk_op, min_size=1, max_size=30),
+)
+def test_foreign_key_histories_keep_every_child_with_its_parent(sqlite_backend, n_sites, links, ops):  # type: ignore[no-untyped-def]
+    sites = SITE_NAMES[:n_sites]
+    link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
+    tmp = Path(tempfile.mkdtemp(prefix="mm-fk-"))
+    try:
+        cl = make_cluster(sqlite_backend, tmp, sites, FK_TABLES, link_doc)
+        link_list = list(cl.topo.links)
+        made = 0
+
+        def write(site: str, sql: str, params: tuple = ()) -> None:  # type: ignore[type-arg]
+            c = cl.db(site)
+            c.execute("PRAGMA foreign_keys = ON")
+            c.execute(sql, params)
+            c.commit()
+            c.close()
+
+        for o in ops:
+            kind = o[0]
+            if kind == "refresh":
+                ln = link_list[o[1] % len(link_list)]
+                cl.refresh(ln.target, ln.source)
+                continue
+            site = sites[o[1] % n_sites]
+            parents = cl.rows(site, "parent")
+            kids = cl.rows(site, "child")
+            made += 1
+            if kind == "parent":
+                write(site, "INSERT INTO parent (name) VALUES (?)", (f"p{made}",))
+            elif kind == "child" and parents:
+                pid, pname = parents[o[2] % len(parents)]
+                write(site, "INSERT INTO child (name, parent_id, pname) VALUES (?, ?, ?)", (f"c{made}", pid, pname))
+            elif kind == "move" and parents and kids:
+                pid, pname = parents[o[3] % len(parents)]
+                write(site, "UPDATE child SET parent_id = ?, pname = ? WHERE id = ?", (pid, pname, kids[o[2] % len(kids)][0]))
+            elif kind == "del_parent" and parents:
+                write(site, "DELETE FROM parent WHERE id = ?", (parents[o[2] % len(parents)][0],))
+            elif kind == "del_child" and kids:
+                write(site, "DELETE FROM child WHERE id = ?", (kids[o[2] % len(kids)][0],))
+        cl.refresh_until_quiet()
+        live, kids_expected = fk_reference(cl, sites)
+        for s in sites:
+            c = cl.db(s)
+            assert {r[0] for r in c.execute("SELECT name FROM parent")} == live, f"parents at {s}"
+            got = dict(c.execute("SELECT c.name, p.name FROM child c LEFT JOIN parent p ON p.id = c.parent_id").fetchall())
+            c.close()
+            assert got == kids_expected, f"children at {s}"
+        cl.assert_converged()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

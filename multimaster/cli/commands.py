@@ -305,7 +305,7 @@ def conflicts(
     kind: Optional[str] = typer.Option(
         None,
         "--kind",
-        help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces, unique.",
+        help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces, unique, orphan.",
     ),
     since: Optional[str] = typer.Option(None, "--since", help="Only conflicts since: a duration ago (1h) or an ISO time."),
     limit: int = typer.Option(50, "--limit", help="At most the last N conflicts (0: all)."),

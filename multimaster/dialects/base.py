@@ -439,6 +439,38 @@ class Dialect:
         sql = self.fresh_identities_select(info.name) if info.spec.renumber else None
         return [] if sql is None else [tuple(r) for r in conn.exec_driver_sql(f"{sql} ORDER BY rid")]
 
+    # ---- foreign keys between replicated tables (docs/foreign-keys.md) -------------------------
+    #: the type of a change log's or snapshot's ``f_<col>`` / ``fo_<col>`` columns (an identity)
+    reference_type: str = "TEXT"
+
+    def foreign_keys(self, conn: Connection, table: str) -> list[dict[str, Any]]:
+        """The declared foreign keys of `table`, as SQLAlchemy's inspector gives them
+        (constrained_columns, referred_table, referred_columns, name, options with ``ondelete`` /
+        ``onupdate`` when declared)."""
+        from sqlalchemy import inspect
+
+        return list(inspect(conn).get_foreign_keys(table))  # type: ignore[arg-type]
+
+    def install_reference_capture(self, conn: Connection, info: TableInfo) -> None:
+        """Make this site's capture write, for every reference of `info` (``info.refs``), the
+        identity of the referenced row beside the key: ``f_<col>`` for the new value (inserts,
+        updates of the column), ``fo_<col>`` for the old one (updates of the column, deletes),
+        looked up in the parent's shadow (and, where it is written lazily, in the parent's change
+        log past its catch-up point). Only entries this site captures (origin = this site).
+        Idempotent."""
+        raise NotImplementedError
+
+    def make_foreign_key_deferrable(self, conn: Connection, table: str, name: str) -> None:
+        """Make foreign key `name` of `table` (one referencing a renumbered table) deferrable where
+        the database needs it for defer_foreign_keys (applications see no difference). Default:
+        nothing."""
+
+    def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
+        """`on`: from now until this transaction ends, foreign-key checks wait for COMMIT (or, where
+        the database cannot defer them, are off for this session until called with False).
+        Returns whether the database still carries out ON UPDATE CASCADE actions meanwhile."""
+        raise NotImplementedError
+
     # ---- outside the engine: verify's readers and repair (multimaster/spark/), pull grants ----
     # (multimaster/grants.py) and site files (site.py, topology.py). Each dialect declares these in
     # one section at the end of its class; nothing outside multimaster/dialects/ branches on a name.

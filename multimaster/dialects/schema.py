@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from multimaster.core.planner import TableSpec
+from multimaster.core.references import Ref
 from multimaster.core.unique import UniqueSet
 
 __all__ = ["Column", "TableInfo", "Names", "names", "MAX_COLUMNS"]
@@ -35,6 +36,8 @@ class TableInfo:
     spec: TableSpec
     #: its UNIQUE constraints and unique indexes other than the key, sorted by name (docs/unique.md)
     uniques: tuple[UniqueSet, ...] = ()
+    #: declared foreign keys to renumbered replicated tables (engine/references.py discovers them)
+    refs: tuple[Ref, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:

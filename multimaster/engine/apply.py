@@ -18,6 +18,7 @@ from multimaster import store
 from multimaster.core.planner import KeyAssignment, Plan, assign_keys
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import references
 from multimaster.engine.site import Site
 
 __all__ = ["Applied", "execute_plan", "keys_unranked", "normalize_keys", "keys_ranked_now"]
@@ -107,10 +108,16 @@ def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int)
             f"SELECT {d.greatest(f'(SELECT coalesce(max({key}), 0) FROM {q(info.name)})', f'(SELECT max({d.key_col}) FROM {o.shadow})')}"
         ).scalar()
         off = int(top or 0) + 1
-        # through keys above every key (no unique key collides on the way), then down to the ranks
-        for tbl, col in ((q(info.name), key), (o.shadow, d.key_col)):
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {ph} WHERE {col} = {ph}", [(new + off, old) for old, new in moves])
-            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
+        # through keys above every key (no unique key collides on the way), then down to the ranks;
+        # referencing columns follow (engine/references.py)
+        with references.deferred(conn, d, references.involved(conn, d, info)):
+            for tbl, col in ((q(info.name), key), (o.shadow, d.key_col)):
+                conn.exec_driver_sql(
+                    f"UPDATE {tbl} SET {col} = {ph} WHERE {col} = {ph}", [(new + off, old) for old, new in moves]
+                )
+                conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
+            rid_of = {int(key_): rid for rid, key_ in rows}
+            references.keys_moved(conn, d, info, [(rid_of[old], old, new) for old, new in moves], "rank")
     store.tables.set_keys_ranked(conn, d, info.name, k0 + len(rows))
     return len(moves)
 
@@ -145,7 +152,10 @@ def _shift_keys(conn: Connection, d: Dialect, info: TableInfo, p: Plan, ka: KeyA
     if not moving:
         return 0
     offset = max_key + n_new + 1
-    d.shift_keys(conn, info, moving, offset)
+    with references.deferred(conn, d, references.involved(conn, d, info)):  # referencing columns follow
+        moved = references.shadow_keys(conn, d, info, moving)
+        d.shift_keys(conn, info, moving, offset)
+        references.keys_moved(conn, d, info, moved, "shift")
     renumbered = 0
     for st in p.rows.values():
         if st.existed:

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import references
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 
@@ -28,6 +29,7 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
     cols += [prefix + q("o_" + c) for c in info.column_names]
+    cols += references.log_columns(site.dialect, info, prefix)  # identities of references (f_, fo_)
     if site.dialect.caps.txn_column:
         cols.append(f"{prefix}txn")
     return cols
@@ -99,7 +101,7 @@ def entry_groups(rows: Sequence[tuple[Any, ...]], info: TableInfo) -> list[tuple
     """(position, source transaction) of each row read_entries returned: the transaction as (origin,
     txn), None when the row carries none (an entry of the target's own change, or one recorded
     without a transaction)."""
-    width = 3 + 6 + 2 * len(info.columns)
+    width = 3 + 6 + 2 * len(info.columns) + 2 * len(info.refs)  # txn comes after the references (log_select_columns)
     out: list[tuple[int, Hashable | None]] = []
     for r in rows:
         txn = r[width] if len(r) > width else None
@@ -141,7 +143,7 @@ def store_batch(
         # they are stored as not applied yet (and no lowest position is returned)
         applied = applied and not held
     ncols = len(info.columns)
-    width = 6 + 2 * ncols
+    width = 6 + 2 * ncols + 2 * len(info.refs)
     keep_txn = d.caps.txn_column
     appended = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
@@ -170,6 +172,7 @@ def store_batch(
             ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
             + [d.quote("n_" + c) for c in info.column_names]
             + [d.quote("o_" + c) for c in info.column_names]
+            + references.log_columns(d, info)
             + (["txn"] if keep_txn else [])
         )
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)

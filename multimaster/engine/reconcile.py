@@ -21,7 +21,7 @@ from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, pla
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import fastpath, held, uniques
+from multimaster.engine import fastpath, held, references, uniques
 from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
@@ -117,6 +117,24 @@ def reconcile_table(
         cands = _recount(conn, d, cands)
     # on error the transaction rolls back, and the capture guard and scratch tables with it
     d.set_applying(conn, True)
+    with references.deferred(conn, d, references.involved(conn, d, info)):  # foreign keys: checked at COMMIT
+        return _reconcile(conn, site, info, base_max, relay, snaps, cands, res, only, rank_only)
+
+
+def _reconcile(
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    base_max: int,
+    relay: Sequence[str] | None,
+    snaps: dict[str, str],
+    cands: "_Candidates | None",
+    res: ReconcileResult,
+    only: Sequence[str] | None,
+    rank_only: bool,
+) -> ReconcileResult:
+    """reconcile_table from step 1b on, with the capture guard set and foreign-key checks deferred."""
+    d = site.dialect
     # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
     keying = _lock_keys(conn, site, info, base_max, cands, res)
     if cands is None:
@@ -127,6 +145,7 @@ def reconcile_table(
         return res
     res.duplicates += max(0, cands.pending - cands.total)
     max_hlc = ver_hlc(max(top for _, top in cands.per_origin.values()))
+    references.before_deletes(conn, site, info, cands.table, list(snaps))  # rows referencing deleted rows go first
     # 1c. secondary UNIQUE sets: room for the changes that collide (engine/uniques.py)
     uq = uniques.before_apply(conn, site, info, cands.table)
     # 2. the plain changes, set-based
@@ -136,6 +155,8 @@ def reconcile_table(
     if rank_only:
         held.rank_only(p)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+    references.fix_self(conn, site, info, cands.table)
+    references.orphans(conn, site, info, cands.table, list(snaps))  # references to rows deleted meanwhile
     uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq)
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
@@ -219,6 +240,8 @@ def _candidates(
             conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
     for p_ in sources:
         conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0{held.only_versions(only)}")
+    # references: to keys here; a change referencing an identity not held here waits
+    references.resolve(conn, site, info, cand, snaps)
     per_origin = {
         o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")
     }

@@ -18,9 +18,10 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.batches import plan_cuts
+from multimaster.core.references import fk_order
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import isolate, uniques
+from multimaster.engine import isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
@@ -89,9 +90,9 @@ def refresh_link(
         with tgt.read() as conn:
             tgt.require_installed(conn, t)
             tables = {}
-            for tb in _apply_order(t):
-                info = tgt.info(conn, tb, t)
-                tables[tb] = _LinkTable(t, target, source, tgt, src, tb, info, _base_max(conn, tgt, tb), peers, reconcile_)
+            infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
+            for tb in _apply_order(t, infos):
+                tables[tb] = _LinkTable(t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_)
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
         touched = _refresh_batches(tables, batch, res, progress, stop)
@@ -112,11 +113,11 @@ def refresh_link(
     return res
 
 
-def _apply_order(t: Topology) -> list[str]:
-    """The order in which a batch applies its tables and takes their locks: the same for every
-    refresher, so two never wait for each other in opposite orders. (The topology's order of
-    tables; parents before children once foreign keys are known.)"""
-    return list(t.tables)
+def _apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:
+    """The order in which a batch applies its tables and takes their locks: referenced tables
+    before the tables referencing them (core/references.py fk_order), else the topology's order;
+    the same for every refresher, so two never wait for each other in opposite orders."""
+    return fk_order(list(t.tables), {tb: [r.parent for r in info.refs] for tb, info in infos.items()})
 
 
 @dataclass(frozen=True)
@@ -232,6 +233,8 @@ def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
     d, info = link.tgt.dialect, link.info
     snap = d.obj(info.name, link.source).snapshot()
     if conn.exec_driver_sql(f"SELECT 1 FROM {snap} WHERE applied = 0 LIMIT 1").first() is not None:
+        return "apply"
+    if references.waiting_rows(conn, d, info, link.peers):  # what they wait for may have come by now
         return "apply"
     if info.spec.renumber and d.caps.concurrent_capture and keys_unranked(conn, d, info, link.base_max):
         return "rank"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Iterator
 
 from sqlalchemy import create_engine
@@ -15,6 +16,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine.references import discover
 from multimaster.engine.schema import introspect
 from multimaster.errors import NotInstalled, SiteUnreachable
 
@@ -30,6 +32,7 @@ class Site:
         self.dialect: Dialect = get_dialect(u.get_backend_name())
         self._engine: Engine | None = None
         self._infos: dict[str, TableInfo] = {}
+        self._topo: Topology | None = None
 
     def __repr__(self) -> str:
         return f"Site({self.name!r}, {hidden_url(self.url)!r})"
@@ -79,9 +82,23 @@ class Site:
             self._engine = None
 
     def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
+        self._topo = topo
         if table not in self._infos:
-            self._infos[table] = introspect(conn, self.name, table, topo.tables[table])
+            base = introspect(conn, self.name, table, topo.tables[table])
+            self._infos[table] = base  # (a parent referencing this table back finds it)
+            try:
+                self._infos[table] = replace(base, refs=discover(conn, self, base, topo))
+            except BaseException:
+                del self._infos[table]
+                raise
         return self._infos[table]
+
+    def known_info(self, table: str, conn: Connection | None = None) -> TableInfo | None:
+        """`table` as info() described it at this site (read on `conn` when not yet, if it is a
+        table of the topology info() was last given), or None: not a replicated table."""
+        if table not in self._infos and conn is not None and self._topo is not None and table in self._topo.tables:
+            return self.info(conn, table, self._topo)
+        return self._infos.get(table)
 
     def installed_tables(self, conn: Connection) -> list[str]:
         return store.tables.installed(conn, self.dialect)

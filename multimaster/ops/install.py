@@ -10,7 +10,7 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import uniques
+from multimaster.engine import references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
@@ -178,6 +178,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
                     src = chk.sites[chk.copy_from[tb][0]]
                     rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, chk.infos[tb][src.name], info, say)
                 store.tables.register(conn, s.dialect, info)
+            references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
             s.dialect.install_capture(conn, info)
     return newly
 

@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import uniques
+from multimaster.engine import references, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
@@ -262,6 +262,7 @@ def _connect_pullers(
             for tb in t.tables:
                 info = site.info(conn, tb, t)
                 site.dialect.install_snapshot(conn, info, name)
+                references.install(conn, site, info, [name])
                 store.links.ensure(conn, site.dialect, name, tb)
                 if s == peer and store.watermarks.read(conn, site.dialect, name, tb) == 0:
                     store.watermarks.write(conn, site.dialect, name, tb, npos[tb])  # the peer already holds all NAME has
@@ -308,6 +309,7 @@ def _copy(
             hlc = pd.read_clock(pconn) or 0
             nd.install_site(nconn, name)
             store.install(nconn, nd)
+            nd.defer_foreign_keys(nconn, True)  # rows referencing rows copied later (docs/foreign-keys.md)
             for tb in t.tables:
                 pi, ni = pinfo[tb], ninfo[tb]
                 po, no = pd.obj(tb), nd.obj(tb)
@@ -326,6 +328,7 @@ def _copy(
                 for q in sources:
                     nd.install_snapshot(nconn, ni, q)
                     store.links.ensure(nconn, nd, q, tb)
+                references.install(nconn, nsite, ni, sources)
                 # rows, with the keys they have at PEER
                 cols = [pi.key.name, *pi.column_names]
                 sel = ", ".join(pd.quote(c) for c in cols)
@@ -355,6 +358,7 @@ def _copy(
                     ["ver", "origin", "op", "rid", "key", "mask"]
                     + ["n_" + c for c in pi.column_names]
                     + ["o_" + c for c in pi.column_names]
+                    + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
                     + (["txn"] if pd.caps.txn_column and nd.caps.txn_column else [])  # docs/transactions.md
                 )
                 lq = ", ".join(pd.quote(c) for c in lcols)
@@ -398,6 +402,7 @@ def _copy(
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
                 nd.after_apply(nconn, ni)
+            nd.defer_foreign_keys(nconn, False)
             # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
             # floor) to at least the source's, so its next change sorts after everything copied
             nd.advance_clock(nconn, hlc)

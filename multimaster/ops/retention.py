@@ -140,6 +140,8 @@ def purge_state(
     if conflicts_after != float("inf"):
         latest = {s: fresh.get(s) or stored.get(s) for s in sites if s != here}
         _purge_conflicts(conn, site, table, sites, latest, missing, _iso_before(now, conflicts_after), out, dry_run)
+        if not dry_run:  # the key history goes with the conflict log's retention (docs/foreign-keys.md)
+            store.keymoves.delete_before(conn, d, table, _iso_before(now, conflicts_after))
     return out
 
 

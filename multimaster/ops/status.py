@@ -82,8 +82,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
 
 
 #: what the planner records (docs/conflicts.md, "The conflict log")
-CONFLICT_KINDS = ("update_update", "insert_insert", "update_delete", "delete_update", "insert_replaces", "unique")
-_WINNER = {"local": "local", "remote": "remote", "merged": "both", "delete": "delete"}
+CONFLICT_KINDS = ("update_update", "insert_insert", "update_delete", "delete_update", "insert_replaces", "unique", "orphan")
+_WINNER = {"local": "local", "remote": "remote", "merged": "both", "delete": "delete", "null": "null"}
 
 
 def conflicts(

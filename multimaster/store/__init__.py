@@ -11,6 +11,7 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.fences` ``_mm_fences``: observations of the other sites, what tombstones
   and conflict-log rows are purged with;
 - :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
+- :mod:`~multimaster.store.keymoves` ``_mm_keymoves``: the key history of renumbered tables;
 - :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts;
 - :mod:`~multimaster.store.errorqueue` ``_mm_errors``: the error queue (changes held, not applied).
 
@@ -25,9 +26,21 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
-from multimaster.store import conflicts, errorqueue, fences, links, origins, purges, tables, verifications, watermarks
+from multimaster.store import conflicts, errorqueue, fences, keymoves, links, origins, purges, tables, verifications, watermarks
 
-__all__ = ["conflicts", "errorqueue", "fences", "links", "origins", "purges", "tables", "verifications", "watermarks", "install"]
+__all__ = [
+    "conflicts",
+    "errorqueue",
+    "fences",
+    "keymoves",
+    "links",
+    "origins",
+    "purges",
+    "tables",
+    "verifications",
+    "watermarks",
+    "install",
+]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -39,3 +52,4 @@ def install(conn: Connection, d: Dialect) -> None:
     fences.install(conn, d)
     verifications.install(conn, d)
     conflicts.install(conn, d)
+    keymoves.install(conn, d)

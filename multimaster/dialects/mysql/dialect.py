@@ -145,7 +145,7 @@ class MySQLDialect(Dialect):
             # a connection going back to the pool never keeps the capture guard set
             try:
                 cur = dbapi_conn.cursor()
-                cur.execute("SET @mm_applying = NULL")
+                cur.execute("SET @mm_applying = NULL, foreign_key_checks = 1")
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
@@ -586,6 +586,43 @@ class MySQLDialect(Dialect):
         top = max(int(top), self._key_top(conn, info))
         rnd = int(conn.exec_driver_sql(f"SELECT cycle_count FROM {seq}").scalar() or 0)
         conn.exec_driver_sql(f"SELECT SETVAL({seq}, {top}, 1, {rnd + 1})").all()
+
+    # ---- foreign keys between replicated tables (docs/foreign-keys.md) -------------------------
+    reference_type = "VARCHAR(255)"
+
+    def install_reference_capture(self, conn: Connection, info: TableInfo) -> None:
+        """A BEFORE INSERT row trigger on the change log sets the identities of the entries this
+        site captures, from the parents' shadows (written by the parents' capture)."""
+        q = self.quote
+        o = self.obj(info.name)
+        trig = q("_mm_refs_" + info.name)
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trig}")
+        if not info.refs:
+            return
+        site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
+        bit = {c: i for i, c in enumerate(info.column_names)}
+        body = []
+        for r in info.refs:
+            sh = self.obj(r.parent).shadow
+            m = 1 << bit[r.column]
+            body.append(
+                f"  IF (NEW.mask & {m}) <> 0 THEN\n"
+                f"    IF NEW.op <> 'D' THEN SET NEW.{q('f_' + r.column)} = (SELECT rid FROM {sh} WHERE `key` = NEW.{q('n_' + r.column)}); END IF;\n"
+                f"    IF NEW.op <> 'I' THEN SET NEW.{q('fo_' + r.column)} = (SELECT rid FROM {sh} WHERE `key` = NEW.{q('o_' + r.column)}); END IF;\n"
+                f"  END IF;"
+            )
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER {trig} BEFORE INSERT ON {o.log} FOR EACH ROW\nBEGIN\n  IF NEW.origin = {site} THEN\n"
+            + "\n".join(body)
+            + "\n  END IF;\nEND"
+        )
+
+    def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
+        """InnoDB checks every row at once and cannot defer: the checks are off for this session
+        while the reconciler moves keys and applies references (it resolves them itself), and so
+        are referential actions (the reset of a pooled connection turns them back on)."""
+        conn.exec_driver_sql(f"SET SESSION foreign_key_checks = {0 if on else 1}")
+        return False
 
     # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
     jdbc = Dialect.Jdbc(

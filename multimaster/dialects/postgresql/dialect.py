@@ -376,6 +376,56 @@ class PostgreSQLDialect(Dialect):
         self.after_apply(conn, info)
         conn.exec_driver_sql("SELECT setval(%s, %s)", (self.obj(info.name).keyseq, max(top, 0)))
 
+    # ---- foreign keys between replicated tables (docs/foreign-keys.md) -------------------------
+    reference_type = 'text COLLATE "C"'
+
+    def install_reference_capture(self, conn: Connection, info: TableInfo) -> None:
+        """A BEFORE INSERT row trigger on the change log sets the identities of the entries this
+        site captures, from the parents' shadows (written by the parents' capture)."""
+        q = self.quote
+        o = self.obj(info.name)
+        fn = f"{SCHEMA}.{q('_mm_refs_' + info.name)}"
+        trig = q("_mm_refs_" + info.name)
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trig} ON {o.log}")
+        if not info.refs:
+            conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {fn}()")
+            return
+        bit = {c: i for i, c in enumerate(info.column_names)}
+        body = []
+        for r in info.refs:
+            sh = self.obj(r.parent).shadow
+            m = 1 << bit[r.column]
+            body.append(
+                f"  IF (NEW.mask & {m}) <> 0 THEN\n"
+                f"    IF NEW.op <> 'D' THEN NEW.{q('f_' + r.column)} := (SELECT rid FROM {sh} WHERE key = NEW.{q('n_' + r.column)}); END IF;\n"
+                f"    IF NEW.op <> 'I' THEN NEW.{q('fo_' + r.column)} := (SELECT rid FROM {sh} WHERE key = NEW.{q('o_' + r.column)}); END IF;\n"
+                f"  END IF;"
+            )
+        conn.exec_driver_sql(
+            f"CREATE OR REPLACE FUNCTION {fn}() RETURNS trigger LANGUAGE plpgsql "
+            f"SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$\nBEGIN\n"
+            + "\n".join(body)
+            + "\n  RETURN NEW;\nEND\n$$"
+        )
+        conn.exec_driver_sql(f"REVOKE ALL ON FUNCTION {fn}() FROM PUBLIC")
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER {trig} BEFORE INSERT ON {o.log} FOR EACH ROW "
+            f"WHEN (NEW.origin = {_lit(self._site_name(conn))}) EXECUTE FUNCTION {fn}()"
+        )
+
+    def make_foreign_key_deferrable(self, conn: Connection, table: str, name: str) -> None:
+        """SET CONSTRAINTS defers only deferrable constraints: the foreign key becomes DEFERRABLE
+        INITIALLY IMMEDIATE (checked at each statement for applications, as before)."""
+        conn.exec_driver_sql(
+            f"ALTER TABLE {self.quote(table)} ALTER CONSTRAINT {self.quote(name)} DEFERRABLE INITIALLY IMMEDIATE"
+        )
+
+    def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
+        """SET CONSTRAINTS ALL DEFERRED, for this transaction; referential actions still run."""
+        if on:
+            conn.exec_driver_sql("SET CONSTRAINTS ALL DEFERRED")
+        return True
+
     # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
     jdbc = Dialect.Jdbc(
         driver="org.postgresql.Driver",

@@ -341,6 +341,69 @@ class SQLiteDialect(Dialect):
         v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
         return None if v is None else int(v)
 
+    # ---- foreign keys between replicated tables (docs/foreign-keys.md) -------------------------
+    def foreign_keys(self, conn: Connection, table: str) -> list[dict[str, Any]]:
+        """From PRAGMA foreign_key_list, which (unlike SQLAlchemy's reflection) gives the actions."""
+        fks: dict[int, dict[str, Any]] = {}
+        for r in conn.exec_driver_sql(f"PRAGMA foreign_key_list({self.quote(table)})"):
+            fid, _seq, parent, col, pcol, on_update, on_delete = r[0], r[1], r[2], r[3], r[4], r[5], r[6]
+            fk = fks.setdefault(
+                fid,
+                {
+                    "name": None,
+                    "constrained_columns": [],
+                    "referred_table": parent,
+                    "referred_columns": [],
+                    "options": {"onupdate": on_update, "ondelete": on_delete},
+                },
+            )
+            fk["constrained_columns"].append(col)
+            fk["referred_columns"].append(pcol)
+        return list(fks.values())
+
+    def install_reference_capture(self, conn: Connection, info: TableInfo) -> None:
+        """An AFTER INSERT trigger on the change log fills the identities of the entries this site
+        captures (an insert's shadow row is written lazily: a parent inserted here since the last
+        catch-up is found in its change log past `caught_up`, where its key has not moved)."""
+        q = self.quote
+        o = self.obj(info.name)
+        trig = q("_mm_refs_" + info.name)
+        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trig}")
+        if not info.refs:
+            return
+        bit = {c: i for i, c in enumerate(info.column_names)}
+        sets = []
+        for r in info.refs:
+            po = self.obj(r.parent)
+            pname = r.parent.replace("'", "''")
+
+            def rid_of(v: str, po: Any = po, pname: str = pname) -> str:
+                return (
+                    f"coalesce((SELECT rid FROM {po.shadow} WHERE {self.key_col} = {v}), "
+                    f"(SELECT rid FROM {po.log} WHERE seq > (SELECT caught_up FROM _mm_tables WHERE tbl = '{pname}') "
+                    f"AND op = 'I' AND {self.key_col} = {v} AND origin = NEW.origin ORDER BY seq DESC LIMIT 1))"
+                )
+
+            m = 1 << bit[r.column]
+            sets.append(
+                f"{q('f_' + r.column)} = CASE WHEN NEW.op <> 'D' AND (NEW.mask & {m}) <> 0 THEN {rid_of('NEW.' + q('n_' + r.column))} END"
+            )
+            sets.append(
+                f"{q('fo_' + r.column)} = CASE WHEN NEW.op <> 'I' AND (NEW.mask & {m}) <> 0 THEN {rid_of('NEW.' + q('o_' + r.column))} END"
+            )
+        conn.exec_driver_sql(
+            f"CREATE TRIGGER {trig} AFTER INSERT ON {o.log} "
+            f"WHEN NEW.origin = (SELECT site FROM _mm_state) AND (SELECT applying FROM _mm_state) = 0 "
+            f"BEGIN UPDATE {o.log} SET {', '.join(sets)} WHERE seq = NEW.seq; END"
+        )
+
+    def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
+        """PRAGMA defer_foreign_keys (reset by COMMIT); the engine's connections enforce foreign
+        keys (prepare_engine), so ON UPDATE CASCADE still runs."""
+        if on:
+            conn.exec_driver_sql("PRAGMA defer_foreign_keys = ON")
+        return bool(conn.exec_driver_sql("PRAGMA foreign_keys").scalar())
+
     # ---- outside the engine: verify and repair (multimaster/spark/), grants, site files ----------
     jdbc = Dialect.Jdbc(
         driver="org.sqlite.JDBC",

@@ -1,0 +1,614 @@
+"""Foreign keys between replicated tables, at a site (docs/foreign-keys.md).
+
+A declared foreign key of a replicated table to the key of a renumbered replicated table is a
+*reference* (:class:`~multimaster.core.references.Ref`). Capture writes beside the key
+``n_<col>`` the referenced row's identity ``f_<col>`` (``fo_<col>`` for the old value), so a
+reference travels by identity. This module:
+
+- discovers the references of a table (:func:`discover`; init refuses what cannot work) and
+  installs what carries them (:func:`install`: the change log's and snapshots' identity columns,
+  the capture that fills them, deferrable constraints);
+- resolves them when applying (:func:`resolve`): each identity becomes the referenced row's key
+  at this site; a change referencing an identity this site does not hold waits in its snapshot
+  (``applied = 2``) with the later changes of its origin, and is tried again at every refresh
+  (:func:`waiting_rows`); a self-reference to a row inserted by the same batch is set once that
+  row has its key (:func:`fix_self`);
+- moves every column referencing a renumbered table's keys when they move, in the same
+  transaction, with foreign-key checks deferred (:func:`keys_moved`), and records the move in the
+  key history (``_mm_keymoves``);
+- orders a link's tables parents first (:func:`refresh_order`).
+
+The decisions are :mod:`multimaster.core.references`; reconcile and apply call this module in a
+few lines.
+"""
+
+from __future__ import annotations
+
+import weakref
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterator, Protocol, Sequence
+
+from sqlalchemy import inspect
+from sqlalchemy.engine import Connection, Engine
+
+from multimaster import store
+from multimaster.core.planner import ConflictRecord
+from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_order, orphan_action, waiting
+from multimaster.dialects import Dialect
+from multimaster.dialects.schema import TableInfo, names
+from multimaster.errors import SchemaError
+
+if TYPE_CHECKING:
+    from multimaster.config.topology import Topology
+
+
+class Site(Protocol):
+    """What this module uses of an engine.site.Site (which imports this module)."""
+
+    name: str
+    dialect: Dialect
+
+    def info(self, conn: Connection, table: str, topo: "Topology") -> TableInfo: ...
+
+    def known_info(self, table: str, conn: Connection | None = None) -> TableInfo | None: ...
+
+    def read(self) -> AbstractContextManager[Connection]: ...
+
+    def require_installed(self, conn: Connection, topo: "Topology") -> None: ...
+
+
+__all__ = [
+    "discover",
+    "install",
+    "log_columns",
+    "resolve",
+    "fix_self",
+    "deferred",
+    "involved",
+    "shadow_keys",
+    "keys_moved",
+    "waiting_rows",
+    "before_deletes",
+    "orphans",
+    "refresh_order",
+    "Referencing",
+    "referencing",
+]
+
+_CONN_FLAG = "mm_fk_deferred"
+
+
+def _action(v: Any) -> str:
+    return " ".join(str(v).upper().split()) if v else "NO ACTION"
+
+
+def _is_integer_key(insp: Any, table: str, cols: list[str]) -> bool:
+    pk = insp.get_pk_constraint(table).get("constrained_columns") or []
+    if pk != cols or len(cols) != 1:
+        return False
+    for c in insp.get_columns(table):
+        if c["name"] == cols[0]:
+            return "INT" in str(c["type"]).upper()
+    return False
+
+
+def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") -> tuple[Ref, ...]:
+    """The references of replicated table `info` at `site`: its declared single-column foreign keys
+    to the key of a renumbered replicated table. Raises SchemaError naming both tables for a foreign
+    key to a table that is not replicated but has an auto-counter key (its keys differ per site),
+    and for an ON UPDATE action that would not follow a moved key."""
+    insp = inspect(conn)
+    refs: list[Ref] = []
+    problems: list[str] = []
+    for fk in site.dialect.foreign_keys(conn, info.name):
+        cols, parent, pcols = fk.get("constrained_columns") or [], fk.get("referred_table"), fk.get("referred_columns") or []
+        opts = fk.get("options") or {}
+        if not parent or len(cols) != 1 or cols[0] not in info.column_names:
+            continue
+        if parent not in topo.tables:
+            if _is_integer_key(insp, parent, pcols):
+                problems.append(
+                    f"site '{site.name}': table '{info.name}' (column '{cols[0]}') references table '{parent}', which is not "
+                    f"replicated and has an auto-counter key: its keys differ per site. Replicate '{parent}' too (add it "
+                    f"under tables) or drop the foreign key"
+                )
+            continue
+        pinfo = info if parent == info.name else site.info(conn, parent, topo)
+        if not pinfo.spec.renumber or pcols != [pinfo.key.name]:
+            continue  # natural keys, and other columns, are the same at every site
+        ref = Ref(cols[0], parent, _action(opts.get("ondelete")), _action(opts.get("onupdate")), fk.get("name"))
+        if ref.on_update in REFUSED_ON_UPDATE:
+            problems.append(
+                f"site '{site.name}': table '{info.name}' (column '{ref.column}') references renumbered table '{parent}' "
+                f"ON UPDATE {ref.on_update}: the keys of '{parent}' move, and the reference would not follow; declare it "
+                "ON UPDATE CASCADE or NO ACTION"
+            )
+            continue
+        if orphan_action(ref.on_delete) == "default":
+            problems.append(
+                f"site '{site.name}': table '{info.name}' (column '{ref.column}') references renumbered table '{parent}' "
+                f"ON DELETE SET DEFAULT: a default key names a different row of '{parent}' at each site; declare it "
+                "ON DELETE SET NULL, CASCADE or NO ACTION"
+            )
+            continue
+        refs.append(ref)
+    if problems:
+        raise SchemaError(problems)
+    return tuple(sorted(refs, key=lambda r: r.column))
+
+
+def log_columns(d: Dialect, info: TableInfo, prefix: str = "") -> list[str]:
+    """The identity columns of the change log and snapshots: ``f_<col>``, ``fo_<col>`` per reference."""
+    return [prefix + d.quote(p + r.column) for r in info.refs for p in ("f_", "fo_")]
+
+
+def install(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str]) -> None:
+    """At init, for table `info` with references: the identity columns in its change log and
+    snapshots (added when missing), the capture filling them, deferrable constraints."""
+    d = site.dialect
+    if info.refs:
+        insp = inspect(conn)
+        for tbl in [names(info.name).log] + [names(info.name, p).snapshot() for p in peers]:
+            have = {c["name"] for c in insp.get_columns(tbl, schema=d.caps.bookkeeping_schema)}
+            for r in info.refs:
+                for p in ("f_", "fo_"):
+                    if p + r.column not in have:
+                        conn.exec_driver_sql(
+                            f"ALTER TABLE {d.mm_table(tbl)} ADD COLUMN {d.quote(p + r.column)} {d.reference_type}"
+                        )
+    if info.spec.renumber:  # every foreign key to its key, of any table: its keys move
+        for fk in referencing(conn, d, info.name, info.key.name, fresh=True):
+            if fk.name:
+                d.make_foreign_key_deferrable(conn, fk.table, fk.name)
+    d.install_reference_capture(conn, info)
+
+
+# ---------------------------------------------------------------------------------------------
+# applying
+
+
+def _parent_shadow(d: Dialect, r: Ref) -> str:
+    return d.obj(r.parent).shadow
+
+
+def _bit(info: TableInfo, col: str) -> int:
+    return 1 << info.column_names.index(col)
+
+
+def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dict[str, str]) -> int:
+    """Before the candidates of `info` (scratch table `cand`) are applied: park those that reference
+    an identity this site does not hold (core.references.waiting: with the later changes of their
+    origin, `applied = 2` in the snapshots), then turn every carried identity into the referenced
+    row's key here (``n_<col>`` from ``f_<col>``, ``o_<col>`` from ``fo_<col>``). Returns how many
+    changes were parked."""
+    if not info.refs:
+        return 0
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    for parent in sorted({r.parent for r in info.refs if r.parent != info.name}):
+        pinfo = site.known_info(parent, conn)
+        if pinfo is not None:
+            # no key of the parent moves until this transaction ends (another link's reconciler
+            # would move them in a transaction of its own), and its shadow knows every local row
+            d.lock_writers(conn, pinfo)
+            d.catch_up(conn, pinfo)  # (SQLite writes a local insert's shadow row lazily)
+    fcols = [q("f_" + r.column) for r in info.refs]
+    rows = conn.exec_driver_sql(f"SELECT ver, origin, rid, op, mask, {', '.join(fcols)} FROM {cand} ORDER BY ver").all()
+    changes: list[RefChange] = []
+    wanted: dict[str, set[str]] = {}
+    for row in rows:
+        ver, origin, rid, op, mask = row[0], row[1], row[2], row[3], int(row[4])
+        refs = tuple(
+            (r.parent, f) for r, f in zip(info.refs, row[5:]) if f is not None and op != "D" and mask & _bit(info, r.column)
+        )
+        for p, f in refs:
+            wanted.setdefault(p, set()).add(f)
+        changes.append(RefChange(ver, origin, rid, op, refs))
+    known: dict[str, set[str]] = {}
+    for parent, rids in wanted.items():
+        sh = d.obj(parent).shadow
+        found: set[str] = set()
+        ordered = sorted(rids)
+        for i in range(0, len(ordered), 500):
+            chunk = ordered[i : i + 500]
+            found |= {
+                r[0]
+                for r in conn.exec_driver_sql(f"SELECT rid FROM {sh} WHERE rid IN ({', '.join([ph] * len(chunk))})", tuple(chunk))
+            }
+        known[parent] = found
+    parked = sorted(waiting(info.name, changes, known))
+    if parked:
+        for snap in snaps.values():
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(v,) for v in parked])
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(v,) for v in parked])
+    for r in info.refs:
+        sh = _parent_shadow(d, r)
+        for val, ident in (("n_", "f_"), ("o_", "fo_")):
+            v, f = q(val + r.column), q(ident + r.column)
+            conn.exec_driver_sql(
+                f"UPDATE {cand} SET {v} = (SELECT s.{d.key_col} FROM {sh} s WHERE s.rid = {cand}.{f}) "
+                f"WHERE {f} IS NOT NULL AND EXISTS (SELECT 1 FROM {sh} s WHERE s.rid = {cand}.{f})"
+            )
+    return len(parked)
+
+
+def fix_self(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:
+    """After the candidates of `info` were applied: a self-reference is set from its identity once
+    more, for the rows whose value of the column came from a candidate (its slot's version is the
+    candidate's): the referenced row may have been inserted by the same batch, or its key moved by
+    the batch's new identities."""
+    d = site.dialect
+    q = d.quote
+    sh = d.obj(info.name).shadow
+    for r in info.refs:
+        if r.parent != info.name:
+            continue
+        slot = next(s for s in info.spec.slots if info.column_names.index(r.column) in s.columns)
+        f = q("f_" + r.column)
+        pairs = conn.exec_driver_sql(
+            f"SELECT s.{d.key_col}, ps.{d.key_col} FROM {cand} c JOIN {sh} s ON s.rid = c.rid JOIN {sh} ps ON ps.rid = c.{f} "
+            f"WHERE c.op <> 'D' AND (c.mask & {_bit(info, r.column)}) <> 0 AND s.deleted IS NULL "
+            f"AND coalesce(s.{q('v_' + slot.name)}, s.rid) = c.ver"
+        ).all()
+        if pairs:
+            conn.exec_driver_sql(
+                f"UPDATE {q(info.name)} SET {q(r.column)} = {d.caps.placeholder} WHERE {q(info.key.name)} = {d.caps.placeholder}",
+                [(pk, k) for k, pk in pairs],
+            )
+
+
+def involved(conn: Connection, d: Dialect, info: TableInfo) -> bool:
+    """Whether `info` has references or some table's foreign key references its key."""
+    return bool(info.refs) or bool(info.spec.renumber and referencing(conn, d, info.name, info.key.name))
+
+
+@contextmanager
+def deferred(conn: Connection, d: Dialect, needed: bool = True) -> Iterator[bool]:
+    """Foreign-key checks deferred for this transaction (SQLite, PostgreSQL) or off for this
+    session until the block ends (MariaDB): nested blocks reuse the outermost. Yields whether the
+    database still carries out ON UPDATE CASCADE meanwhile. Nothing when not `needed`."""
+    if not needed:
+        yield False
+        return
+    if _CONN_FLAG in conn.info:
+        yield bool(conn.info[_CONN_FLAG])
+        return
+    cascades = d.defer_foreign_keys(conn, True)
+    conn.info[_CONN_FLAG] = cascades
+    try:
+        yield cascades
+    finally:
+        del conn.info[_CONN_FLAG]
+        d.defer_foreign_keys(conn, False)
+
+
+@dataclass(frozen=True)
+class Referencing:
+    """A declared foreign key of any table of the database (replicated or not) to a table's key."""
+
+    table: str
+    column: str
+    on_update: str
+    on_delete: str = "NO ACTION"
+    name: str | None = None  # the constraint's name, when the database gives one
+
+
+_REFERENCING: "weakref.WeakKeyDictionary[Engine, dict[str, list[Referencing]]]" = weakref.WeakKeyDictionary()
+
+
+def referencing(conn: Connection, d: Dialect, table: str, key: str, fresh: bool = False) -> list[Referencing]:
+    """Every single-column foreign key of the database's tables to `table`.`key` (read once per
+    engine, or again when `fresh`: the schema is fixed while replicating)."""
+    eng = conn.engine
+    by_parent = None if fresh else _REFERENCING.get(eng)
+    if by_parent is None:
+        insp = inspect(conn)
+        by_parent = {}
+        for t in insp.get_table_names():
+            if t.startswith("_mm_"):
+                continue
+            for fk in d.foreign_keys(conn, t):
+                cols, pcols = fk.get("constrained_columns") or [], fk.get("referred_columns") or []
+                if len(cols) == 1 and len(pcols) == 1 and fk.get("referred_table"):
+                    by_parent.setdefault(f"{fk['referred_table']}.{pcols[0]}", []).append(
+                        Referencing(
+                            t,
+                            cols[0],
+                            _action((fk.get("options") or {}).get("onupdate")),
+                            _action((fk.get("options") or {}).get("ondelete")),
+                            fk.get("name"),
+                        )
+                    )
+        _REFERENCING[eng] = by_parent
+    return by_parent.get(f"{table}.{key}", [])
+
+
+def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tuple[str, int, int]], reason: str) -> None:
+    """After the keys of renumbered `info` moved (identity, old key, new key), inside `deferred`:
+    move every column referencing them (a database that ran ON UPDATE CASCADE moved those
+    already), and record the moves in the key history."""
+    if not moves:
+        return
+    q = d.quote
+    ph = d.caps.placeholder
+    refs = referencing(conn, d, info.name, info.key.name)
+    cascades = bool(conn.info.get(_CONN_FLAG, False))
+    todo = [r for r in refs if not (cascades and r.on_update == "CASCADE")]
+    if todo:
+        km = d.temp_name("_mm_tmp_kmap")
+        d.create_temp(
+            conn,
+            km,
+            f"SELECT {d.key_col} AS old_k, {d.key_col} AS new_k FROM {d.obj(info.name).shadow} WHERE 1 = 0",
+            index="old_k",
+        )
+        conn.exec_driver_sql(f"INSERT INTO {km} (old_k, new_k) VALUES ({ph}, {ph})", [(old, new) for _, old, new in moves])
+        for r in todo:
+            c = q(r.column)
+            conn.exec_driver_sql(
+                f"UPDATE {q(r.table)} SET {c} = (SELECT m.new_k FROM {km} m WHERE m.old_k = {q(r.table)}.{c}) "
+                f"WHERE {c} IN (SELECT m2.old_k FROM {km} m2)"
+            )
+        d.drop_temp(conn, km)
+    store.keymoves.record(conn, d, info.name, moves, reason)
+
+
+def shadow_keys(
+    conn: Connection, d: Dialect, info: TableInfo, ranges: Sequence[tuple[int, int | None, int]]
+) -> list[tuple[str, int, int]]:
+    """The moves that key shifts `ranges` (low, high, delta: low < key <= high moves by delta)
+    will make, read from the shadow before they are made."""
+    ph = d.caps.placeholder
+    sh = d.obj(info.name).shadow
+    out: list[tuple[str, int, int]] = []
+    for low, high, delta in ranges:
+        cond = f"{d.key_col} > {ph}" + ("" if high is None else f" AND {d.key_col} <= {ph}")
+        params = (low,) if high is None else (low, high)
+        out += [
+            (rid, int(k), int(k) + delta)
+            for rid, k in conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {sh} WHERE {cond}", params)
+        ]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the orphan rule: a row whose referenced row is deleted (delete wins)
+
+
+def before_deletes(conn: Connection, site: Site, info: TableInfo, cand: str, peers: Sequence[str]) -> None:
+    """Before the candidates of renumbered `info` delete its rows: the rows referencing them, at
+    any depth, are set NULL or deleted first (core.references.orphan_action), with the delete's
+    version, as every site does whichever arrives first; not left to the database, whose
+    referential actions do not touch the shadow or the conflict log (or do not run at all while
+    checks are off). A row is deleted when any change of it that reached this site referenced a
+    deleted row — also when a later change moved it to another row — so the outcome does not
+    depend on the order changes arrive in (`peers`: whose snapshots hold those changes)."""
+    d = site.dialect
+    if not (info.spec.renumber and referencing(conn, d, info.name, info.key.name)):
+        return
+    dels = conn.exec_driver_sql(
+        f"SELECT s.{d.key_col}, s.rid, c.ver FROM {cand} c JOIN {d.obj(info.name).shadow} s ON s.rid = c.rid "
+        f"WHERE c.op = 'D' AND s.deleted IS NULL"
+    ).all()
+    if dels:
+        _cascade(conn, site, info.name, info.key.name, {int(k): v for k, _, v in dels}, {r: v for _, r, v in dels}, peers, set())
+
+
+def orphans(conn: Connection, site: Site, info: TableInfo, cand: str, peers: Sequence[str]) -> None:
+    """After the candidates of `info` were applied: a row one of them made reference a deleted
+    identity (its delete reached this site first) is deleted — whatever it references now — or,
+    ON DELETE SET NULL, its reference set NULL if it still names it; with the delete's version."""
+    d = site.dialect
+    q = d.quote
+    sh = d.obj(info.name).shadow
+    for r in info.refs:
+        ps = d.obj(r.parent).shadow
+        f = q("f_" + r.column)
+        rows = conn.exec_driver_sql(
+            f"SELECT DISTINCT ps.{d.key_col}, ps.rid, ps.deleted, s.{d.key_col} FROM {cand} c JOIN {ps} ps ON ps.rid = c.{f} "
+            f"JOIN {sh} s ON s.rid = c.rid WHERE c.op <> 'D' AND ps.deleted IS NOT NULL AND s.deleted IS NULL"
+        ).all()
+        if not rows:
+            continue
+        dead_keys = {int(pk): v for pk, _, v, _ in rows}
+        if orphan_action(r.on_delete) == "null":
+            _orphan_rows(conn, site, info.name, r.column, r.on_delete, dead_keys, {}, peers, set())
+        else:
+            own = {int(k): v for _, _, v, k in rows}  # these rows go, whatever they reference now
+            _orphan_rows(conn, site, info.name, r.column, r.on_delete, dead_keys, {}, peers, set(), own)
+
+
+def _cascade(
+    conn: Connection,
+    site: Site,
+    table: str,
+    key: str,
+    dead: dict[int, str],
+    dead_rids: dict[str, str],
+    peers: Sequence[str],
+    seen: set[tuple[str, int]],
+) -> None:
+    """Rows of `table` with keys `dead` (key -> delete version; identities `dead_rids`) are going:
+    every row referencing one, in any table, gets its ON DELETE action, depth first."""
+    for ref in referencing(conn, site.dialect, table, key):
+        _orphan_rows(conn, site, ref.table, ref.column, ref.on_delete, dead, dead_rids, peers, seen)
+
+
+def _ever_referenced(
+    conn: Connection, d: Dialect, table: str, column: str, dead_rids: dict[str, str], peers: Sequence[str]
+) -> dict[str, str]:
+    """The identities of `table` some change of which, in this site's change log or snapshots,
+    referenced (by `column`) an identity of `dead_rids`: identity -> that delete's version."""
+    q = d.quote
+    ph = d.caps.placeholder
+    f = q("f_" + column)
+    out: dict[str, str] = {}
+    ordered = sorted(dead_rids)
+    sources = [d.obj(table).log] + [d.obj(table, p).snapshot() for p in peers]
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i : i + 500]
+        marks = ", ".join([ph] * len(chunk))
+        for src in sources:
+            for rid, f_rid in conn.exec_driver_sql(f"SELECT rid, {f} FROM {src} WHERE {f} IN ({marks})", tuple(chunk)):
+                v = dead_rids[f_rid]
+                out[rid] = min(out.get(rid, v), v)
+    return out
+
+
+def _orphan_rows(
+    conn: Connection,
+    site: Site,
+    table: str,
+    column: str,
+    on_delete: str,
+    dead: dict[int, str],
+    dead_rids: dict[str, str],
+    peers: Sequence[str],
+    seen: set[tuple[str, int]],
+    own: dict[int, str] | None = None,
+) -> None:
+    """The rows of `table` referencing (by `column`) a key of `dead` (parent key -> its delete
+    version) — and, when they are deleted, the rows of `own` (their key -> version) and those any
+    change of which referenced an identity of `dead_rids` — are set NULL, or deleted (their shadow
+    rows marked with the version, a conflict record `orphan` each, their own referencing rows
+    first)."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    info = site.known_info(table, conn)
+    keycol = info.key.name if info is not None else _pk(conn, table)
+    if keycol is None:
+        return
+    action = orphan_action(on_delete)
+    cols = [keycol, column] + ([c for c in info.column_names if c != column] if info is not None else [])
+    sel = f"SELECT {', '.join(q(c) for c in cols)} FROM {q(table)} WHERE "
+    found: dict[Any, tuple[tuple[Any, ...], str]] = {}  # row key -> (row, version)
+    ordered = sorted(dead)
+    for i in range(0, len(ordered), 500):
+        chunk = ordered[i : i + 500]
+        for row in conn.exec_driver_sql(sel + f"{q(column)} IN ({', '.join([ph] * len(chunk))})", tuple(chunk)):
+            found[row[0]] = (tuple(row), dead[int(row[1])])
+    if info is not None:
+        d.catch_up(conn, info)
+        if action != "null" and info.spec.renumber:
+            _found_by_identity(conn, d, info, column, sel, dead_rids, own or {}, peers, found)
+    for k in [k for k in found if (table, k) in seen]:
+        del found[k]
+    if not found:
+        return
+    by_key: dict[Any, str] = {}
+    if info is not None:
+        for k in found:
+            rid = conn.exec_driver_sql(
+                f"SELECT rid FROM {d.obj(table).shadow} WHERE {d.key_col} = {ph} AND deleted IS NULL", (k,)
+            ).scalar()
+            if rid is not None:
+                by_key[k] = rid
+    if action == "null":
+        conn.exec_driver_sql(f"UPDATE {q(table)} SET {q(column)} = NULL WHERE {q(keycol)} = {ph}", [(k,) for k in found])
+    else:
+        seen.update((table, k) for k in found)
+        gone = {k: v for k, (_, v) in found.items()}
+        _cascade(conn, site, table, keycol, gone, {by_key[k]: v for k, v in gone.items() if k in by_key}, peers, seen)
+        conn.exec_driver_sql(f"DELETE FROM {q(table)} WHERE {q(keycol)} = {ph}", [(k,) for k in gone])
+    if info is not None:
+        _record_orphans(conn, d, table, column, cols, action, found, by_key)
+
+
+def _found_by_identity(
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    column: str,
+    sel: str,
+    dead_rids: dict[str, str],
+    own: dict[int, str],
+    peers: Sequence[str],
+    found: dict[Any, tuple[tuple[Any, ...], str]],
+) -> None:
+    """Add to `found` the live rows of `own` (key -> version) and those some change of which
+    referenced (by `column`) an identity of `dead_rids`."""
+    ph = d.caps.placeholder
+    extra = dict(own)
+    if dead_rids and any(r.column == column for r in info.refs):
+        sh = d.obj(info.name).shadow
+        for rid, v in _ever_referenced(conn, d, info.name, column, dead_rids, peers).items():
+            k = conn.exec_driver_sql(f"SELECT {d.key_col} FROM {sh} WHERE rid = {ph} AND deleted IS NULL", (rid,)).scalar()
+            if k is not None:
+                extra[int(k)] = min(extra.get(int(k), v), v)
+    for k, v in extra.items():
+        if k not in found:
+            row = conn.exec_driver_sql(sel + f"{d.quote(info.key.name)} = {ph}", (k,)).first()
+            if row is not None:
+                found[k] = (tuple(row), v)
+
+
+def _record_orphans(
+    conn: Connection,
+    d: Dialect,
+    table: str,
+    column: str,
+    cols: list[str],
+    action: str,
+    found: dict[Any, tuple[tuple[Any, ...], str]],
+    by_key: dict[Any, str],
+) -> None:
+    """Mark the deleted orphans' shadow rows with their version and log an `orphan` conflict each."""
+    ph = d.caps.placeholder
+    if action != "null":
+        conn.exec_driver_sql(
+            f"UPDATE {d.obj(table).shadow} SET deleted = {ph} WHERE rid = {ph}", [(found[k][1], rid) for k, rid in by_key.items()]
+        )
+    store.conflicts.record(
+        conn,
+        d,
+        [
+            ConflictRecord(
+                table,
+                rid,
+                "orphan",
+                None,
+                (column,),
+                None,
+                {column: found[k][0][1]},
+                found[k][1],
+                None,
+                "delete-wins",
+                "null" if action == "null" else "delete",
+                dict(zip(cols[1:], found[k][0][1:])),
+                None,
+            )
+            for k, rid in by_key.items()
+        ],
+        {rid: k for k, rid in by_key.items()},
+    )
+
+
+def _pk(conn: Connection, table: str) -> str | None:
+    pk = inspect(conn).get_pk_constraint(table).get("constrained_columns") or []
+    return pk[0] if len(pk) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# refreshing
+
+
+def waiting_rows(conn: Connection, d: Dialect, info: TableInfo, peers: Sequence[str]) -> bool:
+    """Whether a snapshot of `info` (a table with references) holds changes waiting (`applied = 2`):
+    a refresh of any link tries them again, whichever table brought what they wait for."""
+    if not info.refs:
+        return False
+    return any(
+        conn.exec_driver_sql(f"SELECT 1 FROM {d.obj(info.name, p).snapshot()} WHERE applied = 2 LIMIT 1").first() is not None
+        for p in peers
+    )
+
+
+def refresh_order(site: Site, topo: "Topology") -> list[str]:
+    """The replicated tables in the order a link refreshes them at `site`: referenced tables first."""
+    with site.read() as conn:
+        site.require_installed(conn, topo)
+        parents = {tb: [r.parent for r in site.info(conn, tb, topo).refs] for tb in topo.tables}
+    return fk_order(list(topo.tables), parents)
