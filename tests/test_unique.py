@@ -5,6 +5,11 @@ plain clients (sqlite3, psycopg, PyMySQL)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -408,10 +413,10 @@ def test_init_refuses_sets_it_cannot_mark(sqlite_backend: Backend, tmp_path: Any
             "columns": {"n": "int NOT NULL", "email": "varchar(100)", "name": "varchar(10)", "m": "int", "note": "text"},
         }
     }
-    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix"}}
+    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix", "n": "null"}}
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], tables, init=False)
     for s in cl.urls:
-        cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: neither policy can mark it
+        cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: 'null' cannot mark it (park would)
         cl.execute(s, "CREATE UNIQUE INDEX ux_e ON t (email)")  # its mark column is in a group
         cl.execute(s, "CREATE UNIQUE INDEX ux_name ON t (name)")  # 10 characters: too short for a suffix
         cl.execute(s, "CREATE UNIQUE INDEX ux_m ON t (m)")  # an int, nullable: null by default, fine
@@ -442,3 +447,116 @@ def test_colliding_changes_in_one_batch(backend: Backend, tmp_path: Any) -> None
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert sorted(r["rid"] for r in _unique_conflicts(cl, "s3")) == sorted(r["rid"] for r in _unique_conflicts(cl, "s1"))
+
+
+# ---- policy park: a set with no column to mark (sku INTEGER NOT NULL) --------------------------
+
+STOCK: dict[str, dict[str, Any]] = {"stock": {"key": "id", "columns": {"sku": "int NOT NULL", "name": "varchar(40)"}}}
+
+CLI = str(Path(sys.executable).parent / "multimaster")
+
+
+def mm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"}, timeout=300)
+
+
+def _stock(cl: TestCluster, site: str) -> dict[str, int]:
+    return {r[2]: r[1] for r in cl.rows(site, "stock")}  # name -> sku
+
+
+def _park_cluster(backend: Backend, tmp_path: Any) -> tuple[TestCluster, str]:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, init=False)
+    for site in cl.urls:
+        cl.execute(site, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    api.init(cl.topo)
+    topo = str(tmp_path / "topology.yaml")
+    return cl, topo
+
+
+def _parked(topo: str) -> list[dict[str, Any]]:
+    r = mm("errors", "-t", topo, "--json")
+    assert r.returncode == 0, r.stderr
+    return [e for e in json.loads(r.stdout) if e["state"] == "parked"]
+
+
+def _collide(cl: TestCluster, first: str) -> None:
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")  # the earlier claim: holds 7
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    other = "s2" if first == "s1" else "s1"
+    cl.refresh(first, other)
+    cl.refresh(other, first)
+    cl.refresh_until_quiet()
+
+
+@pytest.mark.parametrize("first", ["s1", "s2"])
+def test_park_same_sku_at_two_sites_one_row_the_other_parked_then_returns(backend: Backend, tmp_path: Any, first: str) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, first)
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 7}
+    parked = _parked(topo)
+    assert sorted(p["site"] for p in parked) == ["s1", "s2"]
+    for p in parked:
+        assert p["table"] == "stock" and p["op"] == "P"
+        assert p["change"]["values"] == {"name": "bob", "sku": 7} and p["change"]["unique"] == "sku"
+        assert "sku=7" in p["error"] and p["change"]["holder"] in p["error"]
+    table = mm("errors", "-t", topo)
+    assert table.returncode == 0 and "parked" in table.stdout and "holder's value" in table.stdout, table.stdout
+    st = mm("status", "-t", topo)
+    assert st.returncode == 1 and "multimaster errors" in st.stderr, st.stderr
+    # the holder changes its sku: the parked row comes back at every site
+    cl.execute("s1", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 8, "bob": 7}
+        log = [(r["decision"], r["slot"]) for r in _unique_conflicts(cl, s)]
+        assert sorted(log) == [("parked", "sku"), ("returned", "sku")], log
+    assert _parked(topo) == []
+    assert mm("status", "-t", topo).returncode == 0
+
+
+def test_park_update_of_a_parked_row_from_its_origin_survives_its_return(backend: Backend, tmp_path: Any) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    cl.refresh("s1")  # s1 parks bob
+    assert _stock(cl, "s1") == {"ann": 7}
+    # at its origin (which has not heard of ann yet) bob's other column changes: s1 keeps it for bob
+    cl.execute("s2", "UPDATE stock SET name = 'bobby' WHERE sku = 7")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _stock(cl, "s2") == {"ann": 7}
+    assert {p["change"]["values"]["name"] for p in _parked(topo)} == {"bobby"}
+    cl.execute("s2", "DELETE FROM stock WHERE name = 'ann'")  # the holder is deleted: bobby returns
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"bobby": 7}
+    assert _parked(topo) == []
+
+
+def test_park_colliding_inserts_in_one_batch(backend: Backend, tmp_path: Any) -> None:
+    """s3 pulls both peers without reconciling, then reconciles once: two inserts of sku 7 are
+    candidates of the same batch, and s3 holds 7 itself (claimed last)."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    api.init(cl.topo)
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")
+    cl.execute("s3", "INSERT INTO stock (sku, name) VALUES (7, 'cid')")
+    cl.refresh("s3", reconcile_=False)
+    api.reconcile(cl.topo, "s3")
+    assert _stock(cl, "s3") == {"bob": 7}
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _stock(cl, "s1") == {"bob": 7}
+    # bob leaves 7: the earliest remaining claim (ann) returns, cid stays parked behind it
+    cl.execute("s2", "UPDATE stock SET sku = 9 WHERE name = 'bob'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2", "s3"):
+        assert _stock(cl, s) == {"bob": 9, "ann": 7}
+    assert sorted(p["site"] for p in _parked(str(tmp_path / "topology.yaml"))) == ["s1", "s2", "s3"]
