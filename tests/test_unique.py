@@ -560,3 +560,25 @@ def test_park_colliding_inserts_in_one_batch(backend: Backend, tmp_path: Any) ->
     for s in ("s1", "s2", "s3"):
         assert _stock(cl, s) == {"bob": 9, "ann": 7}
     assert sorted(p["site"] for p in _parked(str(tmp_path / "topology.yaml"))) == ["s1", "s2", "s3"]
+
+
+def test_park_skip_deletes_the_parked_row_at_every_site(backend: Backend, tmp_path: Any) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, "s1")
+    (bob,) = [p for p in _parked(topo) if p["site"] == "s1"]
+    r = mm("errors", "skip", "-t", topo, "--site", "s1", "--id", str(bob["id"]), "--reason", "duplicate of ann")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _stock(cl, "s1") == {"ann": 7}  # the holder stays
+    # the skip is a delete of bob's identity, replicated: s2 drops its parked bob too
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _parked(topo) == []
+    skipped = [e for e in json.loads(mm("errors", "-t", topo, "--all", "--json").stdout) if e["state"] == "skipped"]
+    assert [(e["site"], e["reason"]) for e in skipped] == [("s1", "duplicate of ann")]
+    assert mm("status", "-t", topo).returncode == 0
+    # the value freed later gives it to nobody: bob is gone for good
+    cl.execute("s2", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 8}

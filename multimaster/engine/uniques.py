@@ -53,6 +53,7 @@ __all__ = [
     "parked_states",
     "plan_parked",
     "parked_change",
+    "skip_parked",
 ]
 
 
@@ -340,6 +341,47 @@ def parked_change(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> di
         "holder": r[1],
         "holder_key": r[3],
     }
+
+
+def skip_parked(conn: Connection, site: Site, info: TableInfo, rid: str) -> None:
+    """`errors skip` of parked row `rid` (docs/unique.md): the row is deleted for good, at every
+    site: a local delete of its identity, captured (a fresh version, replicated as any delete),
+    so every site ends with a tombstone. In the caller's write transaction: with the capture guard
+    set, the rows holding its values step out and it steps in; the guard off, it is deleted (the
+    capture trigger writes the delete); the guard set again, the holders step back; its kept
+    values go."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    images = _images(conn, d, info)
+    if rid not in images:
+        return
+    img = images[rid]
+    key = conn.exec_driver_sql(
+        f"SELECT {d.key_col} FROM {d.obj(info.name).shadow} WHERE rid = {ph} AND deleted IS NULL", (rid,)
+    ).scalar()
+    names = [q(info.key.name)] + [q(c.name) for c in info.columns]
+    sel = ", ".join(names)
+    d.lock_for_apply(conn, info)
+    d.set_applying(conn, True)
+    if key is not None:
+        holders: list[tuple[Any, ...]] = []
+        for u in (x for x in info.uniques if x.policy == PARK):
+            where = " AND ".join(f"{q(info.columns[i].name)} = {ph}" for i in u.columns)
+            for h in conn.exec_driver_sql(
+                f"SELECT {sel} FROM {q(info.name)} WHERE {where}", tuple(img[i] for i in u.columns)
+            ).all():
+                holders.append(tuple(h))
+                conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (h[0],))
+        ins = f"INSERT INTO {q(info.name)} ({sel}) VALUES ({d.ph(len(names))})"
+        conn.exec_driver_sql(ins, (key, *img))
+        d.set_applying(conn, False)
+        conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (key,))
+        d.set_applying(conn, True)
+        if holders:
+            conn.exec_driver_sql(ins, holders)
+    conn.exec_driver_sql(f"DELETE FROM {parked_table(d, info.name)} WHERE rid = {ph}", (rid,))
+    d.set_applying(conn, False)
 
 
 def no_fast(pend: Pending | None) -> bool:

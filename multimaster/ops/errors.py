@@ -53,7 +53,7 @@ def list_errors(
                     else:
                         r["change"] = (
                             None
-                            if info is None or r["op"] == "?"
+                            if info is None or r["op"] in ("?", "P")  # P: a parked row, skipped
                             else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
                         )
                     out.append(r)
@@ -160,6 +160,11 @@ def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None
 
         def behind(conn: Any, s: Site) -> list[dict[str, Any]]:
             first = store.errorqueue.get(conn, s.dialect, id_)
+            if first is not None and first["state"] == store.errorqueue.PARKED and first["tbl"] in t.tables:
+                # a parked row (docs/unique.md): deleted for good, a replicated delete, so every site agrees
+                uniques.skip_parked(conn, s, s.info(conn, first["tbl"], t), first["rid"])
+                store.errorqueue.skip(conn, s.dialect, id_, reason.strip(), now_iso())
+                return []
             if first is None or first["state"] not in store.errorqueue.OPEN:
                 state = "gone" if first is None else first["state"]
                 raise ConfigError([f"--id {id_}: the change is {state}, not held (nothing to skip)"])
