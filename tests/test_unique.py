@@ -582,3 +582,20 @@ def test_park_skip_deletes_the_parked_row_at_every_site(backend: Backend, tmp_pa
     cl.assert_converged()
     for s in ("s1", "s2"):
         assert _stock(cl, s) == {"ann": 8}
+
+
+def test_park_refused_for_a_table_other_tables_reference(backend: Backend, tmp_path: Any) -> None:
+    tables = dict(STOCK)
+    # (the foreign key as a table constraint: MariaDB ignores an inline REFERENCES)
+    tables["lines"] = {"key": "id", "columns": {"qty": "int", "stock_id": "int, FOREIGN KEY (stock_id) REFERENCES stock (id)"}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables, init=False)
+    for site in cl.urls:
+        cl.execute(site, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    msg = str(e.value)
+    assert "table 'lines' references table 'stock' by foreign key" in msg and "policy 'park'" in msg, msg
+    assert "suffix or null" in msg and "drop the foreign key" in msg
+    # the CLI says so too, with a non-zero exit
+    r = mm("init", "-t", str(tmp_path / "topology.yaml"))
+    assert r.returncode != 0 and "references table 'stock'" in r.stdout + r.stderr

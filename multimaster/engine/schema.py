@@ -192,6 +192,32 @@ def _unique_sets(
     return tuple(out)
 
 
+def park_references(conn: Connection, site: str, infos: dict[str, TableInfo]) -> list[str]:
+    """The problems of a table with a ``park`` UNIQUE set that another replicated table references
+    by foreign key (docs/unique.md): a parked row leaves its table, and a row referencing it would
+    then be refused (or cascade) at one site and not another."""
+    from sqlalchemy import inspect
+
+    parks = {tb: [u.name for u in info.uniques if u.policy == "park"] for tb, info in infos.items()}
+    parks = {tb: names for tb, names in parks.items() if names}
+    if not parks:
+        return []
+    insp = inspect(conn)
+    out = []
+    for tb in sorted(infos):
+        for fk in insp.get_foreign_keys(tb):
+            ref = fk.get("referred_table")
+            if ref in parks:
+                sets = ", ".join("(" + n.replace("+", ", ") + ")" for n in parks[ref])
+                out.append(
+                    f"site '{site}': table '{tb}' references table '{ref}' by foreign key, and UNIQUE {sets} of '{ref}' "
+                    f"has policy 'park' (a parked row leaves '{ref}', so the rows of '{tb}' referencing it could not be "
+                    f"kept the same at every site); set tables.{ref}.unique.<columns>: suffix or null (add a text or "
+                    f"nullable column to the set if it has none), or drop the foreign key"
+                )
+    return out
+
+
 def _default_policy(cols: list[Column]) -> str:
     """docs/unique.md: ``suffix`` for a set with a text column, else ``null`` for one with a
     nullable column, else ``park``."""
