@@ -599,3 +599,70 @@ def test_park_refused_for_a_table_other_tables_reference(backend: Backend, tmp_p
     # the CLI says so too, with a non-zero exit
     r = mm("init", "-t", str(tmp_path / "topology.yaml"))
     assert r.returncode != 0 and "references table 'stock'" in r.stdout + r.stderr
+
+
+def test_park_mixed_cluster(tmp_path: Any) -> None:
+    """SQLite, PostgreSQL and MariaDB in one cluster, applications on plain clients: each inserts
+    sku 7; one row holds it, the two others are parked at every site, listed by `errors`; the
+    holder moves to another sku and the earliest remaining claim comes back everywhere."""
+    import yaml
+    from clusters import BACKENDS, server_unavailable
+
+    from multimaster.config.topology import load_topology
+
+    backends: dict[str, Backend] = {}
+    names = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
+    try:
+        for n in ("sqlite", "postgresql", "mysql"):
+            try:
+                backends[n] = BACKENDS[n]()
+            except ConnectionError as e:
+                server_unavailable(n, str(e))
+        urls = {}
+        for site, n in names.items():
+            urls[site] = backends[n].new_site(tmp_path, site)
+            backends[n].create_table(urls[site], "stock", "id", {"sku": "int NOT NULL", "name": "varchar(40)"})
+            c = backends[n].connect(urls[site])
+            c.cursor().execute("CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+            c.commit()
+            c.close()
+        topo = tmp_path / "topology.yaml"
+        topo.write_text(yaml.safe_dump({"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"stock": {"key": "id"}}}))
+        cl = TestCluster(
+            backends["sqlite"], load_topology(topo), urls, {"stock": {"key": "id", "columns": {"sku": "", "name": ""}}}
+        )
+        r = mm("init", "-t", str(topo))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+        def run(site: str, sql: str) -> None:
+            c = backends[names[site]].connect(urls[site])
+            c.cursor().execute(sql)
+            c.commit()
+            c.close()
+
+        def table(site: str) -> dict[str, Any]:
+            c = backends[names[site]].connect(urls[site])
+            cur = c.cursor()
+            cur.execute("SELECT name, sku FROM stock")
+            out = dict(cur.fetchall())
+            c.close()
+            return out
+
+        for site in ("pg", "lite", "maria"):  # pg's insert is the earliest claim
+            run(site, f"INSERT INTO stock (sku, name) VALUES (7, '{site}')")
+        cl.refresh_until_quiet()
+        assert {s: table(s) for s in urls} == {s: {"pg": 7} for s in urls}
+        parked = _parked(str(topo))
+        assert sorted((p["site"], p["change"]["values"]["name"]) for p in parked) == sorted(
+            (s, n) for s in urls for n in ("lite", "maria")
+        )
+        assert mm("status", "-t", str(topo)).returncode == 1
+        run("maria", "UPDATE stock SET sku = 9 WHERE name = 'pg'")  # released: lite's claim is the next
+        cl.refresh_until_quiet()
+        assert {s: table(s) for s in urls} == {s: {"pg": 9, "lite": 7} for s in urls}
+        assert sorted((p["site"], p["change"]["values"]["name"]) for p in _parked(str(topo))) == [
+            (s, "maria") for s in sorted(urls)
+        ]
+    finally:
+        for b in backends.values():
+            b.cleanup()
