@@ -666,3 +666,34 @@ def test_park_mixed_cluster(tmp_path: Any) -> None:
     finally:
         for b in backends.values():
             b.cleanup()
+
+
+def test_park_added_site_keeps_the_parked_row(backend: Backend, tmp_path: Any) -> None:
+    """add-site copies the parked rows: the new site lists its own, and returns it with the others."""
+    import yaml
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.instantiate import add_site
+
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, "s1")
+    url = cl.backend.new_site(tmp_path, "s3")
+    cl.backend.create_table(url, "stock", "id", STOCK["stock"]["columns"])
+    c = cl.backend.connect(url)
+    c.cursor().execute("CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    c.commit()
+    c.close()
+    doc = yaml.safe_load(open(cl.topo.path).read())
+    doc["sites"]["s3"] = {"url": url}
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    big = TestCluster(cl.backend, load_topology(grown), {**cl.urls, "s3": url}, cl.tables)
+    add_site(big.topo, "s3", "s2")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert sorted(p["site"] for p in _parked(str(grown))) == ["s1", "s2", "s3"]
+    big.execute("s3", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert _stock(big, "s3") == {"ann": 8, "bob": 7}
+    assert _parked(str(grown)) == []

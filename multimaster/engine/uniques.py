@@ -573,6 +573,8 @@ def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
     images = _images(conn, d, info)
     if not images and conn.exec_driver_sql(f"SELECT 1 FROM {table_name(d, info.name)} LIMIT 1").first() is None:
         return False
+    if set(images) - store.errorqueue.parked_rids(conn, d, info.name):
+        return True  # a parked row without its queue entry (a site added from a copy): settle writes it
     pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(images))
     return _settle(conn, d, info, pend, write=False)[1]
 
@@ -691,6 +693,8 @@ def _write_returns(
         r = rows[rid]
         assert r.image is not None
         vals = list(r.image)
+        for i, v in intended[rid].items():  # a value a mark replaced before it was parked: the intended one
+            vals[i] = v
         for i, v in res.marks.get(rid, {}).items():
             vals[i] = v
         conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({', '.join(names)}) VALUES ({d.ph(len(names))})", (r.key, *vals))

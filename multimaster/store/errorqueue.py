@@ -34,6 +34,7 @@ __all__ = [
     "counts",
     "park",
     "unpark",
+    "parked_rids",
     "PARKED",
 ]
 
@@ -222,6 +223,12 @@ def unpark(conn: Connection, d: Dialect, table: str, rid: str) -> None:
     """Row `rid` of `table` is back in its table (or deleted): its ``parked`` entry goes."""
     p = d.caps.placeholder
     conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND state = 'parked'", (table, rid))
+
+
+def parked_rids(conn: Connection, d: Dialect, table: str) -> set[str]:
+    """The identities of `table` with a ``parked`` entry."""
+    p = d.caps.placeholder
+    return {r[0] for r in conn.exec_driver_sql(f"SELECT rid FROM {_t(d)} WHERE tbl = {p} AND state = 'parked'", (table,))}
 
 
 def counts(conn: Connection, d: Dialect) -> dict[str, int]:
