@@ -5,6 +5,11 @@ plain clients (sqlite3, psycopg, PyMySQL)."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -408,10 +413,10 @@ def test_init_refuses_sets_it_cannot_mark(sqlite_backend: Backend, tmp_path: Any
             "columns": {"n": "int NOT NULL", "email": "varchar(100)", "name": "varchar(10)", "m": "int", "note": "text"},
         }
     }
-    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix"}}
+    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix", "n": "null"}}
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], tables, init=False)
     for s in cl.urls:
-        cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: neither policy can mark it
+        cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: 'null' cannot mark it (park would)
         cl.execute(s, "CREATE UNIQUE INDEX ux_e ON t (email)")  # its mark column is in a group
         cl.execute(s, "CREATE UNIQUE INDEX ux_name ON t (name)")  # 10 characters: too short for a suffix
         cl.execute(s, "CREATE UNIQUE INDEX ux_m ON t (m)")  # an int, nullable: null by default, fine
@@ -442,3 +447,253 @@ def test_colliding_changes_in_one_batch(backend: Backend, tmp_path: Any) -> None
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert sorted(r["rid"] for r in _unique_conflicts(cl, "s3")) == sorted(r["rid"] for r in _unique_conflicts(cl, "s1"))
+
+
+# ---- policy park: a set with no column to mark (sku INTEGER NOT NULL) --------------------------
+
+STOCK: dict[str, dict[str, Any]] = {"stock": {"key": "id", "columns": {"sku": "int NOT NULL", "name": "varchar(40)"}}}
+
+CLI = str(Path(sys.executable).parent / "multimaster")
+
+
+def mm(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"}, timeout=300)
+
+
+def _stock(cl: TestCluster, site: str) -> dict[str, int]:
+    return {r[2]: r[1] for r in cl.rows(site, "stock")}  # name -> sku
+
+
+def _park_cluster(backend: Backend, tmp_path: Any) -> tuple[TestCluster, str]:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, init=False)
+    for site in cl.urls:
+        cl.execute(site, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    api.init(cl.topo)
+    topo = str(tmp_path / "topology.yaml")
+    return cl, topo
+
+
+def _parked(topo: str) -> list[dict[str, Any]]:
+    r = mm("errors", "-t", topo, "--json")
+    assert r.returncode == 0, r.stderr
+    return [e for e in json.loads(r.stdout) if e["state"] == "parked"]
+
+
+def _collide(cl: TestCluster, first: str) -> None:
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")  # the earlier claim: holds 7
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    other = "s2" if first == "s1" else "s1"
+    cl.refresh(first, other)
+    cl.refresh(other, first)
+    cl.refresh_until_quiet()
+
+
+@pytest.mark.parametrize("first", ["s1", "s2"])
+def test_park_same_sku_at_two_sites_one_row_the_other_parked_then_returns(backend: Backend, tmp_path: Any, first: str) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, first)
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 7}
+    parked = _parked(topo)
+    assert sorted(p["site"] for p in parked) == ["s1", "s2"]
+    for p in parked:
+        assert p["table"] == "stock" and p["op"] == "P"
+        assert p["change"]["values"] == {"name": "bob", "sku": 7} and p["change"]["unique"] == "sku"
+        assert "sku=7" in p["error"] and p["change"]["holder"] in p["error"]
+    table = mm("errors", "-t", topo)
+    assert table.returncode == 0 and "parked" in table.stdout and "holder's value" in table.stdout, table.stdout
+    st = mm("status", "-t", topo)
+    assert st.returncode == 1 and "multimaster errors" in st.stderr, st.stderr
+    # the holder changes its sku: the parked row comes back at every site
+    cl.execute("s1", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 8, "bob": 7}
+        log = [(r["decision"], r["slot"]) for r in _unique_conflicts(cl, s)]
+        assert sorted(log) == [("parked", "sku"), ("returned", "sku")], log
+    assert _parked(topo) == []
+    assert mm("status", "-t", topo).returncode == 0
+
+
+def test_park_update_of_a_parked_row_from_its_origin_survives_its_return(backend: Backend, tmp_path: Any) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    cl.refresh("s1")  # s1 parks bob
+    assert _stock(cl, "s1") == {"ann": 7}
+    # at its origin (which has not heard of ann yet) bob's other column changes: s1 keeps it for bob
+    cl.execute("s2", "UPDATE stock SET name = 'bobby' WHERE sku = 7")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _stock(cl, "s2") == {"ann": 7}
+    assert {p["change"]["values"]["name"] for p in _parked(topo)} == {"bobby"}
+    cl.execute("s2", "DELETE FROM stock WHERE name = 'ann'")  # the holder is deleted: bobby returns
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"bobby": 7}
+    assert _parked(topo) == []
+
+
+def test_park_colliding_inserts_in_one_batch(backend: Backend, tmp_path: Any) -> None:
+    """s3 pulls both peers without reconciling, then reconciles once: two inserts of sku 7 are
+    candidates of the same batch, and s3 holds 7 itself (claimed last)."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    api.init(cl.topo)
+    cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")
+    cl.execute("s3", "INSERT INTO stock (sku, name) VALUES (7, 'cid')")
+    cl.refresh("s3", reconcile_=False)
+    api.reconcile(cl.topo, "s3")
+    assert _stock(cl, "s3") == {"bob": 7}
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _stock(cl, "s1") == {"bob": 7}
+    # bob leaves 7: the earliest remaining claim (ann) returns, cid stays parked behind it
+    cl.execute("s2", "UPDATE stock SET sku = 9 WHERE name = 'bob'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2", "s3"):
+        assert _stock(cl, s) == {"bob": 9, "ann": 7}
+    assert sorted(p["site"] for p in _parked(str(tmp_path / "topology.yaml"))) == ["s1", "s2", "s3"]
+
+
+def test_park_skip_deletes_the_parked_row_at_every_site(backend: Backend, tmp_path: Any) -> None:
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, "s1")
+    (bob,) = [p for p in _parked(topo) if p["site"] == "s1"]
+    r = mm("errors", "skip", "-t", topo, "--site", "s1", "--id", str(bob["id"]), "--reason", "duplicate of ann")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _stock(cl, "s1") == {"ann": 7}  # the holder stays
+    # the skip is a delete of bob's identity, replicated: s2 drops its parked bob too
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _parked(topo) == []
+    skipped = [e for e in json.loads(mm("errors", "-t", topo, "--all", "--json").stdout) if e["state"] == "skipped"]
+    assert [(e["site"], e["reason"]) for e in skipped] == [("s1", "duplicate of ann")]
+    assert mm("status", "-t", topo).returncode == 0
+    # the value freed later gives it to nobody: bob is gone for good
+    cl.execute("s2", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    for s in ("s1", "s2"):
+        assert _stock(cl, s) == {"ann": 8}
+
+
+def test_park_refused_for_a_table_other_tables_reference(backend: Backend, tmp_path: Any) -> None:
+    tables = dict(STOCK)
+    # (the foreign key as a table constraint: MariaDB ignores an inline REFERENCES)
+    tables["lines"] = {"key": "id", "columns": {"qty": "int", "stock_id": "int, FOREIGN KEY (stock_id) REFERENCES stock (id)"}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables, init=False)
+    for site in cl.urls:
+        cl.execute(site, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    with pytest.raises(SchemaError) as e:
+        api.init(cl.topo)
+    msg = str(e.value)
+    assert "table 'lines' references table 'stock' by foreign key" in msg and "policy 'park'" in msg, msg
+    assert "suffix or null" in msg and "drop the foreign key" in msg
+    # the CLI says so too, with a non-zero exit
+    r = mm("init", "-t", str(tmp_path / "topology.yaml"))
+    assert r.returncode != 0 and "references table 'stock'" in r.stdout + r.stderr
+
+
+def test_park_mixed_cluster(tmp_path: Any) -> None:
+    """SQLite, PostgreSQL and MariaDB in one cluster, applications on plain clients: each inserts
+    sku 7; one row holds it, the two others are parked at every site, listed by `errors`; the
+    holder moves to another sku and the earliest remaining claim comes back everywhere."""
+    import yaml
+    from clusters import BACKENDS, server_unavailable
+
+    from multimaster.config.topology import load_topology
+
+    backends: dict[str, Backend] = {}
+    names = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
+    try:
+        for n in ("sqlite", "postgresql", "mysql"):
+            try:
+                backends[n] = BACKENDS[n]()
+            except ConnectionError as e:
+                server_unavailable(n, str(e))
+        urls = {}
+        for site, n in names.items():
+            urls[site] = backends[n].new_site(tmp_path, site)
+            backends[n].create_table(urls[site], "stock", "id", {"sku": "int NOT NULL", "name": "varchar(40)"})
+            c = backends[n].connect(urls[site])
+            c.cursor().execute("CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+            c.commit()
+            c.close()
+        topo = tmp_path / "topology.yaml"
+        topo.write_text(yaml.safe_dump({"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"stock": {"key": "id"}}}))
+        cl = TestCluster(
+            backends["sqlite"], load_topology(topo), urls, {"stock": {"key": "id", "columns": {"sku": "", "name": ""}}}
+        )
+        r = mm("init", "-t", str(topo))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+        def run(site: str, sql: str) -> None:
+            c = backends[names[site]].connect(urls[site])
+            c.cursor().execute(sql)
+            c.commit()
+            c.close()
+
+        def table(site: str) -> dict[str, Any]:
+            c = backends[names[site]].connect(urls[site])
+            cur = c.cursor()
+            cur.execute("SELECT name, sku FROM stock")
+            out = dict(cur.fetchall())
+            c.close()
+            return out
+
+        for site in ("pg", "lite", "maria"):  # pg's insert is the earliest claim
+            run(site, f"INSERT INTO stock (sku, name) VALUES (7, '{site}')")
+        cl.refresh_until_quiet()
+        assert {s: table(s) for s in urls} == {s: {"pg": 7} for s in urls}
+        parked = _parked(str(topo))
+        assert sorted((p["site"], p["change"]["values"]["name"]) for p in parked) == sorted(
+            (s, n) for s in urls for n in ("lite", "maria")
+        )
+        assert mm("status", "-t", str(topo)).returncode == 1
+        run("maria", "UPDATE stock SET sku = 9 WHERE name = 'pg'")  # released: lite's claim is the next
+        cl.refresh_until_quiet()
+        assert {s: table(s) for s in urls} == {s: {"pg": 9, "lite": 7} for s in urls}
+        assert sorted((p["site"], p["change"]["values"]["name"]) for p in _parked(str(topo))) == [
+            (s, "maria") for s in sorted(urls)
+        ]
+    finally:
+        for b in backends.values():
+            b.cleanup()
+
+
+def test_park_added_site_keeps_the_parked_row(backend: Backend, tmp_path: Any) -> None:
+    """add-site copies the parked rows: the new site lists its own, and returns it with the others."""
+    import yaml
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.instantiate import add_site
+
+    cl, topo = _park_cluster(backend, tmp_path)
+    _collide(cl, "s1")
+    url = cl.backend.new_site(tmp_path, "s3")
+    cl.backend.create_table(url, "stock", "id", STOCK["stock"]["columns"])
+    c = cl.backend.connect(url)
+    c.cursor().execute("CREATE UNIQUE INDEX ux_sku ON stock (sku)")
+    c.commit()
+    c.close()
+    doc = yaml.safe_load(open(cl.topo.path).read())
+    doc["sites"]["s3"] = {"url": url}
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    big = TestCluster(cl.backend, load_topology(grown), {**cl.urls, "s3": url}, cl.tables)
+    add_site(big.topo, "s3", "s2")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert sorted(p["site"] for p in _parked(str(grown))) == ["s1", "s2", "s3"]
+    big.execute("s3", "UPDATE stock SET sku = 8 WHERE name = 'ann'")
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert _stock(big, "s3") == {"ann": 8, "bob": 7}
+    assert _parked(str(grown)) == []

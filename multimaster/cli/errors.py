@@ -36,7 +36,7 @@ def _state(r: dict[str, Any]) -> str:
         return f"waiting behind #{r['blocked_by']}"
     if r["state"] == "skipped":
         return f"skipped: {r.get('reason') or ''}"
-    return "failed"
+    return str(r["state"])  # failed, parked
 
 
 def _table(rows: list[dict[str, Any]]) -> Table:
@@ -74,6 +74,15 @@ def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool,
             console.print(
                 f"fix the cause, then: multimaster errors retry -t {topology} --all   "
                 f"(or drop one: multimaster errors skip -t {topology} --site SITE --id N --reason TEXT)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+        if any(r["state"] == "parked" for r in rows):
+            console.print(
+                "a parked row comes back by itself once its value is free: change the holder's value "
+                f"(a plain UPDATE), or drop the parked row at every site: multimaster errors skip -t {topology} "
+                "--site SITE --id N --reason TEXT",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,

@@ -109,7 +109,7 @@ class TableConfig(_Strict):
     groups: dict[str, GroupConfig] = Field(default_factory=dict)
     exclude: list[str] = Field(default_factory=list)
     #: per UNIQUE set (a column, or its columns joined by ','): what a row losing its value gets
-    #: ('suffix' or 'null'; docs/unique.md)
+    #: ('suffix', 'null' or 'park'; docs/unique.md)
     unique: dict[str, str] = Field(default_factory=dict)
 
 

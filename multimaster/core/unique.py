@@ -12,6 +12,11 @@ ends in the same table:
 - every other row of the group is *marked*: one column of the set, the set's *mark column*, gets
   a value that collides with nothing (policy ``suffix``: ``value~origin~token``, token derived
   from the row's identity; policy ``null``: NULL);
+- policy ``park`` (a set with no column either policy could mark, e.g. ``sku INTEGER NOT NULL``):
+  the losing row is *parked* instead: it leaves the table (its values are kept apart) and comes
+  back when the value is free. A parked row keeps its claims: it still holds the values of its
+  other park sets (so a row losing to it there stays parked too), and it takes part in no
+  ``suffix``/``null`` group (it is not in the table);
 - a marked row whose value is released (the holder changes it, or is deleted) holds it again: the
   rule, applied again to the group, picks the earliest remaining claimant.
 
@@ -26,10 +31,13 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-__all__ = ["POLICIES", "UniqueSet", "Claimant", "Resolution", "group_key", "mark_value", "resolve", "set_name"]
+__all__ = ["POLICIES", "UniqueSet", "Claimant", "Resolution", "group_key", "mark_value", "resolve", "set_name", "PARK"]
 
 #: the policies of a UNIQUE set: what a losing row's mark column becomes
-POLICIES = ("suffix", "null")
+POLICIES = ("suffix", "null", "park")
+
+#: the policy whose losing rows leave the table instead of being marked
+PARK = "park"
 
 #: a version (or the version part of an identity): 19 digits, ':', the origin site's name
 _VERSION_TAIL = re.compile(r"\d{19}:([A-Za-z_][A-Za-z0-9_]*)\Z")
@@ -41,8 +49,8 @@ class UniqueSet:
 
     name: str  #: its columns joined by '+', in TableSpec.columns order: the same at every site
     columns: tuple[int, ...]  #: indexes into TableSpec.columns, ascending
-    policy: str  #: 'suffix' or 'null'
-    mark: int  #: index (into TableSpec.columns) of the column a losing row's mark changes
+    policy: str  #: 'suffix', 'null' or 'park'
+    mark: int  #: index (into TableSpec.columns) of the column a losing row's mark changes (park: the set's first column, unused)
     max_len: int | None = None  #: the mark column's declared length (suffix marks are cut to fit)
 
 
@@ -69,6 +77,8 @@ class Resolution:
     marks: dict[str, dict[int, Any]] = field(default_factory=dict)
     #: per marked row, (set name, the rid holding the value) of every set it loses
     lost: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    #: per parked row (policy ``park``), (set name, the rid holding the value) of every park set it loses
+    parked: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
 
 
 def _norm(v: Any) -> Any:
@@ -105,20 +115,23 @@ def mark_value(u: UniqueSet, value: Any, rid: str) -> Any:
 
 def resolve(sets: Iterable[UniqueSet], rows: Iterable[Claimant]) -> Resolution:
     """Apply the rule to `rows`: every live claimant of every group any of them is in (the caller
-    gathers them; rows outside those groups are not affected). Returns the marked rows and what
-    their mark columns hold; every other row holds its intended values."""
+    gathers them; rows outside those groups are not affected). Returns the parked rows (policy
+    ``park``), the marked rows and what their mark columns hold; every other row holds its
+    intended values."""
     sets = list(sets)
     rows = sorted(rows, key=lambda r: r.rid)
     res = Resolution()
-    for u in sets:
-        groups: dict[tuple[Any, ...], list[Claimant]] = {}
-        for r in rows:
-            g = group_key(u, r.values)
-            if g is not None:
-                groups.setdefault(g, []).append(r)
-        for members in groups.values():
-            if len(members) < 2:
-                continue
+    # park sets first, among every live row (a parked row keeps its claims: no fixpoint needed)
+    for u in (x for x in sets if x.policy == PARK):
+        for members in _groups(u, rows):
+            winner = min(members, key=lambda r: (r.claims[u.name], r.rid))
+            for r in members:
+                if r is not winner:
+                    res.parked.setdefault(r.rid, []).append((u.name, winner.rid))
+    # then the marking sets, among the rows left in the table
+    inside = [r for r in rows if r.rid not in res.parked]
+    for u in (x for x in sets if x.policy != PARK):
+        for members in _groups(u, inside):
             winner = min(members, key=lambda r: (r.claims[u.name], r.rid))
             for r in members:
                 if r is winner:
@@ -126,3 +139,13 @@ def resolve(sets: Iterable[UniqueSet], rows: Iterable[Claimant]) -> Resolution:
                 res.lost.setdefault(r.rid, []).append((u.name, winner.rid))
                 res.marks.setdefault(r.rid, {})[u.mark] = mark_value(u, r.values.get(u.mark), r.rid)
     return res
+
+
+def _groups(u: UniqueSet, rows: list[Claimant]) -> list[list[Claimant]]:
+    """The groups of `rows` with equal non-NULL values of set `u`, of two rows or more."""
+    groups: dict[tuple[Any, ...], list[Claimant]] = {}
+    for r in rows:
+        g = group_key(u, r.values)
+        if g is not None:
+            groups.setdefault(g, []).append(r)
+    return [m for m in groups.values() if len(m) > 1]

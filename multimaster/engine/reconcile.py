@@ -149,11 +149,12 @@ def _reconcile(
     # 1c. secondary UNIQUE sets: room for the changes that collide (engine/uniques.py)
     uq = uniques.before_apply(conn, site, info, cands.table)
     # 2. the plain changes, set-based
-    fr, rest = _apply_plain(conn, site, info, cands, base_max, res, isolating=only is not None)
+    fr, rest = _apply_plain(conn, site, info, cands, base_max, res, isolating=only is not None or uniques.no_fast(uq))
     # 3. the rest: the planner decides, in version order; then its plan is executed
     p, new_keys = _plan_rest(conn, site, info, fr, rest)
     if rank_only:
         held.rank_only(p)
+    uniques.plan_parked(conn, site, info, p, uq)
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
     references.fix_self(conn, site, info, cands.table)
     references.orphans(conn, site, info, cands.table, list(snaps))  # references to rows deleted meanwhile
@@ -346,6 +347,7 @@ def _plan_rest(
     ph = d.caps.placeholder
     ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)] if fr.left else []
     states = _load_states(conn, site, info, {c.rid for c in ordered}, [c.key for c in ordered]) if ordered else {}
+    uniques.parked_states(conn, site, info, states)  # a parked row's values are kept apart
     p = plan(info.spec, ordered, states)
     new_keys: dict[str, int] | None = None
     if fr.keyed and p.new_rids:

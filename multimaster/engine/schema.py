@@ -155,9 +155,11 @@ def _unique_sets(
     grouped = {rep[i].name for s in slots if len(s.columns) > 1 for i in s.columns}
     out = []
     for sname, cols in sorted(found.items()):
-        policy = (
-            configured[sname][1] if sname in configured else ("suffix" if any(_is_text(by_name[c]) for c in cols) else "null")
-        )
+        policy = configured[sname][1] if sname in configured else _default_policy([by_name[c] for c in cols])
+        if policy == "park":
+            # the losing row leaves the table: no column is marked (`mark` names the first, unused)
+            out.append(UniqueSet(sname, tuple(sorted(index[c] for c in cols)), policy, index[cols[0]]))
+            continue
         if policy == "suffix":
             marks = [c for c in cols if _is_text(by_name[c])]
             need = "text column"
@@ -167,7 +169,7 @@ def _unique_sets(
         if not marks:
             problems.append(
                 f"{where}: UNIQUE ({', '.join(cols)}) has no {need} for policy '{policy}' to mark a row losing its value; "
-                f"set tables.{table}.unique.{','.join(cols)} to the other policy, or make one column nullable"
+                f"set tables.{table}.unique.{','.join(cols)} to another policy (park needs no column), or make one column nullable"
             )
             continue
         mark = marks[0]
@@ -188,6 +190,40 @@ def _unique_sets(
     if problems:
         raise SchemaError(problems)
     return tuple(out)
+
+
+def park_references(conn: Connection, site: str, infos: dict[str, TableInfo]) -> list[str]:
+    """The problems of a table with a ``park`` UNIQUE set that another replicated table references
+    by foreign key (docs/unique.md): a parked row leaves its table, and a row referencing it would
+    then be refused (or cascade) at one site and not another."""
+    from sqlalchemy import inspect
+
+    parks = {tb: [u.name for u in info.uniques if u.policy == "park"] for tb, info in infos.items()}
+    parks = {tb: names for tb, names in parks.items() if names}
+    if not parks:
+        return []
+    insp = inspect(conn)
+    out = []
+    for tb in sorted(infos):
+        for fk in insp.get_foreign_keys(tb):
+            ref = fk.get("referred_table")
+            if ref in parks:
+                sets = ", ".join("(" + n.replace("+", ", ") + ")" for n in parks[ref])
+                out.append(
+                    f"site '{site}': table '{tb}' references table '{ref}' by foreign key, and UNIQUE {sets} of '{ref}' "
+                    f"has policy 'park' (a parked row leaves '{ref}', so the rows of '{tb}' referencing it could not be "
+                    f"kept the same at every site); set tables.{ref}.unique.<columns>: suffix or null (add a text or "
+                    f"nullable column to the set if it has none), or drop the foreign key"
+                )
+    return out
+
+
+def _default_policy(cols: list[Column]) -> str:
+    """docs/unique.md: ``suffix`` for a set with a text column, else ``null`` for one with a
+    nullable column, else ``park``."""
+    if any(_is_text(c) for c in cols):
+        return "suffix"
+    return "null" if any(c.nullable for c in cols) else "park"
 
 
 def _norm_type(t: str) -> str:

@@ -31,20 +31,49 @@ from typing import Any, Iterable, Sequence
 from sqlalchemy.engine import Connection
 
 from multimaster import store
-from multimaster.core.planner import ConflictRecord
-from multimaster.core.unique import Claimant, Resolution, UniqueSet, group_key, mark_value, resolve
+from multimaster.core.planner import ConflictRecord, Plan
+from multimaster.core.unique import PARK, Claimant, Resolution, UniqueSet, group_key, mark_value, resolve
 from multimaster.core.versions import BASE_VER
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 from multimaster.errors import NotInstalled
 
-__all__ = ["Pending", "install", "copy_marks", "table_name", "before_apply", "after_apply", "settle", "unsettled"]
+__all__ = [
+    "Pending",
+    "install",
+    "copy_marks",
+    "table_name",
+    "parked_table",
+    "before_apply",
+    "after_apply",
+    "settle",
+    "unsettled",
+    "no_fast",
+    "parked_states",
+    "plan_parked",
+    "parked_change",
+    "skip_parked",
+]
 
 
 def table_name(d: Dialect, table: str) -> str:
     """``_mm_unique_<t>``: the intended values of the marked rows of `table`, as written in SQL."""
     return d.mm_table(d.quote(f"_mm_unique_{table}"))
+
+
+def parked_table(d: Dialect, table: str) -> str:
+    """``_mm_parked_<t>``: the rows of `table` parked by a ``park`` set, as written in SQL."""
+    return d.mm_table(d.quote(f"_mm_parked_{table}"))
+
+
+def _marks(info: TableInfo) -> list[int]:
+    """The mark columns of the marking (not ``park``) sets."""
+    return sorted({u.mark for u in info.uniques if u.policy != PARK})
+
+
+def _parks(info: TableInfo) -> bool:
+    return any(u.policy == PARK for u in info.uniques)
 
 
 def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
@@ -55,8 +84,13 @@ def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
     if not info.uniques:
         return
     q = d.quote
+    if _parks(info):
+        cols = "".join(f", {q('c_' + c.name)} {c.type_sql}" for c in info.columns)
+        conn.exec_driver_sql(
+            f"CREATE TABLE IF NOT EXISTS {parked_table(d, info.name)} (rid TEXT NOT NULL, sname TEXT NOT NULL, holder TEXT NOT NULL{cols})"
+        )
     t = table_name(d, info.name)
-    marks = [info.columns[i] for i in sorted({u.mark for u in info.uniques})]
+    marks = [info.columns[i] for i in _marks(info)]
     cols = "".join(f", {q('i_' + c.name)} {c.type_sql}" for c in marks)
     conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {t} (rid TEXT NOT NULL, col TEXT NOT NULL, ver TEXT NOT NULL{cols})")
     from sqlalchemy import inspect
@@ -72,14 +106,24 @@ def copy_marks(src: Connection, sd: Dialect, dst: Connection, dd: Dialect, info:
     slot versions, so the remembered values stay valid). Returns how many rows."""
     if not info.uniques:
         return 0
-    names = ["rid", "col", "ver"] + ["i_" + info.columns[i].name for i in sorted({u.mark for u in info.uniques})]
+    n = 0
+    if _parks(info):
+        pn = ["rid", "sname", "holder"] + ["c_" + c.name for c in info.columns]
+        prow = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in pn)} FROM {parked_table(sd, info.name)}").all()
+        if prow:
+            dst.exec_driver_sql(
+                f"INSERT INTO {parked_table(dd, info.name)} ({', '.join(dd.quote(c) for c in pn)}) VALUES ({dd.ph(len(pn))})",
+                [tuple(r) for r in prow],
+            )
+        n += len(prow)
+    names = ["rid", "col", "ver"] + ["i_" + info.columns[i].name for i in _marks(info)]
     rows = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in names)} FROM {table_name(sd, info.name)}").all()
     if rows:
         dst.exec_driver_sql(
             f"INSERT INTO {table_name(dd, info.name)} ({', '.join(dd.quote(c) for c in names)}) VALUES ({dd.ph(len(names))})",
             [tuple(r) for r in rows],
         )
-    return len(rows)
+    return n + len(rows)
 
 
 _installed: set[tuple[str, str]] = set()  # (database URL, table) whose _mm_unique_<t> was seen
@@ -91,10 +135,9 @@ def _require(conn: Connection, site: Site, info: TableInfo) -> None:
     seen = (str(conn.engine.url), info.name)
     if seen in _installed:
         return
-    if site.dialect.table_kind(conn, f"_mm_unique_{info.name}") is None:
-        raise NotInstalled(
-            site.name, f"table _mm_unique_{info.name} (table '{info.name}' has UNIQUE constraints it was installed without)"
-        )
+    for obj in [f"_mm_unique_{info.name}"] + ([f"_mm_parked_{info.name}"] if _parks(info) else []):
+        if site.dialect.table_kind(conn, obj) is None:
+            raise NotInstalled(site.name, f"table {obj} (table '{info.name}' has UNIQUE constraints it was installed without)")
     _installed.add(seen)
 
 
@@ -105,6 +148,12 @@ class Pending:
 
     rewritten: list[tuple[str, str, int, Any]] = field(default_factory=list)
     was_marked: dict[str, set[int]] = field(default_factory=dict)
+    #: the rows parked before this reconcile
+    was_parked: set[str] = field(default_factory=set)
+    #: new identities inserted by a candidate colliding on a park set: shadow row only, for now
+    park_inserts: set[str] = field(default_factory=set)
+    #: the batch goes through the planner whole (a candidate touches a parked row)
+    whole: bool = False
 
 
 # ---- reading ---------------------------------------------------------------------------------
@@ -131,7 +180,9 @@ def _join(d: Dialect, info: TableInfo) -> str:
 def _stored(conn: Connection, d: Dialect, info: TableInfo) -> dict[str, dict[int, tuple[str, Any]]]:
     """``_mm_unique_<t>``: rid -> mark column -> (version, intended value)."""
     q = d.quote
-    marks = sorted({u.mark for u in info.uniques})
+    marks = _marks(info)
+    if not marks:
+        return {}
     index = {info.columns[i].name: i for i in marks}
     sql = f"SELECT rid, col, ver, {', '.join(q('i_' + info.columns[i].name) for i in marks)} FROM {table_name(d, info.name)}"
     out: dict[str, dict[int, tuple[str, Any]]] = {}
@@ -142,17 +193,59 @@ def _stored(conn: Connection, d: Dialect, info: TableInfo) -> dict[str, dict[int
     return out
 
 
+def _images(conn: Connection, d: Dialect, info: TableInfo) -> dict[str, list[Any]]:
+    """``_mm_parked_<t>``: rid -> the parked row's values (TableInfo.columns order)."""
+    if not _parks(info):
+        return {}
+    cols = ", ".join(d.quote("c_" + c.name) for c in info.columns)
+    return {r[0]: list(r[1:]) for r in conn.exec_driver_sql(f"SELECT rid, {cols} FROM {parked_table(d, info.name)}")}
+
+
+def _put_image(conn: Connection, d: Dialect, info: TableInfo, rid: str, values: Sequence[Any], sname: str, holder: str) -> None:
+    q = d.quote
+    t = parked_table(d, info.name)
+    conn.exec_driver_sql(f"DELETE FROM {t} WHERE rid = {d.caps.placeholder}", (rid,))
+    names = ["rid", "sname", "holder"] + ["c_" + c.name for c in info.columns]
+    conn.exec_driver_sql(
+        f"INSERT INTO {t} ({', '.join(q(n) for n in names)}) VALUES ({d.ph(len(names))})", (rid, sname, holder, *values)
+    )
+
+
+def _park_keys(conn: Connection, d: Dialect, info: TableInfo, keys: Iterable[Any]) -> set[str]:
+    """Take the live rows of `keys` out of the table, their values kept in ``_mm_parked_<t>``
+    (parked until :func:`_settle` decides them). Returns their rids."""
+    q = d.quote
+    ph = d.caps.placeholder
+    live = " AND s.deleted IS NULL" if not info.spec.renumber else ""
+    cols = ", ".join(f"t.{q(c.name)}" for c in info.columns)
+    out: set[str] = set()
+    for k in keys:
+        r = conn.exec_driver_sql(
+            f"SELECT s.rid, {cols} FROM {d.obj(info.name).shadow} s JOIN {_join(d, info)} WHERE s.{d.key_col} = {ph}{live}", (k,)
+        ).first()
+        if r is None:
+            continue
+        _put_image(conn, d, info, r[0], list(r[1:]), "", "")
+        conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (k,))
+        out.add(r[0])
+    return out
+
+
 @dataclass
 class _Row:
     rid: str
     key: Any
     live: bool
-    actual: dict[int, Any]  # the table's values of every column of a set
+    actual: dict[int, Any]  # the table's values of every column of a set (a parked row's: kept apart)
     versions: dict[int, str]  # per column of a set, the version of its slot
+    image: list[Any] | None = None  # a parked row's values (TableInfo.columns order)
 
 
-def _load(conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str]) -> dict[str, _Row]:
-    """The shadow and table rows of `rids`."""
+def _load(
+    conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str], images: dict[str, list[Any]] | None = None
+) -> dict[str, _Row]:
+    """The shadow and table rows of `rids` (a parked row, in `images`, is live with its kept values)."""
+    images = images or {}
     q = d.quote
     cols = _set_cols(info)
     ph = d.caps.placeholder
@@ -169,13 +262,15 @@ def _load(conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str]) ->
         for r in conn.exec_driver_sql(sql, tuple(chunk)):
             sv = dict(zip(slots, r[4 : 4 + len(slots)]))
             vals = r[4 + len(slots) :]
-            live = bool(r[3]) and r[2] is None
+            img = images.get(r[0]) if not r[3] else None
+            live = (bool(r[3]) or img is not None) and r[2] is None
             out[r[0]] = _Row(
                 r[0],
                 r[1],
                 live,
-                {i: vals[j] for j, i in enumerate(cols)},
+                {i: (img[i] if img is not None else vals[j]) for j, i in enumerate(cols)},
                 {i: sv[_slot_col(info, i)] or _default_ver(info, r[0]) for i in cols},
+                img,
             )
     return out
 
@@ -213,10 +308,116 @@ def before_apply(conn: Connection, site: Site, info: TableInfo, cand: str) -> Pe
         return None
     _require(conn, site, info)
     d = site.dialect
-    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()})
+    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(_images(conn, d, info)))
     for u in info.uniques:
         _make_room(conn, d, info, cand, u, pend)
+    if _parks(info):
+        parked = _images(conn, d, info)
+        if pend.park_inserts or any(
+            conn.exec_driver_sql(f"SELECT 1 FROM {cand} WHERE rid = {d.caps.placeholder} LIMIT 1", (rid,)).first()
+            for rid in parked
+        ):
+            pend.whole = True
     return pend
+
+
+def parked_change(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> dict[str, Any] | None:
+    """What `errors` shows of parked row `rid`: its key, its kept values, the set it lost and
+    the row holding that set's values (rid and key); None when it is not parked."""
+    ph = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT p.sname, p.holder, s.{d.key_col}, h.{d.key_col} FROM {parked_table(d, info.name)} p "
+        f"JOIN {d.obj(info.name).shadow} s ON s.rid = p.rid LEFT JOIN {d.obj(info.name).shadow} h ON h.rid = p.holder "
+        f"WHERE p.rid = {ph}",
+        (rid,),
+    ).first()
+    img = _images(conn, d, info).get(rid)
+    if r is None or img is None:
+        return None
+    return {
+        "key": r[2],
+        "values": {c.name: v for c, v in zip(info.columns, img)},
+        "unique": r[0],
+        "holder": r[1],
+        "holder_key": r[3],
+    }
+
+
+def skip_parked(conn: Connection, site: Site, info: TableInfo, rid: str) -> None:
+    """`errors skip` of parked row `rid` (docs/unique.md): the row is deleted for good, at every
+    site: a local delete of its identity, captured (a fresh version, replicated as any delete),
+    so every site ends with a tombstone. In the caller's write transaction: with the capture guard
+    set, the rows holding its values step out and it steps in; the guard off, it is deleted (the
+    capture trigger writes the delete); the guard set again, the holders step back; its kept
+    values go."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    images = _images(conn, d, info)
+    if rid not in images:
+        return
+    img = images[rid]
+    key = conn.exec_driver_sql(
+        f"SELECT {d.key_col} FROM {d.obj(info.name).shadow} WHERE rid = {ph} AND deleted IS NULL", (rid,)
+    ).scalar()
+    names = [q(info.key.name)] + [q(c.name) for c in info.columns]
+    sel = ", ".join(names)
+    d.lock_for_apply(conn, info)
+    d.set_applying(conn, True)
+    if key is not None:
+        holders: list[tuple[Any, ...]] = []
+        for u in (x for x in info.uniques if x.policy == PARK):
+            where = " AND ".join(f"{q(info.columns[i].name)} = {ph}" for i in u.columns)
+            for h in conn.exec_driver_sql(
+                f"SELECT {sel} FROM {q(info.name)} WHERE {where}", tuple(img[i] for i in u.columns)
+            ).all():
+                holders.append(tuple(h))
+                conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (h[0],))
+        ins = f"INSERT INTO {q(info.name)} ({sel}) VALUES ({d.ph(len(names))})"
+        conn.exec_driver_sql(ins, (key, *img))
+        d.set_applying(conn, False)
+        conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (key,))
+        d.set_applying(conn, True)
+        if holders:
+            conn.exec_driver_sql(ins, holders)
+    conn.exec_driver_sql(f"DELETE FROM {parked_table(d, info.name)} WHERE rid = {ph}", (rid,))
+    d.set_applying(conn, False)
+
+
+def no_fast(pend: Pending | None) -> bool:
+    """Whether the batch must go through the planner whole: a candidate touches a parked row
+    (its changes go to the kept values, not the table)."""
+    return pend is not None and pend.whole
+
+
+def parked_states(conn: Connection, site: Site, info: TableInfo, states: dict[str, Any]) -> None:
+    """The planner's view of a parked row (live in the shadow, absent from the table): the values
+    kept for it, so a change of it is decided as of any live row."""
+    if not _parks(info):
+        return
+    images = _images(conn, site.dialect, info)
+    for rid, st in states.items():
+        if rid in images and st.values is None and st.deleted is None:
+            st.values = list(images[rid])
+            st.alive_before = True
+
+
+def plan_parked(conn: Connection, site: Site, info: TableInfo, p: Plan, pend: Pending | None) -> None:
+    """Before the plan is executed: the rows parked (and the new rows a park set holds out) get
+    the planned values in ``_mm_parked_<t>`` instead of the table."""
+    if pend is None or not _parks(info):
+        return
+    d = site.dialect
+    images = _images(conn, d, info)
+    for rid, st in p.rows.items():
+        if rid in images and st.existed:
+            if st.values is not None:
+                _put_image(conn, d, info, rid, st.values, "", "")
+            st.changed = set()
+        elif rid in pend.park_inserts and not st.existed:
+            if st.values is not None:
+                _put_image(conn, d, info, rid, st.values, "", "")
+            st.values = None
 
 
 def _make_room(conn: Connection, d: Dialect, info: TableInfo, cand: str, u: UniqueSet, pend: Pending) -> None:
@@ -261,6 +462,14 @@ def _make_room(conn: Connection, d: Dialect, info: TableInfo, cand: str, u: Uniq
                 colliding[r[0]] = (r[1], r[2], int(r[3]))
     d.drop_temp(conn, nv)
     if not colliding:
+        return
+    if u.policy == PARK:
+        # the rows holding the values, and the rows of colliding updates, leave the table now;
+        # colliding inserts get their shadow row only (plan_parked); _settle decides them all
+        keys = holder_keys | {lkey for _rid, lkey, _s in colliding.values() if lkey is not None}
+        _park_keys(conn, d, info, keys)
+        pend.park_inserts |= {rid for rid, lkey, _s in colliding.values() if lkey is None}
+        pend.whole = True
         return
     # rows to vacate: those holding a colliding value, and those of updates not writing the mark column
     holder_keys.update(lkey for rid, lkey, setsm in colliding.values() if not setsm and lkey is not None)
@@ -350,7 +559,8 @@ def settle(conn: Connection, site: Site, info: TableInfo) -> list[ConflictRecord
         return []
     _require(conn, site, info)
     d = site.dialect
-    return _settle(conn, d, info, Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}), write=True)[0]
+    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(_images(conn, d, info)))
+    return _settle(conn, d, info, pend, write=True)[0]
 
 
 def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
@@ -360,9 +570,12 @@ def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
         return False
     _require(conn, site, info)
     d = site.dialect
-    if conn.exec_driver_sql(f"SELECT 1 FROM {table_name(d, info.name)} LIMIT 1").first() is None:
+    images = _images(conn, d, info)
+    if not images and conn.exec_driver_sql(f"SELECT 1 FROM {table_name(d, info.name)} LIMIT 1").first() is None:
         return False
-    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()})
+    if set(images) - store.errorqueue.parked_rids(conn, d, info.name):
+        return True  # a parked row without its queue entry (a site added from a copy): settle writes it
+    pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(images))
     return _settle(conn, d, info, pend, write=False)[1]
 
 
@@ -386,30 +599,112 @@ def _claims(info: TableInfo, r: _Row) -> dict[str, str]:
 
 
 def _settle(conn: Connection, d: Dialect, info: TableInfo, pend: Pending, write: bool) -> tuple[list[ConflictRecord], bool]:
-    """Decide the marked rows (and the rows `pend` replaced values of) and every claimant of their
-    values again; when `write`, write the difference. Returns the conflict records and whether
-    anything changes."""
+    """Decide the marked and parked rows (and the rows `pend` replaced values of) and every
+    claimant of their values again; when `write`, write the difference. Returns the conflict
+    records and whether anything changes."""
     stored = _stored(conn, d, info)
+    images = _images(conn, d, info)
     rewritten: dict[tuple[str, int], dict[str, Any]] = {}
     for ver, rid, m, val in pend.rewritten:
         rewritten.setdefault((rid, m), {})[ver] = val
-    seeds = set(stored) | {rid for _, rid, _, _ in pend.rewritten}
+    seeds = set(stored) | set(images) | {rid for _, rid, _, _ in pend.rewritten}
     if not seeds:
         return [], False
-    rows, intended = _gather(conn, d, info, seeds, stored, rewritten, write)
+    rows, intended = _gather(conn, d, info, seeds, stored, rewritten, write, images)
     live = [Claimant(rid, intended[rid], _claims(info, rows[rid])) for rid in sorted(intended)]
     res = resolve(info.uniques, live)
     changes, records = _decide(info, rows, live, res, stored, pend)
-    desired = {c.rid: {i: (rows[c.rid].versions[i], c.values[i]) for i in res.marks.get(c.rid, {})} for c in live}
+    desired = {
+        c.rid: {i: (rows[c.rid].versions[i], c.values[i]) for i in res.marks.get(c.rid, {})}
+        for c in live
+        if c.rid not in res.parked
+    }
     stale = any(
         set(desired.get(rid, {})) != set(stored.get(rid, {}))
         or any(stored[rid][i][0] != v or not _same(stored[rid][i][1], x) for i, (v, x) in desired.get(rid, {}).items())
         for rid in rows
     )
+    park, back, gone = _park_moves(rows, res)
     if write:
-        _write(conn, d, info, changes, rows, desired)
+        _write_parks(conn, d, info, rows, res, park, gone)
+        _write(conn, d, info, [c for c in changes if c[4] not in back and c[4] not in res.parked], rows, desired)
+        _write_returns(conn, d, info, rows, res, back, intended)
         store.conflicts.record(conn, d, records, {rid: r.key for rid, r in rows.items()})
-    return records, bool(changes or stale)
+    return records, bool(changes or stale or park or back or gone)
+
+
+def _park_moves(rows: dict[str, _Row], res: Resolution) -> tuple[list[str], list[str], list[str]]:
+    """The rows to take out of the table (parked now), to put back (no longer parked) and whose
+    kept values go (their row was deleted)."""
+    park = sorted(rid for rid in res.parked if rows[rid].image is None)
+    back = sorted(rid for rid, r in rows.items() if r.image is not None and r.live and rid not in res.parked)
+    gone = sorted(rid for rid, r in rows.items() if r.image is not None and not r.live)
+    return park, back, gone
+
+
+def _write_parks(
+    conn: Connection, d: Dialect, info: TableInfo, rows: dict[str, _Row], res: Resolution, park: list[str], gone: list[str]
+) -> None:
+    """Take the rows `park` out of the table (their values kept), note every parked row's holder,
+    and drop the kept values of deleted rows."""
+    q = d.quote
+    ph = d.caps.placeholder
+    cols = ", ".join(q(c.name) for c in info.columns)
+    for rid in park:
+        r = rows[rid]
+        vals = conn.exec_driver_sql(f"SELECT {cols} FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (r.key,)).first()
+        assert vals is not None  # a live row not parked is in the table
+        _put_image(conn, d, info, rid, list(vals), "", "")
+        conn.exec_driver_sql(f"DELETE FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}", (r.key,))
+    for rid, lost in res.parked.items():
+        sname, holder = lost[0]
+        conn.exec_driver_sql(
+            f"UPDATE {parked_table(d, info.name)} SET sname = {ph}, holder = {ph} WHERE rid = {ph}", (sname, holder, rid)
+        )
+        _queue(conn, d, info, rows[rid], sname, holder)
+    for rid in gone:
+        conn.exec_driver_sql(f"DELETE FROM {parked_table(d, info.name)} WHERE rid = {ph}", (rid,))
+        store.errorqueue.unpark(conn, d, info.name, rid)
+
+
+def _queue(conn: Connection, d: Dialect, info: TableInfo, r: _Row, sname: str, holder: str) -> None:
+    """The error queue's entry of parked row `r` (state ``parked``): what it wants and who holds it."""
+    u = next(x for x in info.uniques if x.name == sname)
+    want = ", ".join(f"{info.columns[i].name}={r.actual[i]!r}" for i in u.columns)
+    text = f"UNIQUE ({', '.join(info.columns[i].name for i in u.columns)}): {want} is held by row {holder}; parked"
+    store.errorqueue.park(conn, d, info.name, r.rid, max(r.versions[i] for i in u.columns), _origin_of(r.rid), text)
+
+
+def _write_returns(
+    conn: Connection,
+    d: Dialect,
+    info: TableInfo,
+    rows: dict[str, _Row],
+    res: Resolution,
+    back: list[str],
+    intended: dict[str, dict[int, Any]],
+) -> None:
+    """Put the rows `back` into the table (at the key their identity holds in the shadow), with
+    their kept values and the marks the rule gives them; their kept values go."""
+    q = d.quote
+    ph = d.caps.placeholder
+    names = [q(info.key.name)] + [q(c.name) for c in info.columns]
+    for rid in back:
+        r = rows[rid]
+        assert r.image is not None
+        vals = list(r.image)
+        for i, v in intended[rid].items():  # a value a mark replaced before it was parked: the intended one
+            vals[i] = v
+        for i, v in res.marks.get(rid, {}).items():
+            vals[i] = v
+        conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({', '.join(names)}) VALUES ({d.ph(len(names))})", (r.key, *vals))
+        conn.exec_driver_sql(f"DELETE FROM {parked_table(d, info.name)} WHERE rid = {ph}", (rid,))
+        store.errorqueue.unpark(conn, d, info.name, rid)
+
+
+def _origin_of(rid: str) -> str:
+    tail = rid.rpartition(":")[2]
+    return tail if ":" in rid else "-"
 
 
 def _gather(
@@ -420,6 +715,7 @@ def _gather(
     stored: dict[str, dict[int, tuple[str, Any]]],
     rewritten: dict[tuple[str, int], dict[str, Any]],
     lock: bool,
+    images: dict[str, list[Any]],
 ) -> tuple[dict[str, _Row], dict[str, dict[int, Any]]]:
     """The rows to decide: the seeds and, transitively, every row holding or claiming a value of
     one of theirs (locked first, when `lock`). Returns them and the live ones' intended values."""
@@ -430,7 +726,7 @@ def _gather(
     while todo:
         if lock:
             _lock(conn, d, info, sorted(todo))
-        loaded = _load(conn, d, info, sorted(todo))
+        loaded = _load(conn, d, info, sorted(todo), images)
         todo = set()
         groups: dict[str, set[tuple[Any, ...]]] = {}
         for rid, r in loaded.items():
@@ -456,21 +752,27 @@ def _decide(
     res: Resolution,
     stored: dict[str, dict[int, tuple[str, Any]]],
     pend: Pending,
-) -> tuple[list[tuple[Any, int, Any, bool]], list[ConflictRecord]]:
-    """What the table's rows get (key, column, value, is a mark), marks first, and the conflict
+) -> tuple[list[tuple[Any, int, Any, bool, str]], list[ConflictRecord]]:
+    """What the table's rows get (key, column, value, is a mark, rid), marks first, and the conflict
     records: a row newly marked, a marked row regaining its value (not one whose mark a change of
     the column ended)."""
     by_name = {u.name: u for u in info.uniques}
     claim_of = {c.rid: c.claims for c in live}
-    changes: list[tuple[Any, int, Any, bool]] = []
+    changes: list[tuple[Any, int, Any, bool, str]] = []
     records: list[ConflictRecord] = []
     for c in live:
         r = rows[c.rid]
         want = res.marks.get(c.rid, {})
-        for i in sorted({u.mark for u in info.uniques}):
+        for sname, winner in res.parked.get(c.rid, [])[:1]:
+            if c.rid not in pend.was_parked:
+                records.append(_record(info, by_name[sname], c, claim_of[winner][sname], winner, "parked", None))
+        if c.rid in pend.was_parked and c.rid not in res.parked:
+            u = next(x for x in info.uniques if x.policy == PARK)
+            records.append(_record(info, u, c, c.claims[u.name], c.rid, "returned", None))
+        for i in _marks(info):
             target = want[i] if i in want else c.values[i]
             if not _same(r.actual[i], target):
-                changes.append((r.key, i, target, i in want))
+                changes.append((r.key, i, target, i in want, c.rid))
         before = pend.was_marked.get(c.rid, set())
         for sname, winner in res.lost.get(c.rid, []):
             u = by_name[sname]
@@ -489,14 +791,14 @@ def _write(
     conn: Connection,
     d: Dialect,
     info: TableInfo,
-    changes: list[tuple[Any, int, Any, bool]],
+    changes: list[tuple[Any, int, Any, bool, str]],
     rows: dict[str, _Row],
     desired: dict[str, dict[int, tuple[str, Any]]],
 ) -> None:
     """Write the marks, then the regains, to the table; ``_mm_unique_<t>`` holds `desired` for `rows`."""
     q = d.quote
     ph = d.caps.placeholder
-    for key, i, val, _mark in changes:
+    for key, i, val, _mark, _rid in changes:
         conn.exec_driver_sql(
             f"UPDATE {q(info.name)} SET {q(info.columns[i].name)} = {ph} WHERE {q(info.key.name)} = {ph}", (val, key)
         )

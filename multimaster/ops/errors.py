@@ -9,7 +9,7 @@ from typing import Any
 from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso
-from multimaster.engine import held, isolate
+from multimaster.engine import held, isolate, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import relay_origins, write_retrying
 from multimaster.engine.site import Site
@@ -38,7 +38,7 @@ def list_errors(
     try:
         if table is not None and table not in cl.topo.tables:
             raise ConfigError([f"--table: table '{table}' is not defined under tables"])
-        states = STATES if include_skipped else store.errorqueue.OPEN
+        states = (*(STATES if include_skipped else store.errorqueue.OPEN), store.errorqueue.PARKED)
         out: list[dict[str, Any]] = []
         for n in _sites(cl, site):
             s = cl.site(n)
@@ -48,11 +48,14 @@ def list_errors(
                 for r in store.errorqueue.rows(conn, s.dialect, table, states):
                     r = dict(r, site=n, table=r.pop("tbl"))
                     info = s.info(conn, r["table"], cl.topo) if r["table"] in cl.topo.tables else None
-                    r["change"] = (
-                        None
-                        if info is None or r["op"] == "?"
-                        else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
-                    )
+                    if r["state"] == store.errorqueue.PARKED:
+                        r["change"] = None if info is None else uniques.parked_change(conn, s.dialect, info, r["rid"])
+                    else:
+                        r["change"] = (
+                            None
+                            if info is None or r["op"] in ("?", "P")  # P: a parked row, skipped
+                            else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
+                        )
                     out.append(r)
         return out
     finally:
@@ -157,6 +160,11 @@ def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None
 
         def behind(conn: Any, s: Site) -> list[dict[str, Any]]:
             first = store.errorqueue.get(conn, s.dialect, id_)
+            if first is not None and first["state"] == store.errorqueue.PARKED and first["tbl"] in t.tables:
+                # a parked row (docs/unique.md): deleted for good, a replicated delete, so every site agrees
+                uniques.skip_parked(conn, s, s.info(conn, first["tbl"], t), first["rid"])
+                store.errorqueue.skip(conn, s.dialect, id_, reason.strip(), now_iso())
+                return []
             if first is None or first["state"] not in store.errorqueue.OPEN:
                 state = "gone" if first is None else first["state"]
                 raise ConfigError([f"--id {id_}: the change is {state}, not held (nothing to skip)"])

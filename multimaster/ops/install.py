@@ -12,7 +12,7 @@ from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
-from multimaster.engine.schema import compare_schemas
+from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
 from multimaster.errors import BaseRowsDiffer, SchemaError
 
@@ -110,6 +110,7 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
                     infos[tb][n] = s.info(conn, tb, t)
                 except SchemaError as e:
                     problems.extend(e.problems)
+            problems.extend(park_references(conn, n, {tb: infos[tb][n] for tb in t.tables if n in infos[tb]}))
     if problems:
         raise SchemaError(problems)
     dialects = {n: s.dialect.name for n, s in sites.items()}

@@ -73,7 +73,9 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
-        out["held_errors"] = sum(d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting"))
+        out["held_errors"] = sum(
+            d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "parked")
+        )
         out["verification"] = last(cl) if site_data[t.verify_site].get("reachable") else None  # last recorded verify run
         return out
     finally:

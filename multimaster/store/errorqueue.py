@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
+from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 
 __all__ = [
@@ -31,7 +32,15 @@ __all__ = [
     "release",
     "skip",
     "counts",
+    "park",
+    "unpark",
+    "parked_rids",
+    "PARKED",
 ]
+
+#: the state of a row a ``park`` UNIQUE set holds out of its table (docs/unique.md): not a change
+#: to retry; it comes back by itself when its value is free, or is skipped (a replicated delete)
+PARKED = "parked"
 
 #: the states of a change still held (retried by `errors retry`); `skipped` rows are history
 OPEN = ("failed", "waiting")
@@ -193,9 +202,38 @@ def skip(conn: Connection, d: Dialect, id_: int, reason: str, at: str) -> None:
     )
 
 
+def park(conn: Connection, d: Dialect, table: str, rid: str, claim: str, origin: str, text: str) -> None:
+    """Row `rid` of `table` is parked (op ``P``, state ``parked``): one entry per parked row, its
+    text (the values it wants and the row holding them) kept up to date, its id stable."""
+    p = d.caps.placeholder
+    t = _t(d)
+    at = now_iso()
+    cur = conn.exec_driver_sql(
+        f"SELECT id, error FROM {t} WHERE tbl = {p} AND rid = {p} AND state = 'parked'", (table, rid)
+    ).first()
+    if cur is None:
+        hold(conn, d, Held(table, "-", claim, origin, rid, "P"), PARKED, at, text)
+    elif cur[1] != text:
+        conn.exec_driver_sql(
+            f"UPDATE {t} SET error = {p}, ver = {p}, last_at = {p} WHERE id = {p}", (_cut(text), claim, at, cur[0])
+        )
+
+
+def unpark(conn: Connection, d: Dialect, table: str, rid: str) -> None:
+    """Row `rid` of `table` is back in its table (or deleted): its ``parked`` entry goes."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND state = 'parked'", (table, rid))
+
+
+def parked_rids(conn: Connection, d: Dialect, table: str) -> set[str]:
+    """The identities of `table` with a ``parked`` entry."""
+    p = d.caps.placeholder
+    return {r[0] for r in conn.exec_driver_sql(f"SELECT rid FROM {_t(d)} WHERE tbl = {p} AND state = 'parked'", (table,))}
+
+
 def counts(conn: Connection, d: Dialect) -> dict[str, int]:
-    """How many rows per state ('failed', 'waiting', 'skipped')."""
-    out = dict.fromkeys(("failed", "waiting", "skipped"), 0)
+    """How many rows per state ('failed', 'waiting', 'skipped', 'parked')."""
+    out = dict.fromkeys(("failed", "waiting", "skipped", PARKED), 0)
     for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
         out[str(state)] = int(n)
     return out

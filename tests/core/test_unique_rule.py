@@ -27,6 +27,11 @@ SETS = (
     UniqueSet("e", (1,), "suffix", 1, 40),
     UniqueSet("c+t", (0, 2), "null", 0),
 )
+#: with a park set: t (an int, no column to mark) parks its losers; e is still suffixed among the rest
+PARK_SETS = (
+    UniqueSet("t", (2,), "park", 2),
+    UniqueSet("e", (1,), "suffix", 1, 40),
+)
 VALUES = {0: ("k", "q", None), 1: ("a", "b", None), 2: (1, 2)}
 
 
@@ -69,14 +74,16 @@ def _fold(delivered: list[tuple[Any, ...]]) -> dict[str, tuple[dict[int, Any], d
     return rows
 
 
-def _claimant(rid: str, vals: dict[int, Any], vers: dict[int, str]) -> Claimant:
-    return Claimant(rid, vals, {u.name: max(vers[i] for i in u.columns) for u in SETS})
+def _claimant(rid: str, vals: dict[int, Any], vers: dict[int, str], sets: tuple[UniqueSet, ...] = SETS) -> Claimant:
+    return Claimant(rid, vals, {u.name: max(vers[i] for i in u.columns) for u in sets})
 
 
-def _full(rows: dict[str, tuple[dict[int, Any], dict[int, str]]]) -> dict[str, dict[int, Any]]:
-    """The table the rule gives, taken whole."""
-    res = resolve(SETS, [_claimant(r, v, w) for r, (v, w) in rows.items()])
-    return {r: {**v, **res.marks.get(r, {})} for r, (v, _) in rows.items()}
+def _full(
+    rows: dict[str, tuple[dict[int, Any], dict[int, str]]], sets: tuple[UniqueSet, ...] = SETS
+) -> tuple[dict[str, dict[int, Any]], set[str]]:
+    """The table the rule gives, taken whole, and the parked rows."""
+    res = resolve(sets, [_claimant(r, v, w, sets) for r, (v, w) in rows.items()])
+    return {r: {**v, **res.marks.get(r, {})} for r, (v, _) in rows.items() if r not in res.parked}, set(res.parked)
 
 
 def _collides(u: UniqueSet, vals: dict[int, Any], rid: str, actual: dict[str, dict[int, Any]]) -> bool:
@@ -84,8 +91,10 @@ def _collides(u: UniqueSet, vals: dict[int, Any], rid: str, actual: dict[str, di
     return g is not None and any(o != rid and group_key(u, a) == g for o, a in actual.items())
 
 
-def _deliver(order: list[tuple[Any, ...]]) -> dict[str, dict[int, Any]]:
-    """The table at a site receiving the changes in `order`, one at a time, as the engine works."""
+def _deliver(order: list[tuple[Any, ...]], sets: tuple[UniqueSet, ...] = SETS) -> tuple[dict[str, dict[int, Any]], set[str]]:
+    """The table at a site receiving the changes in `order`, one at a time, as the engine works,
+    and the parked rows (live rows not in the table: their values are kept apart)."""
+    SETS = sets  # noqa: N806 (the model below reads the sets under test)
     actual: dict[str, dict[int, Any]] = {}
     delivered: list[tuple[Any, ...]] = []
     for ev in order:
@@ -94,12 +103,23 @@ def _deliver(order: list[tuple[Any, ...]]) -> dict[str, dict[int, Any]]:
         actual = {r: a for r, a in actual.items() if r in rows}  # deleted rows leave
         rid = ev[2]
         seeds = {r for r, a in actual.items() if a != rows[r][0]}  # marked rows
+        seeds |= {r for r in rows if r not in actual and r != rid}  # parked rows
         if rid in rows:
             vals = rows[rid][0]
             if any(_collides(u, vals, rid, actual) for u in SETS):
                 seeds.add(rid)
-                # while applying, the changed row holds its mark value: it collides with nothing
-                actual[rid] = {**vals, **{u.mark: mark_value(u, vals[u.mark], rid) for u in SETS}}
+                if any(u.policy == "park" for u in SETS):
+                    # a park set: the changed row and the rows holding its values leave the table
+                    # while applying (parked until decided)
+                    for u in SETS:
+                        if u.policy == "park" and _collides(u, vals, rid, actual):
+                            for o in [o for o, a in actual.items() if o != rid and group_key(u, a) == group_key(u, vals)]:
+                                seeds.add(o)
+                                del actual[o]
+                    actual.pop(rid, None)
+                if rid in actual or not any(u.policy == "park" for u in SETS):
+                    # while applying, the changed row holds its mark value: it collides with nothing
+                    actual[rid] = {**vals, **{u.mark: mark_value(u, vals[u.mark], rid) for u in SETS if u.policy != "park"}}
             elif rid not in seeds:
                 actual[rid] = dict(vals)  # the fast path
         # the rows decided again: the seeds and every claimant of their values, transitively
@@ -111,14 +131,17 @@ def _deliver(order: list[tuple[Any, ...]]) -> dict[str, dict[int, Any]]:
                 o for o in actual if o not in chosen and any((u.name, group_key(u, actual[o])) in groups for u in SETS)
             }
         chosen &= set(rows)
-        res = resolve(SETS, [_claimant(r, *rows[r]) for r in chosen])
+        res = resolve(SETS, [_claimant(r, *rows[r], SETS) for r in chosen])
         for r in chosen:
-            actual[r] = {**rows[r][0], **res.marks.get(r, {})}
+            if r in res.parked:
+                actual.pop(r, None)
+            else:
+                actual[r] = {**rows[r][0], **res.marks.get(r, {})}
         for u in SETS:  # the database's UNIQUE constraint
             held = [group_key(u, a) for a in actual.values()]
             held = [g for g in held if g is not None]
             assert len(held) == len(set(held)), (u.name, actual)
-    return actual
+    return actual, set(_fold(delivered)) - set(actual)
 
 
 @settings(max_examples=150, deadline=None)
@@ -127,6 +150,23 @@ def test_every_delivery_order_ends_in_the_table_the_rule_gives(history: list[tup
     want = _full(_fold(history))
     for order in permutations(history):
         assert _deliver(list(order)) == want, order
+
+
+@settings(max_examples=150, deadline=None)
+@given(histories())
+def test_park_every_delivery_order_ends_in_the_same_table_and_parked_rows(history: list[tuple[Any, ...]]) -> None:
+    want = _full(_fold(history), PARK_SETS)
+    for order in permutations(history):
+        assert _deliver(list(order), PARK_SETS) == want, order
+
+
+def test_park_the_earliest_claim_holds_the_row_the_others_are_parked() -> None:
+    u = UniqueSet("t", (2,), "park", 2)
+    a = Claimant("0000000000000000002:s1", {2: 7}, {"t": "0000000000000000002:s1"})
+    b = Claimant("0000000000000000001:s2", {2: 7}, {"t": "0000000000000000001:s2"})
+    c = Claimant("0000000000000000003:s1", {2: 8}, {"t": "0000000000000000003:s1"})
+    res = resolve([u], [a, b, c])
+    assert res.parked == {a.rid: [("t", b.rid)]} and res.marks == {}
 
 
 @given(st.lists(st.tuples(st.sampled_from(("a", "b")), st.integers(1, 9)), min_size=1, max_size=6), st.randoms())
