@@ -6,4 +6,6 @@ bash scripts/setup.sh
 # lint, format and types first: CI enforces them through this same command (scripts/check.sh alone
 # runs just these)
 bash scripts/check.sh
-exec .venv/bin/python -m pytest -q "$@"
+# two workers (the machine's cores; MM_TEST_WORKERS overrides, 0 runs in this process): most tests
+# wait on a database server, and every Spark test goes to one worker (tests/conftest.py)
+exec .venv/bin/python -m pytest -q -n "${MM_TEST_WORKERS:-2}" --dist loadgroup "$@"

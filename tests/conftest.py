@@ -22,3 +22,11 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 @pytest.fixture
 def sqlite_backend() -> Backend:
     return BACKENDS["sqlite"]()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadgroup`), every Spark test runs on
+    the same worker, so one JVM serves them all (tests/spark/conftest.py's session)."""
+    for item in items:
+        if item.path.parent.name == "spark":
+            item.add_marker(pytest.mark.xdist_group("spark"))
