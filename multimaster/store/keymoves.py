@@ -18,7 +18,10 @@ __all__ = ["install", "record", "history", "moves_from", "delete_before"]
 def install(conn: Connection, d: Dialect) -> None:
     conn.exec_driver_sql(
         f"CREATE TABLE IF NOT EXISTS {d.mm_table('_mm_keymoves')} (tbl VARCHAR(64) NOT NULL, rid VARCHAR(255) NOT NULL, "
-        "old_key BIGINT NOT NULL, new_key BIGINT NOT NULL, moved_at VARCHAR(40) NOT NULL, reason VARCHAR(16) NOT NULL)"
+        "old_key BIGINT NOT NULL, new_key BIGINT NOT NULL, moved_at VARCHAR(40) NOT NULL, reason VARCHAR(16) NOT NULL, "
+        # a primary key on every table multimaster creates (replication tools and MariaDB clusters
+        # need one): one move of a row from a key to another at one time
+        "PRIMARY KEY (tbl, rid, old_key, new_key, moved_at))"
     )
     # (every supported database takes CREATE INDEX IF NOT EXISTS; the index lives in the table's schema)
     conn.exec_driver_sql(

@@ -90,7 +90,9 @@ class MySQLDialect(Dialect):
         set_based_apply=False,
         concurrent_capture=True,  # positions below _mm_horizon; keys from a counter
         txn_column=True,  # txn: connection and epoch of its slots (site.sql _mm_slots, docs/transactions.md)
-        daemon_lock_sql="SELECT GET_LOCK(%s, 0)",
+        # GET_LOCK's names are server-wide, not per database: the database's name goes into it, so
+        # clusters in two databases of one server may each name a site alike (names: 64 characters)
+        daemon_lock_sql="SELECT GET_LOCK(CONCAT('mm-daemon-', MD5(CONCAT(%s, '@', DATABASE()))), 0)",
         serial_pk="BIGINT AUTO_INCREMENT PRIMARY KEY",
         log_rid_column="rid",
         bookkeeping_schema=None,  # the site's database
