@@ -441,9 +441,34 @@ def test_backlog_pulls_in_bounded_batches(backend, tmp_path):  # type: ignore[no
     c.close()
     res = cl.refresh("s2", "s1", batch_size=40)
     # cut at transaction boundaries into batches of at most 40 (6 of 40, the 10 single-row
-    # transactions left, the 100-row one whole); a source that records no transactions: one read
-    expected = 1 if not get_dialect(backend.name).caps.txn_column else 8
+    # transactions left, the 100-row one whole), read in windows of 4 batches (160 entries); a
+    # source that records no transactions: a window is one batch (160, 160, 30)
+    expected = 3 if not get_dialect(backend.name).caps.txn_column else 8
     assert res[0].batches == expected and res[0].pulled == 350
+    cl.assert_converged()
+
+
+def test_a_window_never_ends_inside_a_transaction(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A refresh reads a backlog in windows (4 batches' worth per table). A transaction the
+    window's end cuts through is held back whole, found by asking the source which transactions it
+    saw continue past the window; a transaction longer than the window makes the window grow."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    for i in range(30):  # 30 single-row transactions
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, 0)", (f"r{i}", i))
+    c = cl.db("s1")
+    ph = backend.param()
+    c.cursor().executemany(f"INSERT INTO items (name, qty, price) VALUES ({ph}, {ph}, 0)", [(f"t{i}", i) for i in range(20)])
+    c.commit()  # one of 20 rows: the window of 40 ends inside it
+    c.close()
+    c = cl.db("s1")  # (MariaDB tells a connection's transactions apart only across a horizon)
+    c.cursor().executemany(f"INSERT INTO items (name, qty, price) VALUES ({ph}, {ph}, 0)", [(f"u{i}", i) for i in range(90)])
+    c.commit()  # one of 90 rows: longer than the window
+    c.close()
+    res = cl.refresh("s2", "s1", batch_size=10)
+    # transactions recorded: 3 batches of 10 singles, the 20-row one whole, the 90-row one whole;
+    # none recorded (SQLite): every window is one batch (40, 40, 40, 20)
+    expected = 4 if not get_dialect(backend.name).caps.txn_column else 5
+    assert res[0].batches == expected and res[0].pulled == 140
     cl.assert_converged()
 
 

@@ -51,6 +51,7 @@ class Names:
     quoted and qualified (``Dialect.obj()``)."""
 
     log: str  #: the change log (first-order log)
+    log_txn: str  #: the change log's index of source transactions (dialects that record them)
     log2: str  #: the second-order log (a view over the change log)
     shadow: str  #: identities, keys, tombstones and slot versions
     tombstones: str  #: the deleted identities (a view over the shadow)
@@ -83,6 +84,7 @@ def names(table: str, peer: str | None = None) -> Names:
     """Names of the objects multimaster creates for `table` (and for the snapshot of `peer`)."""
     return Names(
         log=f"_mm_log_{table}",
+        log_txn=f"_mm_logt_{table}",
         log2=f"_mm_log2_{table}",
         shadow=f"_mm_shadow_{table}",
         tombstones=f"_mm_tombstones_{table}",

@@ -77,24 +77,72 @@ def pull_batch(
 class LinkRead:
     """What one read at a link's source returned: per table (in the order asked) the entries past
     the target's watermark, as read_entries returns them, and the source's horizon (None: every
-    entry read is final, and the read holds only whole transactions)."""
+    entry read is final, and the read holds only whole transactions).
+
+    A read takes at most a window of entries per table (pull_link). When a table's read was cut by
+    it, `more` is True (read again after applying what this read allows), and where the source
+    records transactions, `end` is the window's end (positions at or past it were not all read)
+    and `continuing` the transactions read below `end` that have entries past what was read: a
+    batch must not take them yet (core/batches.py, as if they continued past the horizon)."""
 
     rows: dict[str, list[tuple[Any, ...]]]
     horizon: int | None
+    end: int | None = None
+    continuing: frozenset[Hashable] = frozenset()
+    more: bool = False
 
 
-def pull_link(source: Site, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int]) -> LinkRead:
-    """Read every table's entries past its watermark at `source`, all in one read.
+def pull_link(
+    source: Site, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int], window: int | None = None
+) -> LinkRead:
+    """Read every table's entries past its watermark at `source`, all in one read: at most
+    `window` entries per table (None: all of them).
 
     Where writers capture concurrently, the horizon of every table is read first (each in a
     statement of its own) and the lowest is the link's: every entry below it is final. Entries at
-    or past it are read too, unbounded: they tell which transactions continue there, so a batch
-    never ends inside one (core/batches.py). Elsewhere the read is one read transaction, which
-    holds only whole transactions (SQLite: one writer, a reader sees commits whole)."""
+    or past it are read too (within the window): they tell which transactions continue there, so a
+    batch never ends inside one (core/batches.py). Elsewhere the read is one read transaction,
+    which holds only whole transactions (SQLite: one writer, a reader sees commits whole).
+
+    A table whose read the window cut ends the read at its last entry: positions are one site-wide
+    order where transactions are recorded, so the read is whole below the lowest such end; the
+    transactions seen below it that have entries past a cut table's last entry read are asked for
+    by transaction (the change log's index of them) and returned as `continuing`. Where positions
+    are a table's own (SQLite), a cut table is read on in the next read: a transaction across
+    tables may then arrive in two batches (docs/transactions.md "Limits")."""
     with source.read() as sconn:
         hs = [source.dialect.read_horizon(sconn, i.name) for i in infos]
         horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
-        return LinkRead({i.name: read_entries(sconn, source, target, i, watermarks[i.name]) for i in infos}, horizon)
+        rows = {i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window) for i in infos}
+        cut = [i for i in infos if window is not None and len(rows[i.name]) >= window]
+        if not cut:
+            return LinkRead(rows, horizon)
+        if not source.dialect.caps.txn_column:
+            return LinkRead(rows, horizon, more=True)
+        end = min(int(rows[i.name][-1][2]) + 1 for i in cut)
+        seen = {g for i in infos for pos, g in entry_groups(rows[i.name], i) if g is not None and pos < end}
+        continuing: set[Hashable] = set()
+        for i in cut:
+            continuing |= _continuing(sconn, source, i, int(rows[i.name][-1][2]), seen)
+        return LinkRead(rows, horizon, end, frozenset(continuing), more=True)
+
+
+#: transactions asked for in one statement (pull_link's look past a window)
+_ASK = 500
+
+
+def _continuing(sconn: Connection, source: Site, info: TableInfo, last: int, groups: set[Hashable]) -> set[Hashable]:
+    """Of the transactions `groups` ((origin, txn)), those with an entry of `info`'s change log
+    past position `last` at `source` (found through the log's index of transactions)."""
+    d = source.dialect
+    o = d.obj(info.name)
+    txns = sorted({str(g[1]) for g in groups if isinstance(g, tuple)})
+    out: set[Hashable] = set()
+    for i in range(0, len(txns), _ASK):
+        part = txns[i : i + _ASK]
+        sql = f"SELECT DISTINCT origin, txn FROM {o.log} WHERE txn IN ({d.ph(len(part))}) AND seq > {int(last)}"
+        out |= {(origin, txn) for origin, txn in sconn.exec_driver_sql(sql, tuple(part)) if (origin, txn) in groups}
+    return out
 
 
 def entry_groups(rows: Sequence[tuple[Any, ...]], info: TableInfo) -> list[tuple[int, Hashable | None]]:

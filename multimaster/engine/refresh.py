@@ -139,38 +139,34 @@ class _LinkTable:
 Rows = list[tuple[Any, ...]]
 
 
+#: a refresh reads at most this many batches' worth of entries per table at once (pull_link's
+#: window): memory stays bounded whatever the backlog, with room to cut batches at transaction
+#: boundaries; a window too small for one transaction grows until it holds it
+WINDOW_BATCHES = 4
+
+
 def _refresh_batches(
     tables: dict[str, _LinkTable], batch: int, res: RefreshResult, progress: Progress | None, stop: Callable[[], bool] | None
 ) -> set[str]:
-    """Read the link's entries once, cut them into batches and apply each in one target
-    transaction (read again when another refresher moved a watermark meanwhile). Returns the
-    tables a batch touched."""
+    """Read a window of the link's entries, cut it into batches and apply each in one target
+    transaction; read again while the window was cut or another refresher moved a watermark
+    meanwhile. Returns the tables a batch touched."""
     if not tables:
         return set()
     first = next(iter(tables.values()))
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
     touched: set[str] = set()
+    window = max(batch * WINDOW_BATCHES, 1)
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
-        read = pull_link(src, target, [lt.info for lt in tables.values()], wms)
+        read = pull_link(src, target, [lt.info for lt in tables.values()], wms, window)
         for tb in tables:
             check_not_purged(src, target, tb, wms[tb])
         moved = False
-        for part in _batches(tables, read, batch):
-            # a malformed entry: hold it at once; a batch rejected for good: again, holding the
-            # changes at fault (engine/isolate.py)
-            malformed = any(isolate.has_malformed(rows) for rows in part.values() if rows)
-            try:
-                done = write_retrying(
-                    tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed)
-                )
-            except Exception as e:
-                if malformed or not isolate.permanent(tgt.dialect, e):
-                    raise
-                done = write_retrying(
-                    tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=True)
-                )
+        parts = _batches(tables, read, batch)
+        for part in parts:
+            done = _apply_part(tgt, tables, part, wms)
             if done is None:
                 moved = True
                 break
@@ -187,21 +183,56 @@ def _refresh_batches(
                 progress(f"{source} -> {target}: {res.pulled} changes pulled")
             if stop is not None and stop():
                 return touched
-        if not moved:
+        if moved:
+            continue
+        grown = _next_window(read, bool(parts), window)
+        if grown is None:
             return touched
+        window = grown
+
+
+def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows], wms: dict[str, int]) -> Any:
+    """Apply one batch in one write transaction at the target (_apply_batch): a malformed entry is
+    held at once; a batch rejected for good runs again, holding the changes at fault
+    (engine/isolate.py)."""
+    malformed = any(isolate.has_malformed(rows) for rows in part.values() if rows)
+    try:
+        return write_retrying(tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed))
+    except Exception as e:
+        if malformed or not isolate.permanent(tgt.dialect, e):
+            raise
+        return write_retrying(tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=True))
+
+
+def _next_window(read: LinkRead, applied: bool, window: int) -> int | None:
+    """After a read's batches: the window of the next read, None when the refresh is done (every
+    entry was read, or the source's horizon holds the rest back). A read that yielded no batch
+    although the window cut it holds one transaction, begun at its first entry, longer than the
+    window: the next window is twice as long."""
+    if not read.more:
+        return None
+    if applied:
+        return window
+    if read.end is not None and read.horizon is not None and read.horizon <= read.end:
+        return None  # the source's horizon holds the rest back, not the window
+    return window * 2
 
 
 def _batches(tables: dict[str, _LinkTable], read: LinkRead, batch: int) -> list[dict[str, Rows]]:
     """The batches of one read, in order, each as rows per table: cut at source-transaction
-    boundaries below the horizon where the source records transactions (core/batches.py), else
-    the whole read (it holds only whole transactions)."""
+    boundaries below the horizon (and below the end of the read's window, holding back the
+    transactions that continue past it) where the source records transactions (core/batches.py),
+    else the whole read (it holds only whole transactions)."""
     if not any(read.rows.values()):
         return []
     src = next(iter(tables.values())).src
-    if not src.dialect.caps.txn_column or read.horizon is None:
+    horizon = read.horizon if read.end is None else read.end if read.horizon is None else min(read.horizon, read.end)
+    if not src.dialect.caps.txn_column or horizon is None:
         return [read.rows]
     entries = [e for tb, rows in read.rows.items() for e in entry_groups(rows, tables[tb].info)]
-    cuts = plan_cuts(entries, read.horizon, batch)
+    if read.end is not None:  # a transaction read below the window's end that continues past it
+        entries += [(read.end, g) for g in read.continuing]
+    cuts = plan_cuts(entries, horizon, batch)
     out: list[dict[str, Rows]] = []
     lo: int | None = None
     for c in cuts:

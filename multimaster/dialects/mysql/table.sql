@@ -15,6 +15,10 @@ CREATE TABLE IF NOT EXISTS $log (
 -- relayed entry keeps its origin's): a peer applies a transaction whole (docs/transactions.md)
 ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn VARCHAR(64);
 --
+-- a refresh that reads a window of a long backlog asks which transactions it saw continue past
+-- the window (engine/pull.py pull_link): found by transaction, not by scanning what follows
+CREATE INDEX IF NOT EXISTS $log_txn ON $log (txn);
+--
 -- The second-order log (docs/decisions.md "The second-order log is a view"):
 -- every change-log entry is its own append record (seq2 = seq), with the columns the
 -- trigger-filled table of earlier versions had, so peers read it with the same SQL. Writers do not

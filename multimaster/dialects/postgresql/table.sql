@@ -14,6 +14,10 @@ CREATE TABLE IF NOT EXISTS $log (
 -- origin's): a peer applies a transaction whole (docs/transactions.md)
 ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn text;
 --
+-- a refresh that reads a window of a long backlog asks which transactions it saw continue past
+-- the window (engine/pull.py pull_link): found by transaction, not by scanning what follows
+CREATE INDEX IF NOT EXISTS $log_txn ON $log (txn);
+--
 -- The second-order log (docs/decisions.md "The second-order log is a view"):
 -- every entry of the change log is its own append record (seq2 = seq), with the columns and types
 -- the trigger-filled table of earlier versions had, so peers read it with the same SQL. Writers
