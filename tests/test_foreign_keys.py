@@ -166,6 +166,38 @@ def test_child_before_parent_waits(backend: Backend, tmp_path: Path) -> None:
     check(cl, ["x"])
 
 
+def test_reconcile_applies_parents_first(backend: Backend, tmp_path: Path) -> None:
+    """`refresh --no-reconcile` then `reconcile`, with the children's tables listed first in the
+    topology: one reconcile applies every family (parents first, as a refresh does); and when the
+    parent is not there yet, 600 children wait together and arrive with it."""
+    cl = fk_cluster(backend, tmp_path, ["a", "b", "c"])
+    doc = yaml.safe_load((tmp_path / "topology.yaml").read_text())
+    doc["tables"] = {t: doc["tables"][t] for t in ("grand", "child", "parent")}
+    (tmp_path / "reordered.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+    cl.topo = load_topology(tmp_path / "reordered.yaml")
+    add_family(cl, "b", "x")
+    api.refresh(cl.topo, "a", "b", reconcile_=False)
+    api.reconcile(cl.topo, "a")
+    assert families(cl, "a") == expected(["x"])
+    q = _q(cl)
+    (pid,) = app(cl, "c", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-y",)))
+    cl.refresh("b", "c")
+    c = cl.db("b")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT id FROM parent WHERE name = 'p-y'")
+        bpid = cur.fetchone()[0]
+    finally:
+        c.close()
+    app(cl, "b", *[(f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", (f"c-y{i}", bpid)) for i in range(600)])
+    cl.refresh("a", "b")
+    assert len(cl.rows("a", "child")) == 1  # c-x only: the 600 wait for p-y
+    cl.refresh("a", "c")
+    assert len(cl.rows("a", "child")) == 601
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
 def test_self_reference(backend: Backend, tmp_path: Path) -> None:
     """A table referencing itself (a tree): concurrent inserts of a node and its child at two sites,
     each a chain of three in one batch."""

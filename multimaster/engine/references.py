@@ -219,10 +219,12 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
             }
         known[parent] = found
     parked = sorted(waiting(info.name, changes, known))
-    if parked:
+    for i in range(0, len(parked), 500):  # a statement per 500 (a driver runs an executemany of an UPDATE row by row)
+        part = tuple(parked[i : i + 500])
+        among = f"ver IN ({', '.join([ph] * len(part))})"
         for snap in snaps.values():
-            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(v,) for v in parked])
-        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(v,) for v in parked])
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE {among}", part)
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE {among}", part)
     for r in info.refs:
         sh = _parent_shadow(d, r)
         for val, ident in (("n_", "f_"), ("o_", "fo_")):

@@ -417,7 +417,10 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
         for n in [site] if site else list(t.sites):
             s = cl.site(n)
             out[n] = {}
-            for tb in t.tables:
+            with s.read() as conn:
+                s.require_installed(conn, t)
+                order = _apply_order(t, {tb: s.info(conn, tb, t) for tb in t.tables})
+            for tb in order:  # referenced tables first, as a refresh applies them
 
                 def apply(conn: Connection, tb: str = tb, isolating: bool = False) -> ReconcileResult:
                     s.require_installed(conn, t)
