@@ -20,10 +20,25 @@ from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.store.errorqueue import Held
 
-__all__ = ["HELD", "hold_behind", "only_versions", "mark", "peer_of", "rank_only", "rank_kept", "tombstone"]
+__all__ = ["HELD", "WAITING", "park", "hold_behind", "only_versions", "mark", "peer_of", "rank_only", "rank_kept", "tombstone"]
 
 #: `applied` of a snapshot row held in the error queue
 HELD = 3
+#: `applied` of a snapshot row waiting (for its row, a referenced row, an earlier change of its origin)
+WAITING = 2
+
+
+def park(conn: Connection, d: Dialect, snaps: Sequence[str], cand: str, vers: Sequence[str]) -> None:
+    """The changes `vers` wait: ``applied = 2`` in every snapshot of `snaps`, tried again at the
+    next reconcile, and removed from the candidates `cand`. One statement per 500 changes (a
+    driver runs an executemany of an UPDATE row by row: a round trip per change)."""
+    ph = d.caps.placeholder
+    for i in range(0, len(vers), 500):
+        part = tuple(vers[i : i + 500])
+        among = f"ver IN ({', '.join([ph] * len(part))})"
+        for snap in snaps:
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = {WAITING} WHERE {among}", part)
+        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE {among}", part)
 
 
 def only_versions(only: Sequence[str] | None, prefix: str = "") -> str:

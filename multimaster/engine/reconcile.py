@@ -373,12 +373,7 @@ def _count(res: ReconcileResult, done: Applied) -> None:
 def _park(conn: Connection, d: Dialect, snaps: dict[str, str], cand: str, parked: list[Change]) -> None:
     """Step 4: a change that must wait for its row (and the later changes of its origin) is marked
     `applied = 2` in every snapshot, to be tried again, and leaves the candidates."""
-    if not parked:
-        return
-    ph = d.caps.placeholder
-    for snap in snaps.values():
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE ver = {ph}", [(c.ver,) for c in parked])
-    conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {ph}", [(c.ver,) for c in parked])
+    held.park(conn, d, list(snaps.values()), cand, [c.ver for c in parked])
 
 
 def _mark_applied(conn: Connection, d: Dialect, info: TableInfo, cands: _Candidates, parked: bool) -> None:

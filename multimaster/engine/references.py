@@ -37,6 +37,7 @@ from multimaster.core.planner import ConflictRecord
 from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_order, orphan_action, waiting
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo, names
+from multimaster.engine import held
 from multimaster.errors import SchemaError
 
 if TYPE_CHECKING:
@@ -198,11 +199,10 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
     rows = conn.exec_driver_sql(f"SELECT ver, origin, rid, op, mask, {', '.join(fcols)} FROM {cand} ORDER BY ver").all()
     changes: list[RefChange] = []
     wanted: dict[str, set[str]] = {}
+    bits = [(r.parent, _bit(info, r.column)) for r in info.refs]
     for row in rows:
         ver, origin, rid, op, mask = row[0], row[1], row[2], row[3], int(row[4])
-        refs = tuple(
-            (r.parent, f) for r, f in zip(info.refs, row[5:]) if f is not None and op != "D" and mask & _bit(info, r.column)
-        )
+        refs = tuple((p, f) for (p, bit), f in zip(bits, row[5:]) if f is not None and op != "D" and mask & bit)
         for p, f in refs:
             wanted.setdefault(p, set()).add(f)
         changes.append(RefChange(ver, origin, rid, op, refs))
@@ -219,12 +219,7 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
             }
         known[parent] = found
     parked = sorted(waiting(info.name, changes, known))
-    for i in range(0, len(parked), 500):  # a statement per 500 (a driver runs an executemany of an UPDATE row by row)
-        part = tuple(parked[i : i + 500])
-        among = f"ver IN ({', '.join([ph] * len(part))})"
-        for snap in snaps.values():
-            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 2 WHERE {among}", part)
-        conn.exec_driver_sql(f"DELETE FROM {cand} WHERE {among}", part)
+    held.park(conn, d, list(snaps.values()), cand, parked)
     for r in info.refs:
         sh = _parent_shadow(d, r)
         for val, ident in (("n_", "f_"), ("o_", "fo_")):
