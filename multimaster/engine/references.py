@@ -195,8 +195,16 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
             # would move them in a transaction of its own), and its shadow knows every local row
             d.lock_writers(conn, pinfo)
             d.catch_up(conn, pinfo)  # (SQLite writes a local insert's shadow row lazily)
-    fcols = [q("f_" + r.column) for r in info.refs]
-    rows = conn.exec_driver_sql(f"SELECT ver, origin, rid, op, mask, {', '.join(fcols)} FROM {cand} ORDER BY ver").all()
+    unknown = " OR ".join(
+        f"({q('f_' + r.column)} IS NOT NULL AND (mask & {_bit(info, r.column)}) <> 0 AND NOT EXISTS "
+        f"(SELECT 1 FROM {_parent_shadow(d, r)} s WHERE s.rid = {cand}.{q('f_' + r.column)}))"
+        for r in info.refs
+    )
+    if conn.exec_driver_sql(f"SELECT 1 FROM {cand} WHERE op <> 'D' AND ({unknown}) LIMIT 1").first() is None:
+        rows: Sequence[Any] = []  # every reference is to a row held here: nothing waits (the usual case)
+    else:
+        fcols = [q("f_" + r.column) for r in info.refs]
+        rows = conn.exec_driver_sql(f"SELECT ver, origin, rid, op, mask, {', '.join(fcols)} FROM {cand} ORDER BY ver").all()
     changes: list[RefChange] = []
     wanted: dict[str, set[str]] = {}
     bits = [(r.parent, _bit(info, r.column)) for r in info.refs]
