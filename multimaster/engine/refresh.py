@@ -29,7 +29,17 @@ from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_lo
 from multimaster.engine.site import Site
 from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark
 
-__all__ = ["refresh", "refresh_link", "reconcile", "catch_up", "relay_origins", "write_retrying", "check_not_purged", "RETRIES"]
+__all__ = [
+    "refresh",
+    "refresh_link",
+    "apply_order",
+    "reconcile",
+    "catch_up",
+    "relay_origins",
+    "write_retrying",
+    "check_not_purged",
+    "RETRIES",
+]
 
 T = TypeVar("T")
 
@@ -91,7 +101,7 @@ def refresh_link(
             tgt.require_installed(conn, t)
             tables = {}
             infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
-            for tb in _apply_order(t, infos):
+            for tb in apply_order(t, infos):
                 tables[tb] = _LinkTable(t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_)
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
@@ -113,7 +123,7 @@ def refresh_link(
     return res
 
 
-def _apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:
+def apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:
     """The order in which a batch applies its tables and takes their locks: referenced tables
     before the tables referencing them (core/references.py fk_order), else the topology's order;
     the same for every refresher, so two never wait for each other in opposite orders."""
@@ -280,8 +290,13 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
     tgt, info = link.tgt, link.info
     todo = _unsettled(conn, link)
     if todo == "apply":
-        apply = isolate.reconcile_isolating if isolating else reconcile_table
-        return apply(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info))
+        relay = relay_origins(link.topo, link.target, info)
+        if isolating:
+            return isolate.reconcile_isolating(conn, tgt, [info], link.peers, {info.name: link.base_max}, {info.name: relay})[
+                info.name
+            ]
+        isolate.hold_waiting(conn, tgt, [info], link.peers, {info.name: link.base_max})
+        return reconcile_table(conn, tgt, info, link.peers, link.base_max, relay)
     rr = ReconcileResult(info.name)
     if todo == "rank":
         rr.renumbered = rank_local_keys(conn, tgt, info, link.base_max)
@@ -291,7 +306,7 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
 def _apply_batch(
     conn: Connection, *, tables: dict[str, _LinkTable], rows: dict[str, Rows], wms: dict[str, int], isolating: bool = False
 ) -> tuple[int, dict[str, ReconcileResult]] | None:
-    """In the target's one write transaction of the batch, table by table in _apply_order: store
+    """In the target's one write transaction of the batch, table by table in apply_order: store
     the pulled `rows` in the snapshots, move the watermarks past them, reconcile (when asked), then
     record the link's statistics. Returns (changes stored, what reconciling did per table), or None
     when another refresher moved a watermark from `wms` meanwhile (read again). `isolating`: the
@@ -308,29 +323,41 @@ def _apply_batch(
     token = uuid.uuid4().hex  # the transaction of rows that came without one (store_batch)
     stored_all, applied, conflicts = 0, 0, 0
     results: dict[str, ReconcileResult] = {}
+    infos = [link.info for link in tables.values()]  # in apply_order
+    if isolating:
+        base = {tb: link.base_max for tb, link in tables.items()}
+        relays = {tb: relay_origins(link.topo, link.target, link.info) for tb, link in tables.items()}
+        stored_all, results = isolate.apply_batch(conn, tgt, infos, source, rows, first.peers, base, relays, first.reconcile_)
+        applied = sum(r.applied for r in results.values())
+        conflicts = sum(len(r.conflicts) for r in results.values())
+        store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
+        return stored_all, results
+    # while changes are held, whole source transactions they hold back are held before anything
+    # is applied (engine/isolate.py hold_waiting): the rows are stored as new, not as applied
+    holding = first.reconcile_ and store.errorqueue.any_open(conn, tgt.dialect)
+    lowest: dict[str, int | None] = {}
     for tb, link in tables.items():
         part = rows.get(tb)
         if not part:
             continue
-        info = link.info
-        if isolating:
-            relay = relay_origins(link.topo, link.target, info)
-            n, ir = isolate.apply_batch(conn, tgt, info, source, part, link.peers, link.base_max, relay, link.reconcile_)
-            stored_all += n
-            if ir is not None:
-                applied += ir.applied
-                conflicts += len(ir.conflicts)
-                results[tb] = ir
-            continue
-        stored, last, lowest = store_batch(conn, tgt, info, source, part, applied=link.reconcile_, txn=token)
+        stored, last, lowest[tb] = store_batch(
+            conn, tgt, link.info, source, part, applied=link.reconcile_ and not holding, txn=token
+        )
         store.watermarks.write(conn, tgt.dialect, source, tb, last)
         stored_all += stored
-        if link.reconcile_:
-            fresh = {source: lowest} if lowest is not None else {}
-            r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
-            applied += r.applied
-            conflicts += len(r.conflicts)
-            results[tb] = r
+    if holding:
+        isolate.hold_waiting(conn, tgt, infos, first.peers, {tb: link.base_max for tb, link in tables.items()})
+    for tb, link in tables.items():
+        if tb not in lowest or not link.reconcile_:
+            continue
+        low = lowest[tb]
+        fresh = {source: low} if low is not None else {}
+        r = reconcile_table(
+            conn, tgt, link.info, link.peers, link.base_max, relay_origins(link.topo, link.target, link.info), fresh
+        )
+        applied += r.applied
+        conflicts += len(r.conflicts)
+        results[tb] = r
     store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
     return stored_all, results
 
@@ -422,8 +449,11 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
                 def apply(conn: Connection, tb: str = tb, isolating: bool = False) -> ReconcileResult:
                     s.require_installed(conn, t)
                     info = s.info(conn, tb, t)
-                    run = isolate.reconcile_isolating if isolating else reconcile_table
-                    return run(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
+                    base, relay, peers = _base_max(conn, s, tb), relay_origins(t, n, info), t.peers_of(n)
+                    if isolating:
+                        return isolate.reconcile_isolating(conn, s, [info], peers, {tb: base}, {tb: relay})[tb]
+                    isolate.hold_waiting(conn, s, [info], peers, {tb: base})
+                    return reconcile_table(conn, s, info, peers, base, relay)
 
                 try:
                     out[n][tb] = write_retrying(s, apply)
