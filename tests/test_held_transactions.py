@@ -211,3 +211,28 @@ def test_sqlite_changes_carry_no_transaction_each_is_held_alone(sqlite_backend: 
     assert _see_a(cl, "s2") == (1, 2)
     held = _errors(topo, "--site", "s2")
     assert [(h["table"], h["state"], h["txn"]) for h in held] == [("olines", "failed", None)]
+
+
+def test_init_adds_the_transaction_column_to_an_error_queue_without_it(backend: Backend, tmp_path: Path) -> None:
+    import sqlalchemy as sa
+
+    from multimaster.engine.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    site = Site("s2", cl.urls["s2"])
+    t = site.dialect.mm_table("_mm_errors")
+    with site.write() as conn:  # as an earlier version left it
+        conn.exec_driver_sql(f"ALTER TABLE {t} DROP COLUMN txn")
+    r = mm("init", "-t", str(tmp_path / "topology.yaml"))
+    assert r.returncode == 0, r.stderr
+    with site.read() as conn:
+        assert "txn" in {
+            c["name"] for c in sa.inspect(conn).get_columns(t.split(".")[-1], schema=t.split(".")[0] if "." in t else None)
+        }
+    site.dispose()
+    _reject_negative(cl, "s2")
+    _order(cl, "A", [1, -1])
+    cl.refresh_until_quiet()
+    assert {h["state"] for h in _errors(str(tmp_path / "topology.yaml"), "--site", "s2")} == (
+        {"failed"} if backend.name == "sqlite" else {"failed", "txn"}
+    )
