@@ -3,8 +3,8 @@ transaction writes an order and three lines; the receiving site rejects one line
 neither the order nor any of its lines is visible there, the queue holds the transaction (the
 line rejected ``failed``, the others held with it), a transaction committed after it arrives, and
 `status` exits 1. Once the cause is fixed, `errors retry` (the CLI, as a user runs it) applies the
-order with all its lines together: a reader polling that site with a plain client never sees the
-order without all its lines. `errors skip` drops the whole transaction. Over PostgreSQL, MariaDB
+order with all its lines together (and a later transaction held behind it): a reader polling that
+site with a plain client never sees the order without all its lines. `errors skip` drops the whole transaction. Over PostgreSQL, MariaDB
 and PostgreSQL to MariaDB; on SQLite, whose changes carry no transaction, the unit stays one
 change (the documented limit)."""
 
@@ -141,6 +141,24 @@ def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: Te
     assert sorted(h["id"] for h in again) == sorted(h["id"] for h in held)
     assert [h["attempts"] for h in again] == [2, 2, 2, 2]
     assert _see_a(cl, "s2") == (0, 0)
+    # a later transaction changes order A and adds a line: held whole behind it (a refresh, not
+    # isolating mode: nothing of it was rejected)
+    p = _ph(cl, "s1")
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("UPDATE orders SET nlines = 4 WHERE oref = 'A'")
+        cur.execute(f"INSERT INTO olines (oref, n, qty) VALUES ({p}, {p}, {p})", ("A", 3, 7))
+        c.commit()
+    finally:
+        c.close()
+    cl.refresh_until_quiet()
+    order = next(h for h in held if h["table"] == "orders")
+    later = [h for h in _errors(topo, "--site", "s2") if h["id"] not in {x["id"] for x in held}]
+    assert sorted((h["table"], h["op"], h["state"]) for h in later) == [("olines", "I", "txn"), ("orders", "U", "waiting")]
+    head = next(h for h in later if h["state"] == "waiting")
+    assert head["blocked_by"] == order["id"] and all(h["blocked_by"] == head["id"] for h in later if h is not head)
+    assert _see_a(cl, "s2") == (0, 0)
     # the cause fixed: one retry applies the order with all its lines together, as a reader sees
     cl.execute("s2", "ALTER TABLE olines DROP CONSTRAINT qty_ok")
     seen: set[tuple[int, int]] = set()
@@ -166,9 +184,9 @@ def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: Te
         done.set()
         reader.join()
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "applied 4" in r.stdout, r.stdout
-    assert seen <= {(0, 0), (1, 3)} and (0, 0) in seen, seen
-    assert _see_a(cl, "s2") == (1, 3)
+    assert "applied 6" in r.stdout, r.stdout  # both transactions: the later one waited behind the first
+    assert seen <= {(0, 0), (1, 4)} and (0, 0) in seen, seen
+    assert _see_a(cl, "s2") == (1, 4)
     assert _errors(topo) == []
     cl.refresh_until_quiet()
     cl.assert_converged()
