@@ -209,7 +209,7 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         if since:
             row.append(str(d.get("conflicts_since", "-")))
         errs = d.get("errors") or {}
-        held = errs.get("failed", 0) + errs.get("waiting", 0)
+        held = sum(errs.get(k, 0) for k in ("failed", "waiting", "txn", "parked"))  # as status.held_errors counts
         row.append("-" if not errs else f"[red]{held}[/]" if held else "0")
         t.add_row(*row, d["url"])
     lt = Table(title="links")

@@ -34,6 +34,8 @@ def _what(r: dict[str, Any]) -> str:
 def _state(r: dict[str, Any]) -> str:
     if r["state"] == "waiting":
         return f"waiting behind #{r['blocked_by']}"
+    if r["state"] == "txn":  # held with a change of its source transaction
+        return f"held with #{r['blocked_by']} (same transaction)"
     if r["state"] == "skipped":
         return f"skipped: {r.get('reason') or ''}"
     return str(r["state"])  # failed, parked
@@ -41,7 +43,7 @@ def _state(r: dict[str, Any]) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> Table:
     t = Table(title="error queue")
-    for c in ("site", "id", "table", "state", "change", "from", "version", "error", "first", "last", "attempts"):
+    for c in ("site", "id", "table", "state", "change", "from", "transaction", "version", "error", "first", "last", "attempts"):
         t.add_column(c, overflow="fold")
     for r in rows:
         t.add_row(
@@ -51,6 +53,7 @@ def _table(rows: list[dict[str, Any]]) -> Table:
             _state(r),
             _what(r),
             f"{r['origin']} via {r['peer']}" if r["origin"] != r["peer"] else r["origin"],
+            "-" if r.get("txn") is None else f"{r['origin']}:{r['txn']}",
             r["ver"],
             r.get("error") or "-",
             r["first_at"],
@@ -70,10 +73,11 @@ def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool,
             console.print("no change is held in the error queue", highlight=False)
             return
         console.print(_table(rows))
-        if any(r["state"] in ("failed", "waiting") for r in rows):
+        if any(r["state"] in ("failed", "waiting", "txn") for r in rows):
             console.print(
                 f"fix the cause, then: multimaster errors retry -t {topology} --all   "
-                f"(or drop one: multimaster errors skip -t {topology} --site SITE --id N --reason TEXT)",
+                f"(or drop one, with the rest of its source transaction: multimaster errors skip -t {topology} "
+                "--site SITE --id N --reason TEXT)",
                 highlight=False,
                 markup=False,
                 soft_wrap=True,
@@ -146,7 +150,13 @@ def _print_report(reps: list[dict[str, Any]], as_json: bool) -> int:
         for r in reps:
             line = f"{r['site']}: applied {len(r['applied'])}"
             if r.get("skipped") is not None:
-                line = f"{r['site']}: skipped #{r['skipped']}; then applied {len(r['applied'])} waiting behind it"
+                ids = r.get("skipped_ids") or [r["skipped"]]
+                what = (
+                    f"#{r['skipped']}"
+                    if len(ids) < 2
+                    else f"#{r['skipped']} with its source transaction ({', '.join('#' + str(i) for i in ids)})"
+                )
+                line = f"{r['site']}: skipped {what}; then applied {len(r['applied'])} waiting behind it"
             console.print(line + (f" ({', '.join('#' + str(i) for i in r['applied'])})" if r["applied"] else ""), markup=False)
             for i, why in r["held"].items():
                 console.print(f"{r['site']}: #{i} still held: {why}", markup=False, highlight=False, soft_wrap=True)
@@ -157,13 +167,16 @@ def _print_report(reps: list[dict[str, Any]], as_json: bool) -> int:
 def retry(
     topology: Path = TOPOLOGY,
     site: Optional[str] = SITE,
-    id_: Optional[int] = typer.Option(None, "--id", help="This change (and the changes of its row waiting behind it)."),
+    id_: Optional[int] = typer.Option(
+        None, "--id", help="This change, the rest of its source transaction, and the changes waiting behind them."
+    ),
     all_: bool = typer.Option(False, "--all", help="Every held change (of --site, or of every site)."),
     as_json: bool = JSON,
     traceback: bool = TRACEBACK,
 ) -> None:
-    """Apply held changes again, once their cause is fixed, in version order. A change that applies
-    leaves the queue; one rejected again stays with the new error (exit 1).
+    """Apply held changes again, once their cause is fixed: source transaction by source
+    transaction, each all or nothing. What applies leaves the queue; a transaction rejected again
+    stays held whole, with the new error (exit 1).
 
     Examples:
       multimaster errors retry -t topo.yaml --all
@@ -177,13 +190,15 @@ def retry(
 def skip(
     topology: Path = TOPOLOGY,
     site: Optional[str] = SITE,
-    id_: int = typer.Option(..., "--id", help="The held change to drop."),
+    id_: int = typer.Option(..., "--id", help="The held change to drop (with the rest of its source transaction)."),
     reason: str = typer.Option(..., "--reason", help="Why (kept in the queue with the time)."),
     as_json: bool = JSON,
     traceback: bool = TRACEBACK,
 ) -> None:
-    """Drop a held change on purpose: it is never applied at this site; the queue keeps it as
-    `skipped` with the reason and the time. The changes of its row waiting behind it are applied.
+    """Drop a held change on purpose, with every held change of its source transaction (a
+    transaction is applied whole or not at all): they are never applied at this site; the queue
+    keeps them as `skipped` with the reason and the time. The changes waiting behind them are
+    applied.
 
     Examples:
       multimaster errors skip -t topo.yaml --site s2 --id 3 --reason "price fixed by hand"

@@ -9,10 +9,22 @@ in the error queue like a change the database rejected, instead of blocking its 
 
 from __future__ import annotations
 
+import heapq
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
 
-__all__ = ["is_version", "malformed", "retry_order"]
+__all__ = [
+    "is_version",
+    "malformed",
+    "retry_order",
+    "group_key",
+    "units",
+    "Holds",
+    "plan_holds",
+    "retry_set",
+    "group_of",
+    "released_by",
+]
 
 _VERSION = re.compile(r"[0-9]{19}:[A-Za-z_][A-Za-z0-9_]*\Z")
 
@@ -42,3 +54,228 @@ def retry_order(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Held changes in the order a retry applies them: per table, by version (a row's changes in
     the order they were made; every origin's in the order it made them)."""
     return sorted(rows, key=lambda r: (r["tbl"], r["ver"], r["id"]))
+
+
+# ---- the unit of holding: the source transaction (docs/errors.md "What is held")
+#
+# A change is described by a mapping with (at least) ``tbl``, ``rid``, ``ver``, ``origin`` and
+# ``txn`` (the source transaction, None where the source records none: a SQLite site's changes).
+# Changes of one ``(origin, txn)`` are one *group*: held together, applied together. A change
+# without a transaction is a group of its own.
+
+
+def group_key(change: Mapping[str, Any], ident: Hashable) -> Hashable:
+    """The group of `change`: its source transaction ``(origin, txn)``, or `ident` (its own) when
+    it has none."""
+    txn = change.get("txn")
+    return ("txn", change["origin"], str(txn)) if txn is not None else ("one", ident)
+
+
+def _table_rank(table_order: Sequence[str]) -> Callable[[str], tuple[int, str]]:
+    rank = {t: i for i, t in enumerate(table_order)}
+    return lambda t: (rank.get(t, len(rank)), t)
+
+
+def units(changes: Sequence[Mapping[str, Any]], table_order: Sequence[str] = ()) -> list[list[int]]:
+    """The changes (indices into `changes`) cut into units, in the order they are applied.
+
+    A unit is a group (one source transaction), merged with the groups it is entangled with: group
+    A must precede group B when A changes a row before B does (a row's changes apply in version
+    order); groups that must each precede the other (possible only across origins) are one unit.
+    Units come in an order that respects every row's version order, earliest first version first
+    otherwise; a unit's changes come table by table in `table_order` (parents before children),
+    then by version."""
+    if not changes:
+        return []
+    gid: dict[Hashable, int] = {}
+    of: list[int] = []
+    for i, c in enumerate(changes):
+        of.append(gid.setdefault(group_key(c, i), len(gid)))
+    n = len(gid)
+    succ: list[set[int]] = [set() for _ in range(n)]
+    rows: dict[tuple[str, str], list[int]] = {}
+    for i, c in enumerate(changes):
+        rows.setdefault((c["tbl"], c["rid"]), []).append(i)
+    for members in rows.values():
+        members.sort(key=lambda i: (changes[i]["ver"], i))
+        for a, b in zip(members, members[1:]):
+            if of[a] != of[b]:
+                succ[of[a]].add(of[b])
+    comp = _components(n, succ)
+    ncomp = max(comp) + 1
+    csucc: list[set[int]] = [set() for _ in range(ncomp)]
+    indeg = [0] * ncomp
+    for g in range(n):
+        for h in succ[g]:
+            a, b = comp[g], comp[h]
+            if a != b and b not in csucc[a]:
+                csucc[a].add(b)
+                indeg[b] += 1
+    members_of: list[list[int]] = [[] for _ in range(ncomp)]
+    for i in range(len(changes)):
+        members_of[comp[of[i]]].append(i)
+    first = [min((changes[i]["ver"], i) for i in m) for m in members_of]
+    ready = [(first[u], u) for u in range(ncomp) if indeg[u] == 0]
+    heapq.heapify(ready)
+    rank = _table_rank(table_order)
+    out: list[list[int]] = []
+    while ready:
+        _, u = heapq.heappop(ready)
+        out.append(sorted(members_of[u], key=lambda i: (rank(changes[i]["tbl"]), changes[i]["ver"], i)))
+        for v in csucc[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(ready, (first[v], v))
+    return out
+
+
+def _components(n: int, succ: Sequence[set[int]]) -> list[int]:
+    """Strongly connected components of the graph (nodes 0..n-1, edges `succ`): a component number
+    per node (Kosaraju, iterative)."""
+    order: list[int] = []
+    seen = [False] * n
+    for s in range(n):
+        if seen[s]:
+            continue
+        seen[s] = True
+        stack = [(s, iter(succ[s]))]
+        while stack:
+            v, it = stack[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                stack.pop()
+                order.append(v)
+            elif not seen[nxt]:
+                seen[nxt] = True
+                stack.append((nxt, iter(succ[nxt])))
+    pred: list[list[int]] = [[] for _ in range(n)]
+    for v in range(n):
+        for w in succ[v]:
+            pred[w].append(v)
+    comp = [-1] * n
+    c = 0
+    for s in reversed(order):
+        if comp[s] != -1:
+            continue
+        comp[s] = c
+        todo = [s]
+        while todo:
+            v = todo.pop()
+            for w in pred[v]:
+                if comp[w] == -1:
+                    comp[w] = c
+                    todo.append(w)
+        c += 1
+    return comp
+
+
+#: what a held change waits for: a queue id (``int``), or a change held in the same pass (``("new", index)``)
+Ref = Any
+
+
+class Holds:
+    """What is held at a site, as the units are gone through in order: per row ``(tbl, rid)`` the
+    change it waits behind (its earliest held change), per source transaction ``(origin, txn)``
+    the change its held changes are held with. Starts from the queue's open rows (each with
+    ``id``, ``tbl``, ``rid``, ``ver``, ``origin``, ``txn``, ``state``)."""
+
+    def __init__(self, queued: Iterable[Mapping[str, Any]] = ()) -> None:
+        self.rows: dict[tuple[str, str], tuple[str, Ref]] = {}
+        self.txns: dict[tuple[str, str], Ref] = {}
+        ordered = sorted(queued, key=lambda q: (q["state"] != "failed", q["ver"], q["id"]))
+        for q in ordered:  # a transaction's held changes are held with its failed one, if any
+            if q.get("txn") is not None:
+                self.txns.setdefault((q["origin"], str(q["txn"])), q["id"])
+        for q in sorted(ordered, key=lambda q: (q["ver"], q["id"])):
+            self.rows.setdefault((q["tbl"], q["rid"]), (q["ver"], q["id"]))
+
+    def blocked(self, members: Sequence[Mapping[str, Any]]) -> tuple[int, str, Ref] | None:
+        """Whether the unit `members` (in order) must stay held: (the position of its first member
+        that waits, 'waiting' behind the row's held change or 'txn' with its transaction's held
+        changes, what it waits for), None when it may be applied."""
+        for pos, m in enumerate(members):
+            row = self.rows.get((m["tbl"], m["rid"]))
+            if row is not None:
+                return pos, "waiting", row[1]
+            if m.get("txn") is not None and (m["origin"], str(m["txn"])) in self.txns:
+                return pos, "txn", self.txns[(m["origin"], str(m["txn"]))]
+        return None
+
+    def hold(self, members: Sequence[Mapping[str, Any]], refs: Sequence[Ref], head: int) -> None:
+        """The unit `members` is held (`refs`: how each is named; `head`: the position of the one the
+        others are held with): later changes of its rows wait behind it, and the rest of its
+        transactions is held with it."""
+        for m, r in zip(members, refs):
+            self.rows.setdefault((m["tbl"], m["rid"]), (m["ver"], r))
+            if m.get("txn") is not None:
+                self.txns.setdefault((m["origin"], str(m["txn"])), refs[head])
+
+
+def plan_holds(
+    changes: Sequence[Mapping[str, Any]], queued: Iterable[Mapping[str, Any]], table_order: Sequence[str] = ()
+) -> list[tuple[int, str, Ref]]:
+    """Which of the new `changes` must be held before anything is applied, because a change of the
+    queue (`queued`, its open rows) holds them back: a unit (see :func:`units`) with a change of a
+    row that has a held change, or of a transaction that has one, is held whole — that change
+    ``waiting`` behind the row's held change (or ``txn``, held with its transaction), every other
+    change of the unit ``txn``, held with it. Later units touching its rows are held behind it in
+    turn. Returns (index, state, what it waits for) in the order to queue them: the head of a unit
+    first; ``("new", i)`` names change i held in this plan."""
+    holds = Holds(queued)
+    out: list[tuple[int, str, Ref]] = []
+    for unit in units(changes, table_order):
+        members = [changes[i] for i in unit]
+        b = holds.blocked(members)
+        if b is None:
+            continue
+        pos, state, ref = b
+        head = unit[pos]
+        out.append((head, state, ref))
+        out += [(i, "txn", ("new", head)) for i in unit if i != head]
+        holds.hold(members, [("new", i) for i in unit], pos)
+    return out
+
+
+def retry_set(queued: Sequence[Mapping[str, Any]], start: int) -> list[int]:
+    """The open queue rows (`queued`, each with ``id``) one retry of `start` takes: its source
+    transaction's held changes, every later held change of their rows, and so on (their
+    transactions, their rows) until nothing is added. Ids, ascending."""
+    by_id = {int(q["id"]): q for q in queued}
+    if start not in by_id:
+        return []
+    txn: dict[Hashable, list[int]] = {}
+    rows: dict[tuple[str, str], list[int]] = {}
+    for i, q in by_id.items():
+        txn.setdefault(group_key(q, i), []).append(i)
+        rows.setdefault((q["tbl"], q["rid"]), []).append(i)
+    got = {start}
+    todo = [start]
+    while todo:
+        q = by_id[todo.pop()]
+        more = txn[group_key(q, int(q["id"]))] + [j for j in rows[(q["tbl"], q["rid"])] if by_id[j]["ver"] >= q["ver"]]
+        for j in more:
+            if j not in got:
+                got.add(j)
+                todo.append(j)
+    return sorted(got)
+
+
+def group_of(queued: Sequence[Mapping[str, Any]], id_: int) -> list[int]:
+    """The open queue rows of the group of `id_` (its source transaction; itself alone when it has
+    none): what `errors skip --id` drops. Ids, ascending."""
+    by_id = {int(q["id"]): q for q in queued}
+    if id_ not in by_id:
+        return []
+    key = group_key(by_id[id_], id_)
+    return sorted(i for i, q in by_id.items() if group_key(q, i) == key)
+
+
+def released_by(queued: Sequence[Mapping[str, Any]], skipped: Iterable[Mapping[str, Any]]) -> list[int]:
+    """The open queue rows (`queued`) that were held behind the `skipped` changes: the later held
+    changes of their rows, with what a retry of those takes (:func:`retry_set`). Ids, ascending."""
+    out: set[int] = set()
+    for s in skipped:
+        for q in queued:
+            if (q["tbl"], q["rid"]) == (s["tbl"], s["rid"]) and q["ver"] >= s["ver"] and int(q["id"]) not in out:
+                out |= set(retry_set(queued, int(q["id"])))
+    return sorted(out)

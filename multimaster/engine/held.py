@@ -8,19 +8,33 @@ A held change's snapshot row is ``applied = 3`` (not applied, not tried again by
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 
 from multimaster import store
-from multimaster.core.errorqueue import is_version
+from multimaster.core.errorqueue import is_version, plan_holds
 from multimaster.core.planner import Plan
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.store.errorqueue import Held
 
-__all__ = ["HELD", "WAITING", "park", "hold_behind", "only_versions", "mark", "peer_of", "rank_only", "rank_kept", "tombstone"]
+__all__ = [
+    "HELD",
+    "WAITING",
+    "park",
+    "hold_behind",
+    "hold_groups",
+    "pending",
+    "as_held",
+    "only_versions",
+    "mark",
+    "peer_of",
+    "rank_only",
+    "rank_kept",
+    "tombstone",
+]
 
 #: `applied` of a snapshot row held in the error queue
 HELD = 3
@@ -112,3 +126,66 @@ def tombstone(conn: Connection, d: Dialect, info: TableInfo, rid: str, ver: str)
     version), so this site holds a tombstone, not a row it never had."""
     ph = d.caps.placeholder
     conn.exec_driver_sql(f"UPDATE {d.obj(info.name).shadow} SET deleted = {ph} WHERE rid = {ph} AND deleted IS NULL", (ver, rid))
+
+
+def pending(
+    conn: Connection, d: Dialect, infos: Sequence[TableInfo], peers: Sequence[str], states: Sequence[int] = (0,)
+) -> list[dict[str, Any]]:
+    """The changes of `infos` not applied yet: snapshot rows (of every peer, one per version) with
+    `applied` in `states` that `_mm_origins` does not count as applied here, table by table, each
+    as a mapping (tbl, peer, ver, origin, rid, op, txn: its source transaction where this site
+    records them, else None)."""
+    out: list[dict[str, Any]] = []
+    txn = "s.txn" if d.caps.txn_column else "NULL"
+    for info in infos:
+        seen: set[str] = set()
+        for p in peers:
+            snap = d.obj(info.name, p).snapshot()
+            sql = (
+                f"SELECT s.ver, s.origin, s.rid, s.op, {txn} FROM {snap} s WHERE s.applied IN ({', '.join(str(int(x)) for x in states)}) "
+                f"AND {store.origins.not_applied(d, info.name, 's')} ORDER BY s.ver"
+            )
+            for ver, origin, rid, op, t in conn.exec_driver_sql(sql):
+                if ver in seen:
+                    continue
+                seen.add(ver)
+                out.append(
+                    {
+                        "tbl": info.name,
+                        "peer": p,
+                        "ver": ver,
+                        "origin": origin,
+                        "rid": rid,
+                        "op": op,
+                        "txn": None if t is None else str(t),
+                    }
+                )
+    return out
+
+
+def as_held(c: Mapping[str, Any]) -> Held:
+    """The change `c` (as :func:`pending` or the queue's rows describe it) to hold."""
+    return Held(str(c["tbl"]), str(c["peer"]), str(c["ver"]), str(c["origin"]), str(c["rid"]), str(c["op"]), c.get("txn"))
+
+
+def hold_groups(conn: Connection, d: Dialect, infos: Sequence[TableInfo], peers: Sequence[str]) -> list[dict[str, Any]]:
+    """Before the changes of `infos` not applied yet are applied: hold those a held change holds back
+    (core.errorqueue.plan_holds): a source transaction with a change of a row that has a change held,
+    or with a change held itself, is held whole — ``waiting`` behind the row's held change (or
+    ``txn``, with its transaction's), its other changes ``txn`` with it —, its snapshot rows
+    ``applied = 3``. `infos` in the order their tables are applied. Returns the changes held
+    (reading one row, when nothing is held at all)."""
+    if not store.errorqueue.any_open(conn, d):
+        return []
+    cs = pending(conn, d, infos, peers, states=(0, 2))
+    if not cs:
+        return []
+    plan = plan_holds(cs, store.errorqueue.rows(conn, d), [i.name for i in infos])
+    at = now_iso()
+    ids: dict[int, int] = {}
+    for i, state, ref in plan:
+        c = cs[i]
+        blocked = ref if isinstance(ref, int) else ids[ref[1]]  # type: ignore[index]
+        ids[i] = store.errorqueue.hold(conn, d, as_held(c), state, at, blocked_by=blocked)
+        mark(conn, d, [d.obj(c["tbl"], p).snapshot() for p in peers], c["ver"])
+    return [dict(cs[i], id=ids[i]) for i, _, _ in plan]

@@ -5,11 +5,15 @@ A refresh applies a batch in one transaction (engine/refresh.py). When the datab
 with an error that is not transient (:func:`permanent`: not a deadlock, serialization failure or
 lock timeout — ``Dialect.is_retryable`` —, not a lost connection), the transaction is rolled back
 and the batch runs again here: malformed change-log entries are held (not stored in the snapshot),
-the rest is stored, and the new changes are applied one by one in version order, each by the
-reconciler itself (``reconcile_table(only=[ver])``, no fast path) under a SAVEPOINT. A change whose
-savepoint fails is held (``failed``, the database's error); a later change of a row with a held
-change waits behind it (``waiting``); a change that waits for its row holds back the later changes
-of its origin, as in a batch. `errors retry` re-applies held changes the same way (:func:`retry`).
+the rest is stored, and the new changes are applied *source transaction by source transaction*
+(core.errorqueue.units: the changes of one ``(origin, txn)``; a change whose source records no
+transaction, a SQLite site's, is one alone), each unit under one SAVEPOINT, its changes one by one
+by the reconciler itself (``reconcile_table(only=[ver])``, no fast path), table by table (parents
+first), then in version order. A unit whose savepoint fails is rolled back and held whole: the
+change at fault ``failed`` (the database's error), the others ``txn`` (held with it); a later
+change of a row with a held change waits behind it (``waiting``), and its unit with it; a unit with
+a change that waits for its row waits whole, and holds back the later changes of its origin, as in
+a batch. `errors retry` re-applies held units the same way (:func:`retry`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.secrets import redact
-from multimaster.core.errorqueue import is_version, malformed, retry_order
+from multimaster.core.errorqueue import Holds, is_version, malformed, units
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
@@ -33,7 +37,16 @@ from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
 from multimaster.store.errorqueue import Held
 
-__all__ = ["permanent", "describe", "has_malformed", "apply_batch", "reconcile_isolating", "retry", "RetryResult"]
+__all__ = [
+    "permanent",
+    "describe",
+    "has_malformed",
+    "apply_batch",
+    "hold_waiting",
+    "reconcile_isolating",
+    "retry",
+    "RetryResult",
+]
 
 
 def permanent(d: Dialect, e: BaseException) -> bool:
@@ -80,122 +93,192 @@ def has_malformed(rows: list[tuple[Any, ...]]) -> bool:
 def apply_batch(
     conn: Connection,
     site: Site,
-    info: TableInfo,
+    infos: Sequence[TableInfo],
     peer: str,
-    rows: list[tuple[Any, ...]],
+    rows: Mapping[str, list[tuple[Any, ...]]],
     peers: Sequence[str],
-    base_max: int,
-    relay: Sequence[str] | None,
+    base_max: Mapping[str, int],
+    relay: Mapping[str, Sequence[str] | None],
     reconcile_: bool,
-) -> tuple[int, ReconcileResult | None]:
-    """In the target's write transaction, a batch from `peer` that failed for good: hold its
-    malformed entries, store the rest, move the watermark past the batch, and (when `reconcile_`)
-    apply the new changes one by one (:func:`reconcile_isolating`). Returns (stored, result)."""
+) -> tuple[int, dict[str, ReconcileResult]]:
+    """In the target's write transaction, a batch from `peer` (`rows` per table; `infos` in the
+    order tables are applied) that failed for good: hold its malformed entries, store the rest,
+    move the watermarks past the batch, and (when `reconcile_`) apply the new changes source
+    transaction by source transaction (:func:`reconcile_isolating`). Returns (stored, results)."""
     d = site.dialect
-    good, bad = _split(rows)
-    stored, _last, _ = store_batch(conn, site, info, peer, good, applied=False)
+    stored = 0
     at = now_iso()
-    for r, why in bad:
-        ver = r[3] if is_version(r[3]) else f"?{peer}:{r[2]}"  # a position names it when its version cannot
-        rid = r[6] if isinstance(r[6], str) and r[6] else "?"
-        h = Held(info.name, peer, ver, str(r[4]), rid, "?")
-        store.errorqueue.hold(conn, d, h, "failed", at, f"change log of peer '{peer}', entry {r[2]}: {why}")
-    store.watermarks.write(conn, d, peer, info.name, rows[-1][0])
+    for info in infos:
+        part = rows.get(info.name)
+        if not part:
+            continue
+        good, bad = _split(part)
+        n, _last, _ = store_batch(conn, site, info, peer, good, applied=False)
+        stored += n
+        width = 3 + 6 + 2 * len(info.columns) + 2 * len(info.refs)  # the txn's place (pull.log_select_columns)
+        for r, why in bad:
+            ver = r[3] if is_version(r[3]) else f"?{peer}:{r[2]}"  # a position names it when its version cannot
+            rid = r[6] if isinstance(r[6], str) and r[6] else "?"
+            txn = r[width] if len(r) > width and r[width] is not None and isinstance(r[4], str) else None
+            h = Held(info.name, peer, ver, str(r[4]), rid, "?", None if txn is None else str(txn))
+            store.errorqueue.hold(conn, d, h, "failed", at, f"change log of peer '{peer}', entry {r[2]}: {why}")
+        store.watermarks.write(conn, d, peer, info.name, part[-1][0])
     if not reconcile_:
-        return stored, None
-    return stored, reconcile_isolating(conn, site, info, peers, base_max, relay)
+        return stored, {}
+    return stored, reconcile_isolating(conn, site, infos, peers, base_max, relay)
+
+
+def hold_waiting(
+    conn: Connection, site: Site, infos: Sequence[TableInfo], peers: Sequence[str], base_max: Mapping[str, int]
+) -> int:
+    """Before applying the changes of `infos` not applied yet: hold the source transactions a held
+    change holds back (engine/held.py hold_groups), and let their inserts of renumbered tables keep
+    their rank. Returns how many changes were held."""
+    got = held.hold_groups(conn, site.dialect, infos, peers)
+    by = {i.name: i for i in infos}
+    for c in got:
+        _keep_rank_held(conn, site, by[c["tbl"]], peers, base_max[c["tbl"]], c)
+    return len(got)
 
 
 def reconcile_isolating(
-    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int, relay: Sequence[str] | None
-) -> ReconcileResult:
-    """Apply the snapshot rows of `info` not applied yet one by one, in version order, each under
-    a savepoint; hold (in the error queue) each change the database rejects, and the later changes
-    of its row behind it. Returns what was applied."""
+    conn: Connection,
+    site: Site,
+    infos: Sequence[TableInfo],
+    peers: Sequence[str],
+    base_max: Mapping[str, int],
+    relay: Mapping[str, Sequence[str] | None],
+) -> dict[str, ReconcileResult]:
+    """Apply the snapshot rows of `infos` (in the order tables are applied) not applied yet, source
+    transaction by source transaction (core.errorqueue.units: a change without one is one alone),
+    each under one savepoint, its changes table by table in that order, then by version. A unit the
+    database rejects is rolled back and held whole: the change rejected ``failed`` with the
+    database's error, every other ``txn``, held with it; later changes of its rows wait behind it.
+    A unit with a change that must wait for its row waits whole (``applied = 2``), with the later
+    changes of its origins. Returns what was applied, per table."""
     d = site.dialect
-    snaps = _snaps(d, info, peers)
-    for snap in snaps.values():
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
-    todo: dict[str, tuple[str, str, str, str]] = {}
-    for p, snap in snaps.items():
-        for ver, origin, rid, op in conn.exec_driver_sql(
-            f"SELECT s.ver, s.origin, s.rid, s.op FROM {snap} s WHERE s.applied = 0 AND "
-            f"{store.origins.not_applied(d, info.name, 's')} ORDER BY s.ver"
-        ):
-            todo.setdefault(ver, (origin, rid, op, p))
-    res = ReconcileResult(info.name)
-    waits: list[str] = []  # versions waiting for their row (applied = 2 once done)
+    by = {i.name: i for i in infos}
+    order = [i.name for i in infos]
+    for info in infos:
+        for snap in _snaps(d, info, peers).values():
+            conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
+    hold_waiting(conn, site, infos, peers, base_max)
+    cs = held.pending(conn, d, infos, peers)
+    holds = Holds(store.errorqueue.rows(conn, d))
+    res = {i.name: ReconcileResult(i.name) for i in infos}
+    waits: list[dict[str, Any]] = []  # changes waiting for their row (applied = 2 once done)
     waiting_origins: set[str] = set()
-    for ver in sorted(todo):
-        origin, rid, op, peer = todo[ver]
-        h = Held(info.name, peer, ver, origin, rid, op)
-        if origin in waiting_origins:  # an earlier change of its origin waits for its row
-            waits.append(ver)
+    for unit in units(cs, order):
+        members = [cs[i] for i in unit]
+        if any(m["origin"] in waiting_origins for m in members):  # an earlier change of its origin waits for its row
+            waits += members
             continue
-        r, err = _apply_one(conn, site, info, peers, base_max, relay, h)
-        if err is not None:
+        b = holds.blocked(members)
+        if b is not None:
+            pos, state, ref = b
+            ids = _hold_unit(conn, site, by, peers, base_max, members, pos, state, int(ref), None)
+            holds.hold(members, ids, pos)
             continue
-        assert r is not None
-        res.add(r)
-        if r.parked:
-            waits.append(ver)
-            waiting_origins.add(origin)
-    for ver in waits:
-        held.mark(conn, d, list(snaps.values()), ver, applied=2)
+        done, pos, why = _apply_unit(conn, site, by, peers, base_max, relay, members, retry=False)
+        if done is not None:
+            for tb, r in done.items():
+                res[tb].add(r)
+            continue
+        assert why is not None
+        if why == _WAITS:
+            waits += members
+            waiting_origins |= {m["origin"] for m in members}
+            continue
+        ids = _hold_unit(conn, site, by, peers, base_max, members, pos, "failed", None, why)
+        holds.hold(members, ids, pos)
+    for m in waits:
+        held.mark(conn, d, list(_snaps(d, by[m["tbl"]], peers).values()), m["ver"], applied=2)
     return res
 
 
-def _apply_one(
+#: why a unit was not applied: a change of it waits for its row (this site does not hold it yet)
+_WAITS = "waits for its row, which this site does not hold"
+
+
+def _hold_unit(
     conn: Connection,
     site: Site,
-    info: TableInfo,
+    infos: Mapping[str, TableInfo],
     peers: Sequence[str],
-    base_max: int,
-    relay: Sequence[str] | None,
-    h: Held,
-    queued: Mapping[str, Any] | None = None,
-) -> tuple[ReconcileResult | None, str | None]:
-    """Apply the change `h` (its snapshot rows not applied) under a savepoint, or hold it: waiting
-    behind a held change of its row, or failed with the database's error. `queued`: its row in the
-    queue when it is held already (a retry). Returns (what was applied, None) or (None, why held)."""
+    base_max: Mapping[str, int],
+    members: Sequence[Mapping[str, Any]],
+    head: int,
+    state: str,
+    blocked_by: int | None,
+    error: str | None,
+) -> list[int]:
+    """Queue the unit `members` (not held before): the change at `head` as `state` ('failed' with
+    `error`, 'waiting' behind or 'txn' with `blocked_by`), the others 'txn' with it; inserts of
+    renumbered tables keep their rank; every snapshot row ``applied = 3``. Returns their ids."""
     d = site.dialect
-    snaps = list(_snaps(d, info, peers).values())
     at = now_iso()
-    first = store.errorqueue.blocker(conn, d, info.name, h.rid)
-    if first is not None and (queued is None or first != queued["id"]):
-        if queued is None:
-            store.errorqueue.hold(conn, d, h, "waiting", at, blocked_by=first)
-        else:
-            store.errorqueue.waits_behind(conn, d, queued["id"], first, at)
-        held.mark(conn, d, snaps, h.ver)
-        return None, "waiting"
-    if not is_version(h.ver):
-        why = f"malformed change (ver={h.ver!r})"
-    else:
-        # a held insert that kept its rank: its row goes in at the key it ranks to
-        key = held.rank_kept(conn, d, info, h.rid) if queued is not None and h.op == "I" and info.spec.renumber else None
-        sp = conn.begin_nested()
-        try:
+    first = store.errorqueue.hold(conn, d, held.as_held(members[head]), state, at, error, blocked_by)
+    ids = [
+        first if k == head else store.errorqueue.hold(conn, d, held.as_held(m), "txn", at, blocked_by=first)
+        for k, m in enumerate(members)
+    ]
+    for m in members:
+        _keep_rank_held(conn, site, infos[m["tbl"]], peers, base_max[m["tbl"]], m)
+        held.mark(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
+    return ids
+
+
+def _keep_rank_held(
+    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], base_max: int, c: Mapping[str, Any]
+) -> None:
+    """A change just held: when it inserts into a renumbered table, its row keeps its rank
+    (:func:`_keep_rank`); its snapshot rows stay held (``applied = 3``)."""
+    if c["op"] != "I" or not info.spec.renumber or not is_version(c["ver"]):
+        return
+    snaps = list(_snaps(site.dialect, info, peers).values())
+    held.mark(conn, site.dialect, snaps, c["ver"], applied=0)
+    _keep_rank(conn, site, info, peers, base_max, held.as_held(c))
+    held.mark(conn, site.dialect, snaps, c["ver"])
+
+
+def _apply_unit(
+    conn: Connection,
+    site: Site,
+    infos: Mapping[str, TableInfo],
+    peers: Sequence[str],
+    base_max: Mapping[str, int],
+    relay: Mapping[str, Sequence[str] | None],
+    members: Sequence[Mapping[str, Any]],
+    retry: bool,
+) -> tuple[dict[str, ReconcileResult] | None, int, str | None]:
+    """Apply the unit `members` (their snapshot rows not applied) in order, under one savepoint:
+    all of them, or none. Returns (what was applied per table, -1, None), or (None, the position of
+    the change at fault, why: the database's error, or _WAITS) with the savepoint rolled back.
+    `retry`: a held insert that kept its rank goes in at the key it ranks to."""
+    d = site.dialect
+    out: dict[str, ReconcileResult] = {}
+    pos = 0
+    sp = conn.begin_nested()
+    try:
+        for pos, m in enumerate(members):
+            info = infos[m["tbl"]]
+            h = held.as_held(m)
+            key = held.rank_kept(conn, d, info, h.rid) if retry and h.op == "I" and info.spec.renumber else None
             if key is not None:
-                r = _insert_at_rank(conn, site, info, peers, relay, h, key)
+                r = _insert_at_rank(conn, site, info, peers, relay[info.name], h, key)
             else:
-                r = reconcile_table(conn, site, info, peers, base_max, relay, only=[h.ver])
-        except (DBAPIError, CorruptChange) as e:
-            if not permanent(d, e):
-                raise
-            _rolled_back(conn, d, sp)
-            why = describe(e)
-            if h.op == "I" and info.spec.renumber and queued is None:
-                _keep_rank(conn, site, info, peers, base_max, h)
-        else:
-            sp.commit()
-            return r, None
-    if queued is None:
-        store.errorqueue.hold(conn, d, h, "failed", at, why)
-    else:
-        store.errorqueue.failed_again(conn, d, queued["id"], why, at)
-    held.mark(conn, d, snaps, h.ver)
-    return None, why
+                r = reconcile_table(conn, site, info, peers, base_max[info.name], relay[info.name], only=[h.ver])
+            if r.parked:
+                _rolled_back(conn, d, sp)
+                return None, pos, _WAITS
+            out.setdefault(info.name, ReconcileResult(info.name)).add(r)
+    except (DBAPIError, CorruptChange) as e:
+        if not permanent(d, e):
+            raise
+        _rolled_back(conn, d, sp)
+        return None, pos, describe(e)
+    sp.commit()
+    return out, -1, None
 
 
 def _rolled_back(conn: Connection, d: Dialect, sp: Any) -> None:
@@ -262,42 +345,71 @@ class RetryResult:
 def retry(
     conn: Connection,
     site: Site,
-    infos: dict[str, TableInfo],
+    infos: Mapping[str, TableInfo],
+    order: Sequence[str],
     peers: Sequence[str],
-    base_max: dict[str, int],
+    base_max: Mapping[str, int],
     relay: Mapping[str, Sequence[str] | None],
     queued: list[dict[str, Any]],
+    others: list[dict[str, Any]],
     out: RetryResult,
 ) -> None:
-    """In a write transaction at `site`: apply the held changes `queued` (rows of the queue, open)
-    again, in version order per table, each under a savepoint. One that applies leaves the queue;
-    one that fails again stays (its error and attempts updated), and the later changes of its row
-    wait behind it. `_mm_origins` is not asked: a held change may be below what it records."""
+    """In a write transaction at `site`: apply the held changes `queued` (open rows of the queue)
+    again, unit by unit (core.errorqueue.units: a source transaction, or a change without one),
+    in the order they apply, each unit under one savepoint: all its changes apply and leave the
+    queue, or none does. A unit rejected again stays held whole — the change at fault ``failed``
+    with the new error, the others ``txn`` with it, one more attempt each —, and the units behind
+    it wait. A unit with a change that waits behind a held change not retried here (`others`, the
+    other open rows) stays as it is. `order`: the tables' order (parents first). `_mm_origins` is
+    not asked: a held change may be below what it records."""
     d = site.dialect
-    for q in retry_order(queued):
-        if q["state"] not in store.errorqueue.OPEN:
+    holds = Holds(others)
+    at = now_iso()
+    for unit in units(queued, order):
+        members = [queued[i] for i in unit]
+        ids = [int(m["id"]) for m in members]
+        bad = next((k for k, m in enumerate(members) if m["op"] == "?"), None)
+        if bad is not None:  # a malformed change-log entry: nothing to apply, only to skip
+            note = " (a malformed entry cannot be applied: skip it)"
+            err = str(members[bad]["error"] or "")
+            store.errorqueue.failed_again(conn, d, ids[bad], (err if err.endswith(note) else err + note)[:2000], at)
+            _held_with(conn, d, ids, bad, at, out, "malformed", attempt=True)
+            holds.hold(members, ids, bad)
             continue
-        tb = str(q["tbl"])
-        info = infos[tb]
-        h = Held(tb, str(q["peer"]), str(q["ver"]), str(q["origin"]), str(q["rid"]), str(q["op"]))
-        if h.op == "?":  # a malformed change-log entry: nothing to apply, only to skip
-            store.errorqueue.failed_again(
-                conn, d, q["id"], f"{q['error']} (a malformed entry cannot be applied: skip it)"[:2000], now_iso()
-            )
-            out.held[int(q["id"])] = "malformed"
+        b = holds.blocked(members)
+        if b is not None:  # behind a held change it does not retry: stays as it is
+            pos, state, ref = b
+            if state == "waiting":
+                store.errorqueue.waits_behind(conn, d, ids[pos], int(ref), at)
+            else:
+                store.errorqueue.held_with(conn, d, ids[pos], int(ref), at, attempt=False)
+            _held_with(conn, d, ids, pos, at, out, f"waits behind #{ref}", attempt=False)
+            holds.hold(members, ids, pos)
             continue
-        held.mark(conn, d, list(_snaps(d, info, peers).values()), h.ver, applied=0)
-        r, why = _apply_one(conn, site, info, peers, base_max[tb], relay[tb], h, queued=q)
-        if why is not None:
-            out.held[int(q["id"])] = why
+        for m in members:
+            held.mark(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"], applied=0)
+        done, pos, why = _apply_unit(conn, site, infos, peers, base_max, relay, members, retry=True)
+        if done is None:
+            assert why is not None
+            store.errorqueue.failed_again(conn, d, ids[pos], why, at)
+            _held_with(conn, d, ids, pos, at, out, why, attempt=True)
+            for m in members:
+                held.mark(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
+            holds.hold(members, ids, pos)
             continue
-        assert r is not None
-        if r.parked:  # waits for its row: held still (a refresh would take it for a duplicate)
-            why = "waits for its row, which this site does not hold"
-            store.errorqueue.failed_again(conn, d, q["id"], why, now_iso())
-            held.mark(conn, d, list(_snaps(d, info, peers).values()), h.ver)
-            out.held[int(q["id"])] = why
-            continue
-        store.errorqueue.release(conn, d, q["id"])
-        out.applied.append(int(q["id"]))
-        out.result.setdefault(tb, ReconcileResult(tb)).add(r)
+        for i in ids:
+            store.errorqueue.release(conn, d, i)
+            out.applied.append(i)
+        for tb, r in done.items():
+            out.result.setdefault(tb, ReconcileResult(tb)).add(r)
+
+
+def _held_with(
+    conn: Connection, d: Dialect, ids: Sequence[int], head: int, at: str, out: RetryResult, why: str, attempt: bool
+) -> None:
+    """A unit stays held: every change of it but the one at `head` is held with it (``txn``)."""
+    out.held[ids[head]] = why
+    for k, i in enumerate(ids):
+        if k != head:
+            store.errorqueue.held_with(conn, d, i, ids[head], at, attempt)
+            out.held[i] = f"held with #{ids[head]} (its source transaction)"

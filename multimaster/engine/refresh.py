@@ -29,7 +29,17 @@ from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_lo
 from multimaster.engine.site import Site
 from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark
 
-__all__ = ["refresh", "refresh_link", "reconcile", "catch_up", "relay_origins", "write_retrying", "check_not_purged", "RETRIES"]
+__all__ = [
+    "refresh",
+    "refresh_link",
+    "apply_order",
+    "reconcile",
+    "catch_up",
+    "relay_origins",
+    "write_retrying",
+    "check_not_purged",
+    "RETRIES",
+]
 
 T = TypeVar("T")
 
@@ -91,7 +101,7 @@ def refresh_link(
             tgt.require_installed(conn, t)
             tables = {}
             infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
-            for tb in _apply_order(t, infos):
+            for tb in apply_order(t, infos):
                 tables[tb] = _LinkTable(t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_)
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
@@ -113,7 +123,7 @@ def refresh_link(
     return res
 
 
-def _apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:
+def apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:
     """The order in which a batch applies its tables and takes their locks: referenced tables
     before the tables referencing them (core/references.py fk_order), else the topology's order;
     the same for every refresher, so two never wait for each other in opposite orders."""
@@ -157,6 +167,8 @@ def _refresh_batches(
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
     touched: set[str] = set()
     window = max(batch * WINDOW_BATCHES, 1)
+    if not src.dialect.caps.txn_column:
+        return _refresh_whole(tables, window, res, progress)
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
@@ -189,6 +201,77 @@ def _refresh_batches(
         if grown is None:
             return touched
         window = grown
+
+
+class _Moved(Exception):
+    """Another refresher moved a watermark of the link while this one read: read again."""
+
+
+def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResult, progress: Progress | None) -> set[str]:
+    """A source that records no transactions (SQLite): its read of one window holds only whole
+    transactions, but a window cut by its size may end inside one. So every window of the link is
+    applied in ONE target transaction, window after window (memory holds one window; the target's
+    transaction holds them all), until a read is not cut: a reader at the target sees every source
+    transaction whole. A batch rejected for good runs again holding the changes at fault."""
+    tgt = next(iter(tables.values())).tgt
+    run = functools.partial(_whole_link, tables=tables, window=window, token=uuid.uuid4().hex, progress=progress)
+    while True:
+        try:
+            try:
+                stored_all, windows, results = write_retrying(tgt, run)
+            except Exception as e:
+                if isinstance(e, _Moved) or not isolate.permanent(tgt.dialect, e):
+                    raise
+                stored_all, windows, results = write_retrying(tgt, functools.partial(run, isolating=True))
+        except _Moved:
+            continue
+        res.pulled += stored_all
+        res.batches += windows
+        for tb, r in results.items():
+            res.reconciled[tb].add(r)
+        return set(results)
+
+
+def _whole_link(
+    conn: Connection,
+    *,
+    tables: dict[str, _LinkTable],
+    window: int,
+    token: str,
+    progress: Progress | None,
+    isolating: bool = False,
+) -> tuple[int, int, dict[str, ReconcileResult]]:
+    """_refresh_whole's one target transaction: (changes stored, windows, results of the tables
+    touched)."""
+    first = next(iter(tables.values()))
+    tgt, src, source, target = first.tgt, first.src, first.source, first.target
+    infos = [lt.info for lt in tables.values()]
+    wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+    stored_all, windows = 0, 0
+    results: dict[str, ReconcileResult] = {}
+    while True:
+        read = pull_link(src, target, infos, wms, window)
+        for tb in tables:
+            check_not_purged(src, target, tb, wms[tb])
+        if not any(read.rows.values()):
+            break
+        bad = any(isolate.has_malformed(rows) for rows in read.rows.values() if rows)
+        done = _apply_batch(conn, tables=tables, rows=read.rows, wms=dict(wms), isolating=isolating or bad, token=token)
+        if done is None:
+            raise _Moved()
+        stored_all += done[0]
+        windows += 1
+        for tb, rows in read.rows.items():
+            if rows:
+                wms[tb] = rows[-1][0]
+                results.setdefault(tb, ReconcileResult(tb))
+        for tb, r in done[1].items():
+            results.setdefault(tb, ReconcileResult(tb)).add(r)
+        if progress:
+            progress(f"{source} -> {target}: {stored_all} changes pulled")
+        if not read.more:
+            break
+    return stored_all, windows, results
 
 
 def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows], wms: dict[str, int]) -> Any:
@@ -280,8 +363,13 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
     tgt, info = link.tgt, link.info
     todo = _unsettled(conn, link)
     if todo == "apply":
-        apply = isolate.reconcile_isolating if isolating else reconcile_table
-        return apply(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info))
+        relay = relay_origins(link.topo, link.target, info)
+        if isolating:
+            return isolate.reconcile_isolating(conn, tgt, [info], link.peers, {info.name: link.base_max}, {info.name: relay})[
+                info.name
+            ]
+        isolate.hold_waiting(conn, tgt, [info], link.peers, {info.name: link.base_max})
+        return reconcile_table(conn, tgt, info, link.peers, link.base_max, relay)
     rr = ReconcileResult(info.name)
     if todo == "rank":
         rr.renumbered = rank_local_keys(conn, tgt, info, link.base_max)
@@ -289,9 +377,15 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
 
 
 def _apply_batch(
-    conn: Connection, *, tables: dict[str, _LinkTable], rows: dict[str, Rows], wms: dict[str, int], isolating: bool = False
+    conn: Connection,
+    *,
+    tables: dict[str, _LinkTable],
+    rows: dict[str, Rows],
+    wms: dict[str, int],
+    isolating: bool = False,
+    token: str | None = None,
 ) -> tuple[int, dict[str, ReconcileResult]] | None:
-    """In the target's one write transaction of the batch, table by table in _apply_order: store
+    """In the target's one write transaction of the batch, table by table in apply_order: store
     the pulled `rows` in the snapshots, move the watermarks past them, reconcile (when asked), then
     record the link's statistics. Returns (changes stored, what reconciling did per table), or None
     when another refresher moved a watermark from `wms` meanwhile (read again). `isolating`: the
@@ -305,32 +399,44 @@ def _apply_batch(
     for tb, link in tables.items():
         if rows.get(tb):
             _check_clock_offset(link, rows[tb])
-    token = uuid.uuid4().hex  # the transaction of rows that came without one (store_batch)
+    token = token or uuid.uuid4().hex  # the transaction of rows that came without one (store_batch)
     stored_all, applied, conflicts = 0, 0, 0
     results: dict[str, ReconcileResult] = {}
+    infos = [link.info for link in tables.values()]  # in apply_order
+    if isolating:
+        base = {tb: link.base_max for tb, link in tables.items()}
+        relays = {tb: relay_origins(link.topo, link.target, link.info) for tb, link in tables.items()}
+        stored_all, results = isolate.apply_batch(conn, tgt, infos, source, rows, first.peers, base, relays, first.reconcile_)
+        applied = sum(r.applied for r in results.values())
+        conflicts = sum(len(r.conflicts) for r in results.values())
+        store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
+        return stored_all, results
+    # while changes are held, whole source transactions they hold back are held before anything
+    # is applied (engine/isolate.py hold_waiting): the rows are stored as new, not as applied
+    holding = first.reconcile_ and store.errorqueue.any_open(conn, tgt.dialect)
+    lowest: dict[str, int | None] = {}
     for tb, link in tables.items():
         part = rows.get(tb)
         if not part:
             continue
-        info = link.info
-        if isolating:
-            relay = relay_origins(link.topo, link.target, info)
-            n, ir = isolate.apply_batch(conn, tgt, info, source, part, link.peers, link.base_max, relay, link.reconcile_)
-            stored_all += n
-            if ir is not None:
-                applied += ir.applied
-                conflicts += len(ir.conflicts)
-                results[tb] = ir
-            continue
-        stored, last, lowest = store_batch(conn, tgt, info, source, part, applied=link.reconcile_, txn=token)
+        stored, last, lowest[tb] = store_batch(
+            conn, tgt, link.info, source, part, applied=link.reconcile_ and not holding, txn=token
+        )
         store.watermarks.write(conn, tgt.dialect, source, tb, last)
         stored_all += stored
-        if link.reconcile_:
-            fresh = {source: lowest} if lowest is not None else {}
-            r = reconcile_table(conn, tgt, info, link.peers, link.base_max, relay_origins(link.topo, link.target, info), fresh)
-            applied += r.applied
-            conflicts += len(r.conflicts)
-            results[tb] = r
+    if holding:
+        isolate.hold_waiting(conn, tgt, infos, first.peers, {tb: link.base_max for tb, link in tables.items()})
+    for tb, link in tables.items():
+        if tb not in lowest or not link.reconcile_:
+            continue
+        low = lowest[tb]
+        fresh = {source: low} if low is not None else {}
+        r = reconcile_table(
+            conn, tgt, link.info, link.peers, link.base_max, relay_origins(link.topo, link.target, link.info), fresh
+        )
+        applied += r.applied
+        conflicts += len(r.conflicts)
+        results[tb] = r
     store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
     return stored_all, results
 
@@ -409,7 +515,8 @@ def refresh(
 
 
 def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, dict[str, ReconcileResult]]:
-    """Apply snapshot rows already pulled (e.g. by `refresh --no-reconcile`)."""
+    """Apply snapshot rows already pulled (e.g. by `refresh --no-reconcile`): per site, every
+    table in one transaction, referenced tables first."""
     cl, own = as_cluster(topo)
     try:
         t = cl.topo
@@ -417,23 +524,27 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
         for n in [site] if site else list(t.sites):
             s = cl.site(n)
             out[n] = {}
-            with s.read() as conn:
+            peers = t.peers_of(n)
+
+            def apply(conn: Connection, isolating: bool = False) -> dict[str, ReconcileResult]:
+                # every table in one transaction, referenced tables first, as a refresh applies a
+                # batch: a source transaction across tables is seen whole or not at all
                 s.require_installed(conn, t)
-                order = _apply_order(t, {tb: s.info(conn, tb, t) for tb in t.tables})
-            for tb in order:  # referenced tables first, as a refresh applies them
+                infos = {tb: s.info(conn, tb, t) for tb in t.tables}
+                order = [infos[tb] for tb in apply_order(t, infos)]
+                bases = {i.name: _base_max(conn, s, i.name) for i in order}
+                relays = {i.name: relay_origins(t, n, i) for i in order}
+                if isolating:
+                    return isolate.reconcile_isolating(conn, s, order, peers, bases, relays)
+                isolate.hold_waiting(conn, s, order, peers, bases)
+                return {i.name: reconcile_table(conn, s, i, peers, bases[i.name], relays[i.name]) for i in order}
 
-                def apply(conn: Connection, tb: str = tb, isolating: bool = False) -> ReconcileResult:
-                    s.require_installed(conn, t)
-                    info = s.info(conn, tb, t)
-                    run = isolate.reconcile_isolating if isolating else reconcile_table
-                    return run(conn, s, info, t.peers_of(n), _base_max(conn, s, tb), relay_origins(t, n, info))
-
-                try:
-                    out[n][tb] = write_retrying(s, apply)
-                except Exception as e:  # rejected for good: again, holding the changes at fault
-                    if not isolate.permanent(s.dialect, e):
-                        raise
-                    out[n][tb] = write_retrying(s, functools.partial(apply, isolating=True))
+            try:
+                out[n] = write_retrying(s, apply)
+            except Exception as e:  # rejected for good: again, holding the changes at fault
+                if not isolate.permanent(s.dialect, e):
+                    raise
+                out[n] = write_retrying(s, functools.partial(apply, isolating=True))
         return out
     finally:
         if own:

@@ -4,21 +4,22 @@ site, apply them again once the cause is fixed (`retry`), drop one on purpose (`
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from multimaster import store
 from multimaster.config.topology import Topology
+from multimaster.core.errorqueue import group_of, released_by, retry_set
 from multimaster.core.versions import now_iso
 from multimaster.engine import held, isolate, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
-from multimaster.engine.refresh import relay_origins, write_retrying
+from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError
 
 __all__ = ["list_errors", "retry_errors", "skip_error", "STATES"]
 
-#: every state a queued change can be in
-STATES = ("failed", "waiting", "skipped")
+#: every state a queued change can be in (but parked, docs/unique.md)
+STATES = ("failed", "waiting", "txn", "skipped")
 
 
 def _sites(cl: Cluster, site: str | None) -> list[str]:
@@ -81,49 +82,71 @@ def _find(cl: Cluster, site: str | None, id_: int) -> str:
     return found[0]
 
 
-def _retry_at(cl: Cluster, n: str, queued_of: Any) -> isolate.RetryResult:
-    """In one write transaction at site `n`: retry the open changes `queued_of(conn, site)` returns."""
+Queued = list[dict[str, Any]]
+
+
+def _retry_at(
+    cl: Cluster, n: str, queued_of: Callable[[Any, Site], tuple[Queued, Queued]], skip: Any = None
+) -> isolate.RetryResult:
+    """In one write transaction at site `n`: retry the open changes `queued_of(conn, site)` returns
+    (with the other open ones, which those may wait behind); `skip(conn, site)` first, when given."""
     t = cl.topo
     s: Site = cl.site(n)
 
     def go(conn: Any) -> isolate.RetryResult:
         res = isolate.RetryResult(n)
         s.require_installed(conn, t)
-        queued = queued_of(conn, s)
-        tables = sorted({str(q["tbl"]) for q in queued if str(q["tbl"]) in t.tables})
-        infos = {tb: s.info(conn, tb, t) for tb in tables}
-        base = {tb: store.tables.base_max(conn, s.dialect, tb) for tb in tables}
-        relay = {tb: relay_origins(t, n, infos[tb]) for tb in tables}
-        isolate.retry(conn, s, infos, t.peers_of(n), base, relay, [q for q in queued if str(q["tbl"]) in t.tables], res)
+        if skip is not None:
+            skip(conn, s)
+        queued, others = queued_of(conn, s)
+        infos = {tb: s.info(conn, tb, t) for tb in t.tables}
+        order = apply_order(t, infos)
+        base = {tb: store.tables.base_max(conn, s.dialect, tb) for tb in t.tables}
+        relay = {tb: relay_origins(t, n, infos[tb]) for tb in t.tables}
+        mine = [q for q in queued if str(q["tbl"]) in t.tables]
+        isolate.retry(conn, s, infos, order, t.peers_of(n), base, relay, mine, others, res)
         return res
 
     return write_retrying(s, go)
 
 
+def _open(conn: Any, s: Site, id_: int, verb: str) -> Queued:
+    """The open rows of the queue at `s`, after checking that `id_` is one of them."""
+    first = store.errorqueue.get(conn, s.dialect, id_)
+    if first is None or first["state"] not in store.errorqueue.OPEN:
+        state = "gone" if first is None else first["state"]
+        raise ConfigError([f"--id {id_}: the change is {state}, not held ({verb}; see: multimaster errors -t FILE --all)"])
+    return store.errorqueue.rows(conn, s.dialect)
+
+
+def _split(rows: Queued, ids: Sequence[int]) -> tuple[Queued, Queued]:
+    take = set(ids)
+    return [r for r in rows if int(r["id"]) in take], [r for r in rows if int(r["id"]) not in take]
+
+
 def retry_errors(
     topo: Topology | Cluster, site: str | None = None, id_: int | None = None, all_: bool = False
 ) -> list[dict[str, Any]]:
-    """Apply held changes again: `id_` (and the changes of its row waiting behind it), or with
-    `all_` every held change of every site (or `site`), in version order, one transaction per
-    site. A change that applies leaves the queue; one rejected again stays, with the new error.
-    Returns per site: applied (ids), held (id -> why), and what was applied per table."""
+    """Apply held changes again, source transaction by source transaction (each under one savepoint:
+    all of it applies, or none): `id_` with the rest of its transaction and the changes held behind
+    them (core.errorqueue.retry_set), or with `all_` every held change of every site (or `site`),
+    one transaction per site. A change that applies leaves the queue; a transaction rejected again
+    stays held whole, with the new error. Returns per site: applied (ids), held (id -> why), and
+    what was applied per table."""
     if (id_ is None) == (not all_):
-        raise ConfigError(["errors retry: give --id N (one change, and those waiting behind it) or --all"])
+        raise ConfigError(["errors retry: give --id N (its source transaction, and the changes waiting behind it) or --all"])
     cl, own = as_cluster(topo)
     try:
         if id_ is not None:
             n = _find(cl, site, id_)
 
-            def one(conn: Any, s: Site) -> list[dict[str, Any]]:
-                first = store.errorqueue.get(conn, s.dialect, id_)
-                if first is None or first["state"] not in store.errorqueue.OPEN:
-                    state = "gone" if first is None else first["state"]
-                    raise ConfigError([f"--id {id_}: the change is {state}, not held (see: multimaster errors -t FILE --all)"])
-                return store.errorqueue.chain(conn, s.dialect, first)
+            def one(conn: Any, s: Site) -> tuple[Queued, Queued]:
+                rows = _open(conn, s, id_, "nothing to retry")
+                return _split(rows, retry_set(rows, id_))
 
             return [_report(_retry_at(cl, n, one))]
         return [
-            _report(_retry_at(cl, n, lambda conn, s: store.errorqueue.rows(conn, s.dialect)))
+            _report(_retry_at(cl, n, lambda conn, s: (store.errorqueue.rows(conn, s.dialect), [])))
             for n in _sites(cl, site)
             if _has_queue(cl, n)
         ]
@@ -148,37 +171,47 @@ def _report(r: isolate.RetryResult) -> dict[str, Any]:
 
 
 def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None = None) -> dict[str, Any]:
-    """Drop the held change `id_` on purpose: it is never applied here (state `skipped`, with
-    `reason` and the time, kept in the queue as history); the changes of its row that waited
-    behind it are then applied (as `retry` would), in the same transaction."""
+    """Drop the held change `id_` on purpose, and with it every held change of its source
+    transaction (a transaction is applied whole or not at all; a change without one is dropped
+    alone): they are never applied here (state `skipped`, with `reason` and the time, kept in the
+    queue as history); the changes held behind them are then applied (as `retry` would), in the
+    same transaction. A parked row (docs/unique.md) is deleted for good at every site instead."""
     if not reason or not reason.strip():
         raise ConfigError(["errors skip: --reason TEXT is required (why the change is dropped; it is kept in the queue)"])
     cl, own = as_cluster(topo)
     try:
         n = _find(cl, site, id_)
         t = cl.topo
+        skipped: list[int] = []
 
-        def behind(conn: Any, s: Site) -> list[dict[str, Any]]:
+        def drop(conn: Any, s: Site) -> None:
+            skipped.clear()
             first = store.errorqueue.get(conn, s.dialect, id_)
             if first is not None and first["state"] == store.errorqueue.PARKED and first["tbl"] in t.tables:
                 # a parked row (docs/unique.md): deleted for good, a replicated delete, so every site agrees
                 uniques.skip_parked(conn, s, s.info(conn, first["tbl"], t), first["rid"])
                 store.errorqueue.skip(conn, s.dialect, id_, reason.strip(), now_iso())
-                return []
-            if first is None or first["state"] not in store.errorqueue.OPEN:
-                state = "gone" if first is None else first["state"]
-                raise ConfigError([f"--id {id_}: the change is {state}, not held (nothing to skip)"])
-            store.errorqueue.skip(conn, s.dialect, id_, reason.strip(), now_iso())
-            if first["tbl"] in t.tables and first["op"] != "?":  # its snapshot rows: done with, on purpose
-                snaps = [s.dialect.obj(first["tbl"], p).snapshot() for p in t.peers_of(n)]
-                held.mark(conn, s.dialect, snaps, first["ver"], applied=1)
-                info = s.info(conn, first["tbl"], t)
-                if first["op"] == "I" and info.spec.renumber and held.rank_kept(conn, s.dialect, info, first["rid"]) is not None:
-                    held.tombstone(conn, s.dialect, info, first["rid"], first["ver"])  # its rank stays, as a deleted row's
-            return store.errorqueue.chain(conn, s.dialect, first)
+                skipped.append(id_)
+                return
+            rows = _open(conn, s, id_, "nothing to skip")
+            at = now_iso()
+            for q in _split(rows, group_of(rows, id_))[0]:
+                store.errorqueue.skip(conn, s.dialect, q["id"], reason.strip(), at)
+                skipped.append(int(q["id"]))
+                if q["tbl"] in t.tables and q["op"] != "?":  # its snapshot rows: done with, on purpose
+                    snaps = [s.dialect.obj(q["tbl"], p).snapshot() for p in t.peers_of(n)]
+                    held.mark(conn, s.dialect, snaps, q["ver"], applied=1)
+                    info = s.info(conn, q["tbl"], t)
+                    if q["op"] == "I" and info.spec.renumber and held.rank_kept(conn, s.dialect, info, q["rid"]) is not None:
+                        held.tombstone(conn, s.dialect, info, q["rid"], q["ver"])  # its rank stays, as a deleted row's
 
-        rep = _report(_retry_at(cl, n, behind))
+        def behind(conn: Any, s: Site) -> tuple[Queued, Queued]:
+            rows = store.errorqueue.rows(conn, s.dialect)
+            return _split(rows, released_by(rows, store.errorqueue.rows(conn, s.dialect, states=("skipped",), ids=skipped)))
+
+        rep = _report(_retry_at(cl, n, behind, skip=drop))
         rep["skipped"] = id_
+        rep["skipped_ids"] = list(skipped)
         return rep
     finally:
         if own:

@@ -168,8 +168,9 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
             cl.site(s).require_installed(conn, t)
     with psite.read() as conn:  # its copy would lack the changes it holds (docs/errors.md)
         held = store.errorqueue.counts(conn, psite.dialect)
-    if held["failed"] + held["waiting"]:
-        raise ChangesHeld(peer, held["failed"] + held["waiting"], f"add-site {name} --from {peer}")
+    n_held = held["failed"] + held["waiting"] + held["txn"]
+    if n_held:
+        raise ChangesHeld(peer, n_held, f"add-site {name} --from {peer}")
     with nsite.read() as conn:
         installed = nsite.installed_tables(conn)
     if installed and replace:

@@ -74,7 +74,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["held_errors"] = sum(
-            d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "parked")
+            d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "txn", "parked")
         )
         out["verification"] = last(cl) if site_data[t.verify_site].get("reachable") else None  # last recorded verify run
         return out

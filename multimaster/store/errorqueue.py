@@ -1,8 +1,9 @@
 """``_mm_errors``: the error queue (docs/errors.md). One row per change this site held instead of
 applying: ``failed`` (the database rejected it: the error text, when first and last, how many
 attempts), ``waiting`` (a later change of a row whose earlier change is held; ``blocked_by`` names
-the row it waits behind), ``skipped`` (dropped on purpose by ``multimaster errors skip``, with the
-reason). The change itself stays in the snapshot it came in, ``applied = 3``; a change-log entry
+the row it waits behind), ``txn`` (held with its source transaction: ``blocked_by`` names the
+change of that transaction the others are held with, ``txn`` the transaction), ``skipped``
+(dropped on purpose by ``multimaster errors skip``, with the reason). The change itself stays in the snapshot it came in, ``applied = 3``; a change-log entry
 too malformed to be stored there (``op = '?'``) is described in ``error`` alone.
 
 The table is created by each dialect's site template (``init`` adds it to a site installed before).
@@ -29,6 +30,8 @@ __all__ = [
     "get",
     "chain",
     "failed_again",
+    "held_with",
+    "waits_behind",
     "release",
     "skip",
     "counts",
@@ -43,7 +46,10 @@ __all__ = [
 PARKED = "parked"
 
 #: the states of a change still held (retried by `errors retry`); `skipped` rows are history
-OPEN = ("failed", "waiting")
+OPEN = ("failed", "waiting", "txn")
+
+#: SQL: the open states, as a list of literals
+_OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN)
 
 _COLS = (
     "id",
@@ -60,6 +66,7 @@ _COLS = (
     "last_at",
     "attempts",
     "reason",
+    "txn",
 )
 
 
@@ -73,6 +80,7 @@ class Held:
     origin: str
     rid: str
     op: str
+    txn: str | None = None  # its source transaction (None where the source records none)
 
 
 def _t(d: Dialect) -> str:
@@ -82,13 +90,14 @@ def _t(d: Dialect) -> str:
 def hold(
     conn: Connection, d: Dialect, h: Held, state: str, at: str, error: str | None = None, blocked_by: int | None = None
 ) -> int:
-    """Queue `h` as `state` ('failed' with the database's `error`, or 'waiting' behind the row
-    `blocked_by`). Returns its id. A change queued already (the same table and version, still
+    """Queue `h` as `state` ('failed' with the database's `error`, 'waiting' behind the row
+    `blocked_by`, or 'txn': held with `blocked_by`, a change of its source transaction). Returns
+    its id. A change queued already (the same table and version, still
     open) is updated instead: its error, last time and attempts."""
     p = d.caps.placeholder
     t = _t(d)
     cur = conn.exec_driver_sql(
-        f"SELECT id FROM {t} WHERE tbl = {p} AND ver = {p} AND state IN ('failed', 'waiting')", (h.table, h.ver)
+        f"SELECT id FROM {t} WHERE tbl = {p} AND ver = {p} AND state IN ({_OPEN_SQL})", (h.table, h.ver)
     ).first()
     if cur is not None:
         conn.exec_driver_sql(
@@ -97,9 +106,9 @@ def hold(
         )
         return int(cur[0])
     conn.exec_driver_sql(
-        f"INSERT INTO {t} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts) "
-        f"VALUES ({d.ph(11)}, 1)",
-        (h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, blocked_by, _cut(error), at, at),
+        f"INSERT INTO {t} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts, txn) "
+        f"VALUES ({d.ph(11)}, 1, {p})",
+        (h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, blocked_by, _cut(error), at, at, h.txn),
     )
     return int(conn.exec_driver_sql(f"SELECT max(id) FROM {t} WHERE tbl = {p} AND ver = {p}", (h.table, h.ver)).scalar_one())
 
@@ -108,19 +117,15 @@ def _cut(msg: str | None) -> str | None:
     return None if msg is None else msg[:2000]
 
 
-def any_open(conn: Connection, d: Dialect, table: str) -> bool:
-    """Whether `table` has a change held here (failed or waiting)."""
-    return (
-        conn.exec_driver_sql(
-            f"SELECT 1 FROM {_t(d)} WHERE tbl = {d.caps.placeholder} AND state IN ('failed', 'waiting') LIMIT 1", (table,)
-        ).first()
-        is not None
-    )
+def any_open(conn: Connection, d: Dialect, table: str | None = None) -> bool:
+    """Whether `table` (None: any table) has a change held here (failed, waiting or txn)."""
+    where, params = ("", ()) if table is None else (f"tbl = {d.caps.placeholder} AND ", (table,))
+    return conn.exec_driver_sql(f"SELECT 1 FROM {_t(d)} WHERE {where}state IN ({_OPEN_SQL}) LIMIT 1", params).first() is not None
 
 
 def open_rids(d: Dialect, table: str) -> str:
     """SQL: the identities of `table` with a change held (`table` is a checked plain identifier)."""
-    return f"SELECT rid FROM {_t(d)} WHERE tbl = '{table}' AND state IN ('failed', 'waiting')"
+    return f"SELECT rid FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL})"
 
 
 def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
@@ -128,7 +133,7 @@ def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
     wait behind it), None when none is held."""
     p = d.caps.placeholder
     r = conn.exec_driver_sql(
-        f"SELECT id FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND state IN ('failed', 'waiting') ORDER BY ver LIMIT 1",
+        f"SELECT id FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND state IN ({_OPEN_SQL}) ORDER BY ver LIMIT 1",
         (table, rid),
     ).first()
     return None if r is None else int(r[0])
@@ -164,7 +169,7 @@ def chain(conn: Connection, d: Dialect, first: dict[str, Any]) -> list[dict[str,
         dict(zip(_COLS, r))
         for r in conn.exec_driver_sql(
             f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND ver >= {p} "
-            "AND state IN ('failed', 'waiting') ORDER BY ver, id",
+            f"AND state IN ({_OPEN_SQL}) ORDER BY ver, id",
             (first["tbl"], first["rid"], first["ver"]),
         )
     ]
@@ -181,10 +186,20 @@ def failed_again(conn: Connection, d: Dialect, id_: int, error: str, at: str) ->
 
 
 def waits_behind(conn: Connection, d: Dialect, id_: int, blocked_by: int, at: str) -> None:
-    """`id_` waits (again) behind `blocked_by`."""
+    """`id_` waits (again) behind `blocked_by`, a held change of its row."""
     p = d.caps.placeholder
     conn.exec_driver_sql(
         f"UPDATE {_t(d)} SET state = 'waiting', blocked_by = {p}, last_at = {p} WHERE id = {p}", (blocked_by, at, id_)
+    )
+
+
+def held_with(conn: Connection, d: Dialect, id_: int, head: int, at: str, attempt: bool) -> None:
+    """`id_` is held (again) with `head`, a change of its source transaction (state 'txn');
+    `attempt`: its transaction was tried (one more attempt)."""
+    p = d.caps.placeholder
+    more = ", attempts = attempts + 1" if attempt else ""
+    conn.exec_driver_sql(
+        f"UPDATE {_t(d)} SET state = 'txn', blocked_by = {p}, last_at = {p}{more} WHERE id = {p}", (head, at, id_)
     )
 
 
@@ -232,8 +247,8 @@ def parked_rids(conn: Connection, d: Dialect, table: str) -> set[str]:
 
 
 def counts(conn: Connection, d: Dialect) -> dict[str, int]:
-    """How many rows per state ('failed', 'waiting', 'skipped', 'parked')."""
-    out = dict.fromkeys(("failed", "waiting", "skipped", PARKED), 0)
+    """How many rows per state ('failed', 'waiting', 'txn', 'skipped', 'parked')."""
+    out = dict.fromkeys(("failed", "waiting", "txn", "skipped", PARKED), 0)
     for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
         out[str(state)] = int(n)
     return out

@@ -84,8 +84,11 @@ CREATE TABLE IF NOT EXISTS _mm_errors (
   last_at VARCHAR(32) NOT NULL,
   attempts INT NOT NULL DEFAULT 1,
   reason TEXT,
+  txn VARCHAR(64),  -- the change's source transaction: held with it (docs/errors.md)
   INDEX _mm_errors_rid (tbl, rid)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site installed before it
 --
 -- The clock (docs/mysql.md "How capture works with many writers"). A change-log entry's position
 -- is a value of this table's AUTO_INCREMENT, drawn by the transaction that writes the entry

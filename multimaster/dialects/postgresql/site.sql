@@ -73,8 +73,11 @@ CREATE TABLE IF NOT EXISTS _mm._mm_errors (
   first_at text NOT NULL,
   last_at text NOT NULL,
   attempts integer NOT NULL DEFAULT 1,
-  reason text
+  reason text,
+  txn text  -- the change's source transaction: held with it (docs/errors.md)
 );
+--
+ALTER TABLE _mm._mm_errors ADD COLUMN IF NOT EXISTS txn text;  -- a site installed before it
 --
 CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm._mm_errors (tbl, rid);
 --

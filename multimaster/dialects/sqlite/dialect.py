@@ -104,6 +104,9 @@ class SQLiteDialect(Dialect):
     def install_site(self, conn: Connection, site: str) -> None:
         for sql in self.render("site"):
             conn.exec_driver_sql(sql)
+        # a site installed before the error queue had a txn column (SQLite has no ADD COLUMN IF NOT EXISTS)
+        if "txn" not in {r[1] for r in conn.exec_driver_sql("PRAGMA table_info(_mm_errors)")}:
+            conn.exec_driver_sql("ALTER TABLE _mm_errors ADD COLUMN txn TEXT")
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, ?) ON CONFLICT(id) DO NOTHING", (site,))
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:

@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS _mm_errors (
   first_at TEXT NOT NULL,
   last_at TEXT NOT NULL,
   attempts INTEGER NOT NULL DEFAULT 1,
-  reason TEXT
+  reason TEXT,
+  txn TEXT  -- always NULL here: SQLite records no source transaction (docs/errors.md)
 );
 --
 CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm_errors (tbl, rid);
