@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -82,10 +83,20 @@ def test_init_refresh_status_conflicts_uninstall(sites):  # type: ignore[no-unty
         text=True,
         env={**os.environ, "COLUMNS": "200"},
     )
-    time.sleep(4)
+    import threading
+
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(p.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    deadline = time.monotonic() + 60  # until it has drawn the tables (a loaded host starts slowly)
+    while time.monotonic() < deadline and "s1 → s2" not in "".join(seen):
+        time.sleep(0.2)
+    time.sleep(0.5)  # a redraw or two
     p.send_signal(signal.SIGINT)
-    out, _ = p.communicate(timeout=30)
-    assert p.returncode == 130 and "links" in out and "s1 → s2" in out
+    p.wait(timeout=30)
+    reader.join(timeout=10)
+    out = "".join(seen)
+    assert p.returncode == 130 and "links" in out and "s1 → s2" in out, p.stderr.read()  # type: ignore[union-attr]
     r = mm("conflicts", "-t", str(topo), "--site", "s1", "--json")
     conf = json.loads(r.stdout)
     assert conf[0]["policy"] == "additive" and conf[0]["decision"] == "merged"
@@ -296,3 +307,49 @@ def test_version_is_the_installed_package_version():  # type: ignore[no-untyped-
     r = mm("--version")
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == f"multimaster {version('multimaster')}"
+
+
+def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  # type: ignore[no-untyped-def]
+    """s3 inserts x; s2 pulls it and updates it; s3 is lost and removed with --force before s1 got
+    x. s1 can never apply s2's update of x, and every later change of s2 waits behind it. That is
+    not silent: refresh and status exit 1 naming the link, what the change waits for and the fix;
+    the fix (copy s1 again from s2) clears it."""
+    d, topo = sites
+    topo.write_text(topo.read_text() + "refresh: {stall_after: 1s}\n")
+    assert mm("init", "-t", str(topo)).returncode == 0
+    with sqlite3.connect(d / "s3.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
+    assert mm("refresh", "-t", str(topo), "--site", "s2", "--peer", "s3").returncode == 0
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("UPDATE items SET qty = qty + 4 WHERE name = 'x'")
+        c.execute("INSERT INTO items (name, qty) VALUES ('z', 7)")
+    r = mm("remove-site", "-t", str(topo), "s3", "--force")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = topo.read_text().replace('  s3: {url: "sqlite:///s3.db"}\n', "")
+    topo.write_text(doc)
+    r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
+    links = {(ln["from"], ln["to"]): ln for ln in json.loads(r.stdout)[-1]["links"]}
+    assert links[("s2", "s1")]["waiting"] == 2 and "has not received" in links[("s2", "s1")]["waits_for"]
+    time.sleep(1.2)
+    r = mm("refresh", "-t", str(topo), "--site", "s1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "link s2 -> s1 stalled: 2 change(s) wait" in r.stderr and "update from s2 of row" in r.stderr
+    assert "multimaster add-site -t FILE s1 --from PEER --replace" in r.stderr
+    r = mm("status", "-t", str(topo), "--json")
+    assert r.returncode == 1 and "link s2 -> s1 stalled" in r.stderr
+    st = json.loads(r.stdout)
+    (ln,) = [ln for ln in st["links"] if ln["to"] == "s1"]
+    assert ln["parked"] == 2 and ln["stalled"]
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.metrics import health, render
+
+    text = render(health(load_topology(topo)))  # what the daemon's metrics endpoint serves
+    assert 'multimaster_link_stalled{source="s2",target="s1"} 1' in text
+    assert 'multimaster_link_parked_changes{source="s2",target="s1"} 2' in text
+    # the fix it names
+    r = mm("add-site", "-t", str(topo), "s1", "--from", "s2", "--replace")
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = mm("refresh", "-t", str(topo), "--until-quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert mm("status", "-t", str(topo)).returncode == 0
+    assert sorted(r[1:] for r in rows(d / "s1.db")) == sorted(r[1:] for r in rows(d / "s2.db")) == [("x", 5), ("z", 7)]

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from multimaster import api
@@ -62,19 +63,37 @@ def uninstall(
 
 def _refresh_table(results: list[Any]) -> Table:
     t = Table(title="refresh")
-    for c in ("link", "pulled", "applied", "conflicts", "batches", "seconds", "result"):
+    for c in ("link", "pulled", "applied", "conflicts", "batches", "waiting", "seconds", "result"):
         t.add_column(c, justify="right" if c not in ("link", "result") else "left")
     for r in results:
+        result = (
+            f"[red]{escape(r.error)}[/]"
+            if r.error
+            else "[red]stalled[/]"
+            if r.stalled
+            else f"[yellow]waiting: {escape(r.waits_for or '')}[/]"
+            if r.waiting
+            else "[green]ok[/]"
+        )
         t.add_row(
             f"{r.peer} → {r.site}",
             str(r.pulled),
             str(r.applied),
             str(r.conflicts),
             str(r.batches),
+            str(r.waiting),
             f"{r.seconds:.2f}",
-            "[red]" + r.error + "[/]" if r.error else "[green]ok[/]",
+            result,
         )
     return t
+
+
+def _stalled_exit(messages: list[str]) -> int:
+    """1 when a link is stalled (docs/operations.md "Stalled links"), each named on stderr with its
+    fix; else 0."""
+    for m in messages:
+        err.print(m, markup=False, highlight=False, soft_wrap=True)
+    return 1 if messages else 0
 
 
 @app.command()
@@ -91,7 +110,9 @@ def refresh(
 ) -> None:
     """Pull each peer's change log past its watermark and reconcile, in bounded batches.
 
-    Exit 1 if any link failed (the others still refresh).
+    Exit 1 if any link failed (the others still refresh), or is stalled: a change of it has waited
+    longer than refresh.stall_after for something this site has not received (stderr says what,
+    and the fix).
 
     Examples:
       multimaster refresh -t topo.yaml
@@ -124,6 +145,9 @@ def refresh(
                                 "batches": r.batches,
                                 "seconds": round(r.seconds, 4),
                                 "error": r.error,
+                                "waiting": r.waiting,
+                                "waits_for": r.waits_for,
+                                "stalled": r.stalled,
                             }
                             for r in res
                         ],
@@ -136,7 +160,8 @@ def refresh(
                 if len(allres) > 1:
                     console.print(f"round {i + 1}")
                 console.print(_refresh_table(res))
-        return 1 if any(r.error for r in last) else 0
+        stalled = _stalled_exit([r.stalled for r in last if r.stalled])
+        return 1 if any(r.error for r in last) else stalled
 
     code = execute(go, traceback)
     raise typer.Exit(code)
@@ -213,14 +238,22 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         row.append("-" if not errs else f"[red]{held}[/]" if held else "0")
         t.add_row(*row, d["url"])
     lt = Table(title="links")
-    for c in ("link", "waiting", "oldest waiting", "watermarks", "last success", "last error"):
+    for c in ("link", "waiting", "oldest waiting", "parked", "watermarks", "last success", "last error"):
         lt.add_column(c)
     for ln in st["links"]:
         age = ln.get("oldest_waiting_age_s")
+        parked = ln.get("parked")
         lt.add_row(
             f"{ln['from']} → {ln['to']}",
             str(ln.get("waiting", "-")),
             "-" if age is None else f"{age:.1f}s",
+            "-"
+            if parked is None
+            else f"[red]{parked} stalled[/]"
+            if ln.get("stalled")
+            else f"[yellow]{parked}[/]"
+            if parked
+            else "0",
             ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
             str(ln.get("last_success_at") or "-"),
             str(ln.get("last_error") or ln.get("error") or "-"),
@@ -257,11 +290,11 @@ def status(
             st = api.status(cl, since=since_at)
             if as_json:
                 dump(st)
-                return _held_exit(st, as_json)
+                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []))
             if not watch:
                 for t in _status_tables(st):
                     console.print(t)
-                return _held_exit(st, as_json)
+                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []))
             import time
 
             from rich.console import Group

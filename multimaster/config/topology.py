@@ -129,6 +129,10 @@ class RefreshConfig(_Strict):
     #: limit); a change further ahead is held, with its link's error naming the site and the offset
     #: (docs/clock.md "Clock discipline")
     max_clock_offset: bool | float | str = "5s"  # (YAML reads a bare off as false)
+    #: a link whose oldest waiting change (for its row, a referenced row, an earlier change of its
+    #: origin) is older than this is stalled: `refresh` and `status` exit 1 and say what it waits
+    #: for ('off': never; docs/operations.md "Stalled links")
+    stall_after: bool | float | str = "10m"
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
@@ -137,6 +141,15 @@ class RefreshConfig(_Strict):
             return None
         if v is True:
             raise ValueError("expected a duration such as '5s'")
+        return parse_duration(v)
+
+    def stall_after_seconds(self) -> float | None:
+        """stall_after in seconds, None when 'off'."""
+        v = self.stall_after
+        if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
+            return None
+        if v is True:
+            raise ValueError("expected a duration such as '10m'")
         return parse_duration(v)
 
 
@@ -411,12 +424,16 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             parse_duration(d)
         except ValueError as e:
             problems.append(f"{label}: {e}")
-    try:
-        off = model.refresh.max_offset_seconds()
-        if off is not None and off <= 0:
-            problems.append("refresh.max_clock_offset: must be more than 0 (or 'off')")
-    except ValueError as e:
-        problems.append(f"refresh.max_clock_offset: {e} (or 'off')")
+    for name, get in (
+        ("max_clock_offset", model.refresh.max_offset_seconds),
+        ("stall_after", model.refresh.stall_after_seconds),
+    ):
+        try:
+            v = get()
+            if v is not None and v <= 0:
+                problems.append(f"refresh.{name}: must be more than 0 (or 'off')")
+        except ValueError as e:
+            problems.append(f"refresh.{name}: {e} (or 'off')")
     if model.verify is not None:
         _verify_problems(model, problems)
     for name in ("tombstones_after", "conflicts_after"):

@@ -57,6 +57,12 @@ class RefreshResult:
     seconds: float = 0.0
     reconciled: dict[str, ReconcileResult] = field(default_factory=dict)
     error: str | None = None
+    #: changes of this link that wait at the target after the refresh (for their row, a
+    #: referenced row, an earlier change of their origin), and what the oldest waits for
+    waiting: int = 0
+    waits_for: str | None = None
+    #: set when the oldest has waited longer than refresh.stall_after: what it waits for, and the fix
+    stalled: str | None = None
 
     @property
     def applied(self) -> int:

@@ -17,6 +17,7 @@ from sqlalchemy.exc import DBAPIError
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
+from multimaster.core import waits as waits_core
 from multimaster.core.batches import plan_cuts
 from multimaster.core.references import fk_order
 from multimaster.core.versions import now_iso, seconds_ahead
@@ -110,6 +111,8 @@ def refresh_link(
             for tb, link in tables.items():
                 if tb not in touched:
                     res.reconciled[tb].add(_settle_if_needed(link))
+        if reconcile_:
+            _note_waits(tgt, t, source, res)
         if res.pulled == 0:
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
@@ -121,6 +124,25 @@ def refresh_link(
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None:
+    """After a refresh: how many changes of the link wait at the target, what the oldest waits
+    for, and whether the link is stalled (the oldest older than refresh.stall_after)."""
+    with tgt.read() as conn:
+        found = [store.links.parked(conn, tgt.dialect, tb, source) for tb in t.tables]
+    waits = [w for w in found if w is not None]
+    if not waits:
+        return
+    oldest = min(waits, key=lambda w: w.ver)
+    res.waiting = sum(w.count for w in waits)
+    res.waits_for = waits_core.reason(oldest)
+    now_ms = int(time.time() * 1000)
+    if waits_core.stalled(oldest, now_ms, t.refresh.stall_after_seconds()):
+        res.stalled = (
+            f"link {source} -> {tgt.name} stalled: {res.waiting} change(s) wait, the oldest made "
+            f"{oldest.age_s(now_ms):.0f}s ago: {res.waits_for}. Fix: {waits_core.fix(tgt.name)}"
+        )
 
 
 def apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:

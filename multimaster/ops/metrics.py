@@ -147,6 +147,20 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             **lab,
         )
         o.add(
+            "multimaster_link_parked_changes",
+            "gauge",
+            "Changes of the link that wait here for their row, a referenced row or an earlier change of their origin.",
+            ln.get("parked"),
+            **lab,
+        )
+        o.add(
+            "multimaster_link_stalled",
+            "gauge",
+            "1 when the oldest waiting change is older than refresh.stall_after (status says what it waits for).",
+            None if "parked" not in ln else 1 if ln.get("stalled") else 0,
+            **lab,
+        )
+        o.add(
             "multimaster_link_last_success_timestamp_seconds",
             "gauge",
             "Unix time of the last successful refresh.",

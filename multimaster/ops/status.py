@@ -10,6 +10,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms, ver_origin
+from multimaster.core.waits import Wait, fix, reason, stalled
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.verifications import last
@@ -59,6 +60,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                     entry["last_error"] = redact(str(entry["last_error"]))
                 wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
                 pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
+                found = [store.links.parked(tconn, tgt.dialect, tb, ln.source) for tb in t.tables]
+            _waits(entry, [w for w in found if w is not None], now_ms, t.refresh.stall_after_seconds(), ln.target)
             waiting_total = 0
             oldest: str | None = None
             with src.read() as sconn:
@@ -73,6 +76,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
+        out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
         out["held_errors"] = sum(
             d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "txn", "parked")
         )
@@ -81,6 +85,24 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
     finally:
         if own:
             cl.close()
+
+
+def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float | None, target: str) -> None:
+    """A link's waiting changes at its target (docs/operations.md "Stalled links"): how many, the
+    age of the oldest, what it waits for, and the stall message with its fix when it is stalled."""
+    entry["parked"] = sum(w.count for w in waits)
+    entry["stalled"] = None
+    if not waits:
+        entry["parked_age_s"] = entry["waits_for"] = None
+        return
+    oldest = min(waits, key=lambda w: w.ver)
+    entry["parked_age_s"] = round(oldest.age_s(now_ms), 1)
+    entry["waits_for"] = reason(oldest)
+    if stalled(oldest, now_ms, after_s):
+        entry["stalled"] = (
+            f"link {entry['from']} -> {target} stalled: {entry['parked']} change(s) wait, the oldest made "
+            f"{entry['parked_age_s']:.0f}s ago: {entry['waits_for']}. Fix: {fix(target)}"
+        )
 
 
 #: what the planner records (docs/conflicts.md, "The conflict log")

@@ -7,10 +7,11 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster.core.waits import Wait
 from multimaster.dialects.base import Dialect
 from multimaster.store import watermarks
 
-__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting"]
+__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting", "parked"]
 
 _ROW = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
 
@@ -73,3 +74,19 @@ def waiting(conn: Connection, d: Dialect, table: str, watermark: int, puller: st
         (watermark, puller),
     ).first()
     return (int(r[0] or 0), r[1]) if r else (0, None)
+
+
+def parked(conn: Connection, d: Dialect, table: str, peer: str) -> Wait | None:
+    """The oldest change of `peer` in this site's snapshot of `table` that waits (``applied = 2``:
+    for its row, a referenced row or an earlier change of its origin) and how many wait; None when
+    none does."""
+    snap = d.obj(table, peer).snap
+    r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {snap} WHERE applied = 2").first()
+    if not r or not r[0]:
+        return None
+    ph = d.caps.placeholder
+    first = conn.exec_driver_sql(f"SELECT origin, op, rid FROM {snap} WHERE applied = 2 AND ver = {ph}", (r[1],)).first()
+    if first is None:
+        return None
+    known = conn.exec_driver_sql(f"SELECT 1 FROM {d.obj(table).shadow} WHERE rid = {ph}", (first[2],)).first() is not None
+    return Wait(int(r[0]), table, str(r[1]), str(first[0]), str(first[1]), str(first[2]), known)

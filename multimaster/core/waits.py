@@ -1,0 +1,70 @@
+"""Changes that wait, as operators see them (docs/operations.md "Stalled links"): what the oldest
+waiting change of a link waits for, and when the link counts as stalled.
+
+A change waits (``applied = 2`` in its snapshot) when it cannot be applied yet: an update or a
+delete of a row this site has not received, a reference to a row not here yet, or an earlier
+change of its origin that waits. Usually what it waits for arrives with the next refresh of some
+other link. When it never comes (its origin is gone and no live site has it, or it was never
+made), the link's later changes from that origin wait for good: that must not be silent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from multimaster.core.versions import BASE_VER, ver_ms
+
+__all__ = ["Wait", "reason", "stalled", "fix"]
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The oldest waiting change of a link at its target, and how many wait."""
+
+    count: int
+    table: str
+    ver: str
+    origin: str
+    op: str
+    rid: str
+    row_known: bool  # whether the target holds the row (alive or deleted) the change is of
+
+    def age_s(self, now_ms: int) -> float:
+        """Seconds since the oldest waiting change was made at its origin (its version's clock)."""
+        return max(0.0, (now_ms - ver_ms(self.ver)) / 1000)
+
+
+def _inserted_at(rid: str) -> str | None:
+    """The site whose insert gave identity `rid` (None: a row of the common base, or not a version)."""
+    if rid.startswith(BASE_VER):
+        return None
+    head, _, site = rid.partition(":")
+    return site if head.isdigit() and len(head) == 19 and site else None
+
+
+def reason(w: Wait) -> str:
+    """What the oldest waiting change waits for, in words."""
+    if w.op in ("U", "D") and not w.row_known:
+        what = "an update" if w.op == "U" else "a delete"
+        at = _inserted_at(w.rid)
+        src = f" (inserted at {at})" if at else ""
+        return f"{w.table}: {what} from {w.origin} of row {w.rid}{src}, which this site has not received"
+    return (
+        f"{w.table}: a change from {w.origin} of row {w.rid} waits for an earlier change of {w.origin} "
+        "or a row it references, which this site has not received"
+    )
+
+
+def stalled(w: Wait | None, now_ms: int, after_s: float | None) -> bool:
+    """Whether a link whose oldest waiting change is `w` is stalled: something waits, and for
+    longer than `after_s` seconds (None: never)."""
+    return w is not None and w.count > 0 and after_s is not None and w.age_s(now_ms) >= after_s
+
+
+def fix(target: str) -> str:
+    """The commands that resolve a stalled link into `target`."""
+    return (
+        f"refresh {target} from every live peer ('multimaster refresh -t FILE --site {target}'); if the site "
+        f"that made the missing change is gone for good, copy {target} again from a live peer "
+        f"('multimaster add-site -t FILE {target} --from PEER --replace')"
+    )

@@ -1,0 +1,38 @@
+"""What a link's oldest waiting change waits for, and when the link is stalled (core/waits.py)."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from multimaster.core.versions import base_rid
+from multimaster.core.waits import Wait, reason, stalled
+
+MS = 65536  # one millisecond of the hybrid clock
+
+
+def _ver(ms: int, site: str) -> str:
+    return "%019d:%s" % (ms * MS, site)
+
+
+def test_an_update_of_a_row_never_received_names_who_inserted_it() -> None:
+    w = Wait(3, "items", _ver(1000, "s2"), "s2", "U", _ver(900, "s3"), row_known=False)
+    assert reason(w) == f"items: an update from s2 of row {_ver(900, 's3')} (inserted at s3), which this site has not received"
+    d = Wait(1, "items", _ver(1000, "s2"), "s2", "D", base_rid(7), row_known=False)
+    assert "a delete from s2 of row" in reason(d) and "inserted at" not in reason(d)
+
+
+def test_a_change_of_a_known_row_waits_for_its_origin_or_a_reference() -> None:
+    w = Wait(1, "child", _ver(1000, "s2"), "s2", "I", _ver(1000, "s2"), row_known=False)
+    assert "waits for an earlier change of s2 or a row it references" in reason(w)
+    u = Wait(1, "child", _ver(1000, "s2"), "s2", "U", _ver(5, "s1"), row_known=True)
+    assert "waits for an earlier change of s2" in reason(u)
+
+
+@given(st.integers(0, 10**7), st.integers(0, 10**7), st.one_of(st.none(), st.floats(0.001, 10**4)))
+def test_stalled_exactly_when_the_oldest_is_older_than_the_limit(made_ms: int, later_ms: int, after: float | None) -> None:
+    w = Wait(1, "t", _ver(made_ms, "s1"), "s1", "U", _ver(made_ms, "s1"), True)
+    now = made_ms + later_ms
+    assert stalled(w, now, after) == (after is not None and later_ms / 1000 >= after)
+    assert not stalled(None, now, after)
+    assert not stalled(Wait(0, "t", w.ver, "s1", "U", w.rid, True), now, after)
