@@ -243,7 +243,13 @@ def _insert_at_rank(
     d.after_apply(conn, info)
     if relay is None or h.origin in relay:
         lcols = log_select_columns(site, info)
-        d.append_log(conn, info.name, lcols, select=f"SELECT {', '.join(lcols)} FROM {snap} WHERE ver = {ph}", params=(h.ver,))
+        d.append_log(
+            conn,
+            info.name,
+            [*lcols, "sv"],
+            select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {snap} WHERE ver = {ph}",
+            params=(h.ver,),
+        )
     d.set_applying(conn, False)
     held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
     return ReconcileResult(info.name, applied=1, inserted=1)
@@ -275,8 +281,8 @@ def retry(
     wait behind it. `_mm_origins` is not asked: a held change may be below what it records."""
     d = site.dialect
     for q in retry_order(queued):
-        if q["state"] not in store.errorqueue.OPEN:
-            continue
+        if q["state"] not in store.errorqueue.OPEN or q["state"] == store.errorqueue.SCHEMA:
+            continue  # (a change waiting for a column is applied when the site has it: engine/evolve.py)
         tb = str(q["tbl"])
         info = infos[tb]
         h = Held(tb, str(q["peer"]), str(q["ver"]), str(q["origin"]), str(q["rid"]), str(q["op"]))

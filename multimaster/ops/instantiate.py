@@ -37,7 +37,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import references, uniques
+from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
@@ -401,6 +401,7 @@ def _copy(
                     store.watermarks.write(nconn, nd, q, tb, wm)
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
+                evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
                 nd.after_apply(nconn, ni)
             nd.defer_foreign_keys(nconn, False)
             # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
