@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any
 
 from multimaster import store
 from multimaster.config.topology import Topology
@@ -137,7 +136,3 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         info = s.info(conn, table, t)
         rep.released = len(evolve.release(conn, s, info, t.peers_of(n), relay_origins(t, n, info)).applied)
     return rep
-
-
-def as_dict(r: DdlReport) -> dict[str, Any]:
-    return dict(r.__dict__)
