@@ -16,6 +16,7 @@ from multimaster.dialects.schema import names
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
+from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.install import InitReport, init, uninstall
 from multimaster.ops.keys import current_key, key_history
@@ -35,6 +36,8 @@ __all__ = [
     "list_errors",
     "retry_errors",
     "skip_error",
+    "ddl",
+    "DdlReport",
     "current_key",
     "key_history",
     "InitReport",

@@ -260,7 +260,20 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         )
     from multimaster.ops.verifications import rich_table  # the last recorded verify run (docs/verify.md, Scheduled checks)
 
-    return [t, lt] + ([rich_table(st["verification"])] if st.get("verification") else [])
+    out = [t, lt]
+    behind = list(st.get("schema_behind") or [])
+    behind += [
+        f"site '{n}': the columns of {tb} changed and replication has not followed yet (the next refresh does)"
+        for n, d in st["sites"].items()
+        for tb in d.get("schema_unfollowed") or []
+    ]
+    if behind:  # docs/schema-changes.md
+        sb = Table(title="schema behind")
+        sb.add_column("what waits, and the fix")
+        for line in behind:
+            sb.add_row(line)
+        out.append(sb)
+    return out + ([rich_table(st["verification"])] if st.get("verification") else [])
 
 
 @app.command()

@@ -365,8 +365,54 @@ def topology_show(
     execute(go, traceback)
 
 
+def ddl(
+    statement: str = typer.Argument(..., help="One ALTER TABLE statement of a replicated table."),
+    topology: Path = TOPOLOGY,
+    site: Optional[str] = typer.Option(None, "--site", help="Only at this site."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run", help="Run it and roll back where DDL is transactional (SQLite, PostgreSQL); elsewhere only check."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Apply one ALTER TABLE at every site, each site's capture following it in the same
+    transaction where the database allows (docs/schema-changes.md). Reports per site; exit 1 when
+    a site refused or failed.
+
+    Examples:
+      multimaster ddl -t topo.yaml "ALTER TABLE items ADD COLUMN color TEXT"
+      multimaster ddl -t topo.yaml --dry-run "ALTER TABLE items DROP COLUMN note"
+    """
+    from multimaster import api
+
+    def go() -> int:
+        reps = api.ddl(load_topology(topology), statement, site=site, dry_run=dry_run)
+        if as_json:
+            dump([dict(r.__dict__) for r in reps])
+        else:
+            t = Table(title="ddl" + (" (dry run)" if dry_run else ""))
+            for c in ("site", "status", "version", "added", "dropped", "retyped", "applied waiting", "message"):
+                t.add_column(c)
+            for r in reps:
+                t.add_row(
+                    r.site,
+                    r.status if r.status in ("applied", "would apply") else f"[red]{r.status}[/]",
+                    "-" if r.version is None else str(r.version),
+                    ", ".join(r.added) or "-",
+                    ", ".join(r.dropped) or "-",
+                    ", ".join(r.retyped) or "-",
+                    str(r.released),
+                    r.message or "-",
+                )
+            console.print(t)
+        return 1 if any(r.status in ("refused", "failed") for r in reps) else 0
+
+    raise typer.Exit(execute(go, traceback))
+
+
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
+    app.command("ddl")(ddl)
     app.command("purge")(purge)
     app.command("add-site")(add_site)
     app.command("remove-site")(remove_site)

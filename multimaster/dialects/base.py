@@ -17,6 +17,7 @@ NotImplementedError here.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -295,6 +296,8 @@ class Dialect:
             **self.obj(info.name, peer).mapping(),
         ):
             conn.exec_driver_sql(sql)
+        # (a snapshot made by an earlier multimaster has no `pending` column yet)
+        self.add_columns(conn, self.obj(info.name, peer).snapshot(), [("pending", self.long_text)])
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
@@ -346,18 +349,66 @@ class Dialect:
                 ]
             )
 
+    def wide_type(self, type_sql: str) -> str:
+        """The type a change log or snapshot keeps a column's values in: its own, but a text of
+        bounded length is kept as unbounded text and a smaller integer as BIGINT, so a column
+        widened at one site (docs/schema-changes.md) is captured, and carried to a site that has
+        not widened it yet, whole."""
+        t = type_sql.strip().upper()
+        if re.match(r"^(CHARACTER VARYING|VARCHAR|NVARCHAR|CHARACTER|CHAR|NCHAR)\s*\(\s*\d+\s*\)", t) and "BINARY" not in t:
+            return self.long_text
+        if re.match(r"^(SMALLINT|MEDIUMINT|INT|INTEGER|INT2|INT4)(\s*\(\d+\))?(\s+UNSIGNED)?$", t):
+            return "BIGINT"
+        return type_sql
+
     def _log_cols(self, info: TableInfo) -> str:
         """The n_/o_ column pairs of a change log or snapshot, as declared in their templates."""
         q = self.quote
         parts = []
         for c in info.columns:
-            t = f" {c.type_sql}" if c.type_sql else ""
+            t = f" {self.wide_type(c.type_sql)}" if c.type_sql else ""
             parts.append(f",\n  {q('n_' + c.name)}{t},\n  {q('o_' + c.name)}{t}")
         return "".join(parts)
 
     def _keytype(self, info: TableInfo) -> str:
         """The type the framework's own tables (shadow, change log, snapshots) keep a key in."""
         return info.key.type_sql
+
+    # ---- schema changes (docs/schema-changes.md, engine/evolve.py) -----------------------------
+    #: the type of a snapshot's ``pending`` column (JSON text of any length)
+    long_text: str = "TEXT"
+    #: the type of a version column (the shadow's ``v_<slot>``)
+    version_type: str = "TEXT"
+
+    def column_signature(self, conn: Connection, table: str) -> str:
+        """One cheap catalog read of `table`'s columns (names, declared types, nullability,
+        defaults) as text: when it differs from the one recorded with the current schema version,
+        the table changed (engine/evolve.py)."""
+        raise NotImplementedError
+
+    def existing_columns(self, conn: Connection, obj: str) -> set[str]:
+        """The columns of relation `obj` (as written in SQL)."""
+        res = conn.exec_driver_sql(f"SELECT * FROM {obj} WHERE 1 = 0")
+        return set(res.keys())
+
+    def add_columns(self, conn: Connection, obj: str, cols: Sequence[tuple[str, str]]) -> None:
+        """Add the columns (name, type SQL) that relation `obj` lacks."""
+        have = self.existing_columns(conn, obj)
+        for name, type_sql in cols:
+            if name not in have:
+                conn.exec_driver_sql(f"ALTER TABLE {obj} ADD COLUMN {self.quote(name)} {type_sql}".rstrip())
+
+    def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
+        """Give column `col` of relation `obj` the type `type_sql` (a widened type)."""
+        conn.exec_driver_sql(f"ALTER TABLE {obj} ALTER COLUMN {self.quote(col)} TYPE {type_sql}")
+
+    def drop_capture(self, conn: Connection, info: TableInfo) -> None:
+        """Drop the capture triggers of `info` (the only objects naming its columns), for a schema
+        change that the database refuses while a trigger names the column, or that would break them;
+        install_capture makes them again. Default: DROP TRIGGER by name."""
+        o = self.obj(info.name)
+        for t in (o.cap_i, o.cap_u, o.cap_d):
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
 
     # ---- apply: capture guard, locks, keys, clock ---------------------------------------------
     def set_applying(self, conn: Connection, on: bool) -> None:

@@ -25,6 +25,12 @@ class Column:
     type: Any  # the SQLAlchemy type reflected from the site
     type_sql: str  # the type as declared at this site's dialect
     nullable: bool
+    #: the column has a default (docs/schema-changes.md: a new column needs one, or NULL, while
+    #: other sites still insert rows without it)
+    has_default: bool = False
+    #: the default's value when it is a constant (what an insert from a site that lacks the column
+    #: gets here), else None
+    default: Any = None
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,11 @@ class TableInfo:
     uniques: tuple[UniqueSet, ...] = ()
     #: declared foreign keys to renumbered replicated tables (engine/references.py discovers them)
     refs: tuple[Ref, ...] = ()
+    #: the schema version this site's capture writes (store/schemas.py; 1 before any change)
+    version: int = 1
+    #: columns an earlier schema version of this site had and it dropped since: values other
+    #: sites still send for them are dropped here (core/schemas.py translate)
+    dropped: frozenset[str] = frozenset()
 
     @property
     def column_names(self) -> tuple[str, ...]:

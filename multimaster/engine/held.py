@@ -81,14 +81,15 @@ def peer_of(conn: Connection, d: Dialect, snaps: dict[str, str], ver: str) -> st
 
 
 def hold_behind(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, str], cand: str) -> int:
-    """The candidates in `cand` whose row has a change held in the error queue wait behind it:
+    """The candidates in `cand` whose row has an earlier change held in the error queue wait behind it:
     queued as ``waiting`` (blocked_by the row's earliest held change), their snapshot rows
     ``applied = 3``, removed from `cand`. Returns how many (0, reading one row, when the table has
     nothing held)."""
     if not store.errorqueue.any_open(conn, d, info.name):
         return 0
     behind = conn.exec_driver_sql(
-        f"SELECT ver, origin, rid, op FROM {cand} WHERE rid IN ({store.errorqueue.open_rids(d, info.name)}) ORDER BY ver"
+        f"SELECT c.ver, c.origin, c.rid, c.op FROM {cand} c JOIN ({store.errorqueue.open_rids(d, info.name)}) e "
+        "ON e.rid = c.rid WHERE c.ver > e.first ORDER BY c.ver"
     ).all()
     at = now_iso()
     for ver, origin, rid, op in behind:

@@ -326,7 +326,13 @@ def _insert_at_rank(
     d.after_apply(conn, info)
     if relay is None or h.origin in relay:
         lcols = log_select_columns(site, info)
-        d.append_log(conn, info.name, lcols, select=f"SELECT {', '.join(lcols)} FROM {snap} WHERE ver = {ph}", params=(h.ver,))
+        d.append_log(
+            conn,
+            info.name,
+            [*lcols, "sv"],
+            select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {snap} WHERE ver = {ph}",
+            params=(h.ver,),
+        )
     d.set_applying(conn, False)
     held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
     return ReconcileResult(info.name, applied=1, inserted=1)
@@ -363,6 +369,8 @@ def retry(
     other open rows) stays as it is. `order`: the tables' order (parents first). `_mm_origins` is
     not asked: a held change may be below what it records."""
     d = site.dialect
+    # a change waiting for a column is applied when the site has it (engine/evolve.py), not here
+    queued = [q for q in queued if q["state"] != store.errorqueue.SCHEMA]
     holds = Holds(others)
     at = now_iso()
     for unit in units(queued, order):

@@ -13,10 +13,15 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster import store
+from multimaster.core.schemas import decode_pending, encode_pending, translate
+from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
+from multimaster.engine.held import HELD
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
+from multimaster.store.errorqueue import SCHEMA, Held
 
 __all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull_link", "read_entries", "store_batch"]
 
@@ -46,18 +51,72 @@ def read_entries(
 ) -> list[tuple[Any, ...]]:
     """On a connection to `source`: its second-order log entries past `watermark` (and below
     `below`), joined with the change-log rows they reference, in order, as rows (seq2, op2, seq,
-    ver, origin, op, rid, key, mask, n..., o...); entries of changes that originated at `target`
-    come with change columns None."""
-    o = source.dialect.obj(info.name)
-    ph = source.dialect.caps.placeholder
-    cols = ", ".join(log_select_columns(source, info, "l."))
+    ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending) in the layout of `info`
+    (the target's columns); entries of changes that originated at `target` come with change
+    columns None.
+
+    Each entry is carried by column name from the schema version it was written in
+    (core/schemas.py translate, the source's ``_mm_schemas``): `pending` is None, or the values of
+    columns the entry needs and the target does not have yet (the change waits for them)."""
+    d = source.dialect
+    o = d.obj(info.name)
+    ph = d.caps.placeholder
+    q = d.quote
+    layouts = store.schemas.layouts(sconn, d, info.name)
+    versioned = layouts is not None
+    if layouts is None:  # a source installed before schema versions: its layout is the target's
+        layouts = {1: list(info.column_names)}
+    union = sorted({c for cols in layouts.values() for c in cols})
+    cols = ["l.ver", "l.origin", "l.op", "l.rid", "l." + d.key_col, "l.mask"]
+    cols += ["l." + q("n_" + c) for c in union] + ["l." + q("o_" + c) for c in union]
+    cols += references.log_columns(d, info, "l.")  # identities of references (f_, fo_)
+    cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL"]
     sql = (
-        f"SELECT l2.seq2, l2.op, l2.seq, {cols} FROM {o.log2} l2 "
+        f"SELECT l2.seq2, l2.op, l2.seq, {', '.join(cols)} FROM {o.log2} l2 "
         f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph} "
         f"WHERE l2.seq2 > {ph} {'' if below is None else f'AND l2.seq2 < {int(below)} '}"
         f"ORDER BY l2.seq2{'' if limit is None else f' LIMIT {int(limit)}'}"
     )
-    return [tuple(r) for r in sconn.exec_driver_sql(sql, (target, watermark))]
+    raw = sconn.exec_driver_sql(sql, (target, watermark))
+    return _in_layout([tuple(r) for r in raw], info, union, layouts, min(layouts))
+
+
+def _in_layout(
+    raw: list[tuple[Any, ...]], info: TableInfo, union: list[str], layouts: dict[int, list[str]], first: int
+) -> list[tuple[Any, ...]]:
+    """read_entries' rows (their values in the source log's columns `union`) in `info`'s layout."""
+    dst = list(info.column_names)
+    nu, nd, nr = len(union), len(dst), 2 * len(info.refs)
+    pos = {c: i for i, c in enumerate(union)}
+    defaults = {c.name: c.default for c in info.columns}
+    picks = {v: [pos[c] for c in cols] for v, cols in layouts.items()}
+    identity = {v: cols == dst for v, cols in layouts.items()}
+    out: list[tuple[Any, ...]] = []
+    for r in raw:
+        head, body = r[:3], r[3:]
+        if body[0] is None:  # the target's own change: nothing to carry
+            out.append((*head, *([None] * (6 + 2 * nd + nr)), None, None))
+            continue
+        n_all, o_all = body[6 : 6 + nu], body[6 + nu : 6 + 2 * nu]
+        refs, txn, sv = body[6 + 2 * nu : 6 + 2 * nu + nr], body[-2], body[-1]
+        v = first if sv is None else int(sv)
+        if v not in picks:
+            raise CorruptChange(info.name, "?", r[2], f"written in schema version {v}, which the source does not record")
+        new = tuple(n_all[i] for i in picks[v])
+        old = tuple(o_all[i] for i in picks[v])
+        op, mask = body[2], body[5]
+        pending = None
+        if identity[v] or mask is None or op not in ("I", "U", "D"):
+            m, nv, ov = mask, new, old
+            if not identity[v]:  # malformed: carried by name as it is, held as malformed
+                nv = tuple(new[layouts[v].index(c)] if c in layouts[v] else None for c in dst)
+                ov = tuple(old[layouts[v].index(c)] if c in layouts[v] else None for c in dst)
+        else:
+            t = translate(op, int(mask), new, old, layouts[v], dst, info.dropped, defaults)
+            m, nv, ov = t.mask, t.new, t.old
+            pending = encode_pending(t.pending) if t.pending else None
+        out.append((*head, *body[:5], m, *nv, *ov, *refs, txn, pending))
+    return out
 
 
 def pull_batch(
@@ -194,6 +253,7 @@ def store_batch(
     width = 6 + 2 * ncols + 2 * len(info.refs)
     keep_txn = d.caps.txn_column
     appended = []
+    waiting: list[tuple[Any, ...]] = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     for r in rows:
@@ -212,17 +272,60 @@ def store_batch(
             if keep_txn:
                 t = r[3 + width] if len(r) > 3 + width else None
                 vals = (*vals, txn if t is None else str(t))
-            appended.append((seq, *vals))
+            pending = r[4 + width] if len(r) > 4 + width else None
+            if pending is not None:  # needs a column this site does not have yet: waits for it
+                waiting.append((seq, *vals, pending))
+            else:
+                appended.append((seq, *vals))
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
-        cols = (
-            ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
-            + [d.quote("n_" + c) for c in info.column_names]
-            + [d.quote("o_" + c) for c in info.column_names]
-            + references.log_columns(d, info)
-            + (["txn"] if keep_txn else [])
-        )
+        cols = cols_of(d, info, keep_txn)
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
+    if waiting:
+        _hold_for_columns(conn, site, info, peer, cols_of(d, info, keep_txn), waiting)
     last = rows[-1][0] if rows else 0
-    return len(appended), last, min((a[0] for a in appended), default=None) if applied else None
+    return len(appended) + len(waiting), last, min((a[0] for a in appended), default=None) if applied else None
+
+
+def cols_of(d: Any, info: TableInfo, keep_txn: bool) -> list[str]:
+    """The snapshot columns store_batch writes, in the order of its rows."""
+    return (
+        ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
+        + [d.quote("n_" + c) for c in info.column_names]
+        + [d.quote("o_" + c) for c in info.column_names]
+        + references.log_columns(d, info)
+        + (["txn"] if keep_txn else [])
+    )
+
+
+def _hold_for_columns(
+    conn: Connection, site: Site, info: TableInfo, peer: str, cols: list[str], rows: list[tuple[Any, ...]]
+) -> None:
+    """Store changes that need columns this site does not have yet (their values in `pending`,
+    ``applied = 3``) and hold them in the error queue, state ``schema``, naming the columns and
+    the fix: they are applied when the site has the columns (engine/evolve.py); later changes of
+    their rows wait behind them there."""
+    d = site.dialect
+    snap = d.obj(info.name, peer).snapshot()
+    conn.exec_driver_sql(
+        d.insert_ignore_into(snap, ", ".join(cols) + ", applied, pending", f"VALUES ({d.ph(len(cols) + 2)})"),
+        [(*r[:-1], HELD, r[-1]) for r in rows],
+    )
+    at = now_iso()
+    for r in rows:
+        ver, origin, op, rid = r[1], r[2], r[3], r[4]
+        missing = sorted(decode_pending(r[-1]))
+        store.errorqueue.hold(
+            conn, d, Held(info.name, peer, ver, origin, rid, op), SCHEMA, at, schema_behind(site.name, info.name, missing)
+        )
+
+
+def schema_behind(site: str, table: str, missing: Sequence[str]) -> str:
+    """The error of a change waiting for columns `missing` of `table` at `site`."""
+    cols = ", ".join(f"{table}.{c}" for c in missing)
+    return (
+        f"schema behind: site '{site}' lacks {cols}, which this change sets; add "
+        f"{'it' if len(missing) == 1 else 'them'} at '{site}' (ALTER TABLE {table} ADD COLUMN ..., as declared at the "
+        "other sites): the change is applied at the next refresh (docs/schema-changes.md)"
+    )

@@ -288,7 +288,10 @@ def _new_rows(
     selects: dict[str, str] = {}
     for p_, snap in snaps.items():
         conn.exec_driver_sql(f"UPDATE {snap} SET applied = 0 WHERE applied = 2")
-        new_rows = f"s.applied = 0 OR s.pseq >= {int(fresh[p_])}" if fresh and p_ in fresh else "s.applied = 0"
+        # (stored in this transaction as applied: not those held there, waiting for a column)
+        new_rows = (
+            f"s.applied = 0 OR (s.pseq >= {int(fresh[p_])} AND s.applied = 1)" if fresh and p_ in fresh else "s.applied = 0"
+        )
         applied_here = store.origins.not_applied(d, info.name, "s")
         if only is not None:  # these versions, whatever _mm_origins says
             new_rows, applied_here = f"s.applied = 0{held.only_versions(only, 's.')}", "1 = 1"
@@ -404,8 +407,8 @@ def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, re
     d.append_log(
         conn,
         info.name,
-        lcols,
-        select=f"SELECT {', '.join(lcols)} FROM {cands.table}{inn} ORDER BY ver",
+        [*lcols, "sv"],  # written in this site's current schema version (store/schemas.py)
+        select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {cands.table}{inn} ORDER BY ver",
         params=tuple(relay or ()),
     )
 

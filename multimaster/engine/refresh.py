@@ -22,13 +22,13 @@ from multimaster.core.batches import plan_cuts
 from multimaster.core.references import fk_order
 from multimaster.core.versions import now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import isolate, references, uniques
+from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.site import Site
-from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark
+from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark, SchemaError
 
 __all__ = [
     "refresh",
@@ -37,6 +37,7 @@ __all__ = [
     "reconcile",
     "catch_up",
     "relay_origins",
+    "schemas_elsewhere",
     "write_retrying",
     "check_not_purged",
     "RETRIES",
@@ -98,6 +99,7 @@ def refresh_link(
     t0 = time.perf_counter()
     peers = t.peers_of(target)
     try:
+        problems = _follow_schemas(cl, target, source)
         with tgt.read() as conn:
             tgt.require_installed(conn, t)
             tables = {}
@@ -116,6 +118,8 @@ def refresh_link(
         if res.pulled == 0:
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
+        if problems:  # replication went on in the schema each site captured before
+            raise SchemaError(problems)
     except MultimasterError as e:
         res.error = redact(str(e))
         _record_error(tgt, source, res.error)
@@ -143,6 +147,43 @@ def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None
             f"link {source} -> {tgt.name} stalled: {res.waiting} change(s) wait, the oldest made "
             f"{oldest.age_s(now_ms):.0f}s ago: {res.waits_for}. Fix: {waits_core.fix(tgt.name)}"
         )
+
+
+def _follow_schemas(cl: Cluster, target: str, source: str) -> list[str]:
+    """The link's two sites capture in their tables' current schema (engine/evolve.py): a table
+    whose columns changed there is followed first. The source only where this refresher may
+    write there (a pull login may not: its own refresher follows it). Returns the changes refused
+    (named, with the fix)."""
+    problems: list[str] = []
+    for n in (target, source):
+        try:
+            for ev in evolve.follow(cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)):
+                problems.extend(ev.problems)
+        except DBAPIError:
+            if n == target:
+                raise
+    return problems
+
+
+def schemas_elsewhere(cl: Cluster, site: str) -> Callable[[str], dict[str, set[str]]]:
+    """For a table: the columns of its current schema at every site other than `site` (those that
+    cannot be reached, or keep no schema versions, are left out)."""
+
+    def others(table: str) -> dict[str, set[str]]:
+        have: dict[str, set[str]] = {}
+        for n in cl.topo.sites:
+            if n == site:
+                continue
+            try:
+                with cl.site(n).read() as conn:
+                    cols = evolve.registered_columns(conn, cl.site(n), table)
+            except Exception:  # noqa: BLE001 - an unreachable site tells nothing
+                continue
+            if cols is not None:
+                have[n] = set(cols)
+        return have
+
+    return others
 
 
 def apply_order(t: Topology, infos: dict[str, TableInfo]) -> list[str]:

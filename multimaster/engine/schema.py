@@ -5,6 +5,7 @@ comparison of a table across sites."""
 from __future__ import annotations
 
 import re
+from typing import Collection
 
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Inspector
@@ -12,6 +13,7 @@ from sqlalchemy.engine import Connection, Inspector
 from multimaster.config.topology import TableConfig, unique_columns
 from multimaster.core.planner import Slot, TableSpec
 from multimaster.core.policies import make_policy
+from multimaster.core.schemas import literal_default
 from multimaster.core.unique import UniqueSet, set_name
 from multimaster.dialects import get_dialect
 from multimaster.dialects.schema import MAX_COLUMNS, Column, TableInfo
@@ -35,7 +37,10 @@ def _reflect_columns(conn: Connection, insp: Inspector, table: str) -> dict[str,
             type_sql = rc["type"].compile(dialect=dialect)
         except Exception:  # noqa: BLE001 - reflected NullType etc.
             type_sql = str(rc["type"]) if str(rc["type"]) != "NULL" else ""
-        by_name[rc["name"]] = Column(rc["name"], rc["type"], type_sql, bool(rc.get("nullable", True)))
+        default = rc.get("default")
+        has_default = default is not None and str(default).strip().upper() != "NULL"
+        _const, value = literal_default(None if default is None else str(default))
+        by_name[rc["name"]] = Column(rc["name"], rc["type"], type_sql, bool(rc.get("nullable", True)), has_default, value)
     return by_name
 
 
@@ -84,8 +89,10 @@ def _slots(site: str, table: str, cfg: TableConfig, rep: list[Column]) -> list[S
     return slots
 
 
-def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> TableInfo:
-    """Read `table` at `site` and check it against its configuration. Raises SchemaError."""
+def introspect(conn: Connection, site: str, table: str, cfg: TableConfig, only: Collection[str] | None = None) -> TableInfo:
+    """Read `table` at `site` and check it against its configuration. Raises SchemaError.
+    `only`: replicate these columns alone (those of the schema version the site's capture
+    writes, store/schemas.py; a column added since is replicated once engine/evolve.py took it)."""
     insp = inspect(conn)
     if not insp.has_table(table):
         raise SchemaError([f"site '{site}': table '{table}' does not exist"])
@@ -98,7 +105,10 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig) -> Tab
     renumber = cfg.renumber if cfg.renumber is not None else _is_integer(key)
     if renumber and not _is_integer(key):
         raise SchemaError([f"site '{site}': tables.{table}: renumber needs an integer key, '{cfg.key}' is {key.type_sql}"])
-    rep = sorted((c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude), key=lambda c: c.name)
+    rep = sorted(
+        (c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude and (only is None or n in only)),
+        key=lambda c: c.name,
+    )
     if len(rep) > MAX_COLUMNS:
         raise SchemaError(
             [f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"]
@@ -231,11 +241,18 @@ def _norm_type(t: str) -> str:
     return t
 
 
-def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[str, str]) -> list[str]:
+def compare_schemas(
+    table: str, infos: dict[str, TableInfo], same_dialect: dict[str, str], common_only: bool = False
+) -> list[str]:
     """Problems where a replicated table differs between sites (column names; types on one dialect;
-    across dialects, columns whose values cannot be carried exactly: dialects/types.py)."""
+    across dialects, columns whose values cannot be carried exactly: dialects/types.py).
+    `common_only`: sites may have different columns (a schema change going round the cluster,
+    docs/schema-changes.md); the columns they share must agree."""
     from multimaster.dialects.types import carry_problems
 
+    if common_only:
+        shared = set.intersection(*(set(i.column_names) for i in infos.values())) if infos else set()
+        infos = {s: _only(i, shared) for s, i in infos.items()}
     problems: list[str] = carry_problems(table, infos, same_dialect)
     items = list(infos.items())
     if not items:
@@ -252,12 +269,12 @@ def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[
                 detail.append(f"only '{site}' has {only_b}")
             problems.append(f"table '{table}' differs between sites '{ref_site}' and '{site}': " + "; ".join(detail))
             continue
-        if ref.uniques != info.uniques:
+        if ref.uniques != info.uniques and not common_only:
             problems.append(
                 f"table '{table}': its UNIQUE sets differ between sites '{ref_site}' ({_show_uniques(ref)}) and '{site}' "
                 f"({_show_uniques(info)}); declare the same UNIQUE constraints (and lengths of their text columns) at every site"
             )
-        if same_dialect[site] == same_dialect[ref_site]:
+        if same_dialect[site] == same_dialect[ref_site] and not common_only:  # (a type may be widened site by site)
             for ca, cb in zip((ref.key, *ref.columns), (info.key, *info.columns)):
                 if _norm_type(ca.type_sql) != _norm_type(cb.type_sql):
                     problems.append(
@@ -265,6 +282,13 @@ def compare_schemas(table: str, infos: dict[str, TableInfo], same_dialect: dict[
                         f"but {cb.type_sql or 'untyped'} at '{site}'"
                     )
     return problems
+
+
+def _only(info: TableInfo, names: set[str]) -> TableInfo:
+    """`info` with only the columns `names` (for comparing what sites share)."""
+    from dataclasses import replace
+
+    return replace(info, columns=tuple(c for c in info.columns if c.name in names), uniques=())
 
 
 def _show_uniques(info: TableInfo) -> str:

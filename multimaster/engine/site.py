@@ -84,7 +84,11 @@ class Site:
     def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
         self._topo = topo
         if table not in self._infos:
-            base = introspect(conn, self.name, table, topo.tables[table])
+            cur = store.schemas.current(conn, self.dialect, table) if store.schemas.exists(conn, self.dialect) else None
+            only = None if cur is None else {c.name for c in cur[1]}
+            base = introspect(conn, self.name, table, topo.tables[table], only)
+            if cur is not None:
+                base = replace(base, version=cur[0], dropped=store.schemas.dropped(conn, self.dialect, table))
             self._infos[table] = base  # (a parent referencing this table back finds it)
             try:
                 self._infos[table] = replace(base, refs=discover(conn, self, base, topo))
@@ -92,6 +96,13 @@ class Site:
                 del self._infos[table]
                 raise
         return self._infos[table]
+
+    def forget(self, table: str | None = None) -> None:
+        """Describe `table` (every table: None) anew at the next info(): its schema changed."""
+        if table is None:
+            self._infos.clear()
+        else:
+            self._infos.pop(table, None)
 
     def known_info(self, table: str, conn: Connection | None = None) -> TableInfo | None:
         """`table` as info() described it at this site (read on `conn` when not yet, if it is a

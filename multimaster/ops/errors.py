@@ -19,7 +19,7 @@ from multimaster.errors import ConfigError
 __all__ = ["list_errors", "retry_errors", "skip_error", "STATES"]
 
 #: every state a queued change can be in (but parked, docs/unique.md)
-STATES = ("failed", "waiting", "txn", "skipped")
+STATES = ("failed", "waiting", "txn", "schema", "skipped")
 
 
 def _sites(cl: Cluster, site: str | None) -> list[str]:

@@ -1,7 +1,7 @@
 """Least privileges for pulling: what the refresher of each peer needs at a site.
 
-A peer's refresher only reads this site's change logs (``_mm_log_<t>``, ``_mm_log2_<t>``) and the
-purge horizon (``_mm_purges``); it writes nothing here. :func:`grant_statements` lists, per peer
+A peer's refresher only reads this site's change logs (``_mm_log_<t>``, ``_mm_log2_<t>``), the
+purge horizon (``_mm_purges``) and the schema versions (``_mm_schemas``); it writes nothing here. :func:`grant_statements` lists, per peer
 that pulls from `site`, the statements creating a login (``mm_pull_<peer>``, no password: set it
 yourself, it is never printed) with exactly that read access. Give the peer's machine a topology
 whose URL for this site uses that login, e.g. ``postgresql+psycopg://mm_pull_eu2:${MM_PULL_PW}@.../db``.
@@ -42,7 +42,7 @@ def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
     out = []
     db = make_url(s.url).database or ""
     # what a refresher reads: the change logs, the second-order logs, the purge horizon
-    objects = [n for t in topo.tables for n in (names(t).log, names(t).log2)] + ["_mm_purges"]
+    objects = [n for t in topo.tables for n in (names(t).log, names(t).log2)] + ["_mm_purges", "_mm_schemas"]
     for peer in pullers:
         login = _login(peer)
         out.append(PeerGrants(peer, login, d.pull_grants(site, peer, login, db, objects)))

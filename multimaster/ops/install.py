@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,8 +11,9 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import references, uniques
+from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.refresh import relay_origins, schemas_elsewhere
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
 from multimaster.errors import BaseRowsDiffer, SchemaError
@@ -24,6 +26,7 @@ class InitReport:
     sites: dict[str, list[str]] = field(default_factory=dict)  # site -> tables newly installed
     copied: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> {target site: rows}
     base_rows: dict[str, int] = field(default_factory=dict)
+    evolved: dict[str, list[str]] = field(default_factory=dict)  # site -> tables whose capture followed a schema change
 
 
 def _rows_sorted(conn: Connection, site: Site, info: TableInfo, chunk: int = 5000):  # type: ignore[no-untyped-def]
@@ -73,6 +76,8 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         sites = {n: cl.site(n) for n in t.sites}
         for s in sites.values():
             s.engine  # noqa: B018 - connect now: unreachable sites fail before anything is written
+        # capture follows each site's own schema first (a table changed since it was installed)
+        _follow_all(cl, rep)
         chk = _check_schemas(t, sites)
         _check_base_rows(t, chk, rep)
         # every check passed: install, one transaction per site
@@ -115,7 +120,10 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
         raise SchemaError(problems)
     dialects = {n: s.dialect.name for n, s in sites.items()}
     for tb in t.tables:
-        problems.extend(compare_schemas(tb, infos[tb], dialects))
+        # a table replicated already may differ between sites while a schema change goes round
+        # the cluster (docs/schema-changes.md): only the columns they share must agree
+        migrating = any(tb in installed[n] for n in sites)
+        problems.extend(compare_schemas(tb, infos[tb], dialects, common_only=migrating))
     if problems:
         raise SchemaError(problems)
     return _Checked(sites, infos, installed)
@@ -181,7 +189,22 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
                 store.tables.register(conn, s.dialect, info)
             references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
             s.dialect.install_capture(conn, info)
+            evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly
+
+
+def _follow_all(cl: Cluster, rep: InitReport) -> None:
+    """Every installed site's capture follows its tables' columns (engine/evolve.py); a change that
+    cannot be made online is refused, naming the column and the fix."""
+    problems: list[str] = []
+    for n in cl.topo.sites:
+        for ev in evolve.follow(cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)):
+            if ev.problems:
+                problems.extend(ev.problems)
+            elif ev.change is not None:
+                rep.evolved.setdefault(n, []).append(ev.table)
+    if problems:
+        raise SchemaError(problems)
 
 
 def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress) -> int:

@@ -36,8 +36,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from sqlalchemy.engine import Connection
 
 from multimaster import store
+from multimaster.core.schemas import translate
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import references, uniques
+from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
@@ -124,6 +125,26 @@ def _copy_rows(
 
 #: change-log columns written unquoted (as engine/pull.py log_select_columns names them)
 _PLAIN = ("ver", "origin", "op", "rid", "mask")
+
+
+def _current_layout(
+    r: tuple[Any, ...], union: list[str], layouts: dict[int, list[str]] | None, cur: list[str]
+) -> tuple[Any, ...]:
+    """A change-log row read with every column any schema version had (`union`, then the
+    references and txn columns, then `sv` when versions are kept) in the layout of `cur` (the
+    peer's current columns), carried by name (core/schemas.py translate)."""
+    nu = len(union)
+    head, new, old = r[:6], r[6 : 6 + nu], r[6 + nu : 6 + 2 * nu]
+    rest = r[6 + 2 * nu : len(r) - (1 if layouts else 0)]
+    src = union if not layouts else layouts[min(layouts) if r[-1] is None else int(r[-1])]
+    at = {c: i for i, c in enumerate(union)}
+    n_src, o_src = [new[at[c]] for c in src], [old[at[c]] for c in src]
+    if src == cur or head[5] is None or head[2] not in ("I", "U", "D"):
+        nv = tuple(n_src[src.index(c)] if c in src else None for c in cur)
+        ov = tuple(o_src[src.index(c)] if c in src else None for c in cur)
+        return (*head, *nv, *ov, *rest)
+    t = translate(head[2], int(head[5]), n_src, o_src, src, cur, frozenset(union))
+    return (*head[:5], t.mask, *t.new, *t.old, *rest)
 
 
 def _max_seq2(conn: Connection, site: Site, table: str) -> int:
@@ -362,9 +383,20 @@ def _copy(
                     + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
                     + (["txn"] if pd.caps.txn_column and nd.caps.txn_column else [])  # docs/transactions.md
                 )
-                lq = ", ".join(pd.quote(c) for c in lcols)
+                # (entries written in earlier schema versions of PEER: carried to its current columns by name)
+                layouts = store.schemas.layouts(pconn, pd, tb)
+                union = sorted({c for cols in (layouts or {}).values() for c in cols} | set(pi.column_names))
+                rcols = (
+                    lcols[:6]
+                    + ["n_" + c for c in union]
+                    + ["o_" + c for c in union]
+                    + lcols[6 + 2 * len(pi.column_names) :]
+                    + (["sv"] if layouts else [])
+                )
+                lq = ", ".join(pd.quote(c) for c in rcols)
                 rep.log_entries[tb] = 0
-                for part in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=batch_size):
+                for raw in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=batch_size):
+                    part = [_current_layout(r, union, layouts, list(pi.column_names)) for r in raw]
                     nd.append_log(
                         nconn, tb, [nd.key_col if c == "key" else c if c in _PLAIN else nd.quote(c) for c in lcols], rows=part
                     )
@@ -402,6 +434,7 @@ def _copy(
                     store.watermarks.write(nconn, nd, q, tb, wm)
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
+                evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
                 nd.after_apply(nconn, ni)
             nd.defer_foreign_keys(nconn, False)
             # the new site's whole clock (no table: MySQL moves every table's clock row and the site's

@@ -39,6 +39,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                     if tables:
                         d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
                         d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
+                        d.update(_schemas(conn, s, t))  # docs/schema-changes.md
                         if since is not None:
                             d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
             except MultimasterError as e:
@@ -46,6 +47,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 d["error"] = redact(str(e))
             site_data[n] = d
         out["sites"] = site_data
+        _types_elsewhere(cl, site_data)
         now_ms = int(time.time() * 1000)
         for ln in t.links:
             entry: dict[str, Any] = {"from": ln.source, "to": ln.target, "tables": {}}
@@ -80,6 +82,13 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         out["held_errors"] = sum(
             d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "txn", "parked")
         )
+        out["schema_behind"] = [
+            f"site '{n}' lacks {tb}.{c}: {w['changes']} change(s) wait for it; add it at '{n}' "
+            f"(ALTER TABLE {tb} ADD COLUMN {c} {w['types'].get(c, '...')}) and they are applied at the next refresh"
+            for n, d in site_data.items()
+            for tb, w in d.get("schema_behind", {}).items()
+            for c in w["columns"]
+        ]
         out["verification"] = last(cl) if site_data[t.verify_site].get("reachable") else None  # last recorded verify run
         return out
     finally:
@@ -103,6 +112,52 @@ def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float
             f"link {entry['from']} -> {target} stalled: {entry['parked']} change(s) wait, the oldest made "
             f"{entry['parked_age_s']:.0f}s ago: {entry['waits_for']}. Fix: {fix(target)}"
         )
+
+
+def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
+    """A site's schema versions per table, the tables whose columns changed since its capture
+    followed them (the next refresh follows them), and per table the changes that wait for
+    columns the site does not have yet: how many, which columns, their types at the sites that
+    have them (docs/schema-changes.md)."""
+    from multimaster.core.schemas import decode_pending
+    from multimaster.engine import evolve
+
+    d = s.dialect
+    if not store.schemas.exists(conn, d):
+        return {}
+    out: dict[str, Any] = {"schema_versions": {}, "schema_behind": {}}
+    for tb in t.tables:
+        cur = store.schemas.current(conn, d, tb)
+        out["schema_versions"][tb] = cur[0] if cur else None
+    out["schema_unfollowed"] = evolve.changed_tables(conn, s, list(t.tables))
+    waits = store.errorqueue.schema_waits(conn, d)
+    for tb in sorted({str(w["tbl"]) for w in waits}):
+        cols: set[str] = set()
+        for p in t.peers_of(s.name):
+            snap = d.obj(tb, p).snapshot()
+            for (text,) in conn.exec_driver_sql(f"SELECT pending FROM {snap} WHERE pending IS NOT NULL"):
+                cols |= set(decode_pending(text))
+        n = sum(1 for w in waits if w["tbl"] == tb)
+        out["schema_behind"][tb] = {"changes": n, "columns": sorted(cols), "types": {}}
+    return out
+
+
+def _types_elsewhere(cl: Cluster, site_data: dict[str, dict[str, Any]]) -> None:
+    """The declared type of each column a site lacks, at the sites that have it (for the fix)."""
+    for n, d in site_data.items():
+        for tb, w in d.get("schema_behind", {}).items():
+            for other in cl.topo.sites:
+                if other == n or not site_data[other].get("reachable"):
+                    continue
+                with cl.site(other).read() as conn:
+                    cur = (
+                        store.schemas.current(conn, cl.site(other).dialect, tb)
+                        if store.schemas.exists(conn, cl.site(other).dialect)
+                        else None
+                    )
+                for c in cur[1] if cur else []:
+                    if c.name in w["columns"]:
+                        w["types"].setdefault(c.name, c.type_sql)
 
 
 #: what the planner records (docs/conflicts.md, "The conflict log")

@@ -13,7 +13,8 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
 - :mod:`~multimaster.store.keymoves` ``_mm_keymoves``: the key history of renumbered tables;
 - :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts;
-- :mod:`~multimaster.store.errorqueue` ``_mm_errors``: the error queue (changes held, not applied).
+- :mod:`~multimaster.store.errorqueue` ``_mm_errors``: the error queue (changes held, not applied);
+- :mod:`~multimaster.store.schemas` ``_mm_schemas``: the schema versions of each replicated table.
 
 Every function takes ``(conn, d: Dialect, ...)`` and builds its SQL with the dialect's syntax only
 (placeholder, quoting, upsert, qualified names). What is database mechanics stays in the dialect:
@@ -26,7 +27,19 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
-from multimaster.store import conflicts, errorqueue, fences, keymoves, links, origins, purges, tables, verifications, watermarks
+from multimaster.store import (
+    conflicts,
+    errorqueue,
+    fences,
+    keymoves,
+    links,
+    origins,
+    purges,
+    schemas,
+    tables,
+    verifications,
+    watermarks,
+)
 
 __all__ = [
     "conflicts",
@@ -36,6 +49,7 @@ __all__ = [
     "links",
     "origins",
     "purges",
+    "schemas",
     "tables",
     "verifications",
     "watermarks",
@@ -53,3 +67,4 @@ def install(conn: Connection, d: Dialect) -> None:
     verifications.install(conn, d)
     conflicts.install(conn, d)
     keymoves.install(conn, d)
+    schemas.install(conn, d)

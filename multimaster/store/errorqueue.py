@@ -39,14 +39,22 @@ __all__ = [
     "unpark",
     "parked_rids",
     "PARKED",
+    "SCHEMA",
+    "schema_waits",
+    "ready",
+    "ready_failed",
 ]
 
 #: the state of a row a ``park`` UNIQUE set holds out of its table (docs/unique.md): not a change
 #: to retry; it comes back by itself when its value is free, or is skipped (a replicated delete)
 PARKED = "parked"
 
-#: the states of a change still held (retried by `errors retry`); `skipped` rows are history
-OPEN = ("failed", "waiting", "txn")
+#: the state of a change that needs columns this site does not have yet (docs/schema-changes.md):
+#: applied when the site has them (engine/evolve.py), not by `errors retry`
+SCHEMA = "schema"
+
+#: the states of a change still held (retried by `errors retry`, but for `schema`); `skipped` rows are history
+OPEN = ("failed", "waiting", "txn", SCHEMA)
 
 #: SQL: the open states, as a list of literals
 _OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN)
@@ -124,8 +132,9 @@ def any_open(conn: Connection, d: Dialect, table: str | None = None) -> bool:
 
 
 def open_rids(d: Dialect, table: str) -> str:
-    """SQL: the identities of `table` with a change held (`table` is a checked plain identifier)."""
-    return f"SELECT rid FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL})"
+    """SQL: (rid, first) of every row of `table` with an open change held: `first` the version of
+    its earliest one (a change of the row before it does not wait behind it)."""
+    return f"SELECT rid, min(ver) AS first FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL}) GROUP BY rid"
 
 
 def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
@@ -247,8 +256,8 @@ def parked_rids(conn: Connection, d: Dialect, table: str) -> set[str]:
 
 
 def counts(conn: Connection, d: Dialect) -> dict[str, int]:
-    """How many rows per state ('failed', 'waiting', 'txn', 'skipped', 'parked')."""
-    out = dict.fromkeys(("failed", "waiting", "txn", "skipped", PARKED), 0)
+    """How many rows per state ('failed', 'waiting', 'txn', 'schema', 'skipped', 'parked')."""
+    out = dict.fromkeys(("failed", "waiting", "txn", SCHEMA, "skipped", PARKED), 0)
     for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
         out[str(state)] = int(n)
     return out
@@ -268,3 +277,32 @@ def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, column
         return None
     mask = int(r[1] or 0)
     return {"key": r[0], "values": {c: r[2 + i] for i, c in enumerate(columns) if mask >> i & 1}}
+
+
+def schema_waits(conn: Connection, d: Dialect, table: str | None = None) -> list[dict[str, Any]]:
+    """The changes waiting for columns this site does not have yet (state ``schema``), in version
+    order."""
+    return rows(conn, d, table, states=(SCHEMA,))
+
+
+def ready(conn: Connection, d: Dialect, id_: int, at: str) -> None:
+    """`id_` waited for columns the site has now: it is held as ``failed`` (no error) until it is
+    applied (engine/evolve.py), like any held change."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {_t(d)} SET state = 'failed', error = NULL, last_at = {p} WHERE id = {p}", (at, id_))
+
+
+def ready_failed(conn: Connection, d: Dialect, table: str, at: str) -> int:
+    """Every change of `table` held ``failed`` (the database refused it) is to be tried again (no
+    error: engine/evolve.py release): the table's schema changed. Returns how many."""
+    p = d.caps.placeholder
+    n = (
+        conn.exec_driver_sql(
+            f"SELECT count(*) FROM {_t(d)} WHERE tbl = {p} AND state = 'failed' AND op <> '?'", (table,)
+        ).scalar()
+        or 0
+    )
+    conn.exec_driver_sql(
+        f"UPDATE {_t(d)} SET error = NULL, last_at = {p} WHERE tbl = {p} AND state = 'failed' AND op <> '?'", (at, table)
+    )
+    return int(n)

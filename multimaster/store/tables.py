@@ -14,7 +14,17 @@ from multimaster.dialects.base import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.store import conflicts
 
-__all__ = ["installed", "register", "base_max", "keys_ranked", "set_keys_ranked", "registration", "copy_in", "site_status"]
+__all__ = [
+    "installed",
+    "register",
+    "set_columns",
+    "base_max",
+    "keys_ranked",
+    "set_keys_ranked",
+    "registration",
+    "copy_in",
+    "site_status",
+]
 
 _REG = ("key_col", "renumber", "columns", "base_max")
 
@@ -40,6 +50,14 @@ def register(conn: Connection, d: Dialect, info: TableInfo) -> None:
     conn.exec_driver_sql(f"INSERT INTO {o.shadow} (rid, {d.key_col}) SELECT {rid}, {key} FROM {q(info.name)}")
     renumber = 1 if info.spec.renumber else 0
     copy_in(conn, d, info.name, (info.key.name, renumber, json.dumps(list(info.column_names)), int(base_max)))
+
+
+def set_columns(conn: Connection, d: Dialect, table: str, columns: Sequence[str]) -> None:
+    """The replicated columns of `table` now (its current schema version, store/schemas.py)."""
+    ph = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {d.mm_table('_mm_tables')} SET columns = {ph} WHERE tbl = {ph}", (json.dumps(list(columns)), table)
+    )
 
 
 def base_max(conn: Connection, d: Dialect, table: str) -> int:

@@ -29,8 +29,8 @@ BEGIN
       $draw
     END IF;
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$newvals);$shadowins
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$newvals);$shadowins
   END IF;
 END;
 --
@@ -42,8 +42,8 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 AND ($anychanged) THEN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ncols$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$updnew$updold);
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols)
+      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$updnew$updold);
     UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;
@@ -56,8 +56,8 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 THEN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x)$oldvals);
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
+      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$oldvals);
     UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
   END IF;
 END;

@@ -304,6 +304,20 @@ class MySQLDialect(Dialect):
             return False
         return any(_GRANT_SUPER.match(g) for g in grants)
 
+    long_text = "LONGTEXT"
+    version_type = "VARCHAR(255)"
+
+    def column_signature(self, conn: Connection, table: str) -> str:
+        rows = conn.exec_driver_sql(
+            "SELECT COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s ORDER BY ORDINAL_POSITION",
+            (table,),
+        ).all()
+        return repr([tuple(r) for r in rows])
+
+    def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
+        conn.exec_driver_sql(f"ALTER TABLE {obj} MODIFY COLUMN {self.quote(col)} {type_sql}")
+
     def _keytype(self, info: TableInfo) -> str:
         t = info.key.type_sql
         # a TEXT key cannot be indexed without a length: the shadow keeps it as VARCHAR
@@ -405,6 +419,7 @@ class MySQLDialect(Dialect):
         stmts = self.render(
             "capture",
             **fr,
+            sv=str(int(info.version)),
             table=q(info.name),
             tbl_lit=_lit(info.name),
             key=key,

@@ -12,3 +12,6 @@ CREATE TABLE IF NOT EXISTS $snap (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- the entry's source transaction (relays copy it)
+--
+-- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
+ALTER TABLE $snap ADD COLUMN IF NOT EXISTS pending LONGTEXT;

@@ -15,6 +15,9 @@ CREATE TABLE IF NOT EXISTS $log (
 -- relayed entry keeps its origin's): a peer applies a transaction whole (docs/transactions.md)
 ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn VARCHAR(64);
 --
+-- the schema version the entry was written in (store/schemas.py; NULL: 1)
+ALTER TABLE $log ADD COLUMN IF NOT EXISTS sv INT;
+--
 -- a refresh that reads a window of a long backlog asks which transactions it saw continue past
 -- the window (engine/pull.py pull_link): found by transaction, not by scanning what follows
 CREATE INDEX IF NOT EXISTS $log_txn ON $log (txn);

@@ -24,8 +24,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ncols)
-      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask, pg_current_xact_id()::text$newvals
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols)
+      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask, pg_current_xact_id()::text, $sv$newvals
       FROM (SELECT lpad(m.mm_t::text, 19, '0') || ':' || $site_lit AS mm_v, m.*
             FROM (SELECT _mm._mm_tick() AS mm_t, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) m) n
       RETURNING rid, key, ver)$replaced
@@ -42,8 +42,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ncols$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m, pg_current_xact_id()::text$xupd
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m, pg_current_xact_id()::text, $sv$xupd
       FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n.$key AS mm_k, $updmask AS mm_m$updvals
             FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
             WHERE $anychanged OFFSET 0) x
@@ -60,8 +60,8 @@ BEGIN
     PERFORM _mm._mm_register();
   END IF;
   WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask, pg_current_xact_id()::text$xdel
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ocols)
+      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask, pg_current_xact_id()::text, $sv$xdel
       FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o.$key AS mm_k$delvals
             FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live OFFSET 0) x
       RETURNING key, ver)

@@ -120,6 +120,24 @@ class PostgreSQLDialect(Dialect):
         for sql in self.render("site", site_lit=_lit(site)):
             conn.exec_driver_sql(sql)
         conn.exec_driver_sql(f"INSERT INTO {SCHEMA}._mm_state (id, site) VALUES (1, %s) ON CONFLICT (id) DO NOTHING", (site,))
+        self._install_schema_guard(conn)
+
+    def _install_schema_guard(self, conn: Connection) -> bool:
+        """The event trigger that keeps capture working through a hand-run ALTER TABLE of a
+        replicated table, in the ALTER's own transaction (schema.sql, docs/schema-changes.md).
+        Only a superuser may create an event trigger: without one, returns False (capture follows
+        at the next refresh; drop columns with `multimaster ddl`)."""
+        from sqlalchemy.exc import DBAPIError
+
+        sp = conn.begin_nested()
+        try:
+            for sql in self.render("schema"):
+                conn.exec_driver_sql(sql)
+        except DBAPIError:
+            sp.rollback()
+            return False
+        sp.commit()
+        return True
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         self._check_names(info)
@@ -204,6 +222,7 @@ class PostgreSQLDialect(Dialect):
         stmts = self.render(
             "capture",
             **fr,
+            sv=str(int(info.version)),
             table=q(info.name),
             key=key,
             keyname_lit=_lit(info.key.name),
@@ -232,6 +251,27 @@ class PostgreSQLDialect(Dialect):
             conn.exec_driver_sql(sql)
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
+
+    version_type = 'text COLLATE "C"'
+
+    def column_signature(self, conn: Connection, table: str) -> str:
+        rows = conn.exec_driver_sql(
+            "SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid) "
+            "FROM pg_attribute a LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE a.attrelid = %s::regclass AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (self.quote(table),),
+        ).all()
+        return repr([tuple(r) for r in rows])
+
+    def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
+        conn.exec_driver_sql(
+            f"ALTER TABLE {obj} ALTER COLUMN {self.quote(col)} TYPE {type_sql} USING {self.quote(col)}::{type_sql}"
+        )
+
+    def drop_capture(self, conn: Connection, info: TableInfo) -> None:
+        o = self.obj(info.name)
+        for t in (o.cap_i, o.cap_u, o.cap_d):
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(info.name)}")
 
     def table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(

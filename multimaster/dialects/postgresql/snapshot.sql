@@ -12,4 +12,7 @@ CREATE TABLE IF NOT EXISTS $snap (
 --
 ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn text;  -- the entry's source transaction (relays copy it)
 --
+-- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
+ALTER TABLE $snap ADD COLUMN IF NOT EXISTS pending text;
+--
 CREATE INDEX IF NOT EXISTS $snap_idx ON $snap (applied) WHERE applied <> 1;

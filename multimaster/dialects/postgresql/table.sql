@@ -14,6 +14,9 @@ CREATE TABLE IF NOT EXISTS $log (
 -- origin's): a peer applies a transaction whole (docs/transactions.md)
 ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn text;
 --
+-- the schema version the entry was written in (store/schemas.py; NULL: 1)
+ALTER TABLE $log ADD COLUMN IF NOT EXISTS sv integer;
+--
 -- a refresh that reads a window of a long backlog asks which transactions it saw continue past
 -- the window (engine/pull.py pull_link): found by transaction, not by scanning what follows
 CREATE INDEX IF NOT EXISTS $log_txn ON $log (txn);

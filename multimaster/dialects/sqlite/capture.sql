@@ -11,8 +11,8 @@
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  INSERT INTO $log (ver, origin, op, xrid, key, mask$ncols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'I', $insrid, $newkey, $allmask$newvals);
+  INSERT INTO $log (ver, origin, op, xrid, key, sv, mask$ncols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'I', $insrid, $newkey, $sv, $allmask$newvals);
 $renumber
 $shadowinsert
 END;
@@ -20,16 +20,16 @@ END;
 CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0 AND ($anychanged)
 BEGIN
-  INSERT INTO $log (ver, origin, op, xrid, key, mask$ncols$ocols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key$live), NEW.$key, $updmask$updnew$updold);
+  INSERT INTO $log (ver, origin, op, xrid, key, sv, mask$ncols$ocols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key$live), NEW.$key, $sv, $updmask$updnew$updold);
   UPDATE $shadow SET $slotstamp WHERE key = NEW.$key$live;
 END;
 --
 CREATE TRIGGER IF NOT EXISTS $cap_d AFTER DELETE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
-  INSERT INTO $log (ver, origin, op, xrid, key, mask$ocols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key$live), OLD.$key, $allmask$oldvals);
+  INSERT INTO $log (ver, origin, op, xrid, key, sv, mask$ocols)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'D', (SELECT rid FROM $shadow WHERE key = OLD.$key$live), OLD.$key, $sv, $allmask$oldvals);
   UPDATE $shadow SET deleted = (SELECT ver FROM $log ORDER BY seq DESC LIMIT 1) WHERE key = OLD.$key$live;
 END;
 --

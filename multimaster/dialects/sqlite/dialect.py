@@ -137,6 +137,7 @@ class SQLiteDialect(Dialect):
             **o.mapping(),
         ):
             conn.exec_driver_sql(sql)
+        self.add_columns(conn, o.log, [("sv", "INTEGER")])  # (a change log made by an earlier multimaster)
         if kept:
             cols = ", ".join(q(c) for c in kept)
             conn.exec_driver_sql(f"INSERT INTO {o.shadow} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
@@ -211,6 +212,7 @@ class SQLiteDialect(Dialect):
         stmts = self.render(
             "capture",
             **fr,
+            sv=str(int(info.version)),
             table=q(info.name),
             tablename=info.name.replace("'", ""),
             keyname=info.key.name.replace("'", ""),
@@ -293,6 +295,12 @@ class SQLiteDialect(Dialect):
     def table_kind(self, conn: Connection, name: str) -> str | None:
         v = conn.exec_driver_sql("SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,)).scalar()
         return None if v is None else str(v)
+
+    def column_signature(self, conn: Connection, table: str) -> str:
+        return repr([tuple(r)[1:5] for r in conn.exec_driver_sql(f"PRAGMA table_info({self.quote(table)})")])
+
+    def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
+        """Nothing: a SQLite column's type is an affinity, it holds values of any length."""
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []

@@ -7,7 +7,8 @@ CREATE TABLE IF NOT EXISTS $snap (
   rid TEXT NOT NULL,
   key $keytype,
   mask INTEGER NOT NULL$logcols,
-  applied INTEGER NOT NULL DEFAULT 0
+  applied INTEGER NOT NULL DEFAULT 0,
+  pending TEXT  -- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
 );
 --
 CREATE INDEX IF NOT EXISTS $snap_idx ON $snap (applied) WHERE applied <> 1;

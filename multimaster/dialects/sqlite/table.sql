@@ -8,6 +8,7 @@ CREATE TABLE IF NOT EXISTS $log (
   xrid TEXT,  -- the row's identity when it is not this entry's own version (updates, deletes, natural keys)
   rid TEXT GENERATED ALWAYS AS (coalesce(xrid, ver)) VIRTUAL,
   key $keytype,
+  sv INTEGER,  -- the schema version the entry was written in (store/schemas.py; NULL: 1)
   mask INTEGER NOT NULL$logcols
 );
 --

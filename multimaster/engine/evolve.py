@@ -1,0 +1,317 @@
+"""A site's capture follows its own schema (docs/schema-changes.md, docs/design/schema-changes.md).
+
+When a replicated table's columns changed at a site (its catalog signature differs from the one
+recorded with its current schema version, store/schemas.py), :func:`evolve_table` makes the site's
+replication objects match, where the database allows in one transaction (SQLite, PostgreSQL; on
+MariaDB every DDL statement commits, and the steps are ordered so that an interruption is finished
+by the next run):
+
+1. the change log, the snapshots (and the shadow's slot versions, a park table's kept values) get
+   the columns of added columns; a widened column's are widened; dropped columns' stay (entries
+   written before keep their values);
+2. a new schema version is recorded: its column list is the layout of every entry written from now
+   on; the snapshot rows not applied yet are carried to it by name, and the changes that waited for
+   an added column get its values (they are then applied, :func:`release`);
+3. the capture triggers are made again for the new version (they write it as the constant ``sv``);
+4. the table's signature is recorded: the site has followed its schema.
+
+:func:`follow` runs it for every table of a site that changed; refresh runs it at both ends of a
+link before pulling, init at every site, and ``multimaster ddl`` in the transaction of the ALTER.
+A change that cannot be made online (type narrowing, a new NOT NULL column without a default
+while other sites lack it) is refused: the site keeps capturing its previous version (which names
+only columns the table still has), and the problem is reported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+from sqlalchemy.engine import Connection
+
+from multimaster import store
+from multimaster.config.topology import Topology
+from multimaster.core.schemas import Col, Evolution, decode_pending, encode_pending, evolution, remap_mask
+from multimaster.core.versions import now_iso
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine import isolate, references
+from multimaster.engine.schema import introspect
+from multimaster.engine.site import Site
+from multimaster.errors import SchemaError
+
+__all__ = ["Evolved", "changed_tables", "ensure_registered", "evolve_table", "follow", "release", "registered_columns"]
+
+#: the relay of a table at a site (engine/refresh.py relay_origins)
+RelayOf = Callable[[TableInfo], Sequence[str] | None]
+
+
+@dataclass
+class Evolved:
+    """What following its schema did for one table at one site."""
+
+    site: str
+    table: str
+    version: int
+    change: Evolution | None = None
+    released: int = 0  #: changes that waited for a column and were applied
+    problems: list[str] = field(default_factory=list)
+
+
+def _cols(info: TableInfo) -> list[Col]:
+    return [Col(c.name, c.type_sql, c.nullable, c.has_default) for c in info.columns]
+
+
+def ensure_registered(conn: Connection, site: Site, info: TableInfo) -> None:
+    """Record schema version 1 of `info` at `site` when it has none (a table installed now, or by
+    an earlier multimaster): the columns its capture writes now."""
+    d = site.dialect
+    if store.schemas.current(conn, d, info.name) is None:
+        store.schemas.record(conn, d, info.name, 1, _cols(info), d.column_signature(conn, info.name))
+
+
+def registered_columns(conn: Connection, site: Site, table: str) -> list[str] | None:
+    """The columns of `table`'s current schema version at `site` (None: none recorded)."""
+    d = site.dialect
+    if not store.schemas.exists(conn, d):
+        return None
+    cur = store.schemas.current(conn, d, table)
+    return None if cur is None else [c.name for c in cur[1]]
+
+
+def changed_tables(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:
+    """The tables of `tables` whose columns changed at `site` since its capture last followed them
+    (one catalog read each)."""
+    d = site.dialect
+    if not store.schemas.exists(conn, d):
+        return []
+    out = []
+    for tb in tables:
+        cur = store.schemas.current(conn, d, tb)
+        if cur is not None and d.column_signature(conn, tb) != cur[2]:
+            out.append(tb)
+    return out
+
+
+def evolve_table(
+    conn: Connection,
+    site: Site,
+    topo: Topology,
+    table: str,
+    peers: Sequence[str],
+    others: Mapping[str, set[str]] | None = None,
+) -> Evolved:
+    """In a write transaction at `site`: make its replication objects of `table` follow the
+    table's columns now (the steps in the module's description). Raises SchemaError, changing
+    nothing, for a change that cannot be made online."""
+    d = site.dialect
+    cur = store.schemas.current(conn, d, table)
+    if cur is None:
+        raise SchemaError([f"site '{site.name}': table '{table}' is not installed; run 'multimaster init'"])
+    version, old_cols, _sig = cur
+    site.forget(table)
+    live = introspect(conn, site.name, table, topo.tables[table])
+    new_cols = _cols(live)
+    lacking = {c.name: [n for n, cols in (others or {}).items() if c.name not in cols] for c in new_cols}
+    ev = evolution(site.name, table, old_cols, new_cols, lacking)
+    if ev.problems:
+        raise SchemaError(list(ev.problems))
+    changed = (
+        ev.added
+        or ev.dropped
+        or ev.retyped
+        or [(c.nullable, c.has_default) for c in old_cols]
+        != [(c.nullable, c.has_default) for c in new_cols if c.name in {o.name for o in old_cols}]
+    )
+    o = d.obj(table)
+    snaps = [d.obj(table, p).snapshot() for p in peers]
+    # 1. the columns of the added columns; widened ones widened (idempotent)
+    by = {c.name: c for c in live.columns}
+    add = [(p + c, d.wide_type(by[c].type_sql)) for c in ev.added for p in ("n_", "o_")]
+    old_types = {c.name: c.type_sql for c in old_cols}
+    widen = [c for c in ev.retyped if d.wide_type(by[c].type_sql) != d.wide_type(old_types[c])]
+    for rel in [o.log, *snaps]:
+        d.add_columns(conn, rel, add)
+        for c in widen:
+            for p in ("n_", "o_"):
+                d.retype_column(conn, rel, p + c, d.wide_type(by[c].type_sql))
+    d.add_columns(conn, o.shadow, [("v_" + s.name, d.version_type) for s in live.spec.slots])
+    _park_columns(conn, site, live)
+    # 2. the new version; snapshot rows carried to it; waiting changes get their columns
+    if changed:
+        version += 1
+        store.schemas.record(conn, d, table, version, new_cols, "")
+        store.tables.set_columns(conn, d, table, [c.name for c in new_cols])
+    info = site.info(conn, table, topo)  # the columns of the version just recorded
+    old_names, new_names = [c.name for c in old_cols], [c.name for c in new_cols]
+    ready = 0
+    if changed:
+        for snap in snaps:
+            _remap(conn, site, snap, old_names, new_names)
+            ready += _fill_pending(conn, site, info, snap)
+    if ev.retyped or ev.added:  # changes the database refused (a value too long...) may fit now
+        ready += store.errorqueue.ready_failed(conn, d, table, now_iso())
+    # 3. capture in the new version (and the identities of references, a new column's too); not
+    #    for a change replication does not see (an index), unless an earlier run was interrupted
+    if changed or not _sig:
+        references.install(conn, site, info, peers)
+        d.drop_capture(conn, info)
+        d.install_capture(conn, info)
+    # 3b. values written to an added column before its capture existed
+    for c in ev.added:
+        _capture_window(conn, site, info, c)
+    # 4. followed
+    store.schemas.set_sig(conn, d, table, version, d.column_signature(conn, table))
+    return Evolved(site.name, table, version, ev, ready)
+
+
+def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) -> int:
+    """Capture the values an application wrote to the added `column` between the ALTER and this
+    capture (a hand-run ALTER commits before the site follows it): every row whose value differs
+    from the column's default is updated to the default and back, under the new capture, so both
+    updates are captured and the value reaches the other sites (which lack the column or gave
+    their rows the same default). A column whose default is an expression is left alone (its
+    rows cannot be told apart). Returns how many rows."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    col = next(c for c in info.columns if c.name == column)
+    if col.has_default and col.default is None:
+        return 0  # an expression (now(), a sequence): not a constant the rows were given
+    key, tbl, qc = q(info.key.name), q(info.name), q(column)
+    fill = "NULL" if col.default is None else ph
+    params: tuple[Any, ...] = () if col.default is None else (col.default,)
+    differs = f"NOT ({d.null_safe_eq(qc, fill)})"
+    tmp = d.temp_name("_mm_tmp_window")
+    d.create_temp(conn, tmp, f"SELECT {key} AS mm_k, {qc} AS mm_v FROM {tbl} WHERE 1 = 0", keys="mm_k", index=None)
+    conn.exec_driver_sql(f"INSERT INTO {tmp} (mm_k, mm_v) SELECT {key}, {qc} FROM {tbl} WHERE {differs}", params)
+    n = int(conn.exec_driver_sql(f"SELECT count(*) FROM {tmp}").scalar() or 0)
+    if n:
+        conn.exec_driver_sql(f"UPDATE {tbl} SET {qc} = {fill} WHERE {key} IN (SELECT mm_k FROM {tmp})", params)
+        d.update_from(conn, tbl, [f"{qc} = w.mm_v"], f"{tmp} w", f"w.mm_k = {tbl}.{key}")
+    d.drop_temp(conn, tmp)
+    return n
+
+
+def _park_columns(conn: Connection, site: Site, info: TableInfo) -> None:
+    """A table with a ``park`` UNIQUE set keeps parked rows' values per column (engine/uniques.py)."""
+    from multimaster.engine import uniques
+
+    if any(u.policy == "park" for u in info.uniques) and site.dialect.table_kind(conn, f"_mm_parked_{info.name}") is not None:
+        site.dialect.add_columns(
+            conn, uniques.parked_table(site.dialect, info.name), [("c_" + c.name, c.type_sql) for c in info.columns]
+        )
+
+
+def _remap(conn: Connection, site: Site, snap: str, old: list[str], new: list[str]) -> None:
+    """The masks of `snap`'s rows not applied yet, from layout `old` to layout `new`."""
+    if old == new:
+        return
+    parts = []
+    for i, c in enumerate(old):
+        m = remap_mask(1 << i, old, new)
+        if m:
+            parts.append(f"(CASE WHEN (mask & {1 << i}) <> 0 THEN {m} ELSE 0 END)")
+    expr = " + ".join(parts) if parts else "0"
+    conn.exec_driver_sql(f"UPDATE {snap} SET mask = {expr} WHERE applied <> 1")
+
+
+def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> int:
+    """The changes of `snap` that waited for columns `info` has now get their values (converted as
+    this site stores them exactly); those that wait for nothing more are ready to apply (held as
+    ``failed`` until :func:`release` applies them). Returns how many are ready."""
+    d = site.dialect
+    ph = d.caps.placeholder
+    at = {c: i for i, c in enumerate(info.column_names)}
+    adapters = d.value_adapters(info)
+    ready = 0
+    rows = conn.exec_driver_sql(f"SELECT pseq, ver, mask, pending FROM {snap} WHERE pending IS NOT NULL").all()
+    for pseq, ver, mask, text in rows:
+        pending = decode_pending(text)
+        now = {c: v for c, v in pending.items() if c in at}
+        if not now:
+            continue
+        rest = {c: v for c, v in pending.items() if c not in at}
+        sets, params = [], []
+        m = int(mask)
+        for c, (n, o_) in sorted(now.items()):
+            f = adapters[at[c]]
+            sets += [f"{d.quote('n_' + c)} = {ph}", f"{d.quote('o_' + c)} = {ph}"]
+            params += [n if f is None or n is None else f(n), o_ if f is None or o_ is None else f(o_)]
+            m |= 1 << at[c]
+        sets += [f"mask = {ph}", f"pending = {ph}"]
+        params += [m, encode_pending(rest) if rest else None]
+        conn.exec_driver_sql(f"UPDATE {snap} SET {', '.join(sets)} WHERE pseq = {ph}", (*params, pseq))
+        if not rest:
+            for q in store.errorqueue.rows(conn, d, info.name, states=(store.errorqueue.SCHEMA,)):
+                if q["ver"] == ver:
+                    store.errorqueue.ready(conn, d, int(q["id"]), now_iso())
+            ready += 1
+    return ready
+
+
+def release(
+    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None
+) -> isolate.RetryResult:
+    """In a write transaction at `site`: apply the changes of `info` that waited for columns the
+    site has now, and the later changes of their rows that waited behind them (the error queue's
+    retry, engine/isolate.py)."""
+    d = site.dialect
+    out = isolate.RetryResult(site.name)
+    firsts = [q for q in store.errorqueue.rows(conn, d, info.name, states=("failed",)) if q["error"] is None and q["op"] in "IUD"]
+    if not firsts:
+        return out
+    queued: dict[int, dict[str, Any]] = {}
+    for q in firsts:
+        for r in store.errorqueue.chain(conn, d, q):
+            queued[int(r["id"])] = r
+    base = store.tables.base_max(conn, d, info.name)
+    others = [q for q in store.errorqueue.rows(conn, d) if int(q["id"]) not in queued]  # held, not retried here
+    isolate.retry(
+        conn,
+        site,
+        {info.name: info},
+        [info.name],
+        peers,
+        {info.name: base},
+        {info.name: relay},
+        list(queued.values()),
+        others,
+        out,
+    )
+    return out
+
+
+def follow(
+    site: Site,
+    topo: Topology,
+    relay_of: RelayOf,
+    others: Callable[[str], Mapping[str, set[str]]] | None = None,
+    tables: Sequence[str] | None = None,
+) -> list[Evolved]:
+    """Make `site`'s capture follow every table (of `tables`, default all) whose columns changed
+    there, each in a write transaction of its own, and apply what waited for the columns it
+    gained. `others(table)`: the columns of the table's schema at the other sites (for the NOT
+    NULL refusal; read before the site's write transaction). A refused change is reported in the result's `problems`, nothing else changes."""
+    names = list(tables if tables is not None else topo.tables)
+    with site.read() as conn:
+        todo = changed_tables(conn, site, names)
+    out: list[Evolved] = []
+    peers = topo.peers_of(site.name)
+    for tb in todo:
+        elsewhere = others(tb) if others else None
+        with site.write() as conn:
+            if tb not in changed_tables(conn, site, [tb]):
+                continue  # another process followed it meanwhile
+            try:
+                ev = evolve_table(conn, site, topo, tb, peers, elsewhere)
+            except SchemaError as e:
+                cur = store.schemas.current(conn, site.dialect, tb)
+                out.append(Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)))
+                continue
+            out.append(ev)
+        if ev.released:
+            with site.write() as conn:
+                info = site.info(conn, tb, topo)
+                r = release(conn, site, info, peers, relay_of(info))
+                ev.released = len(r.applied)
+    return out

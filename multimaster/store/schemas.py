@@ -1,0 +1,102 @@
+"""``_mm_schemas``: per replicated table, every schema version this site's capture has written
+(docs/design/schema-changes.md). Version *v* is the list of replicated columns (sorted by name,
+with type, nullability and default) the capture triggers of that version were made for: bit *i* of
+an entry's mask, written with ``sv = v``, is the *i*-th of them. Versions are only ever added; the
+highest is the current one, and ``sig`` the table's catalog signature it was made from (a cheap
+way to notice that the table changed since, Dialect.column_signature).
+
+Peers read this table with the change log, to carry each entry by column name.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from multimaster.core.schemas import Col
+from multimaster.dialects.base import Dialect
+
+__all__ = ["install", "exists", "record", "set_sig", "current", "versions", "layouts", "dropped", "to_json"]
+
+
+def _t(d: Dialect) -> str:
+    return d.mm_table("_mm_schemas")
+
+
+def install(conn: Connection, d: Dialect) -> None:
+    conn.exec_driver_sql(
+        f"CREATE TABLE IF NOT EXISTS {_t(d)} (tbl VARCHAR(64) NOT NULL, version INTEGER NOT NULL, columns TEXT NOT NULL, "
+        "sig TEXT NOT NULL, PRIMARY KEY (tbl, version))"
+    )
+
+
+def exists(conn: Connection, d: Dialect) -> bool:
+    return d.table_kind(conn, "_mm_schemas") is not None
+
+
+def to_json(cols: list[Col]) -> str:
+    return json.dumps([[c.name, c.type_sql, c.nullable, c.has_default] for c in cols])
+
+
+def _cols(text: str) -> list[Col]:
+    return [Col(str(c[0]), str(c[1]), bool(c[2]), bool(c[3])) for c in json.loads(text)]
+
+
+def record(conn: Connection, d: Dialect, table: str, version: int, cols: list[Col], sig: str) -> None:
+    """Add version `version` of `table` (its columns `cols`, sorted by name; the table's `sig`)."""
+    conn.exec_driver_sql(
+        f"INSERT INTO {_t(d)} (tbl, version, columns, sig) VALUES ({d.ph(4)})", (table, int(version), to_json(cols), sig)
+    )
+
+
+def set_sig(conn: Connection, d: Dialect, table: str, version: int, sig: str) -> None:
+    """Record that `table`'s catalog signature is `sig` with version `version` (followed)."""
+    p = d.caps.placeholder
+    conn.exec_driver_sql(f"UPDATE {_t(d)} SET sig = {p} WHERE tbl = {p} AND version = {p}", (sig, table, int(version)))
+
+
+def current(conn: Connection, d: Dialect, table: str) -> tuple[int, list[Col], str] | None:
+    """(version, columns, sig) of `table`'s current version, None when it has none."""
+    p = d.caps.placeholder
+    r = conn.exec_driver_sql(
+        f"SELECT version, columns, sig FROM {_t(d)} WHERE tbl = {p} ORDER BY version DESC LIMIT 1", (table,)
+    ).first()
+    return None if r is None else (int(r[0]), _cols(r[1]), str(r[2]))
+
+
+def versions(conn: Connection, d: Dialect, table: str) -> dict[int, list[Col]]:
+    """Every version of `table`: version -> its columns."""
+    p = d.caps.placeholder
+    return {
+        int(v): _cols(c)
+        for v, c in conn.exec_driver_sql(f"SELECT version, columns FROM {_t(d)} WHERE tbl = {p} ORDER BY version", (table,))
+    }
+
+
+def layouts(conn: Connection, d: Dialect, table: str) -> dict[int, list[str]] | None:
+    """Every version of `table` as its column names (the layout of the entries written with it);
+    None when this site keeps no versions (installed by an earlier multimaster, before init ran)."""
+    if not exists(conn, d):
+        return None
+    out = {v: [c.name for c in cols] for v, cols in versions(conn, d, table).items()}
+    return out or None
+
+
+def dropped(conn: Connection, d: Dialect, table: str) -> frozenset[str]:
+    """The columns some earlier version of `table` had and the current one has not."""
+    vs = versions(conn, d, table)
+    if not vs:
+        return frozenset()
+    cur = {c.name for c in vs[max(vs)]}
+    return frozenset(c.name for cols in vs.values() for c in cols if c.name not in cur)
+
+
+def column_types(conn: Connection, d: Dialect, table: str) -> dict[str, Any]:
+    """The type each column had in the latest version that had it (for messages)."""
+    out: dict[str, Any] = {}
+    for _v, cols in sorted(versions(conn, d, table).items()):
+        for c in cols:
+            out[c.name] = c.type_sql
+    return out
