@@ -325,3 +325,41 @@ def test_a_site_added_after_a_schema_change_gets_the_change_log_in_the_current_c
     c.close()
     # (color, name, qty): the insert's note left out, name moved from bit 0 of (name, note, qty)
     assert masks == [0b111, 0b010, 0b101]
+
+
+def test_a_table_added_to_the_topology_while_sites_write(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A new replicated table: created at every site, added to the file, `init` run again while an
+    application keeps writing the replicated table; both tables then replicate, and the rows the
+    new table held before (the same at every site: its base) stay."""
+    cl = make_cluster(backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('before', 1)")
+    for s in ("a", "b"):
+        backend.create_table(cl.urls[s], "tags", "id", {"label": "text"})
+        cl.execute(s, "INSERT INTO tags (id, label) VALUES (1, 'base')")
+    failed: list[BaseException] = []
+
+    def write() -> None:
+        for i in range(30):
+            try:
+                cl.execute("a", "INSERT INTO items (name, qty) VALUES (?, ?)", (f"w{i}", 1))
+            except BaseException as e:  # noqa: BLE001 - reported by the test
+                failed.append(e)
+
+    w = threading.Thread(target=write)
+    w.start()
+    doc = yaml.safe_load(Path(cl.topo.path).read_text())
+    doc["tables"]["tags"] = {"key": "id"}
+    Path(cl.topo.path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = CliRunner().invoke(app, ["init", "-t", str(cl.topo.path)])
+    w.join()
+    assert r.exit_code == 0, r.output
+    assert not failed, failed  # the application never noticed
+    cl.topo = load_topology(cl.topo.path)
+    cl.tables["tags"] = {"key": "id", "columns": {"label": "text"}}
+    cl.execute("b", "INSERT INTO tags (label) VALUES ('from-b')")
+    cl.execute("a", "UPDATE tags SET label = 'base-a' WHERE id = 1")
+    cl.refresh_until_quiet()
+    assert cl.rows("a", "items") == cl.rows("b", "items"), (cl.rows("a", "items"), cl.rows("b", "items"))
+    cl.assert_converged()
+    assert [r[1] for r in cl.rows("a", "tags")] == ["base-a", "from-b"]
+    assert len(cl.rows("b", "items")) == 31

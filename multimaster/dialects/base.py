@@ -280,6 +280,12 @@ class Dialect:
         """The site's own objects (site template: state, clock, bookkeeping tables) and its name."""
         raise NotImplementedError
 
+    def lock_for_install(self, conn: Connection, tables: Sequence[str]) -> None:
+        """At the start of `init`'s transaction at a site: make the applications writing `tables`
+        wait for it, before it touches anything their capture uses (a writer holds its table, then
+        the bookkeeping its capture writes; init, taking them the other way round, would deadlock
+        with it). Nothing where DDL cannot run inside a transaction anyway."""
+
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         """Change log, second-order log view, shadow and tombstones of a replicated table."""
         raise NotImplementedError

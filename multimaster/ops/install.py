@@ -172,6 +172,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
     s.dialect.prepare_site(s.engine)
     newly = []
     with s.write() as conn:
+        s.dialect.lock_for_install(conn, list(t.tables))  # writers wait for init, never deadlock with it
         s.dialect.install_site(conn, n)
         store.install(conn, s.dialect)
         for tb in t.tables:

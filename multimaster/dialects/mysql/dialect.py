@@ -450,7 +450,11 @@ class MySQLDialect(Dialect):
             )
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
+        same = _unchanged_triggers(conn, stmts)
         for sql in stmts:
+            m = _TRIGGER_DDL.match(_uncommented(sql))
+            if m and m.group(1).rstrip(";").strip("`") in same:
+                continue  # unchanged: never dropped, so no write goes by uncaptured (init run again)
             conn.exec_driver_sql(sql)
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
@@ -664,3 +668,34 @@ class MySQLDialect(Dialect):
 
 
 DIALECT = MySQLDialect()
+
+
+#: DROP TRIGGER [IF EXISTS] name / CREATE TRIGGER name ... (group 1: the name)
+_TRIGGER_DDL = re.compile(r"\s*(?:DROP TRIGGER(?: IF EXISTS)?|CREATE TRIGGER)\s+(\S+)", re.IGNORECASE)
+_CREATE_TRIGGER = re.compile(r"\s*CREATE TRIGGER\s+(\S+)\s.*?\sFOR EACH ROW\s+(.*)\Z", re.IGNORECASE | re.DOTALL)
+
+
+def _unchanged_triggers(conn: Connection, stmts: Sequence[str]) -> set[str]:
+    """The triggers `stmts` create that exist in this database with the same body: MariaDB / MySQL
+    DDL is not transactional, so between a DROP TRIGGER and its CREATE an application's write
+    would go by uncaptured (and an insert of a renumbered table would get its key from
+    AUTO_INCREMENT): `init` run again on a site in use must leave unchanged triggers alone."""
+    wanted = {}
+    for sql in stmts:
+        m = _CREATE_TRIGGER.match(_uncommented(sql))
+        if m:
+            wanted[m.group(1).strip("`")] = m.group(2).strip().rstrip(";").strip()
+    if not wanted:
+        return set()
+    have = conn.exec_driver_sql(
+        "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE()"
+    ).all()
+    return {str(n) for n, body in have if str(n) in wanted and str(body).strip().rstrip(";").strip() == wanted[str(n)]}
+
+
+def _uncommented(sql: str) -> str:
+    """`sql` without the comment lines before its first statement line."""
+    lines = sql.lstrip().splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("--")):
+        lines.pop(0)
+    return "\n".join(lines)

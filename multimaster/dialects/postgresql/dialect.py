@@ -139,6 +139,12 @@ class PostgreSQLDialect(Dialect):
         sp.commit()
         return True
 
+    def lock_for_install(self, conn: Connection, tables: Sequence[str]) -> None:
+        # SHARE ROW EXCLUSIVE: what CREATE TRIGGER takes anyway, and it waits for every writer
+        existing = [t for t in tables if conn.exec_driver_sql("SELECT to_regclass(%s)", (self.quote(t),)).scalar() is not None]
+        if existing:
+            conn.exec_driver_sql(f"LOCK TABLE {', '.join(self.quote(t) for t in existing)} IN SHARE ROW EXCLUSIVE MODE")
+
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         self._check_names(info)
         q = self.quote
