@@ -85,6 +85,17 @@ def add_family(cl: TestCluster, site: str, tag: str) -> None:
     app(cl, site, (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", (f"g-{tag}", cid)))
 
 
+def parent_key(cl: TestCluster, site: str, name: str) -> Any:
+    """The key parent `name` has at `site`."""
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        cur.execute(f"SELECT id FROM parent WHERE name = '{name}'")
+        return cur.fetchone()[0]
+    finally:
+        c.close()
+
+
 def families(cl: TestCluster, site: str) -> set[tuple[Any, ...]]:
     """(grandchild, child, parent) by name, following the keys at `site`; a dangling reference
     shows as None."""
@@ -149,13 +160,7 @@ def test_child_before_parent_waits(backend: Backend, tmp_path: Path) -> None:
     q = _q(cl)
     (pid,) = app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-x",)))
     cl.refresh("b", "a")
-    c = cl.db("b")
-    try:
-        cur = c.cursor()
-        cur.execute("SELECT id FROM parent WHERE name = 'p-x'")
-        bpid = cur.fetchone()[0]
-    finally:
-        c.close()
+    bpid = parent_key(cl, "b", "p-x")
     (cid,) = app(cl, "b", (f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", ("c-x", bpid)))
     app(cl, "b", (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", ("g-x", cid)))
     cl.refresh("c", "b")
@@ -182,13 +187,7 @@ def test_reconcile_applies_parents_first(backend: Backend, tmp_path: Path) -> No
     q = _q(cl)
     (pid,) = app(cl, "c", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-y",)))
     cl.refresh("b", "c")
-    c = cl.db("b")
-    try:
-        cur = c.cursor()
-        cur.execute("SELECT id FROM parent WHERE name = 'p-y'")
-        bpid = cur.fetchone()[0]
-    finally:
-        c.close()
+    bpid = parent_key(cl, "b", "p-y")
     app(cl, "b", *[(f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)", (f"c-y{i}", bpid)) for i in range(600)])
     cl.refresh("a", "b")
     assert len(cl.rows("a", "child")) == 1  # c-x only: the 600 wait for p-y

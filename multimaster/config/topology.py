@@ -136,21 +136,20 @@ class RefreshConfig(_Strict):
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
-        v = self.max_clock_offset
-        if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
-            return None
-        if v is True:
-            raise ValueError("expected a duration such as '5s'")
-        return parse_duration(v)
+        return _duration_or_off(self.max_clock_offset, "5s")
 
     def stall_after_seconds(self) -> float | None:
         """stall_after in seconds, None when 'off'."""
-        v = self.stall_after
-        if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
-            return None
-        if v is True:
-            raise ValueError("expected a duration such as '10m'")
-        return parse_duration(v)
+        return _duration_or_off(self.stall_after, "10m")
+
+
+def _duration_or_off(v: bool | float | str, example: str) -> float | None:
+    """A duration setting that may be 'off' (YAML reads a bare off as false): seconds, or None."""
+    if v is False or (isinstance(v, str) and v.strip().lower() == "off"):
+        return None
+    if v is True:
+        raise ValueError(f"expected a duration such as '{example}'")
+    return parse_duration(v)
 
 
 class VerifyScheduleConfig(_Strict):
