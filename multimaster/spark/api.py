@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -88,16 +89,18 @@ def verify(
     from multimaster.core.versions import started_at_now as now_iso
     from multimaster.spark.compare import SiteReader, compare_checksum, compare_full, key_bounds, pending_identities
     from multimaster.spark.schema import reflect_table
-    from multimaster.spark.session import get_spark
+    from multimaster.spark.session import get_spark, planning
     from multimaster.spark.waiting import waiting_changes, waiting_reads
 
     started = now_iso()
     engines = _engines(topo, chosen)
+    plans = contextlib.ExitStack()
     try:
         if spark is None:
             spark = get_spark(master, jar_paths, partitions, spark_conf)
         used_master = spark.sparkContext.master
         results: dict[str, TableResult] = {}
+        plans.enter_context(planning(spark))
         for name in names:
             t0 = time.perf_counter()
             cfg = topo.tables[name]
@@ -142,6 +145,7 @@ def verify(
                 unexplained=unexplained,
             )
     finally:
+        plans.close()
         for e in engines.values():
             e.dispose()
     return VerifyResult(

@@ -18,6 +18,7 @@ set locally; MariaDB: `@mm_applying`), so the repair is not captured as new chan
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -118,7 +119,7 @@ def plan_repair(
     from multimaster.spark.api import _engines
     from multimaster.spark.compare import SiteReader, grouped, key_bounds
     from multimaster.spark.schema import reflect_table
-    from multimaster.spark.session import get_spark
+    from multimaster.spark.session import get_spark, planning
 
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
     # every site's shadow up to date with its own rows, so the plan copies real shadow rows
@@ -137,9 +138,11 @@ def plan_repair(
     jar_paths = find_jars({src.dialect for src in sources.values()}, jars)
     engines = _engines(topo, chosen)
     plan = RepairPlan(reference)
+    plans = contextlib.ExitStack()
     try:
         if spark is None:
             spark = get_spark(master, jar_paths, partitions)
+        plans.enter_context(planning(spark))
         for name in names:
             cfg = topo.tables[name]
             tp = reflect_table(name, cfg.key, list(cfg.exclude), engines, sources)
@@ -195,6 +198,7 @@ def plan_repair(
                 if name in tabs:
                     tabs[name].sort(key=lambda x: (OPS.index(x.op), str(x.rid)))
     finally:
+        plans.close()
         for e in engines.values():
             e.dispose()
     return plan
