@@ -10,13 +10,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import yaml
-from clusters import Backend, TestCluster
+from clusters import Backend, make_cluster
 from typer.testing import CliRunner
 
 from multimaster import api
 from multimaster.cli import app
-from multimaster.config.topology import load_topology
 
 ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
 # r1 pulls only from s2: changes of s1 reach it relayed by s2
@@ -28,19 +26,11 @@ def mm(*args: str) -> Any:
 
 
 def test_token_and_wait(backend: Backend, tmp_path: Path) -> None:
-    urls = {s: backend.new_site(tmp_path, s) for s in ("s1", "s2", "r1")}
-    for url in urls.values():
-        backend.create_table(url, "items", "id", ITEMS["items"]["columns"])
-    doc = {
-        "sites": {s: {"url": u, **({"read_only": True} if s == "r1" else {})} for s, u in urls.items()},
-        "tables": {"items": {"key": "id"}},
-        "links": LINKS,
-    }
-    path = tmp_path / "topology.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    cl = TestCluster(backend, load_topology(path), urls, ITEMS)
+    cl = make_cluster(
+        backend, tmp_path, ["s1", "s2", "r1"], ITEMS, links=LINKS, init=False, site_settings={"r1": {"read_only": True}}
+    )
     assert cl.topo.read_only == {"r1"}
-    t = str(path)
+    t = str(tmp_path / "topology.yaml")
     assert mm("init", "-t", t).exit_code == 0
 
     # a site that wrote nothing: nothing to wait for
