@@ -68,6 +68,7 @@ def test_a_read_only_site_receives_everything_and_refuses_local_writes(backend: 
     status = json.loads(st.stdout)
     assert status["sites"]["r1"]["read_only"] and status["converging"]
     assert not [ln for ln in status["links"] if ln["from"] == "r1"]
+    assert "no site pulls from 'r1' (it is read-only)" in mm("grants", "-t", t, "--site", "r1").stdout
     pg = mm("purge", "-t", t, "--json", "--min-age", "0s")
     assert pg.exit_code == 0, pg.output
     purged = {r["site"]: r for r in json.loads(pg.stdout)}
