@@ -18,6 +18,7 @@ from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
 from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
+from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
 from multimaster.ops.install import InitReport, init, uninstall
 from multimaster.ops.keys import current_key, key_history
 from multimaster.ops.status import conflicts, status
@@ -40,6 +41,10 @@ __all__ = [
     "DdlReport",
     "current_key",
     "key_history",
+    "token",
+    "wait_visible",
+    "WaitResult",
+    "SiteFreshness",
     "InitReport",
     "Cluster",
     "as_cluster",

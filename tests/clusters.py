@@ -167,15 +167,17 @@ def make_cluster(
     base: dict[str, list[tuple[Any, ...]]] | None = None,
     init: bool = True,
     settings: dict[str, Any] | None = None,
+    site_settings: dict[str, dict[str, Any]] | None = None,
 ) -> TestCluster:
     """tables: name -> {"key": "id", "columns": {"name": "text", ...}, "auto": True, "config": {...}};
-    settings: further top-level sections of the topology file (e.g. {"refresh": {...}})."""
+    settings: further top-level sections of the topology file (e.g. {"refresh": {...}});
+    site_settings: further fields of a site's entry (e.g. {"r1": {"read_only": True}})."""
     urls = {s: backend.new_site(tmp, s) for s in sites}
     for url in urls.values():
         for tb, spec in tables.items():
             backend.create_table(url, tb, spec["key"], spec["columns"], spec.get("auto", True))
     topo_doc = {
-        "sites": {s: {"url": u} for s, u in urls.items()},
+        "sites": {s: {"url": u, **(site_settings or {}).get(s, {})} for s, u in urls.items()},
         "tables": {tb: {"key": spec["key"], **spec.get("config", {})} for tb, spec in tables.items()},
         "links": links,
         **(settings or {}),

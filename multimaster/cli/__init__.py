@@ -4,13 +4,15 @@ Exit codes (docs/cli.md): 0 success; 1 an operation failed (a link could not ref
 a difference); 2 bad input (topology file, schema, base rows) — nothing was changed.
 
 The commands live in modules of this package, each importing only cli.common and the layers
-below: commands (init, refresh, status ...), ops (run, purge, add-site ...), grants, errors, keys, verify.
+below: commands (init, refresh, status ...), ops (run, purge, add-site ...), grants, errors, keys,
+freshness (token, wait), verify.
 """
 
 from __future__ import annotations
 
 from multimaster.cli import commands as _commands  # noqa: F401 - registers the core commands on app
 from multimaster.cli import errors as _errors
+from multimaster.cli import freshness as _freshness
 from multimaster.cli import grants as _grants
 from multimaster.cli import keys as _keys
 from multimaster.cli import ops as _ops
@@ -23,6 +25,7 @@ _ops.register(app)
 _grants.register(app)
 _errors.register(app)
 _keys.register(app)
+_freshness.register(app)
 app.command(name="verify")(verify_command)
 
 

@@ -224,7 +224,7 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
     for name, d in st["sites"].items():
         tabs = d.get("tables", {})
         row = [
-            name,
+            f"{name} (read-only)" if d.get("read_only") else name,
             "yes" if d["reachable"] else "[red]no[/]",
             str(sum(v["rows"] for v in tabs.values())) if tabs else "-",
             str(sum(v["log"] for v in tabs.values())) if tabs else "-",

@@ -36,6 +36,9 @@ def register(app: typer.Typer) -> None:
         if json_:
             dump({p.peer: {"login": p.login, "statements": p.statements} for p in plan})
             return
+        if not plan:
+            why = " (it is read-only)" if site in load_topology(topology).read_only else ""
+            console.print(f"-- no site pulls from '{site}'{why}: nothing to grant", markup=False, highlight=False)
         for p in plan:
             console.print(
                 f"-- peer '{p.peer}' pulls from '{site}' as {p.login} (set its password yourself)", markup=False, highlight=False

@@ -85,6 +85,9 @@ class SiteConfig(_Strict):
     url: str
     password: str | None = None  # in the file only: once loaded, the password is inside `url`
     verify: bool = True
+    #: a pull-only site (docs/topologies.md "Read-only sites"): it receives every change, no link
+    #: pulls from it, and its triggers refuse local writes to replicated tables
+    read_only: bool = False
 
     def __repr_args__(self) -> Any:  # a repr (in a traceback, a log line) shows the URL masked
         for k, v in super().__repr_args__():
@@ -220,6 +223,11 @@ class Topology:
             return self.verify.site
         return next(iter(self.sites))
 
+    @property
+    def read_only(self) -> frozenset[str]:
+        """The read-only (pull-only) sites: no link pulls from them, applications cannot write there."""
+        return frozenset(n for n, s in self.sites.items() if s.read_only)
+
     def peers_of(self, site: str) -> list[str]:
         """Sites that `site` pulls from."""
         return [ln.source for ln in self.links if ln.target == site]
@@ -349,7 +357,13 @@ def _resolve_file(url: str, base: Path | None) -> str:
     return u.set(database=str((base / db).resolve())).render_as_string(hide_password=False)
 
 
-def expand_links(model_links: Any, sites: list[str], default_interval: float, jitter: float) -> list[Link]:
+def expand_links(
+    model_links: Any, sites: list[str], default_interval: float, jitter: float, read_only: frozenset[str] = frozenset()
+) -> list[Link]:
+    """The links a `links` entry names. A shape (mesh, ring, star, chain) leaves out the links it
+    would draw from a site of `read_only` (no site pulls from a read-only site); an explicit list
+    is taken as written (check_topology refuses a link from a read-only site)."""
+
     def link(a: str, b: str, cfg: LinkConfig | None = None) -> Link:
         interval = parse_duration(cfg.interval) if cfg and cfg.interval is not None else default_interval
         jit = parse_duration(cfg.jitter) if cfg and cfg.jitter is not None else jitter
@@ -376,8 +390,8 @@ def expand_links(model_links: Any, sites: list[str], default_interval: float, ji
         for a, b in zip(chain, chain[1:]):
             pairs += [link(a, b), link(b, a)]
     else:
-        pairs = [link(c.from_, c.to, c) for c in model_links]
-    return pairs
+        return [link(c.from_, c.to, c) for c in model_links]
+    return [ln for ln in pairs if ln.source not in read_only]
 
 
 def _check_ident(kind: str, name: str, limit: int, where: str, problems: list[str]) -> None:
@@ -418,6 +432,7 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
     for n in _link_problems(model.links, sites, problems):
         if n not in sites:
             problems.append(f"links: site '{n}' is not defined under sites")
+    _read_only_problems(model, problems)
     for d, label in ((model.refresh.interval, "refresh.interval"), (model.refresh.jitter, "refresh.jitter")):
         try:
             parse_duration(d)
@@ -526,6 +541,30 @@ def _link_problems(links: Any, sites: set[str], problems: list[str]) -> list[str
     return names
 
 
+def _read_only_problems(model: _TopologyModel, problems: list[str]) -> None:
+    """The problems read-only sites make (docs/topologies.md "Read-only sites"): a link from one, a
+    star whose hub is one, a topology with no writable site left."""
+    ro = [n for n, s in model.sites.items() if s.read_only]
+    if not ro:
+        return
+    if len(ro) == len(model.sites):
+        problems.append("sites: every site is read_only; at least one site must be writable (changes start there)")
+    links: Any = model.links
+    if isinstance(links, list):
+        for i, ln in enumerate(links):
+            if ln.from_ in ro:
+                problems.append(
+                    f"links[{i}]: link {ln.from_} -> {ln.to} pulls from site '{ln.from_}', which is read_only "
+                    f"(sites.{ln.from_}.read_only): no site pulls from a read-only site; remove the link"
+                )
+    elif isinstance(links, dict) and "star" in links and links["star"] in ro:
+        hub = links["star"]
+        problems.append(
+            f"links.star: the hub '{hub}' is read_only (sites.{hub}.read_only), but every other site pulls from the hub; "
+            "make another site the hub"
+        )
+
+
 def _verify_problems(model: _TopologyModel, problems: list[str]) -> None:
     v = model.verify
     assert v is not None
@@ -580,9 +619,12 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
     if problems:
         raise ConfigError(problems, source)
     names = list(model.sites)
-    links = expand_links(model.links, names, parse_duration(model.refresh.interval), parse_duration(model.refresh.jitter))
+    read_only = frozenset(n for n, s in model.sites.items() if s.read_only)
+    links = expand_links(
+        model.links, names, parse_duration(model.refresh.interval), parse_duration(model.refresh.jitter), read_only
+    )
     if len(names) > 1:
-        problems += _unreachable(names, links)
+        problems += _unreachable(names, links, read_only)
         if problems:
             raise ConfigError(problems, source)
     return Topology(
@@ -606,14 +648,14 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
         where = f"sites.{name}"
         url = _expand_url(s.url, f"{where}.url", problems)
         if url is None:
-            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            sites[name] = SiteConfig(url=s.url, verify=s.verify, read_only=s.read_only)
             continue
         try:
             make_url(url)
             url = _resolve_file(url, base)
         except Exception:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
             problems.append(f"{where}.url: '{hidden_url(s.url)}' is not a database URL (e.g. sqlite:///s1.db)")
-            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            sites[name] = SiteConfig(url=s.url, verify=s.verify, read_only=s.read_only)
             continue
         literal = url if _VAR.fullmatch(s.url.strip()) else s.url  # the URL as written, variables not filled in
         if literal.count("@") > 1:  # user:p@ss@host: the password's '@' written as it is
@@ -621,7 +663,7 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
                 f"{where}.url: the URL has two '@': a password holding '@' (or '/', '#', ':', '%') must be "
                 "percent-encoded in a URL; give it through ${VAR} or the site's password field instead"
             )
-            sites[name] = SiteConfig(url=s.url, verify=s.verify)
+            sites[name] = SiteConfig(url=s.url, verify=s.verify, read_only=s.read_only)
             continue
         if s.password is not None:
             url = _with_password(url, _expand_env(s.password, f"{where}.password", problems), where, problems)
@@ -631,7 +673,7 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
             if "password" in k.lower():
                 for x in v if isinstance(v, tuple) else (v,):
                     secrets.remember(x)
-        sites[name] = SiteConfig(url=url, verify=s.verify)
+        sites[name] = SiteConfig(url=url, verify=s.verify, read_only=s.read_only)
     return sites
 
 
@@ -660,8 +702,9 @@ def _is_file(url: str) -> bool:
         return False
 
 
-def _unreachable(names: list[str], links: list[Link]) -> list[str]:
-    """A problem for every site that some other site's changes never reach over `links`."""
+def _unreachable(names: list[str], links: list[Link], read_only: frozenset[str] = frozenset()) -> list[str]:
+    """A problem for every site that some writable site's changes never reach over `links`
+    (a read-only site writes no changes: nothing needs to reach anyone from it)."""
     problems = []
     reach = {s: {s} for s in names}
     changed = True
@@ -672,9 +715,10 @@ def _unreachable(names: list[str], links: list[Link]) -> list[str]:
                 reach[ln.target] |= reach[ln.source]
                 changed = True
     for s in names:
-        missing = set(names) - reach[s]
+        missing = set(names) - read_only - reach[s]
         if missing:
-            problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links)")
+            ro = " (links from read-only sites are left out)" if read_only else ""
+            problems.append(f"links: site '{s}' never receives changes from {sorted(missing)} (no path of links){ro}")
     return problems
 
 

@@ -21,6 +21,7 @@ class TopologyView:
     hops: dict[str, dict[str, int | None]] = field(default_factory=dict)  # hops[a][b]: links a change from a crosses to reach b
     delay: dict[str, dict[str, float | None]] = field(default_factory=dict)  # worst-case seconds along the fastest route
     route: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # the fastest route a -> ... -> b
+    read_only: list[str] = field(default_factory=list)  # pull-only sites: no link from them, no changes written there
 
     @property
     def diameter(self) -> int:
@@ -39,6 +40,7 @@ class TopologyView:
     def as_dict(self) -> dict[str, Any]:
         return {
             "sites": self.sites,
+            "read_only": self.read_only,
             "links": [
                 {"from": ln.source, "to": ln.target, "interval_s": ln.interval, "cron": ln.cron, "jitter_s": ln.jitter}
                 for ln in self.links
@@ -81,7 +83,7 @@ def _worst(ln: Link) -> float:
 
 def view(topo: Topology) -> TopologyView:
     sites = list(topo.sites)
-    out = TopologyView(sites, list(topo.links))
+    out = TopologyView(sites, list(topo.links), read_only=[s for s in sites if s in topo.read_only])
     nxt: dict[str, list[Link]] = {s: [] for s in sites}
     for ln in topo.links:
         nxt[ln.source].append(ln)
@@ -154,7 +156,8 @@ def render_text(v: TopologyView) -> str:
             for ln in v.links
             if ln.target == s
         )
-        lines.append(f"  {s:<{w}} <- {ins or '(nothing)'}")
+        ro = "  (read-only: receives only, no site pulls from it)" if s in v.read_only else ""
+        lines.append(f"  {s:<{w}} <- {ins or '(nothing)'}{ro}")
     lines += ["", "relay hops from (row) to (column):"]
     cw = max(w, 3)
     lines.append(" " * (w + 2) + " ".join(f"{s:>{cw}}" for s in v.sites))
@@ -162,9 +165,10 @@ def render_text(v: TopologyView) -> str:
         cells = []
         for b in v.sites:
             h = 0 if a == b else v.hops[a][b]
-            cells.append(f"{'.' if a == b else ('x' if h is None else h):>{cw}}")
+            cells.append(f"{'.' if a == b else ('-' if a in v.read_only else 'x' if h is None else h):>{cw}}")
         lines.append(f"  {a:<{w}}" + " ".join(cells))
     lines += [
+        *(["(-: a read-only site writes no changes)"] if v.read_only else []),
         "",
         f"longest path: {v.diameter} hop(s); worst delay by schedule: {_fmt_s(v.max_delay)}"
         " (interval or longest cron gap, + jitter, summed along the fastest route)",

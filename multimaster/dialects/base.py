@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
-__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index"]
+__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index", "read_only_message"]
 
 
 @dataclass(frozen=True)
@@ -309,6 +309,13 @@ class Dialect:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
         raise NotImplementedError
 
+    def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
+        """At a read-only site (`read_only`, docs/topologies.md "Read-only sites"): triggers named
+        ``ro_i``, ``ro_u``, ``ro_d`` refusing every local INSERT, UPDATE and DELETE of `info` with
+        :func:`read_only_message`, except the reconciler's own (under the capture guard,
+        set_applying); not read-only: none. Idempotent: `init` run again switches it either way."""
+        raise NotImplementedError
+
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         """Drop every object multimaster created; returns what was dropped ("kind name")."""
         raise NotImplementedError
@@ -583,6 +590,11 @@ class Dialect:
         change logs, second-order logs and purge horizon) and nothing else; comments (``--``) where
         the database has no logins."""
         raise NotImplementedError
+
+
+def read_only_message(site: str, table: str) -> str:
+    """The error a read-only site's triggers give an application writing replicated `table`."""
+    return f"multimaster: site '{site}' is read-only: table '{table}' is written only by replication"
 
 
 def shadow_key_index(table: str) -> str:

@@ -73,6 +73,9 @@ class Names:
     catch_u: str  #: SQLite's lazy-shadow catch-up trigger of updates
     catch_d: str  #: SQLite's lazy-shadow catch-up trigger of deletes
     keyseq: str  #: the key counter of local inserts into a renumbered table (dialects with concurrent capture)
+    ro_i: str  #: at a read-only site, the trigger refusing local inserts (docs/topologies.md "Read-only sites")
+    ro_u: str  #: ... local updates
+    ro_d: str  #: ... local deletes
     snap: str | None = None  #: the snapshot of the peer's change log
     snap_idx: str | None = None  #: the snapshot's index of rows not applied yet
 
@@ -106,6 +109,9 @@ def names(table: str, peer: str | None = None) -> Names:
         catch_u=f"_mm_catch_u_{table}",
         catch_d=f"_mm_catch_d_{table}",
         keyseq=f"_mm_keyseq_{table}",
+        ro_i=f"_mm_ro_i_{table}",
+        ro_u=f"_mm_ro_u_{table}",
+        ro_d=f"_mm_ro_d_{table}",
         snap=None if peer is None else f"_mm_snap_{table}__{peer}",
         snap_idx=None if peer is None else f"_mm_snapi_{table}__{peer}",
     )

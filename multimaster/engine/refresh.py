@@ -56,11 +56,14 @@ def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | Non
     A change applied at X is pulled from X by every site that pulls from X. It is needed there only
     if that site does not pull from the change's origin directly — unless the table depends on
     causal delivery (policies other than latest/additive, natural keys): then every applied change
-    is relayed so that no site sees a change before one it depends on."""
+    is relayed so that no site sees a change before one it depends on. A site no one pulls from
+    (a read-only site) relays nothing."""
+    pullers = [ln.target for ln in topo.links if ln.source == site]
+    if not pullers:
+        return []
     causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
     if causal:
         return None
-    pullers = [ln.target for ln in topo.links if ln.source == site]
     need = set()
     for origin in topo.sites:
         if origin == site:

@@ -189,6 +189,14 @@ def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None
             first = store.errorqueue.get(conn, s.dialect, id_)
             if first is not None and first["state"] == store.errorqueue.PARKED and first["tbl"] in t.tables:
                 # a parked row (docs/unique.md): deleted for good, a replicated delete, so every site agrees
+                if n in t.read_only:  # nobody pulls a delete written here (docs/topologies.md "Read-only sites")
+                    raise ConfigError(
+                        [
+                            f"errors skip: site '{n}' is read-only, so a delete of parked row {first['rid']} written there "
+                            "would reach no other site; skip the row at a writable site where it is parked too "
+                            "(the rule parks the same row everywhere), and its delete reaches this one"
+                        ]
+                    )
                 uniques.skip_parked(conn, s, s.info(conn, first["tbl"], t), first["rid"])
                 store.errorqueue.skip(conn, s.dialect, id_, reason.strip(), now_iso())
                 skipped.append(id_)

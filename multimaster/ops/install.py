@@ -80,6 +80,7 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         _follow_all(cl, rep)
         chk = _check_schemas(t, sites)
         _check_base_rows(t, chk, rep)
+        _check_read_only(t, chk)
         # every check passed: install, one transaction per site
         for n in sites:
             rep.sites[n] = _install_at(t, n, chk, rep, say)
@@ -127,6 +128,38 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
     if problems:
         raise SchemaError(problems)
     return _Checked(sites, infos, installed)
+
+
+def _check_read_only(t: Topology, chk: _Checked) -> None:
+    """A site made read-only must not keep changes (its own, or relayed) that a site pulling from it
+    before has not pulled yet: no link pulls from it any more, so they would never leave it. Raises
+    SchemaError naming each and the fix."""
+    problems: list[str] = []
+    for r in t.read_only:
+        if not chk.installed[r]:
+            continue
+        rs = chk.sites[r]
+        ph = rs.dialect.caps.placeholder
+        for x, xs in chk.sites.items():
+            if x == r:
+                continue
+            for tb in sorted(chk.installed[r] & chk.installed[x] & set(t.tables)):
+                with xs.read() as xc:
+                    wm = store.watermarks.find(xc, xs.dialect, r, tb)
+                if wm is None:
+                    continue  # x never pulled from r
+                with rs.read() as rc:
+                    left = rc.exec_driver_sql(
+                        f"SELECT count(*) FROM {rs.dialect.obj(tb).log} WHERE origin <> {ph} AND seq > {ph}", (x, int(wm))
+                    ).scalar()
+                if left:
+                    problems.append(
+                        f"site '{r}' is read_only now, but site '{x}' has not pulled {left} change(s) of table '{tb}' "
+                        f"from its change log (written or relayed while it was writable), and no link pulls from '{r}' any more: with the links "
+                        f"from '{r}' still in the file, run 'multimaster refresh --until-quiet' first, then make it read-only"
+                    )
+    if problems:
+        raise SchemaError(problems)
 
 
 def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
@@ -190,6 +223,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
                 store.tables.register(conn, s.dialect, info)
             references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
             s.dialect.install_capture(conn, info)
+            s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
             evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly
 

@@ -434,6 +434,7 @@ def _copy(
                     store.watermarks.write(nconn, nd, q, tb, wm)
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
+                nd.guard_writes(nconn, ni, name, name in t.read_only)  # docs/topologies.md "Read-only sites"
                 evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
                 nd.after_apply(nconn, ni)
             nd.defer_foreign_keys(nconn, False)

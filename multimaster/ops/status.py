@@ -31,7 +31,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         site_data: dict[str, dict[str, Any]] = {}
         for n in t.sites:
             s = cl.site(n)
-            d: dict[str, Any] = {"url": s.display_url, "reachable": True}
+            d: dict[str, Any] = {"url": s.display_url, "reachable": True, "read_only": n in t.read_only}
             try:
                 with s.read() as conn:
                     tables = s.installed_tables(conn)

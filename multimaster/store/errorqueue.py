@@ -35,6 +35,7 @@ __all__ = [
     "release",
     "skip",
     "counts",
+    "open_of_origin",
     "park",
     "unpark",
     "parked_rids",
@@ -261,6 +262,17 @@ def counts(conn: Connection, d: Dialect) -> dict[str, int]:
     for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
         out[str(state)] = int(n)
     return out
+
+
+def open_of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, tuple[str, int]]:
+    """Per table, the lowest version and the number of the changes of `origin` still held here
+    (the open states: not applied; `multimaster wait` counts them as not visible)."""
+    rows = conn.exec_driver_sql(
+        f"SELECT tbl, min(ver), count(*) FROM {_t(d)} WHERE origin = {d.caps.placeholder} AND state IN ({_OPEN_SQL}) "
+        "GROUP BY tbl",
+        (origin,),
+    ).all()
+    return {str(t): (str(v), int(n)) for t, v, n in rows}
 
 
 def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, columns: Sequence[str]) -> dict[str, Any] | None:

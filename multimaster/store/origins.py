@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
 
-__all__ = ["install", "mark_applied", "not_applied", "read", "copy_in"]
+__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -47,6 +47,14 @@ def read(conn: Connection, d: Dialect, table: str) -> list[tuple[str, str]]:
             f"SELECT origin, max_ver FROM {d.mm_table('_mm_origins')} WHERE tbl = {d.caps.placeholder}", (table,)
         ).all()
     ]
+
+
+def of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, str]:
+    """Per table, the highest version of `origin` applied here (or purged from the change log)."""
+    rows = conn.exec_driver_sql(
+        f"SELECT tbl, max_ver FROM {d.mm_table('_mm_origins')} WHERE origin = {d.caps.placeholder}", (origin,)
+    ).all()
+    return {str(t): str(v) for t, v in rows}
 
 
 def copy_in(conn: Connection, d: Dialect, table: str, rows: list[tuple[str, str]]) -> None:

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
+from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, read_only_message, shadow_key_index
 from multimaster.dialects.schema import TableInfo, names
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
@@ -459,6 +459,30 @@ class MySQLDialect(Dialect):
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
 
+    def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
+        o = self.obj(info.name)
+        if not read_only:
+            for t in (o.ro_i, o.ro_u, o.ro_d):
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
+            return
+        rank = "_mm_rank_" + info.name  # the key trigger of a renumbered table (renumber.sql)
+        has_rank = conn.exec_driver_sql(
+            "SELECT 1 FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = %s", (rank,)
+        ).first()
+        stmts = self.render(
+            "readonly",
+            table=self.quote(info.name),
+            message=_lit(read_only_message(site, info.name)[:128]),  # MESSAGE_TEXT holds 128 characters
+            precedes=f"PRECEDES {self.quote(rank)}" if has_rank else "",
+            **o.mapping(),
+        )
+        same = _unchanged_triggers(conn, stmts)
+        for sql in stmts:
+            m = _TRIGGER_DDL.match(_uncommented(sql))
+            if m and m.group(1).rstrip(";").strip("`") in same:
+                continue  # unchanged: never dropped, so no local write goes by (init run again)
+            conn.exec_driver_sql(sql)
+
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []
         pat = "\\_mm\\_%"
@@ -672,7 +696,9 @@ DIALECT = MySQLDialect()
 
 #: DROP TRIGGER [IF EXISTS] name / CREATE TRIGGER name ... (group 1: the name)
 _TRIGGER_DDL = re.compile(r"\s*(?:DROP TRIGGER(?: IF EXISTS)?|CREATE TRIGGER)\s+(\S+)", re.IGNORECASE)
-_CREATE_TRIGGER = re.compile(r"\s*CREATE TRIGGER\s+(\S+)\s.*?\sFOR EACH ROW\s+(.*)\Z", re.IGNORECASE | re.DOTALL)
+_CREATE_TRIGGER = re.compile(
+    r"\s*CREATE TRIGGER\s+(\S+)\s.*?\sFOR EACH ROW\s+(?:(?:FOLLOWS|PRECEDES)\s+\S+\s+)?(.*)\Z", re.IGNORECASE | re.DOTALL
+)
 
 
 def _unchanged_triggers(conn: Connection, stmts: Sequence[str]) -> set[str]:

@@ -258,6 +258,15 @@ class PostgreSQLDialect(Dialect):
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
 
+    def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
+        o = self.obj(info.name)
+        if not read_only:
+            for t in (o.ro_i, o.ro_u, o.ro_d):
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(info.name)}")
+            return
+        for sql in self.render("readonly", table=self.quote(info.name), site_lit=_lit(site), **o.mapping()):
+            conn.exec_driver_sql(sql)
+
     version_type = 'text COLLATE "C"'
 
     def column_signature(self, conn: Connection, table: str) -> str:

@@ -134,6 +134,15 @@ BEGIN
 END
 $$;
 --
+-- Refuses application writes of a replicated table at a read-only site (readonly.sql; the site's
+-- name is the trigger's argument; the text is dialects/base.py read_only_message).
+CREATE OR REPLACE FUNCTION _mm._mm_readonly() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+  RAISE EXCEPTION 'multimaster: site ''%'' is read-only: table ''%'' is written only by replication', TG_ARGV[0], TG_TABLE_NAME
+    USING ERRCODE = 'read_only_sql_transaction';
+END
+$$;
+--
 -- Positions (docs/concepts.md "Many writers"). A change-log entry's position is a tick of the
 -- clock drawn by the transaction that writes it, and a change captured here has that tick as its
 -- version: writers never wait for each other. Before its first draw a transaction registers: it

@@ -7,7 +7,7 @@ from typing import Any, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
+from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, read_only_message, shadow_key_index
 from multimaster.dialects.schema import TableInfo, names
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
@@ -242,6 +242,16 @@ class SQLiteDialect(Dialect):
                 **o.mapping(),
             )
         for sql in stmts:
+            conn.exec_driver_sql(sql)
+
+    def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
+        o = self.obj(info.name)
+        if not read_only:
+            for t in (o.ro_i, o.ro_u, o.ro_d):
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
+            return
+        message = "'" + read_only_message(site, info.name).replace("'", "''") + "'"
+        for sql in self.render("readonly", table=self.quote(info.name), message=message, **o.mapping()):
             conn.exec_driver_sql(sql)
 
     def _next_key(self, info: TableInfo) -> str:
