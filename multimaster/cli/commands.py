@@ -112,7 +112,8 @@ def refresh(
 
     Exit 1 if any link failed (the others still refresh), or is stalled: a change of it has waited
     longer than refresh.stall_after for something this site has not received (stderr says what,
-    and the fix).
+    and the fix). A site whose versions came ahead of this site's clock past refresh.clock_warn
+    (not past max_clock_offset: those are held) is named on stderr; that alone exits 0.
 
     Examples:
       multimaster refresh -t topo.yaml
@@ -148,6 +149,8 @@ def refresh(
                                 "waiting": r.waiting,
                                 "waits_for": r.waits_for,
                                 "stalled": r.stalled,
+                                "clock_ahead": r.clock_ahead,
+                                "clock_warnings": r.clock_warnings,
                             }
                             for r in res
                         ],
@@ -160,6 +163,9 @@ def refresh(
                 if len(allres) > 1:
                     console.print(f"round {i + 1}")
                 console.print(_refresh_table(res))
+        for r in last:  # applied, not held: a warning, exit 0 (docs/clock.md "Clock discipline")
+            for w in r.clock_warnings:
+                err.print(w, markup=False, highlight=False, soft_wrap=True)
         stalled = _stalled_exit([r.stalled for r in last if r.stalled])
         return 1 if any(r.error for r in last) else stalled
 
@@ -267,6 +273,12 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         for n, d in st["sites"].items()
         for tb in d.get("schema_unfollowed") or []
     ]
+    if st.get("clock_warnings"):  # docs/clock.md "Clock discipline"
+        cw = Table(title="clock warnings")
+        cw.add_column("a site whose clock is ahead (applied; held past refresh.max_clock_offset)")
+        for line in st["clock_warnings"]:
+            cw.add_row(escape(line))
+        out.append(cw)
     if behind:  # docs/schema-changes.md
         sb = Table(title="schema behind")
         sb.add_column("what waits, and the fix")
@@ -287,7 +299,8 @@ def status(
 ) -> None:
     """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
     site: rows, log sizes, conflicts (and conflicts since --since), changes held in the error
-    queue (exit 1 while some are held: see `multimaster errors`).
+    queue (exit 1 while some are held: see `multimaster errors`), sites whose clock was found
+    ahead past refresh.clock_warn (a warning: exit 0).
 
     Examples:
       multimaster status -t topo.yaml
