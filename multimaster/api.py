@@ -20,6 +20,7 @@ from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.install import InitReport, init, uninstall
 from multimaster.ops.keys import current_key, key_history
+from multimaster.ops.reresolve import re_resolve_conflicts
 from multimaster.ops.status import conflicts, status
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "write_retrying",
     "status",
     "conflicts",
+    "re_resolve_conflicts",
     "list_errors",
     "retry_errors",
     "skip_error",
