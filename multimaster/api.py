@@ -21,6 +21,7 @@ from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
 from multimaster.ops.install import InitReport, init, uninstall
 from multimaster.ops.keys import current_key, key_history
+from multimaster.ops.reresolve import re_resolve_conflicts
 from multimaster.ops.status import conflicts, status
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "write_retrying",
     "status",
     "conflicts",
+    "re_resolve_conflicts",
     "list_errors",
     "retry_errors",
     "skip_error",

@@ -150,3 +150,26 @@ def test_max_clock_offset(tmp_path, value, seconds, problem):  # type: ignore[no
             load_topology(write(tmp_path, text))
     else:
         assert load_topology(write(tmp_path, text)).refresh.max_offset_seconds() == seconds
+
+
+@pytest.mark.parametrize(
+    "refresh, seconds, problem",
+    [
+        ("", 2.5, None),  # the default: half of max_clock_offset (5 s)
+        ("max_clock_offset: 1m", 30.0, None),
+        ("max_clock_offset: 'off'", None, None),  # off with it
+        ("clock_warn: 1s", 1.0, None),
+        ("clock_warn: 'off'", None, None),
+        ("{max_clock_offset: 'off', clock_warn: 2s}", 2.0, None),
+        ("clock_warn: 5s", None, "refresh.clock_warn: 5 s is not below refresh.max_clock_offset"),
+        ("clock_warn: soon", None, "refresh.clock_warn"),
+    ],
+)
+def test_clock_warn(tmp_path, refresh, seconds, problem):  # type: ignore[no-untyped-def]
+    body = refresh if refresh.startswith("{") else "{" + refresh + "}"
+    text = GOOD + (f"refresh: {body}\n" if refresh else "")
+    if problem:
+        with pytest.raises(ConfigError, match=problem):
+            load_topology(write(tmp_path, text))
+    else:
+        assert load_topology(write(tmp_path, text)).refresh.clock_warn_seconds() == seconds

@@ -112,7 +112,8 @@ def refresh(
 
     Exit 1 if any link failed (the others still refresh), or is stalled: a change of it has waited
     longer than refresh.stall_after for something this site has not received (stderr says what,
-    and the fix).
+    and the fix). A site whose versions came ahead of this site's clock past refresh.clock_warn
+    (not past max_clock_offset: those are held) is named on stderr; that alone exits 0.
 
     Examples:
       multimaster refresh -t topo.yaml
@@ -148,6 +149,8 @@ def refresh(
                                 "waiting": r.waiting,
                                 "waits_for": r.waits_for,
                                 "stalled": r.stalled,
+                                "clock_ahead": r.clock_ahead,
+                                "clock_warnings": r.clock_warnings,
                             }
                             for r in res
                         ],
@@ -160,6 +163,9 @@ def refresh(
                 if len(allres) > 1:
                     console.print(f"round {i + 1}")
                 console.print(_refresh_table(res))
+        for r in last:  # applied, not held: a warning, exit 0 (docs/clock.md "Clock discipline")
+            for w in r.clock_warnings:
+                err.print(w, markup=False, highlight=False, soft_wrap=True)
         stalled = _stalled_exit([r.stalled for r in last if r.stalled])
         return 1 if any(r.error for r in last) else stalled
 
@@ -267,6 +273,12 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         for n, d in st["sites"].items()
         for tb in d.get("schema_unfollowed") or []
     ]
+    if st.get("clock_warnings"):  # docs/clock.md "Clock discipline"
+        cw = Table(title="clock warnings")
+        cw.add_column("a site whose clock is ahead (applied; held past refresh.max_clock_offset)")
+        for line in st["clock_warnings"]:
+            cw.add_row(escape(line))
+        out.append(cw)
     if behind:  # docs/schema-changes.md
         sb = Table(title="schema behind")
         sb.add_column("what waits, and the fix")
@@ -287,7 +299,8 @@ def status(
 ) -> None:
     """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
     site: rows, log sizes, conflicts (and conflicts since --since), changes held in the error
-    queue (exit 1 while some are held: see `multimaster errors`).
+    queue (exit 1 while some are held: see `multimaster errors`), sites whose clock was found
+    ahead past refresh.clock_warn (a warning: exit 0).
 
     Examples:
       multimaster status -t topo.yaml
@@ -355,6 +368,18 @@ def conflicts(
     ),
     since: Optional[str] = typer.Option(None, "--since", help="Only conflicts since: a duration ago (1h) or an ISO time."),
     limit: int = typer.Option(50, "--limit", help="At most the last N conflicts (0: all)."),
+    re_resolve: bool = typer.Option(
+        False, "--re-resolve", help="Show what --policy would have decided for each logged conflict of a column or group."
+    ),
+    policy: Optional[str] = typer.Option(
+        None, "--policy", help="With --re-resolve: latest, earliest, maximum, minimum, priority:s1,s2, custom:pkg.mod.fn."
+    ),
+    apply: bool = typer.Option(
+        False, "--apply", help="With --re-resolve: make the new outcome the row's (a local update at one site, replicated)."
+    ),
+    at: Optional[str] = typer.Option(
+        None, "--at", help="With --apply: write at this site (default: the first site that logged the conflict)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
@@ -362,11 +387,33 @@ def conflicts(
     another: replicated), the values of the contested columns, both row images, the rule applied
     and which side won.
 
+    With --re-resolve --policy P: per row and column (or group) in conflict, what P would have
+    decided among the versions logged, beside what the logged rule decided (a dry run). With
+    --apply, where P picks another winner and the row still holds the logged winner's values, the
+    new values are written at one site as an ordinary update (a fresh version, replicated to every
+    site); a row changed since is skipped and reported (exit 1).
+
     Examples:
       multimaster conflicts -t topo.yaml --since 1h
       multimaster conflicts -t topo.yaml --site s1 --table items --kind update_update --json
+      multimaster conflicts -t topo.yaml --re-resolve --policy earliest --table items
+      multimaster conflicts -t topo.yaml --re-resolve --policy priority:hq,branch --since 1d --apply
     """
     from multimaster.ops.metrics import parse_since
+
+    if (apply or policy or at) and not re_resolve:
+        err.print("error: --policy, --apply and --at go with --re-resolve", markup=False)
+        raise typer.Exit(2)
+    if re_resolve and not policy:
+        err.print(
+            "error: --re-resolve needs --policy (latest, earliest, maximum, minimum, priority:..., custom:...)", markup=False
+        )
+        raise typer.Exit(2)
+    if re_resolve:
+        assert policy is not None
+        raise typer.Exit(
+            execute(lambda: _re_resolve(topology, policy, site, table, kind, since, apply, at, as_json), traceback) or 0
+        )
 
     def go() -> None:
         since_at = parse_since(since)
@@ -394,6 +441,58 @@ def conflicts(
         console.print(t)
 
     execute(go, traceback)
+
+
+def _re_resolve(
+    topology: Path,
+    policy: str,
+    site: str | None,
+    table: str | None,
+    kind: str | None,
+    since: str | None,
+    apply: bool,
+    at: str | None,
+    as_json: bool,
+) -> int:
+    """`conflicts --re-resolve`: the outcomes (and with --apply what was written); exit 1 when a
+    change to apply was skipped."""
+    from multimaster.ops.metrics import parse_since
+
+    rep = api.re_resolve_conflicts(
+        load_topology(topology), policy, site=site, table=table, since=parse_since(since), kind=kind, apply=apply, at=at
+    )
+    if as_json:
+        dump(rep)
+    else:
+        t = Table(title=f"conflicts re-resolved with {rep['policy']}" + (" (applied)" if apply else " (dry run: --apply writes)"))
+        for c in ("table", "key", "columns", "versions", "logged rule", "logged winner", "new winner", "outcome"):
+            t.add_column(c)
+        for o in rep["outcomes"]:
+            outcome = (
+                o["why"]
+                if o["status"] == "skip"
+                else "same winner"
+                if o["status"] == "same"
+                else f"{o['action']} at {o['at']}: {o['why']}"
+                if o.get("action")
+                else "would change"
+            )
+            t.add_row(
+                o["table"],
+                str(o["key"]),
+                ",".join(o["columns"]),
+                "; ".join(f"{c['values']} @{c['origin']}" for c in o["candidates"]),
+                o["logged_rule"],
+                "-" if not o["logged"] else f"{o['logged']['values']} @{o['logged']['origin']}",
+                "-" if not o["new"] else f"{o['new']['values']} @{o['new']['origin']}",
+                escape(outcome),
+            )
+        console.print(t)
+        console.print(", ".join(f"{k}: {v}" for k, v in sorted(rep["counts"].items())) or "no conflicts logged")
+    skipped = [o for o in rep["outcomes"] if o.get("action") == "skipped"]
+    for o in skipped:
+        err.print(f"{o['table']} {o['rid']}: not applied: {o['why']}", markup=False, highlight=False, soft_wrap=True)
+    return 1 if skipped else 0
 
 
 @app.command()

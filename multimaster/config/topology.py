@@ -136,10 +136,21 @@ class RefreshConfig(_Strict):
     #: origin) is older than this is stalled: `refresh` and `status` exit 1 and say what it waits
     #: for ('off': never; docs/operations.md "Stalled links")
     stall_after: bool | float | str = "10m"
+    #: a pulled change whose version is further ahead of this site's wall clock than this (but not
+    #: past max_clock_offset) is applied with a warning naming its origin and the offset (`refresh`
+    #: on stderr, `status`, the metrics); default half of max_clock_offset, 'off': no warning
+    clock_warn: bool | float | str | None = None
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
         return _duration_or_off(self.max_clock_offset, "5s")
+
+    def clock_warn_seconds(self) -> float | None:
+        """clock_warn in seconds, None when 'off'; by default half of max_clock_offset (off when it is)."""
+        if self.clock_warn is None:
+            limit = self.max_offset_seconds()
+            return None if limit is None else limit / 2
+        return _duration_or_off(self.clock_warn, "2s")
 
     def stall_after_seconds(self) -> float | None:
         """stall_after in seconds, None when 'off'."""
@@ -433,21 +444,7 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
         if n not in sites:
             problems.append(f"links: site '{n}' is not defined under sites")
     _read_only_problems(model, problems)
-    for d, label in ((model.refresh.interval, "refresh.interval"), (model.refresh.jitter, "refresh.jitter")):
-        try:
-            parse_duration(d)
-        except ValueError as e:
-            problems.append(f"{label}: {e}")
-    for name, get in (
-        ("max_clock_offset", model.refresh.max_offset_seconds),
-        ("stall_after", model.refresh.stall_after_seconds),
-    ):
-        try:
-            v = get()
-            if v is not None and v <= 0:
-                problems.append(f"refresh.{name}: must be more than 0 (or 'off')")
-        except ValueError as e:
-            problems.append(f"refresh.{name}: {e} (or 'off')")
+    _refresh_problems(model.refresh, problems)
     if model.verify is not None:
         _verify_problems(model, problems)
     for name in ("tombstones_after", "conflicts_after"):
@@ -455,6 +452,35 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             parse_retention(getattr(model.purge, name))
         except ValueError as e:
             problems.append(f"purge.{name}: {e} or 'off'")
+
+
+def _refresh_problems(r: RefreshConfig, problems: list[str]) -> None:
+    """The problems of the refresh section: its durations, and a clock warning below the offset."""
+    for d, label in ((r.interval, "refresh.interval"), (r.jitter, "refresh.jitter")):
+        try:
+            parse_duration(d)
+        except ValueError as e:
+            problems.append(f"{label}: {e}")
+    for name, get in (
+        ("max_clock_offset", r.max_offset_seconds),
+        ("stall_after", r.stall_after_seconds),
+        ("clock_warn", r.clock_warn_seconds),
+    ):
+        try:
+            v = get()
+            if v is not None and v <= 0:
+                problems.append(f"refresh.{name}: must be more than 0 (or 'off')")
+        except ValueError as e:
+            problems.append(f"refresh.{name}: {e} (or 'off')")
+    try:
+        warn, limit = r.clock_warn_seconds(), r.max_offset_seconds()
+        if warn is not None and limit is not None and warn >= limit:
+            problems.append(
+                f"refresh.clock_warn: {warn:g} s is not below refresh.max_clock_offset ({limit:g} s): "
+                "a change past the warning would be held, never warned about"
+            )
+    except ValueError:
+        pass  # reported above
 
 
 def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[str]) -> None:

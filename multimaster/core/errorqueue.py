@@ -3,19 +3,25 @@ is well-formed enough to be applied or stored at all, and the order held changes
 
 A change is *malformed* when applying it cannot even be tried: its version is not
 ``'%019d:%s' % (hlc, origin)`` with the origin a site name, its operation is not I, U or D, or its
-identity or column mask is missing. Such an entry (a hand-made row in a change log, say) is held
-in the error queue like a change the database rejected, instead of blocking its link.
+identity or column mask is missing, or its version names another site than its origin. Such an
+entry (a hand-made row in a change log, say) is held in the error queue like a change the database
+rejected, instead of blocking its link. A well-formed entry whose origin is no site this site knows
+(:func:`refusal`: not in the topology, not a site removed from it) is held too, until the topology
+names it.
 """
 
 from __future__ import annotations
 
 import heapq
 import re
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
 __all__ = [
     "is_version",
     "malformed",
+    "refusal",
+    "MALFORMED",
+    "UNKNOWN_ORIGIN",
     "retry_order",
     "group_key",
     "units",
@@ -48,6 +54,29 @@ def malformed(ver: Any, origin: Any, op: Any, rid: Any, mask: Any) -> str | None
     if mask is None or isinstance(mask, bool) or not isinstance(mask, int) or mask < 0:
         problems.append(f"mask={mask!r}")
     return f"malformed change ({', '.join(problems)})" if problems else None
+
+
+#: :func:`refusal`'s kinds: an entry that can never be applied (only skipped) ...
+MALFORMED = "malformed"
+#: ... and one whose origin is no site known here: applied by `errors retry` once the topology names it
+UNKNOWN_ORIGIN = "origin"
+
+
+def refusal(ver: Any, origin: Any, op: Any, rid: Any, mask: Any, known: Collection[str]) -> tuple[str, str] | None:
+    """Whether a change-log entry pulled from a peer may be applied here, and why not: None when
+    it may; (:data:`MALFORMED`, why) when it never can (:func:`malformed`, or a version naming
+    another site than its origin: every version is made by its origin, docs/clock.md);
+    (:data:`UNKNOWN_ORIGIN`, why) when its origin is not in `known` (the sites of the topology,
+    the sites removed from it, the origins this site applied changes from)."""
+    why = malformed(ver, origin, op, rid, mask)
+    if why is not None:
+        return MALFORMED, why
+    named = ver[20:]
+    if named != origin:
+        return MALFORMED, f"malformed change (its version {ver!r} names site '{named}', its origin is '{origin}')"
+    if origin not in known:
+        return UNKNOWN_ORIGIN, f"origin '{origin}' is not a site of the topology, nor a site removed from it"
+    return None
 
 
 def retry_order(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -19,14 +19,14 @@ a batch. `errors retry` re-applies held units the same way (:func:`retry`).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.secrets import redact
-from multimaster.core.errorqueue import Holds, is_version, malformed, units
+from multimaster.core.errorqueue import MALFORMED, Holds, is_version, refusal, units
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
@@ -41,6 +41,8 @@ __all__ = [
     "permanent",
     "describe",
     "has_malformed",
+    "known_origins",
+    "refused_message",
     "apply_batch",
     "hold_waiting",
     "reconcile_isolating",
@@ -69,25 +71,54 @@ def _snaps(d: Dialect, info: TableInfo, peers: Sequence[str]) -> dict[str, str]:
     return {p: d.obj(info.name, p).snapshot() for p in peers}
 
 
-def _split(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[tuple[tuple[Any, ...], str]]]:
-    """The pulled `rows` (seq2, op2, seq, ver, origin, op, rid, key, mask, ...) that can be stored,
-    and the malformed ones with why."""
-    good, bad = [], []
+def _split(
+    rows: list[tuple[Any, ...]], known: Collection[str] | None = None
+) -> tuple[list[tuple[Any, ...]], list[tuple[tuple[Any, ...], str]], dict[str, str]]:
+    """The pulled `rows` (seq2, op2, seq, ver, origin, op, rid, key, mask, ...) that can be stored
+    (in order), the malformed ones with why, and among those stored, the versions of the entries
+    whose origin is not in `known` (None: not checked), with why (core.errorqueue.refusal)."""
+    good, bad, foreign = [], [], {}
     for r in rows:
         if r[1] != "A":
             bad.append((r, f"unknown second-order log record type {r[1]!r}"))
             continue
-        why = None if r[3] is None else malformed(r[3], r[4], r[5], r[6], r[8])
-        if why:
-            bad.append((r, why))
+        if r[3] is None:  # a second-order record without its entry: nothing to hold
+            good.append(r)
+            continue
+        got = refusal(r[3], r[4], r[5], r[6], r[8], known if known is not None else (r[4],))
+        if got is None:
+            good.append(r)
+        elif got[0] == MALFORMED:
+            bad.append((r, got[1]))
         else:
             good.append(r)
-    return good, bad
+            foreign[str(r[3])] = got[1]
+    return good, bad, foreign
 
 
-def has_malformed(rows: list[tuple[Any, ...]]) -> bool:
-    """Whether pulled `rows` hold an entry that cannot be applied as it is (core.errorqueue.malformed)."""
-    return bool(_split(rows)[1])
+def has_malformed(rows: list[tuple[Any, ...]], known: Collection[str] | None = None) -> bool:
+    """Whether pulled `rows` hold an entry that cannot be applied as it is (core.errorqueue.refusal:
+    malformed, or of an origin not in `known` when given)."""
+    _, bad, foreign = _split(rows, known)
+    return bool(bad or foreign)
+
+
+def known_origins(conn: Connection, site: Site, topo_sites: Sequence[str]) -> frozenset[str]:
+    """The origins a change pulled into `site` may have (store.retired.known_origins)."""
+    return store.retired.known_origins(conn, site.dialect, list(topo_sites))
+
+
+def refused_message(peer: str, table: str, seq: Any, origin: Any, why: str, site: str) -> str:
+    """The queue's error for an entry refused as it was pulled: the peer, the table, the entry and
+    its origin, what is wrong, and the fix."""
+    head = f"change log of peer '{peer}', table '{table}', entry {seq} (origin '{origin}'): {why}"
+    if why.startswith("origin "):
+        return (
+            f"{head}. Fix: if '{origin}' is a site of the cluster, add it under sites in the topology file, then "
+            f"'multimaster errors retry -t FILE --site {site} --id ID'; otherwise drop it: "
+            f"'multimaster errors skip -t FILE --site {site} --id ID --reason TEXT'"
+        )
+    return f"{head}. It can never be applied: 'multimaster errors skip -t FILE --site {site} --id ID --reason TEXT'"
 
 
 def apply_batch(
@@ -100,11 +131,15 @@ def apply_batch(
     base_max: Mapping[str, int],
     relay: Mapping[str, Sequence[str] | None],
     reconcile_: bool,
+    known: Collection[str] | None = None,
 ) -> tuple[int, dict[str, ReconcileResult]]:
     """In the target's write transaction, a batch from `peer` (`rows` per table; `infos` in the
-    order tables are applied) that failed for good: hold its malformed entries, store the rest,
-    move the watermarks past the batch, and (when `reconcile_`) apply the new changes source
-    transaction by source transaction (:func:`reconcile_isolating`). Returns (stored, results)."""
+    order tables are applied) that failed for good, or holds entries refused as they are
+    (core.errorqueue.refusal): hold its malformed entries, store the rest, hold those whose origin
+    is not in `known` (their source transactions and later changes of their rows are held with
+    them before anything is applied), move the watermarks past the batch, and (when `reconcile_`)
+    apply the new changes source transaction by source transaction (:func:`reconcile_isolating`).
+    Returns (stored, results)."""
     d = site.dialect
     stored = 0
     at = now_iso()
@@ -112,7 +147,7 @@ def apply_batch(
         part = rows.get(info.name)
         if not part:
             continue
-        good, bad = _split(part)
+        good, bad, foreign = _split(part, known)
         n, _last, _ = store_batch(conn, site, info, peer, good, applied=False)
         stored += n
         width = 3 + 6 + 2 * len(info.columns) + 2 * len(info.refs)  # the txn's place (pull.log_select_columns)
@@ -121,7 +156,18 @@ def apply_batch(
             rid = r[6] if isinstance(r[6], str) and r[6] else "?"
             txn = r[width] if len(r) > width and r[width] is not None and isinstance(r[4], str) else None
             h = Held(info.name, peer, ver, str(r[4]), rid, "?", None if txn is None else str(txn))
-            store.errorqueue.hold(conn, d, h, "failed", at, f"change log of peer '{peer}', entry {r[2]}: {why}")
+            store.errorqueue.hold(conn, d, h, "failed", at, refused_message(peer, info.name, r[2], r[4], why, site.name))
+        if foreign:
+            seq = {str(r[3]): r[2] for r in good}
+            for c in held.pending(conn, d, [info], peers):
+                refused = foreign.get(c["ver"])
+                if refused is None:
+                    continue
+                msg = refused_message(peer, info.name, seq[c["ver"]], c["origin"], refused, site.name)
+                store.errorqueue.hold(conn, d, held.as_held(c), "failed", at, msg)
+                held.mark(conn, d, list(_snaps(d, info, peers).values()), c["ver"])
+                if reconcile_:
+                    _keep_rank_held(conn, site, info, peers, base_max[info.name], c)
         store.watermarks.write(conn, d, peer, info.name, part[-1][0])
     if not reconcile_:
         return stored, {}
@@ -359,6 +405,7 @@ def retry(
     queued: list[dict[str, Any]],
     others: list[dict[str, Any]],
     out: RetryResult,
+    known: Collection[str] | None = None,
 ) -> None:
     """In a write transaction at `site`: apply the held changes `queued` (open rows of the queue)
     again, unit by unit (core.errorqueue.units: a source transaction, or a change without one),
@@ -367,7 +414,8 @@ def retry(
     with the new error, the others ``txn`` with it, one more attempt each —, and the units behind
     it wait. A unit with a change that waits behind a held change not retried here (`others`, the
     other open rows) stays as it is. `order`: the tables' order (parents first). `_mm_origins` is
-    not asked: a held change may be below what it records."""
+    not asked: a held change may be below what it records. A unit with a change whose origin is
+    not in `known` (when given: the topology's sites and the retired ones) stays held, failed."""
     d = site.dialect
     # a change waiting for a column is applied when the site has it (engine/evolve.py), not here
     queued = [q for q in queued if q["state"] != store.errorqueue.SCHEMA]
@@ -383,6 +431,14 @@ def retry(
             store.errorqueue.failed_again(conn, d, ids[bad], (err if err.endswith(note) else err + note)[:2000], at)
             _held_with(conn, d, ids, bad, at, out, "malformed", attempt=True)
             holds.hold(members, ids, bad)
+            continue
+        alien = next((k for k, m in enumerate(members) if known is not None and m["origin"] not in known), None)
+        if alien is not None:  # its origin is still no site known here (core.errorqueue.refusal)
+            m = members[alien]
+            again = str(m["error"] or "") or f"origin '{m['origin']}' is not a site of the topology, nor a site removed from it"
+            store.errorqueue.failed_again(conn, d, ids[alien], again[:2000], at)
+            _held_with(conn, d, ids, alien, at, out, f"origin '{m['origin']}' is not a site of the topology", attempt=True)
+            holds.hold(members, ids, alien)
             continue
         b = holds.blocked(members)
         if b is not None:  # behind a held change it does not retry: stays as it is

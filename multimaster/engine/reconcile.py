@@ -63,6 +63,10 @@ class RefreshResult:
     waits_for: str | None = None
     #: set when the oldest has waited longer than refresh.stall_after: what it waits for, and the fix
     stalled: str | None = None
+    #: per origin whose versions came ahead of this site's clock past refresh.clock_warn (applied,
+    #: not held): how far ahead (s), and the warning naming it (docs/clock.md)
+    clock_ahead: dict[str, float] = field(default_factory=dict)
+    clock_warnings: list[str] = field(default_factory=list)
 
     @property
     def applied(self) -> int:

@@ -8,7 +8,7 @@ import functools
 import random
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, TypeVar
 
 from sqlalchemy.engine import Connection
@@ -20,7 +20,7 @@ from multimaster.config.topology import Topology
 from multimaster.core import waits as waits_core
 from multimaster.core.batches import plan_cuts
 from multimaster.core.references import fk_order
-from multimaster.core.versions import now_iso, seconds_ahead
+from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
@@ -41,6 +41,7 @@ __all__ = [
     "write_retrying",
     "check_not_purged",
     "RETRIES",
+    "clock_warning",
 ]
 
 T = TypeVar("T")
@@ -107,8 +108,13 @@ def refresh_link(
             tgt.require_installed(conn, t)
             tables = {}
             infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
+            known = isolate.known_origins(conn, tgt, list(t.sites))
+            warned = any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
+            skew: dict[str, float] = {}
             for tb in apply_order(t, infos):
-                tables[tb] = _LinkTable(t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_)
+                tables[tb] = _LinkTable(
+                    t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_, known, skew
+                )
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
         touched = _refresh_batches(tables, batch, res, progress, stop)
@@ -118,6 +124,8 @@ def refresh_link(
                     res.reconciled[tb].add(_settle_if_needed(link))
         if reconcile_:
             _note_waits(tgt, t, source, res)
+        if res.pulled and (skew or warned):
+            _note_skew(tgt, t, source, skew, res)
         if res.pulled == 0:
             with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
@@ -150,6 +158,26 @@ def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None
             f"link {source} -> {tgt.name} stalled: {res.waiting} change(s) wait, the oldest made "
             f"{oldest.age_s(now_ms):.0f}s ago: {res.waits_for}. Fix: {waits_core.fix(tgt.name)}"
         )
+
+
+def _note_skew(tgt: Site, t: Topology, source: str, skew: dict[str, float], res: RefreshResult) -> None:
+    """After a refresh that pulled changes: the origins whose versions came ahead of the target's
+    clock past refresh.clock_warn (applied, not held) are recorded for status and the metrics
+    (replacing the link's earlier record; none: cleared), and named in the result's warnings."""
+    res.clock_ahead = dict(skew)
+    warn, limit = t.refresh.clock_warn_seconds(), t.refresh.max_offset_seconds()
+    res.clock_warnings = [clock_warning(tgt.name, source, o, a, warn, limit) for o, a in sorted(skew.items())]
+    with tgt.write() as conn:
+        store.skew.replace(conn, tgt.dialect, source, skew, now_iso())
+
+
+def clock_warning(target: str, source: str, origin: str, ahead: float, warn: float | None, limit: float | None) -> str:
+    """The warning for versions of `origin` that came `ahead` seconds ahead of `target`'s clock."""
+    held = f"; past refresh.max_clock_offset ({limit:g} s) they would be held" if limit is not None else ""
+    return (
+        f"clock warning: site '{origin}' is {ahead:.1f} s ahead of site '{target}''s clock (its changes pulled from "
+        f"'{source}'), past refresh.clock_warn ({warn or 0:g} s){held}. Applied; correct the clock of site '{origin}'."
+    )
 
 
 def _follow_schemas(cl: Cluster, target: str, source: str) -> list[str]:
@@ -210,6 +238,12 @@ class _LinkTable:
     base_max: int
     peers: list[str]
     reconcile_: bool
+    #: the origins a change of this link may have: the topology's sites and the retired ones
+    #: (core.errorqueue.refusal; a change of another origin is held in the error queue)
+    known: frozenset[str] | None = None
+    #: per origin, the furthest ahead of this site's clock its versions came past refresh.clock_warn
+    #: (shared by the link's tables, filled as batches are applied; docs/clock.md)
+    skew: dict[str, float] = field(default_factory=dict)
 
 
 Rows = list[tuple[Any, ...]]
@@ -321,7 +355,7 @@ def _whole_link(
             check_not_purged(src, target, tb, wms[tb])
         if not any(read.rows.values()):
             break
-        bad = any(isolate.has_malformed(rows) for rows in read.rows.values() if rows)
+        bad = any(isolate.has_malformed(rows, first.known) for rows in read.rows.values() if rows)
         done = _apply_batch(conn, tables=tables, rows=read.rows, wms=dict(wms), isolating=isolating or bad, token=token)
         if done is None:
             raise _Moved()
@@ -341,10 +375,11 @@ def _whole_link(
 
 
 def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows], wms: dict[str, int]) -> Any:
-    """Apply one batch in one write transaction at the target (_apply_batch): a malformed entry is
-    held at once; a batch rejected for good runs again, holding the changes at fault
-    (engine/isolate.py)."""
-    malformed = any(isolate.has_malformed(rows) for rows in part.values() if rows)
+    """Apply one batch in one write transaction at the target (_apply_batch): a malformed entry, or
+    one whose origin is no site known here, is held at once; a batch rejected for good runs again,
+    holding the changes at fault (engine/isolate.py)."""
+    known = next(iter(tables.values())).known
+    malformed = any(isolate.has_malformed(rows, known) for rows in part.values() if rows)
     try:
         return write_retrying(tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed))
     except Exception as e:
@@ -472,7 +507,9 @@ def _apply_batch(
     if isolating:
         base = {tb: link.base_max for tb, link in tables.items()}
         relays = {tb: relay_origins(link.topo, link.target, link.info) for tb, link in tables.items()}
-        stored_all, results = isolate.apply_batch(conn, tgt, infos, source, rows, first.peers, base, relays, first.reconcile_)
+        stored_all, results = isolate.apply_batch(
+            conn, tgt, infos, source, rows, first.peers, base, relays, first.reconcile_, first.known
+        )
         applied = sum(r.applied for r in results.values())
         conflicts = sum(len(r.conflicts) for r in results.values())
         store.links.stats(conn, tgt.dialect, source, stored_all, applied, conflicts, now_iso())
@@ -510,11 +547,16 @@ def _apply_batch(
 def _check_clock_offset(link: _LinkTable, rows: list[tuple[Any, ...]]) -> None:
     """Refuse (ClockAhead) a batch holding a change whose version is further ahead of this site's
     wall clock than refresh.max_clock_offset: applying it would drag this site's clock there for
-    good (docs/clock.md "Clock discipline")."""
+    good (docs/clock.md "Clock discipline"). The origins of versions ahead past refresh.clock_warn
+    (but within the offset) are noted in the link's `skew`, to be warned about."""
     limit = link.topo.refresh.max_offset_seconds()
+    now_ms = int(time.time() * 1000)
+    for origin, ahead in ahead_warnings(
+        ((r[4], r[3]) for r in rows), now_ms, link.topo.refresh.clock_warn_seconds(), limit
+    ).items():
+        link.skew[origin] = max(ahead, link.skew.get(origin, ahead))
     if limit is None:
         return
-    now_ms = int(time.time() * 1000)
     for r in rows:
         ver = r[3]
         if isinstance(ver, str) and len(ver) > 19 and ver[:19].isdigit():

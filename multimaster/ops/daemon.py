@@ -154,7 +154,7 @@ class DaemonStats:
 
 
 def _emit(event: str, fmt: str, **fields: Any) -> None:
-    level = logging.WARNING if fields.get("error") else logging.INFO
+    level = logging.WARNING if fields.get("error") or event == "clock_warning" else logging.INFO
     if fmt == "json":
         line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
     else:
@@ -358,6 +358,8 @@ class Daemon:
                 error=res.error,
                 retry_in_s=retry,
             )
+        for w in res.clock_warnings:  # applied, a warning (docs/clock.md "Clock discipline")
+            _emit("clock_warning", self.log_format, link=st.name, message=w)
 
     def _purge(self) -> None:
         for s in self.sites:

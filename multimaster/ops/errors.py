@@ -104,7 +104,8 @@ def _retry_at(
         base = {tb: store.tables.base_max(conn, s.dialect, tb) for tb in t.tables}
         relay = {tb: relay_origins(t, n, infos[tb]) for tb in t.tables}
         mine = [q for q in queued if str(q["tbl"]) in t.tables]
-        isolate.retry(conn, s, infos, order, t.peers_of(n), base, relay, mine, others, res)
+        known = isolate.known_origins(conn, s, list(t.sites))
+        isolate.retry(conn, s, infos, order, t.peers_of(n), base, relay, mine, others, res, known)
         return res
 
     return write_retrying(s, go)

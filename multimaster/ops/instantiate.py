@@ -24,7 +24,8 @@ interrupted add-site.
 
 **remove-site** retires a site: checks that every puller has pulled its changes (or --force),
 drops the other sites' snapshots, watermarks and puller records of it (releasing the log entries
-kept for it) and uninstalls its replication objects; its rows stay. Then remove it and its links
+kept for it), records it as removed at every other site (its changes still on their way are applied
+there, not refused as of an unknown origin) and uninstalls its replication objects; its rows stay. Then remove it and its links
 from the topology file.
 """
 
@@ -37,6 +38,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.core.schemas import translate
+from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
@@ -227,6 +229,12 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
             raise SchemaError(schema_problems)
         _forget_observations(cl, name)
         copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
+        with psite.read() as pc:  # the sites removed before: their changes on the way are applied here too
+            gone = store.retired.read(pc, psite.dialect)
+        if gone:
+            with nsite.write() as nc:
+                for g in sorted(gone):
+                    store.retired.record(nc, nsite.dialect, g, now_iso())
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
     _connect_pullers(cl, name, peer, pullers, rep, say, copied)
@@ -487,12 +495,16 @@ def remove_site(
         sources = t.peers_of(name)
         if not force:
             _check_drained(cl, name)
-        for s in dict.fromkeys([*pullers, *sources]):
+        others = [n for n in t.sites if n != name]
+        for s in dict.fromkeys([*pullers, *sources, *others]):
             site = cl.site(s)
             dropped: list[str] = []
             try:
                 with site.write() as conn:
                     d = site.dialect
+                    # its changes still on their way (relayed) are applied, not refused (docs/errors.md)
+                    store.retired.record(conn, d, name, now_iso())
+                    dropped.append(f"'{name}' recorded as removed")
                     if s in pullers:
                         for tb in t.tables:
                             snap = d.obj(tb, name).snap

@@ -199,6 +199,17 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             d.get("conflicts_since"),
             site=n,
         )
+        for w in d.get("clock_ahead") or []:
+            o.add(
+                "multimaster_clock_ahead_seconds",
+                "gauge",
+                "How far ahead of this site's clock an origin's versions came over a link, past refresh.clock_warn "
+                "(applied; held past refresh.max_clock_offset).",
+                w["ahead_s"],
+                site=n,
+                peer=w["peer"],
+                origin=w["origin"],
+            )
         for state, n_ in (d.get("errors") or {}).items():
             o.add("multimaster_error_queue_changes", "gauge", "Changes in the error queue, per state.", n_, site=n, state=state)
         for tb, t in (d.get("tables") or {}).items():

@@ -12,6 +12,7 @@ from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.core.waits import Wait, fix, reason, stalled
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.refresh import clock_warning
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.verifications import last
 
@@ -22,7 +23,9 @@ __all__ = ["status", "conflicts", "describe", "CONFLICT_KINDS"]
 
 def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]:
     """Per link: changes waiting at the peer, watermark, last success/error, the age of the oldest
-    change not yet applied. Per site: conflicts (and `conflicts_since` the UTC time `since`,
+    change not yet applied, the origins whose versions its last refresh received ahead of the
+    target's clock past refresh.clock_warn (`clock_ahead`, also as messages in `clock_warnings`).
+    Per site: conflicts (and `conflicts_since` the UTC time `since`,
     'YYYY-MM-DDTHH:MM:SS'), log sizes, clock. Unreachable sites are reported, not raised."""
     cl, own = as_cluster(topo)
     t = cl.topo
@@ -40,6 +43,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                         d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
                         d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
                         d.update(_schemas(conn, s, t))  # docs/schema-changes.md
+                        d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
                         if since is not None:
                             d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
             except MultimasterError as e:
@@ -51,6 +55,9 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         now_ms = int(time.time() * 1000)
         for ln in t.links:
             entry: dict[str, Any] = {"from": ln.source, "to": ln.target, "tables": {}}
+            entry["clock_ahead"] = {
+                w["origin"]: w["ahead_s"] for w in site_data[ln.target].get("clock_ahead", []) if w["peer"] == ln.source
+            }
             src, tgt = cl.site(ln.source), cl.site(ln.target)
             if not (site_data[ln.source].get("installed") and site_data[ln.target].get("installed")):
                 entry["error"] = "not installed or unreachable"
@@ -79,6 +86,12 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
+        warn, limit = t.refresh.clock_warn_seconds(), t.refresh.max_offset_seconds()
+        out["clock_warnings"] = [
+            clock_warning(n, w["peer"], w["origin"], w["ahead_s"], warn, limit) + f" (seen {w['observed_at']})"
+            for n, d in site_data.items()
+            for w in d.get("clock_ahead", [])
+        ]
         out["held_errors"] = sum(
             d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "txn", "parked")
         )

@@ -14,7 +14,10 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.keymoves` ``_mm_keymoves``: the key history of renumbered tables;
 - :mod:`~multimaster.store.tables` ``_mm_tables``: the replicated tables, their base; site counts;
 - :mod:`~multimaster.store.errorqueue` ``_mm_errors``: the error queue (changes held, not applied);
-- :mod:`~multimaster.store.schemas` ``_mm_schemas``: the schema versions of each replicated table.
+- :mod:`~multimaster.store.schemas` ``_mm_schemas``: the schema versions of each replicated table;
+- :mod:`~multimaster.store.retired` ``_mm_retired``: the sites removed from the cluster;
+- :mod:`~multimaster.store.skew` ``_mm_skew``: per link and origin, a clock found ahead past
+  refresh.clock_warn.
 
 Every function takes ``(conn, d: Dialect, ...)`` and builds its SQL with the dialect's syntax only
 (placeholder, quoting, upsert, qualified names). What is database mechanics stays in the dialect:
@@ -35,7 +38,9 @@ from multimaster.store import (
     links,
     origins,
     purges,
+    retired,
     schemas,
+    skew,
     tables,
     verifications,
     watermarks,
@@ -49,7 +54,9 @@ __all__ = [
     "links",
     "origins",
     "purges",
+    "retired",
     "schemas",
+    "skew",
     "tables",
     "verifications",
     "watermarks",
@@ -60,7 +67,7 @@ __all__ = [
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
     dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_fences``,
-    ``_mm_verifications``; and the columns a later version added to ``_mm_conflicts``."""
+    ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)
     fences.install(conn, d)
@@ -68,3 +75,5 @@ def install(conn: Connection, d: Dialect) -> None:
     conflicts.install(conn, d)
     keymoves.install(conn, d)
     schemas.install(conn, d)
+    retired.install(conn, d)
+    skew.install(conn, d)

@@ -4,7 +4,7 @@ CREATE TABLE IF NOT EXISTS $log (
   seq BIGINT PRIMARY KEY,  -- the position: a value of _mm_tick drawn through the writer's slot (site.sql)
   ver VARCHAR(255) NOT NULL,
   origin VARCHAR(64) NOT NULL,
-  op CHAR(1) NOT NULL,
+  op CHAR(1) NOT NULL CHECK (op IN ('I', 'U', 'D')),  -- MariaDB 10.2+ and MySQL 8.0.16+ enforce it
   rid VARCHAR(255) NOT NULL,
   `key` $keytype,
   mask BIGINT NOT NULL$logcols,

@@ -1,0 +1,164 @@
+"""Re-resolving logged conflicts with another rule (`multimaster conflicts --re-resolve`,
+docs/conflicts.md "Re-resolving logged conflicts"): what a different policy would have decided for
+each conflict of the log, and whether the row still holds what the logged rule decided.
+
+A conflict of a slot (a column or a column group, kinds ``update_update`` and ``insert_insert``) is
+recorded by every site that saw the two versions meet, each from its side (local, remote); three
+sites changing a slot concurrently leave several records of it. So records are grouped per slot
+of a row, ``(table, rid, slot)``: the *candidates* are every version the records name, with the
+values each carried for the slot. The logged outcome is the one candidate that no record says
+lost; the new outcome is the candidate the new policy picks among all of them (built-in policies
+pick by a total order, so the order they are asked in does not matter). Records of other kinds
+(a delete wins, UNIQUE, orphans: no column policy decides them) and merges (``additive``: the
+merged value is not a candidate, and the value both changes started from is not logged) are not
+re-resolved, and say why.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Iterable, Mapping, Sequence
+
+from multimaster.core.policies import Candidate, Conflict, Policy, make_policy
+
+__all__ = ["SLOT_KINDS", "parse_policy", "Outcome", "re_resolve", "as_logged", "same_values"]
+
+#: the kinds of conflict a column policy decides (docs/conflicts.md "The conflict log")
+SLOT_KINDS = ("update_update", "insert_insert")
+
+
+def parse_policy(text: str) -> Policy:
+    """The policy `--policy` names: ``latest``, ``earliest``, ``maximum``, ``minimum``,
+    ``priority:s1,s2,...``, ``custom:pkg.mod.fn``. ``additive`` is refused (ValueError): adding
+    both deltas needs the value both changes started from, which the conflict log does not hold."""
+    t = text.strip()
+    if t == "additive":
+        raise ValueError(
+            "--policy additive: adding both changes' deltas needs the value both started from, which the conflict "
+            "log does not record; re-resolve to latest, earliest, maximum, minimum, priority:... or custom:..."
+        )
+    if t.startswith("priority:"):
+        sites = [s.strip() for s in t[len("priority:") :].split(",") if s.strip()]
+        if not sites:
+            raise ValueError("--policy priority: name the sites, first wins: priority:s1,s2")
+        return make_policy(SimpleNamespace(priority=sites, custom=None))
+    if t.startswith("custom:"):
+        return make_policy(SimpleNamespace(priority=None, custom=t[len("custom:") :]))
+    try:
+        return make_policy(t)
+    except ValueError:
+        raise ValueError(
+            f"--policy: unknown policy {text!r} (latest, earliest, maximum, minimum, priority:s1,s2, custom:pkg.mod.fn)"
+        ) from None
+
+
+@dataclass
+class Outcome:
+    """One slot of a row, re-resolved. `status`: ``same`` (the new rule picks the logged winner),
+    ``change`` (it picks another: `new`), ``skip`` (`why`: it cannot be re-resolved)."""
+
+    table: str
+    rid: str
+    key: Any
+    slot: str | None
+    columns: tuple[str, ...]
+    records: list[tuple[str, int]]  # (site, id) of the conflict-log rows
+    candidates: list[Candidate] = field(default_factory=list)
+    logged_policy: str = ""
+    logged: Candidate | None = None
+    new: Candidate | None = None
+    status: str = "skip"
+    why: str = ""
+    detected_at: str = ""
+
+
+def as_logged(row: Mapping[str, Any], site: str) -> dict[str, Any]:
+    """A conflict-log row (as ops.status.describe gives it, values decoded) in the shape
+    :func:`re_resolve` reads: site, id, detected_at, tbl, rid, key, kind, slot, columns, local_ver,
+    local_values, remote_ver, remote_values, policy, decision."""
+    out = {k: row.get(k) for k in ("id", "detected_at", "tbl", "rid", "key", "kind", "slot", "local_ver", "remote_ver")}
+    out.update(site=site, policy=row.get("policy") or "", decision=row.get("decision") or "")
+    for k in ("columns", "local_values", "remote_values"):
+        v = row.get(k)
+        out[k] = json.loads(v) if isinstance(v, str) else v
+    return out
+
+
+def re_resolve(records: Iterable[Mapping[str, Any]], policy: Policy) -> list[Outcome]:
+    """Every slot conflict of `records` (see :func:`as_logged`), grouped per (table, rid, slot),
+    re-resolved with `policy`; other kinds come back as ``skip``, one outcome per record. In the
+    order of each group's earliest detection."""
+    groups: dict[tuple[str, str, str | None], list[Mapping[str, Any]]] = {}
+    out: list[Outcome] = []
+    for r in records:
+        if r["kind"] not in SLOT_KINDS:
+            o = Outcome(str(r["tbl"]), str(r["rid"]), r.get("key"), r.get("slot"), tuple(r.get("columns") or ()), [])
+            o.records = [(str(r["site"]), int(r["id"]))]
+            o.logged_policy, o.detected_at = str(r["policy"]), str(r.get("detected_at") or "")
+            o.why = f"a {r['kind']} conflict is not decided by a column policy"
+            out.append(o)
+            continue
+        groups.setdefault((str(r["tbl"]), str(r["rid"]), r.get("slot")), []).append(r)
+    for (tb, rid, slot), rs in groups.items():
+        out.append(_group(tb, rid, slot, rs, policy))
+    out.sort(key=lambda o: (o.detected_at, o.table, o.rid, o.slot or ""))
+    return out
+
+
+def _group(table: str, rid: str, slot: str | None, rs: Sequence[Mapping[str, Any]], policy: Policy) -> Outcome:
+    """One slot of a row and every record of it."""
+    rs = sorted(rs, key=lambda r: (str(r.get("detected_at") or ""), str(r["site"]), int(r["id"])))
+    last = rs[-1]
+    o = Outcome(table, rid, last.get("key"), slot, tuple(last.get("columns") or ()), [(str(r["site"]), int(r["id"])) for r in rs])
+    o.detected_at = str(rs[0].get("detected_at") or "")
+    o.logged_policy = ",".join(sorted({str(r["policy"]) for r in rs}))
+    cands: dict[str, Candidate] = {}
+    lost: set[str] = set()
+    for r in rs:
+        for side in ("local", "remote"):
+            ver = r.get(f"{side}_ver")
+            if ver:
+                cands.setdefault(str(ver), Candidate(dict(r.get(f"{side}_values") or {}), str(ver), str(ver)[20:]))
+        if r["decision"] == "merged":
+            o.candidates = sorted(cands.values(), key=lambda c: c.ver)
+            o.why = "the logged rule merged both changes (additive): the merged value is not a candidate"
+            return o
+        loser = {"local": r.get("remote_ver"), "remote": r.get("local_ver")}.get(str(r["decision"]))
+        if loser:
+            lost.add(str(loser))
+    o.candidates = sorted(cands.values(), key=lambda c: c.ver)
+    winners = [c for c in o.candidates if c.ver not in lost]
+    if len(winners) != 1:
+        o.why = f"the log names {len(winners)} winners of this slot, not one (sites decided it differently)"
+        return o
+    o.logged = winners[0]
+    won = o.candidates[0]
+    for c in o.candidates[1:]:  # built-in policies pick by a total order: any order gives the same
+        won = policy.resolve(Conflict(table, o.key, rid, o.columns, won, c))
+    o.new = won
+    o.status = "same" if won.ver == o.logged.ver else "change"
+    return o
+
+
+def _plain(v: Any) -> Any:
+    """A value as the conflict log stores it (store/conflicts.py): bytes as {"$hex": ...}, values
+    JSON does not carry as text."""
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$hex": bytes(v).hex()}
+    if isinstance(v, (int, float, str, bool)) or v is None:
+        return v
+    return str(v)
+
+
+def same_values(current: Mapping[str, Any], logged: Mapping[str, Any]) -> bool:
+    """Whether the row's `current` values (as the database gives them) are the `logged` values of a
+    slot (as the conflict log holds them), column by column."""
+    for col, want in logged.items():
+        got = _plain(current.get(col))
+        if isinstance(got, bool) or isinstance(want, bool):
+            got, want = (int(got) if isinstance(got, bool) else got), (int(want) if isinstance(want, bool) else want)
+        if got != want:
+            return False
+    return True
