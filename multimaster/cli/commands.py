@@ -11,7 +11,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, redraw
 from multimaster.config.topology import load_topology
 
 
@@ -321,15 +321,7 @@ def status(
                 for t in _status_tables(st):
                     console.print(t)
                 return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []))
-            import time
-
-            from rich.console import Group
-            from rich.live import Live
-
-            with Live(Group(*_status_tables(st)), console=console, refresh_per_second=4) as live:
-                while True:
-                    time.sleep(interval)
-                    live.update(Group(*_status_tables(api.status(cl, since=since_at))))
+            redraw(lambda: _status_tables(api.status(cl, since=since_at)), interval)
 
     raise typer.Exit(execute(go, traceback) or 0)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import traceback as tb
-from typing import Any, Callable
+from typing import Any, Callable, NoReturn, Sequence
 
 import typer
 from rich.console import Console
@@ -15,7 +15,7 @@ from rich.markup import escape
 from multimaster.config.secrets import redact
 from multimaster.errors import MultimasterError
 
-__all__ = ["app", "console", "err", "TOPOLOGY", "TRACEBACK", "execute", "dump"]
+__all__ = ["app", "console", "err", "TOPOLOGY", "TRACEBACK", "execute", "dump", "redraw"]
 
 app = typer.Typer(
     name="multimaster",
@@ -83,3 +83,25 @@ def _traceback(e: BaseException) -> None:
 
 def dump(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def redraw(tables: Callable[[], Sequence[Any]], interval: float) -> NoReturn:
+    """Show `tables()` every `interval` seconds until interrupted: redrawn in place on a terminal;
+    elsewhere (a pipe, a log file) printed anew each time under a line with the time, so a reader
+    of the output sees every drawing as it is made, not all of them at the end."""
+    import time
+
+    from rich.console import Group
+    from rich.live import Live
+
+    if not console.is_terminal:
+        while True:
+            console.print(f"-- {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}", markup=False, highlight=False)
+            for t in tables():
+                console.print(t)
+            console.file.flush()
+            time.sleep(interval)
+    with Live(Group(*tables()), console=console, refresh_per_second=4, screen=False) as live:
+        while True:
+            time.sleep(interval)
+            live.update(Group(*tables()))

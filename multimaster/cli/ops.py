@@ -5,14 +5,13 @@ metrics.health, topology_view.view)."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, List, Optional
 
 import typer
 from rich.table import Table
 
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute, redraw
 from multimaster.config.topology import load_topology, parse_duration
 from multimaster.errors import ConfigError
 
@@ -310,8 +309,6 @@ def watch(
       multimaster watch -t topo.yaml
       multimaster watch -t topo.yaml --since 1h --once --json
     """
-    from rich.console import Group
-    from rich.live import Live
 
     from multimaster.engine.cluster import Cluster
     from multimaster.ops.metrics import health, parse_since
@@ -332,10 +329,7 @@ def watch(
                 for t in _health_tables(snap()):
                     console.print(t)
                 return
-            with Live(Group(*_health_tables(snap())), console=console, refresh_per_second=4, screen=False) as live:
-                while True:
-                    time.sleep(interval)
-                    live.update(Group(*_health_tables(snap())))
+            redraw(lambda: _health_tables(snap()), interval)
 
     execute(go, traceback)
 
