@@ -509,3 +509,52 @@ def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_
         assert cl.rows("s2", "tags") == [("x", "RED")]
     finally:
         mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")
+
+
+@pytest.mark.parametrize(
+    "url, plain",
+    [
+        ("mysql+pymysql://u@127.0.0.1:3306/db", True),
+        ("mysql+pymysql://u@localhost/db", True),
+        ("mysql+pymysql://u@[::1]:3306/db", True),
+        ("mysql+pymysql://u@db.example.com:3306/db?unix_socket=/run/mysqld/mysqld.sock", True),
+        ("mysql+pymysql://u@db.example.com:3306/db", False),
+        ("mysql+pymysql://u@127.0.0.1:3306/db?ssl_ca=/etc/ca.pem", False),
+        ("mysql+pymysql://u@127.0.0.1:3306/db?ssl_verify_cert=true", False),
+    ],
+)
+def test_tls_is_left_out_only_on_loopback_without_tls_settings(url: str, plain: bool) -> None:
+    from multimaster.dialects import get_dialect
+
+    args = get_dialect("mysql").engine_kwargs(url)["connect_args"]
+    assert args.get("ssl_disabled", False) is plain
+
+
+def test_a_loopback_site_connects_without_tls_unless_its_url_asks(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """PyMySQL 2 negotiates unverified TLS by default; multimaster's connections to a loopback
+    server do not (docs/mysql.md "TLS"), and a URL asking for TLS gets it."""
+    import sqlalchemy as sa
+
+    from multimaster.dialects import get_dialect
+
+    url = mysql_backend.new_site(tmp_path, "tls")
+    d = get_dialect("mysql")
+    eng = sa.create_engine(url, **d.engine_kwargs(url))
+    try:
+        with eng.connect() as c:
+            assert c.connection.driver_connection.ssl is False  # type: ignore[union-attr]
+            assert not c.exec_driver_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").one()[1]
+            offers_tls = c.exec_driver_sql("SELECT @@have_ssl").scalar() == "YES"
+    finally:
+        eng.dispose()
+    tls = url + "&ssl_verify_cert=false"
+    eng = sa.create_engine(tls, **d.engine_kwargs(tls))
+    try:
+        if offers_tls:
+            with eng.connect() as c:
+                assert c.exec_driver_sql("SHOW SESSION STATUS LIKE 'Ssl_cipher'").one()[1]
+        else:  # the URL's request is kept: TLS required, refused by a server without it
+            with pytest.raises(sa.exc.OperationalError, match="SSL is required"):
+                eng.connect()
+    finally:
+        eng.dispose()
