@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from multimaster import store
 from multimaster.config.secrets import redact
-from multimaster.config.topology import Topology, is_loopback
+from multimaster.config.topology import IDENT, Topology, is_loopback
 from multimaster.engine import wire
 from multimaster.engine.evolve import registered_columns
 from multimaster.engine.pull import pull_link
@@ -41,6 +41,9 @@ log = logging.getLogger("multimaster.agent")
 
 #: rows per JSON line of a pull's answer
 ROWS_PER_LINE = 500
+#: the largest window (entries per table) a pull may ask for: the agent holds one window in memory
+#: (a refresh asks for 4 x refresh.batch_size, at most 1,000,000 each)
+MAX_WINDOW = 4_000_000
 DEFAULT_PORT = 8470
 
 
@@ -93,8 +96,23 @@ class _Handlers:
     def pull(self, q: Mapping[str, str], body: bytes) -> Any:
         b = json.loads(body)
         infos = [wire.info_of(x) for x in b["tables"]]
-        wms = {k: int(v) for k, v in b["watermarks"].items()}
-        return _lines(pull_link(self.s, str(b["target"]), infos, wms, b["window"]))
+        self._check_layouts(infos)
+        target = self._site({"target": str(b["target"])}, "target")
+        window = b["window"]
+        if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+            raise ConfigError([f"a pull's window is 1 to {MAX_WINDOW:,} entries per table, not {window!r}"])
+        wms = {i.name: int(b["watermarks"][i.name]) for i in infos}
+        return _lines(pull_link(self.s, target, infos, wms, window))
+
+    def _check_layouts(self, infos: list[Any]) -> None:
+        """The tables a client names are replicated tables of the topology, and every column name
+        is a plain SQL name (they become SQL at the site)."""
+        for i in infos:
+            if i.name not in self.topo.tables:
+                raise ConfigError([f"table '{i.name}' is not replicated by site '{self.name}'"])
+            bad = [c for c in [i.key.name, *i.column_names, *(r.column for r in i.refs), *i.dropped] if not IDENT.match(c)]
+            if bad:
+                raise ConfigError([f"table '{i.name}': {bad} are not column names"])
 
     def purged(self, q: Mapping[str, str], body: bytes) -> Any:
         with self.s.read() as conn:
