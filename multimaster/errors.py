@@ -79,14 +79,14 @@ class AgentError(MultimasterError):
 
 class AgentOnly(MultimasterError):
     """An operation that needs a site's database directly, asked of a site this host reaches only
-    through its agent (docs/agent.md "Limits")."""
+    through its agent (docs/agent.md "What works through an agent")."""
 
     def __init__(self, site: str, agent: str, what: str = "this operation"):
         self.site, self.agent = site, agent
         super().__init__(
             f"site '{site}' is reached through its agent ({agent}), which serves its change log, schema versions, "
             f"status and clock only: {what} needs the site's database. Run it on the site's host, or with a "
-            'topology file giving the site\'s database url (docs/agent.md "Limits").'
+            'topology file giving the site\'s database url (docs/agent.md "What works through an agent").'
         )
 
 
