@@ -16,6 +16,8 @@ from multimaster.dialects.schema import names
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult
 from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_link, relay_origins, write_retrying
+from multimaster.ops.agent import make_server as agent_server
+from multimaster.ops.agent import serve
 from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
@@ -54,4 +56,6 @@ __all__ = [
     "RefreshResult",
     "BASE_VER",
     "names",
+    "agent_server",
+    "serve",
 ]

@@ -18,6 +18,8 @@ __all__ = [
     "ResolverError",
     "PurgedPastWatermark",
     "ChangesHeld",
+    "AgentError",
+    "AgentOnly",
 ]
 
 
@@ -57,6 +59,34 @@ class SiteUnreachable(MultimasterError):
         super().__init__(
             f"site '{site}' ({url}) cannot be reached: {reason}. "
             "Check that the database is running and the URL in the topology file is right."
+        )
+
+
+class AgentError(MultimasterError):
+    """A site reached through its agent (docs/agent.md) could not be read: the agent is down or
+    unreachable, refused the token, serves another site, failed TLS, or broke off its answer."""
+
+    def __init__(self, site: str, agent: str, reason: str, fix: str | None = None):
+        self.site, self.agent = site, agent
+        super().__init__(
+            f"site '{site}' (agent {agent}): {reason}. "
+            + (
+                fix
+                or "Check that 'multimaster serve' runs for this site there and the url and token in the topology file are right."
+            )
+        )
+
+
+class AgentOnly(MultimasterError):
+    """An operation that needs a site's database directly, asked of a site this host reaches only
+    through its agent (docs/agent.md "What works through an agent")."""
+
+    def __init__(self, site: str, agent: str, what: str = "this operation"):
+        self.site, self.agent = site, agent
+        super().__init__(
+            f"site '{site}' is reached through its agent ({agent}), which serves its change log, schema versions, "
+            f"status and clock only: {what} needs the site's database. Run it on the site's host, or with a "
+            'topology file giving the site\'s database url (docs/agent.md "What works through an agent").'
         )
 
 

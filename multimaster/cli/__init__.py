@@ -5,11 +5,12 @@ a difference); 2 bad input (topology file, schema, base rows) — nothing was ch
 
 The commands live in modules of this package, each importing only cli.common and the layers
 below: commands (init, refresh, status ...), ops (run, purge, add-site ...), grants, errors, keys,
-freshness (token, wait), verify.
+freshness (token, wait), agent (serve), verify.
 """
 
 from __future__ import annotations
 
+from multimaster.cli import agent as _agent
 from multimaster.cli import commands as _commands  # noqa: F401 - registers the core commands on app
 from multimaster.cli import errors as _errors
 from multimaster.cli import freshness as _freshness
@@ -22,6 +23,7 @@ from multimaster.cli.verify import verify_command  # PySpark itself is imported 
 __all__ = ["app", "main"]
 
 _ops.register(app)
+_agent.register(app)
 _grants.register(app)
 _errors.register(app)
 _keys.register(app)

@@ -38,6 +38,8 @@ __all__ = [
     "parse_topology",
     "expand_links",
     "hidden_url",
+    "is_agent_url",
+    "is_loopback",
 ]
 
 IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -88,12 +90,25 @@ class SiteConfig(_Strict):
     #: a pull-only site (docs/topologies.md "Read-only sites"): it receives every change, no link
     #: pulls from it, and its triggers refuse local writes to replicated tables
     read_only: bool = False
+    #: the bearer token of the site's agent (docs/agent.md): with an agent url (http(s)://), what
+    #: this host sends; with a database url, what `multimaster serve` for this site checks
+    token: str | None = None
+    #: a CA certificate file (PEM) to trust for an https agent url (a self-signed certificate)
+    ca: str | None = None
+    #: plain HTTP to (or served by) an agent on an address other than loopback: the token and the
+    #: changes cross the network in clear; off unless written
+    insecure_http: bool = False
+
+    @property
+    def agent(self) -> bool:
+        """Whether this host reaches the site through its agent (`url` is http(s)://)."""
+        return is_agent_url(self.url)
 
     def __repr_args__(self) -> Any:  # a repr (in a traceback, a log line) shows the URL masked
         for k, v in super().__repr_args__():
             if k == "url" and isinstance(v, str):
                 yield k, hidden_url(v)
-            elif k == "password" and v is not None:
+            elif k in ("password", "token") and v is not None:
                 yield k, secrets.MASK
             else:
                 yield k, v
@@ -253,9 +268,29 @@ class Topology:
         return self.sites[name].url
 
 
+def is_agent_url(url: str) -> bool:
+    """Whether a site's url names its agent (http:// or https://) rather than its database."""
+    return url.strip().lower().startswith(("http://", "https://"))
+
+
+def is_loopback(host: str | None) -> bool:
+    """Whether `host` is a loopback address or name (plain HTTP is allowed there without asking)."""
+    import ipaddress
+
+    h = (host or "").strip("[]").lower()
+    if h == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
 def hidden_url(url: str) -> str:
     """Render a database URL with the password masked, for every message and log line. A URL that
     does not parse is shown masked from the first ':' after the user to its last '@'."""
+    if is_agent_url(url):
+        return secrets.redact(re.sub(r"://[^/@]*@", "://***@", url))
     try:
         shown = make_url(url).render_as_string(hide_password=True)
     except Exception:  # noqa: BLE001 - SQLAlchemy raises ArgumentError or ValueError
@@ -672,6 +707,21 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
     sites: dict[str, SiteConfig] = {}
     for name, s in model.sites.items():
         where = f"sites.{name}"
+        token = None if s.token is None else _expand_env(s.token, f"{where}.token", problems)
+        secrets.remember(token)
+        ca = None if s.ca is None else _expand_env(s.ca, f"{where}.ca", problems)
+        if ca and base is not None and not os.path.isabs(ca):
+            ca = str((base / ca).resolve())
+        extra: dict[str, Any] = {"token": token, "ca": ca, "insecure_http": s.insecure_http}
+        seen: list[str] = []
+        agent = _expand_env(s.url, f"{where}.url", seen).strip()
+        if is_agent_url(agent) or (is_agent_url(s.url) and seen):
+            problems.extend(seen)
+            sites[name] = SiteConfig(url=agent, verify=s.verify, read_only=s.read_only, **extra)
+            _agent_problems(sites[name], where, problems, password=s.password is not None)
+            continue
+        if s.ca is not None:
+            problems.append(f"{where}.ca: a CA file is for an agent url (https://...), not a database url")
         url = _expand_url(s.url, f"{where}.url", problems)
         if url is None:
             sites[name] = SiteConfig(url=s.url, verify=s.verify, read_only=s.read_only)
@@ -699,8 +749,38 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
             if "password" in k.lower():
                 for x in v if isinstance(v, tuple) else (v,):
                     secrets.remember(x)
-        sites[name] = SiteConfig(url=url, verify=s.verify, read_only=s.read_only)
+        sites[name] = SiteConfig(url=url, verify=s.verify, read_only=s.read_only, **extra)
     return sites
+
+
+def _agent_problems(s: SiteConfig, where: str, problems: list[str], *, password: bool) -> None:
+    """The problems of a site reached through its agent (docs/agent.md): a token is needed, plain
+    HTTP only to a loopback address unless insecure_http says so, no database password."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(s.url)
+        host, _port = u.hostname, u.port
+    except ValueError as e:
+        problems.append(f"{where}.url: '{hidden_url(s.url)}' is not an agent url (e.g. https://host:8470): {e}")
+        return
+    if not host:
+        problems.append(f"{where}.url: '{hidden_url(s.url)}' names no host (e.g. https://host:8470)")
+    if u.path not in ("", "/") or u.query or u.username or u.password:
+        problems.append(f"{where}.url: an agent url is scheme, host and port only (e.g. https://host:8470)")
+    if not s.token:
+        problems.append(f"{where}.token: an agent url needs the agent's token (token: ${{VAR}})")
+    if password:
+        problems.append(f"{where}.password: a site reached through its agent takes a token, not a database password")
+    if u.scheme.lower() == "http" and not is_loopback(host) and not s.insecure_http:
+        problems.append(
+            f"{where}.url: plain http to '{host}', which is not a loopback address, would send the token and the "
+            "changes in clear: use https (the agent's --tls-cert), or write 'insecure_http: true' for the site"
+        )
+    if s.ca is not None and u.scheme.lower() != "https":
+        problems.append(f"{where}.ca: a CA file is for an https agent url")
+    elif s.ca is not None and not os.path.isfile(s.ca):
+        problems.append(f"{where}.ca: the file {s.ca} does not exist")
 
 
 def _with_password(url: str, password: str, where: str, problems: list[str]) -> str:

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from multimaster.config.topology import Topology
-from multimaster.engine.site import Site, open_sites
+from multimaster.engine.remote import AgentSite
+from multimaster.engine.site import Site
 from multimaster.errors import ConfigError
 
-__all__ = ["Cluster", "as_cluster", "Progress"]
+__all__ = ["Cluster", "as_cluster", "open_site", "Progress"]
 
 Progress = Callable[[str], None]
 
@@ -18,7 +19,7 @@ class Cluster:
 
     def __init__(self, topo: Topology, names_: list[str] | None = None, *, create: bool = False):
         self.topo = topo
-        self.sites: dict[str, Site] = open_sites(topo, names_, create=create)
+        self.sites: dict[str, Site] = {n: open_site(topo, n, create=create) for n in names_ or list(topo.sites)}
 
     def __enter__(self) -> "Cluster":
         return self
@@ -34,8 +35,17 @@ class Cluster:
         if name not in self.sites:
             if name not in self.topo.sites:
                 raise ConfigError([f"site '{name}' is not defined under sites"])
-            self.sites[name] = Site(name, self.topo.sites[name].url)
+            self.sites[name] = open_site(self.topo, name)
         return self.sites[name]
+
+
+def open_site(topo: Topology, name: str, *, create: bool = False) -> Site:
+    """Site `name` of `topo` as this host reaches it: its database, or its agent (an http(s) url,
+    docs/agent.md)."""
+    cfg = topo.sites[name]
+    if cfg.agent:
+        return AgentSite(name, cfg)
+    return Site(name, cfg.url, create=create)
 
 
 def as_cluster(topo_or_cluster: Topology | Cluster) -> tuple[Cluster, bool]:

@@ -27,8 +27,9 @@ from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
+from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark, SchemaError
+from multimaster.errors import AgentOnly, ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark, SchemaError
 
 __all__ = [
     "refresh",
@@ -40,6 +41,7 @@ __all__ = [
     "schemas_elsewhere",
     "write_retrying",
     "check_not_purged",
+    "read_link",
     "RETRIES",
     "clock_warning",
 ]
@@ -187,6 +189,8 @@ def _follow_schemas(cl: Cluster, target: str, source: str) -> list[str]:
     (named, with the fix)."""
     problems: list[str] = []
     for n in (target, source):
+        if n == source and isinstance(cl.site(n), AgentSite):
+            continue  # read through its agent, which writes nothing: the site's own refresher follows it
         try:
             for ev in evolve.follow(cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)):
                 problems.extend(ev.problems)
@@ -206,8 +210,12 @@ def schemas_elsewhere(cl: Cluster, site: str) -> Callable[[str], dict[str, set[s
             if n == site:
                 continue
             try:
-                with cl.site(n).read() as conn:
-                    cols = evolve.registered_columns(conn, cl.site(n), table)
+                s = cl.site(n)
+                if isinstance(s, AgentSite):
+                    cols = s.registered_columns(table)
+                else:
+                    with s.read() as conn:
+                        cols = evolve.registered_columns(conn, s, table)
             except Exception:  # noqa: BLE001 - an unreachable site tells nothing
                 continue
             if cols is not None:
@@ -272,7 +280,7 @@ def _refresh_batches(
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
-        read = pull_link(src, target, [lt.info for lt in tables.values()], wms, window)
+        read = read_link(src, target, [lt.info for lt in tables.values()], wms, window)
         for tb in tables:
             check_not_purged(src, target, tb, wms[tb])
         moved = False
@@ -350,7 +358,7 @@ def _whole_link(
     stored_all, windows = 0, 0
     results: dict[str, ReconcileResult] = {}
     while True:
-        read = pull_link(src, target, infos, wms, window)
+        read = read_link(src, target, infos, wms, window)
         for tb in tables:
             check_not_purged(src, target, tb, wms[tb])
         if not any(read.rows.values()):
@@ -611,6 +619,10 @@ def refresh(
             if n is not None and n not in t.sites:
                 raise ConfigError([f"site '{n}' is not defined under sites"])
         links = [ln for ln in t.links if (site is None or ln.target == site) and (peer is None or ln.source == peer)]
+        if site is None:  # a site reached through its agent is refreshed on its own host (docs/agent.md)
+            links = [ln for ln in links if not t.sites[ln.target].agent]
+        elif t.sites[site].agent:
+            raise AgentOnly(site, t.sites[site].url, "refreshing it (its links write its database)")
         if not links:
             raise ConfigError([f"no link matches --site {site} --peer {peer} (see 'links' in the topology)"])
         return [
@@ -677,12 +689,23 @@ def catch_up(topo: Topology | Cluster, site: str | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def read_link(src: Site, target: str, infos: list[TableInfo], watermarks: dict[str, int], window: int | None = None) -> LinkRead:
+    """engine/pull.py pull_link at `src`: run here against its database, or by its agent there
+    (engine/remote.py, docs/agent.md), which runs the same function and sends its result."""
+    if isinstance(src, AgentSite):
+        return src.pull_link(target, infos, watermarks, window)
+    return pull_link(src, target, infos, watermarks, window)
+
+
 def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None:
     """Raise :class:`PurgedPastWatermark` when `src` purged second-order entries past `watermark`.
 
     Called by refresh after each pull: the horizon is read after the pulled rows, so a purge that
     raced the pull is seen."""
-    with src.read() as conn:
-        h = store.purges.horizon(conn, src.dialect, table)
+    if isinstance(src, AgentSite):  # read by its agent, after the pull's answer came
+        h = src.purge_horizon(table)
+    else:
+        with src.read() as conn:
+            h = store.purges.horizon(conn, src.dialect, table)
     if h > watermark:
         raise PurgedPastWatermark(src.name, target, table, watermark, h)

@@ -122,6 +122,8 @@ class Site:
 
 
 def open_sites(topo: Topology, names: list[str] | None = None, *, create: bool = False) -> dict[str, Site]:
+    """The sites `names` (all: None) opened on their database urls (engine/cluster.py open_site
+    also opens sites reached through an agent)."""
     out = {}
     for n in names or list(topo.sites):
         out[n] = Site(n, topo.sites[n].url, create=create)

@@ -42,7 +42,7 @@ from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
 from multimaster.engine.refresh import refresh_link
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError
 from multimaster.ops import verifications
 from multimaster.ops.purge import PurgePolicy, purge_site
 
@@ -182,7 +182,11 @@ class Daemon:
         if problems:
             raise ConfigError(problems)
         self.topo = topo
-        self.sites = list(sites) if sites else list(topo.sites)
+        # a site reached through its agent is refreshed by the daemon on its own host (docs/agent.md)
+        self.sites = list(sites) if sites else [n for n in topo.sites if not topo.sites[n].agent]
+        remote = [n for n in self.sites if topo.sites[n].agent]
+        if remote:
+            raise AgentOnly(remote[0], topo.sites[remote[0]].url, "running its daemon (it writes the site's database)")
         self.links = [ln for ln in topo.links if ln.target in self.sites]
         if not self.links:
             raise ConfigError([f"no link pulls into {self.sites} (see 'links' in the topology)"])

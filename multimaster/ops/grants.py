@@ -16,7 +16,7 @@ from sqlalchemy.engine import make_url
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import names
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError
 
 __all__ = ["PeerGrants", "grant_statements", "apply_grants"]
 
@@ -36,6 +36,8 @@ def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
     """The statements to run at `site` (as its owner) for every peer that pulls from it."""
     if site not in topo.sites:
         raise ConfigError([f"site '{site}' is not defined under sites"])
+    if topo.sites[site].agent:
+        raise AgentOnly(site, topo.sites[site].url, "grants (statements run as the site's database owner)")
     s = Site(site, topo.sites[site].url)
     d = s.dialect
     pullers = sorted({ln.target for ln in topo.links if ln.source == site})

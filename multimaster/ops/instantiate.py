@@ -45,7 +45,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
-from multimaster.errors import ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
+from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
 from multimaster.ops.install import uninstall
 from multimaster.ops.status import status
 
@@ -185,6 +185,11 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
     nsite, psite = cl.site(name), cl.site(peer)
     sources = t.peers_of(name)
     pullers = [ln.target for ln in t.links if ln.source == name]
+    for s in [name, peer, *sources, *pullers]:  # it copies tables and installs: databases, not agents
+        if t.sites[s].agent:
+            raise AgentOnly(
+                s, t.sites[s].url, "add-site (it copies the peer's tables and writes at the sites around the new one)"
+            )
     # ---- checks: every site we will read or write answers and is installed ----------------
     for s in {*sources, *pullers, peer}:
         with cl.site(s).read() as conn:

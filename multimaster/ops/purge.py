@@ -35,6 +35,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import parse_duration, parse_retention
 from multimaster.core.versions import HLC_SHIFT, now_iso
+from multimaster.engine.remote import AgentSite
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops import retention
 
@@ -212,6 +213,15 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
             continue
         p = cl.site(ln.target)
         try:
+            if isinstance(p, AgentSite):  # what its agent reads there, the same
+                held = p.watermarks_held(site)
+                if not held.get("installed"):
+                    continue
+                for tb in topo.tables:
+                    wm = held["watermarks"].get(tb)
+                    if wm is not None:
+                        seen[(ln.target, tb)] = (int(wm), held.get("last_success_at"))
+                continue
             with p.read() as conn:
                 if not p.installed_tables(conn):
                     continue
@@ -377,7 +387,8 @@ def purge(
         if site is not None and site not in cl.topo.sites:
             raise ConfigError([f"site '{site}' is not defined under sites"])
         out = []
-        for n in [site] if site else list(cl.topo.sites):
+        # a site reached through its agent is purged on its own host (docs/agent.md)
+        for n in [site] if site else [n for n in cl.topo.sites if not cl.topo.sites[n].agent]:
             try:
                 out.append(purge_site(cl, n, policy, dry_run=dry_run))
             except MultimasterError as e:

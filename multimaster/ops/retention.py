@@ -38,6 +38,7 @@ from multimaster.core.retention import (
     rank_floor,
 )
 from multimaster.core.versions import HLC_SHIFT, ver_origin
+from multimaster.engine.remote import AgentSite
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -71,6 +72,13 @@ def observe_sites(cl: "Cluster", here: str) -> tuple[dict[str, dict[str, Observa
             continue
         s = cl.site(name)
         try:
+            if isinstance(s, AgentSite):  # what its agent reads there, the same
+                seen = s.observe()
+                if seen is None:
+                    missing[name] = "not installed"
+                else:
+                    out[name] = {tb: seen[tb] for tb in topo.tables}
+                continue
             with s.read() as conn:
                 have = set(s.installed_tables(conn))
                 if not set(topo.tables) <= have:

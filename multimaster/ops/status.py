@@ -13,10 +13,12 @@ from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.core.waits import Wait, fix, reason, stalled
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning
+from multimaster.engine.remote import AgentSite
+from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.verifications import last
 
-__all__ = ["status", "conflicts", "describe", "CONFLICT_KINDS"]
+__all__ = ["status", "conflicts", "describe", "CONFLICT_KINDS", "site_summary", "link_at_target", "link_at_source"]
 
 # status / conflicts
 
@@ -36,16 +38,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             s = cl.site(n)
             d: dict[str, Any] = {"url": s.display_url, "reachable": True, "read_only": n in t.read_only}
             try:
-                with s.read() as conn:
-                    tables = s.installed_tables(conn)
-                    d["installed"] = sorted(tables) == sorted(t.tables)
-                    if tables:
-                        d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
-                        d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
-                        d.update(_schemas(conn, s, t))  # docs/schema-changes.md
-                        d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
-                        if since is not None:
-                            d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
+                d.update(s.summary(since) if isinstance(s, AgentSite) else site_summary(s, t, since))
             except MultimasterError as e:
                 d["reachable"] = False
                 d["error"] = redact(str(e))
@@ -59,28 +52,38 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 w["origin"]: w["ahead_s"] for w in site_data[ln.target].get("clock_ahead", []) if w["peer"] == ln.source
             }
             src, tgt = cl.site(ln.source), cl.site(ln.target)
-            if not (site_data[ln.source].get("installed") and site_data[ln.target].get("installed")):
+            if not site_data[ln.target].get("installed"):
                 entry["error"] = "not installed or unreachable"
                 out["links"].append(entry)
                 continue
-            with tgt.read() as tconn:
-                entry.update(store.links.row(tconn, tgt.dialect, ln.source))
+            try:
+                at = tgt.link_at_target(ln.source) if isinstance(tgt, AgentSite) else link_at_target(tgt, ln.source, t)
+                entry.update(at["row"])
                 if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
                     entry["last_error"] = redact(str(entry["last_error"]))
-                wms = {tb: store.watermarks.read(tconn, tgt.dialect, ln.source, tb) for tb in t.tables}
-                pending_local = {tb: store.links.unapplied(tconn, tgt.dialect, tb, ln.source) for tb in t.tables}
-                found = [store.links.parked(tconn, tgt.dialect, tb, ln.source) for tb in t.tables]
-            _waits(entry, [w for w in found if w is not None], now_ms, t.refresh.stall_after_seconds(), ln.target)
+                if not site_data[ln.source].get("installed"):  # the link's own last error says why, above
+                    entry["error"] = f"site '{ln.source}' not installed or unreachable"
+                    out["links"].append(entry)
+                    continue
+                wms = at["watermarks"]
+                ahead = (
+                    src.link_at_source(ln.target, wms) if isinstance(src, AgentSite) else link_at_source(src, ln.target, t, wms)
+                )
+            except MultimasterError as e:  # an agent that stopped answering since
+                entry["error"] = redact(str(e))
+                out["links"].append(entry)
+                continue
+            pending_local = at["unapplied"]
+            _waits(entry, [w for w in at["parked"] if w is not None], now_ms, t.refresh.stall_after_seconds(), ln.target)
             waiting_total = 0
             oldest: str | None = None
-            with src.read() as sconn:
-                for tb in t.tables:
-                    w, o = store.links.waiting(sconn, src.dialect, tb, wms[tb], ln.target)
-                    entry["tables"][tb] = {"watermark": wms[tb], "waiting": w, "unapplied": pending_local[tb][0]}
-                    waiting_total += w + pending_local[tb][0]
-                    for cand in (o, pending_local[tb][1]):
-                        if cand is not None and (oldest is None or cand < oldest):
-                            oldest = cand
+            for tb in t.tables:
+                w, o = ahead[tb]
+                entry["tables"][tb] = {"watermark": wms[tb], "waiting": w, "unapplied": pending_local[tb][0]}
+                waiting_total += w + pending_local[tb][0]
+                for cand in (o, pending_local[tb][1]):
+                    if cand is not None and (oldest is None or cand < oldest):
+                        oldest = cand
             entry["waiting"] = waiting_total
             entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
             out["links"].append(entry)
@@ -102,11 +105,50 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             for tb, w in d.get("schema_behind", {}).items()
             for c in w["columns"]
         ]
-        out["verification"] = last(cl) if site_data[t.verify_site].get("reachable") else None  # last recorded verify run
+        out["verification"] = (
+            last(cl) if site_data[t.verify_site].get("reachable") and not isinstance(cl.site(t.verify_site), AgentSite) else None
+        )  # last recorded verify run
         return out
     finally:
         if own:
             cl.close()
+
+
+def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, Any]:
+    """What `status` shows of one site, read at the site (its agent serves the same, docs/agent.md):
+    installed, its clock, conflicts, log sizes, the error queue, schema versions, clocks seen ahead."""
+    d: dict[str, Any] = {}
+    with s.read() as conn:
+        tables = s.installed_tables(conn)
+        d["installed"] = sorted(tables) == sorted(t.tables)
+        if tables:
+            d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
+            d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
+            d.update(_schemas(conn, s, t))  # docs/schema-changes.md
+            d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
+            if since is not None:
+                d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
+    return d
+
+
+def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
+    """A link's state at its target `tgt` (pulling from `source`): the link's row, per table the
+    watermark and the changes stored but not applied (count, oldest version), the oldest waiting
+    change per table (None: none)."""
+    with tgt.read() as tconn:
+        return {
+            "row": store.links.row(tconn, tgt.dialect, source),
+            "watermarks": {tb: store.watermarks.read(tconn, tgt.dialect, source, tb) for tb in t.tables},
+            "unapplied": {tb: store.links.unapplied(tconn, tgt.dialect, tb, source) for tb in t.tables},
+            "parked": [store.links.parked(tconn, tgt.dialect, tb, source) for tb in t.tables],
+        }
+
+
+def link_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, tuple[int, str | None]]:
+    """Per table, the changes at `src` past `target`'s watermark it has not pulled yet (count,
+    oldest version)."""
+    with src.read() as sconn:
+        return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target) for tb in t.tables}
 
 
 def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float | None, target: str) -> None:
@@ -160,7 +202,7 @@ def _types_elsewhere(cl: Cluster, site_data: dict[str, dict[str, Any]]) -> None:
     for n, d in site_data.items():
         for tb, w in d.get("schema_behind", {}).items():
             for other in cl.topo.sites:
-                if other == n or not site_data[other].get("reachable"):
+                if other == n or not site_data[other].get("reachable") or isinstance(cl.site(other), AgentSite):
                     continue
                 with cl.site(other).read() as conn:
                     cur = (

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url, load_topology
-from multimaster.errors import ConfigError, SiteUnreachable
+from multimaster.errors import AgentOnly, ConfigError, SiteUnreachable
 from multimaster.spark.jdbc import MissingDependency, dialect_of, find_jars, jdbc_source
 from multimaster.spark.result import TableResult, VerifyResult, table_status
 
@@ -79,6 +79,9 @@ def verify(
     bad = [s for s in chosen if s not in topo.sites]
     if bad:
         raise ConfigError([f"site '{s}' is not under 'sites' in the topology" for s in bad])
+    remote = [s for s in chosen if topo.sites[s].agent]
+    if remote:  # Spark reads every site's tables over JDBC; an agent serves change logs only
+        raise AgentOnly(remote[0], topo.sites[remote[0]].url, "verify (Spark reads every site's tables over JDBC)")
     if len(chosen) < 2:
         raise ConfigError(["verify needs at least two sites to compare (sites with 'verify: false' are skipped)"])
     if partitions < 1 or buckets < 1:

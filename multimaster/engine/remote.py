@@ -1,0 +1,267 @@
+"""A site this host reaches through its agent (`multimaster serve` on the site's host, docs/agent.md).
+
+:class:`AgentSite` stands where a :class:`~multimaster.engine.site.Site` stands in a cluster whose
+topology file gives the site an agent url (``https://host:8470``). The agent runs the same reads a
+refresher runs at a source (engine/pull.py pull_link, the purge horizon, schema versions) against
+its database and sends their results; this class asks for them and hands them on in the same
+shapes, so a pull through the agent is the pull from the database. Everything else that needs the
+site's database (its engine, a read or write transaction) raises :class:`AgentOnly`, naming the
+site and its agent: never a silent wrong result.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy.engine import Connection, Engine
+
+from multimaster.config.secrets import redact
+from multimaster.config.topology import SiteConfig, Topology, hidden_url
+from multimaster.core.retention import Observation
+from multimaster.core.waits import Wait
+from multimaster.dialects import Dialect, get_dialect
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine import wire
+from multimaster.engine.pull import LinkRead
+from multimaster.engine.site import Site
+from multimaster.errors import AgentError, AgentOnly
+
+__all__ = ["AgentSite", "TIMEOUT"]
+
+#: seconds to connect, and between two pieces of an answer
+TIMEOUT = 30.0
+
+
+class AgentSite(Site):
+    """A site read through its agent (see the module docstring)."""
+
+    def __init__(self, name: str, cfg: SiteConfig):
+        self.name = name
+        self.url = cfg.url.rstrip("/")
+        self.create = False
+        self.cfg = cfg
+        self._dialect: Dialect | None = None
+        self._client: Any = None
+        self._infos: dict[str, TableInfo] = {}
+        self._topo: Topology | None = None
+
+    def __repr__(self) -> str:
+        return f"AgentSite({self.name!r}, {hidden_url(self.url)!r})"
+
+    @property
+    def display_url(self) -> str:
+        return f"agent {hidden_url(self.url)}"
+
+    @property  # type: ignore[override]
+    def dialect(self) -> Dialect:
+        """The site's database kind, as its agent names it (asked once)."""
+        if self._dialect is None:
+            self._dialect = get_dialect(str(self.hello()["dialect"]))
+        return self._dialect
+
+    @dialect.setter
+    def dialect(self, d: Dialect) -> None:
+        self._dialect = d
+
+    @property
+    def engine(self) -> Engine:
+        raise AgentOnly(self.name, hidden_url(self.url), "reading or writing its database")
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        raise AgentOnly(self.name, hidden_url(self.url), "reading its database")
+        yield  # pragma: no cover
+
+    @contextmanager
+    def write(self) -> Iterator[Connection]:
+        raise AgentOnly(self.name, hidden_url(self.url), "writing its database")
+        yield  # pragma: no cover
+
+    def dispose(self) -> None:
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+
+    # ---- HTTP ------------------------------------------------------------------------------
+
+    def _http(self) -> Any:
+        if self._client is None:
+            import httpx
+
+            verify: Any = True
+            if self.url.lower().startswith("https://"):
+                verify = ssl.create_default_context(cafile=self.cfg.ca) if self.cfg.ca else ssl.create_default_context()
+            self._client = httpx.Client(
+                base_url=f"{self.url}/v1/{self.name}",
+                headers={"Authorization": f"Bearer {self.cfg.token or ''}", "Accept": "application/json"},
+                verify=verify,
+                timeout=httpx.Timeout(TIMEOUT),
+                trust_env=False,
+            )
+        return self._client
+
+    def _fail(self, reason: str, fix: str | None = None) -> AgentError:
+        return AgentError(self.name, hidden_url(self.url), redact(reason), fix)
+
+    def _transport_error(self, e: Exception) -> AgentError:
+        import httpx
+
+        text = str(e) or type(e).__name__
+        if isinstance(e, httpx.ConnectError) and ("SSL" in text or "certificate" in text.lower()):
+            return self._fail(
+                f"TLS failed: {text}",
+                "Give the agent's CA certificate as 'ca:' of the site in the topology file (a self-signed certificate), "
+                "and check that the url's host is a name the certificate holds.",
+            )
+        if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
+            return self._fail(f"the agent cannot be reached: {text}")
+        if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout)):
+            return self._fail(
+                f"the agent broke off its answer ({text}); nothing of it was applied",
+                "The next refresh reads it again; check that the agent runs.",
+            )
+        return self._fail(f"{type(e).__name__}: {text}")
+
+    def _check(self, r: Any) -> None:
+        """Raise AgentError for an answer that is not a success, naming what the agent said."""
+        if r.status_code == 200:
+            return
+        try:
+            said = str(r.json().get("error"))
+        except Exception:  # noqa: BLE001 - not the agent's JSON: a proxy, another server
+            said = f"HTTP {r.status_code} {r.reason_phrase}"
+        if r.status_code == 401:
+            raise self._fail(
+                f"the agent refused the token ({said})",
+                f"Give sites.{self.name}.token the token the agent of '{self.name}' checks (its own topology file's).",
+            )
+        if r.status_code == 404:
+            raise self._fail(said, f"Point sites.{self.name}.url at the agent of '{self.name}'.")
+        raise self._fail(said, "")
+
+    def _get(self, path: str, **params: Any) -> Any:
+        try:
+            r = self._http().get(path, params={k: v for k, v in params.items() if v is not None})
+        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
+            raise self._transport_error(e) from None
+        self._check(r)
+        return r.json()
+
+    def _post(self, path: str, body: Any) -> Any:
+        try:
+            r = self._http().post(path, content=wire.dumps(body), headers={"Content-Type": "application/json"})
+        except Exception as e:  # noqa: BLE001 - as above
+            raise self._transport_error(e) from None
+        self._check(r)
+        return r.json()
+
+    # ---- what the agent serves -------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        """The agent's site, its database kind, its protocol and its host's clock."""
+        h = self._get("/hello")
+        if h.get("site") != self.name:
+            raise self._fail(f"this agent serves site '{h.get('site')}', not '{self.name}'")
+        if h.get("protocol") != wire.PROTOCOL:
+            raise self._fail(
+                f"the agent speaks protocol {h.get('protocol')}, this multimaster {wire.PROTOCOL}",
+                "Run the same multimaster version on both hosts.",
+            )
+        return dict(h)
+
+    def pull_link(
+        self, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int], window: int | None = None
+    ) -> LinkRead:
+        """engine/pull.py pull_link, run by the agent at its site for `target` (whose tables'
+        layouts go along): the same LinkRead. The answer streams as JSON lines, a head, the rows
+        in pieces and an end line; an answer broken off before its end line raises AgentError."""
+        body = {
+            "target": target,
+            "tables": [wire.layout_of(i) for i in infos],
+            "watermarks": {k: int(v) for k, v in watermarks.items()},
+            "window": window,
+        }
+        rows: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in infos}
+        head: dict[str, Any] | None = None
+        ended = False
+        try:
+            with self._http().stream(
+                "POST", "/pull", content=wire.dumps(body), headers={"Content-Type": "application/json"}
+            ) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self._check(r)
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    msg = wire.loads(line)
+                    kind = msg.get("kind")
+                    if kind == "head":
+                        head = msg
+                    elif kind == "rows":
+                        rows[msg["table"]].extend(wire.row_in(x) for x in msg["rows"])
+                    elif kind == "error":
+                        raise self._fail(str(msg.get("error")), "")
+                    elif kind == "end":
+                        ended = True
+                        if msg.get("count") != sum(len(v) for v in rows.values()):
+                            raise self._fail("the agent's answer lost rows on the way; nothing of it was applied", "")
+        except AgentError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
+            raise self._transport_error(e) from None
+        if head is None or not ended:
+            raise self._fail(
+                "the agent broke off its answer before its end; nothing of it was applied",
+                "The next refresh reads it again; check that the agent runs.",
+            )
+        return LinkRead(
+            rows,
+            head["horizon"],
+            head["end"],
+            frozenset(tuple(wire.decode(g)) for g in head["continuing"]),
+            bool(head["more"]),
+        )
+
+    def purge_horizon(self, table: str) -> int:
+        """store/purges.py horizon at the site: the highest second-order position it purged."""
+        return int(self._get("/purged", table=table)["horizon"])
+
+    def registered_columns(self, table: str) -> list[str] | None:
+        """engine/evolve.py registered_columns at the site (None: no schema versions kept)."""
+        cols = self._get("/columns", table=table)["columns"]
+        return None if cols is None else [str(c) for c in cols]
+
+    def summary(self, since: str | None = None) -> dict[str, Any]:
+        """ops/status.py site_summary, read by the agent."""
+        return dict(self._get("/status", since=since))
+
+    def link_at_target(self, source: str) -> dict[str, Any]:
+        """ops/status.py link_at_target, read by the agent at its site (the target)."""
+        d = self._get("/link", peer=source)
+        return {
+            "row": d["row"],
+            "watermarks": {k: int(v) for k, v in d["watermarks"].items()},
+            "unapplied": {k: (int(v[0]), v[1]) for k, v in d["unapplied"].items()},
+            "parked": [None if w is None else Wait(**w) for w in d["parked"]],
+        }
+
+    def link_at_source(self, target: str, watermarks: Mapping[str, int]) -> dict[str, tuple[int, str | None]]:
+        """ops/status.py link_at_source, read by the agent at its site (the source)."""
+        d = self._post("/waiting", {"target": target, "watermarks": dict(watermarks)})
+        return {k: (int(v[0]), v[1]) for k, v in d.items()}
+
+    def watermarks_held(self, source: str) -> dict[str, Any]:
+        """What the site holds of `source` (purge: a puller's watermarks): installed, the link's
+        last success, per table the watermark (None: none)."""
+        return dict(self._get("/held", source=source))
+
+    def observe(self) -> dict[str, Observation] | None:
+        """store/fences.py observe of every table at the site (None: not installed)."""
+        d = self._get("/observe")
+        if d is None:
+            return None
+        return {tb: Observation(**o) for tb, o in d.items()}

@@ -1,0 +1,132 @@
+"""What a site agent (docs/agent.md) and its clients exchange: values typed so that every column
+value a driver returns crosses HTTP exactly, and the layout of a target's table that the agent's
+read of its change log is computed in.
+
+Values are JSON. JSON's own null, booleans, integers (any size) and strings stand for themselves;
+every other value is a one-key object naming its type: ``{"$b": base64}`` bytes, ``{"$n":
+"12.30"}`` a Decimal (its exponent kept), ``{"$f": "0.1"}`` a float (repr: exact, and nan / inf),
+``{"$dt": iso}`` a datetime (its offset kept), ``{"$d": iso}`` a date, ``{"$t": iso}`` a time,
+``{"$td": [days, seconds, microseconds]}`` a timedelta, ``{"$u": "…"}`` a UUID, ``{"$j": value}``
+a JSON document a driver decoded (PostgreSQL's json / jsonb), carried as it is. Nothing else is a
+JSON object on the wire, so decoding is unambiguous.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import uuid
+from decimal import Decimal
+from typing import Any
+
+from multimaster.core.planner import TableSpec
+from multimaster.core.references import Ref
+from multimaster.dialects.schema import Column, TableInfo
+
+__all__ = ["encode", "decode", "dumps", "loads", "layout_of", "info_of", "PROTOCOL"]
+
+#: the version of the agent's protocol: a client and an agent of different versions refuse each other
+PROTOCOL = 1
+
+
+def encode(v: Any) -> Any:
+    """One value as JSON-ready data (see the module docstring)."""
+    if v is None or isinstance(v, (bool, int, str)):
+        return v
+    if isinstance(v, float):
+        return {"$f": repr(v)}
+    if isinstance(v, Decimal):
+        return {"$n": str(v)}
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return {"$b": base64.b64encode(bytes(v)).decode("ascii")}
+    if isinstance(v, dt.datetime):  # before date: a datetime is a date
+        return {"$dt": v.isoformat()}
+    if isinstance(v, dt.date):
+        return {"$d": v.isoformat()}
+    if isinstance(v, dt.time):
+        return {"$t": v.isoformat()}
+    if isinstance(v, dt.timedelta):
+        return {"$td": [v.days, v.seconds, v.microseconds]}
+    if isinstance(v, uuid.UUID):
+        return {"$u": str(v)}
+    if isinstance(v, (dict, list)):
+        return {"$j": v}
+    if isinstance(v, tuple):
+        return [encode(x) for x in v]
+    raise TypeError(f"a value of type {type(v).__name__} cannot be sent by the agent: {v!r}")
+
+
+def decode(v: Any) -> Any:
+    """The value `encode` made JSON-ready data of."""
+    if not isinstance(v, dict):
+        if isinstance(v, list):
+            return tuple(decode(x) for x in v)
+        return v
+    ((tag, x),) = v.items()
+    if tag == "$f":
+        return float(x)
+    if tag == "$n":
+        return Decimal(x)
+    if tag == "$b":
+        return base64.b64decode(x)
+    if tag == "$dt":
+        return dt.datetime.fromisoformat(x)
+    if tag == "$d":
+        return dt.date.fromisoformat(x)
+    if tag == "$t":
+        return dt.time.fromisoformat(x)
+    if tag == "$td":
+        return dt.timedelta(days=x[0], seconds=x[1], microseconds=x[2])
+    if tag == "$u":
+        return uuid.UUID(x)
+    if tag == "$j":
+        return x
+    raise ValueError(f"unknown value type {tag!r} on the wire")
+
+
+def dumps(obj: Any) -> str:
+    """JSON of plain data (dicts of str keys, lists, JSON scalars): no value encoding."""
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+def loads(text: str | bytes) -> Any:
+    return json.loads(text)
+
+
+def row_out(r: tuple[Any, ...]) -> list[Any]:
+    return [encode(x) for x in r]
+
+
+def row_in(r: list[Any]) -> tuple[Any, ...]:
+    return tuple(decode(x) for x in r)
+
+
+def layout_of(info: TableInfo) -> dict[str, Any]:
+    """What of a target's table the source's read of its change log depends on (engine/pull.py
+    read_entries, entry_groups): its name, its replicated columns (with their constant defaults),
+    the references' columns and the columns it dropped."""
+    return {
+        "name": info.name,
+        "key": info.key.name,
+        "columns": [[c.name, encode(c.default)] for c in info.columns],
+        "refs": [[r.column, r.parent] for r in info.refs],
+        "dropped": sorted(info.dropped),
+    }
+
+
+def info_of(layout: dict[str, Any]) -> TableInfo:
+    """A TableInfo holding what `layout_of` sent (the rest: placeholders nothing on the read path
+    reads)."""
+    cols = tuple(Column(str(n), None, "", True, default is not None, decode(default)) for n, default in layout["columns"])
+    names = tuple(c.name for c in cols)
+    key = Column(str(layout["key"]), None, "", False)
+    return TableInfo(
+        name=str(layout["name"]),
+        key=key,
+        columns=cols,
+        excluded=(),
+        spec=TableSpec(str(layout["name"]), key.name, True, names, ()),
+        refs=tuple(Ref(str(c), str(p)) for c, p in layout["refs"]),
+        dropped=frozenset(str(c) for c in layout["dropped"]),
+    )
