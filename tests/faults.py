@@ -649,7 +649,7 @@ def kills(
     try:
         _run_until(killer, n_kills // 2, min_seconds / 2)
         if corrupt:
-            corrupt_update(cl, "s1", victim, model)
+            corrupt_update(cl, "s1", victim, model, killer)
         _run_until(killer, n_kills - n_kills // 2, min_seconds / 2)
     except BaseException:
         writers.stop()
@@ -681,7 +681,7 @@ def kills(
     return res
 
 
-def corrupt_update(cl: TestCluster, site: str, victim: str, model: Model) -> None:
+def corrupt_update(cl: TestCluster, site: str, victim: str, model: Model, killer: Killer | None = None) -> None:
     """Insert `victim` at `site` (a normal, replicated change), then, in one transaction, update
     it and corrupt that update's change-log entry by hand (its version is none): no peer can ever
     read the entry uncorrupted."""
@@ -690,11 +690,17 @@ def corrupt_update(cl: TestCluster, site: str, victim: str, model: Model) -> Non
     _retrying(lambda: cl.execute(site, "INSERT INTO items (name, qty, label) VALUES (?, 1, 'before')", (victim,)))
     model.commit(t)
     # the insert reaches every other site first: a malformed entry holds every change of its row
-    # a peer has not applied yet (its version, hence its place among them, is unknown)
-    end = time.monotonic() + 60
+    # a peer has not applied yet (its version, hence its place among them, is unknown). The
+    # killer holds its fire meanwhile: under a heavy load, refreshers killed every second or two
+    # may take long to work through the backlog in front of it
+    if killer is not None:
+        killer.killing = False
+    end = time.monotonic() + 120
     while any(victim not in {r[0] for r in site_rows(cl, s)} for s in cl.urls if s != site):
         assert time.monotonic() < end, f"{victim} did not reach the other sites"
         time.sleep(0.1)
+    if killer is not None:
+        killer.killing = True
     log = Site(site, cl.urls[site]).dialect.obj("items").log
 
     def update_and_corrupt() -> None:

@@ -70,3 +70,32 @@ def test_a_clock_ahead_past_the_offset_is_held_then_flows(sqlite_backend: Backen
     res = faults.clock_ahead(sqlite_backend, tmp_path, faults.seed_from_env())
     _check(res)
     assert res.notes["held_links"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="remove-site --force of a dead site whose peers applied different prefixes of its change "
+    "log: in a mesh of latest/additive tables no site relays the dead site's changes, so what s1 "
+    "applied of s3 and s2 did not never reaches s2, and remove-site reports only s3 as not reached "
+    "(found by the fault suite; fix: relay on demand, or remove-site naming the sites behind)",
+)
+def test_a_dead_site_whose_peers_hold_different_prefixes_of_its_log(sqlite_backend: Backend, tmp_path: Path) -> None:
+    import yaml
+    from clusters import make_cluster
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.instantiate import remove_site
+
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], {"items": {"key": "id", "columns": {"name": "text"}}})
+    cl.execute("s3", "INSERT INTO items (name) VALUES ('made at s3')")
+    cl.refresh("s1", "s3")  # s1 pulled it; s2 had not yet when s3 died
+    faults.site_down(cl, "s3", tmp_path / "away")
+    rep = remove_site(cl.topo, "s3", force=True)
+    assert rep.unreachable == ["s3"]
+    doc = yaml.safe_load(Path(cl.topo.path).read_text())
+    del doc["sites"]["s3"]
+    Path(cl.topo.path).write_text(yaml.safe_dump(doc))
+    cl.topo = load_topology(cl.topo.path)
+    del cl.urls["s3"]
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items") == cl.rows("s2", "items")
