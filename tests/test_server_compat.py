@@ -558,3 +558,44 @@ def test_a_loopback_site_connects_without_tls_unless_its_url_asks(mysql_backend,
                 eng.connect()
     finally:
         eng.dispose()
+
+
+def test_postgresql_unique_sets_read_from_the_catalog_agree_with_the_inspector(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """PostgreSQL reads a table's unique sets in one catalog query; the answer is the base
+    dialect's (SQLAlchemy's inspector) for every kind of unique index and constraint."""
+    import sqlalchemy as sa
+
+    from multimaster.dialects import get_dialect
+    from multimaster.dialects.base import Dialect
+
+    url = pg_backend.new_site(tmp_path, "uq")
+    eng = sa.create_engine(url)
+    try:
+        with eng.begin() as c:
+            for sql in (
+                'CREATE TABLE "Odd" (id int PRIMARY KEY, "Sku" text UNIQUE, a int, b int, c text, d int, '
+                "CONSTRAINT ab_pair UNIQUE (b, a))",
+                'CREATE UNIQUE INDEX odd_c_lower ON "Odd" (lower(c))',
+                'CREATE UNIQUE INDEX odd_d_partial ON "Odd" (d) WHERE d > 0',
+                'CREATE UNIQUE INDEX odd_c_nnd ON "Odd" (c) NULLS NOT DISTINCT',
+                'CREATE UNIQUE INDEX odd_id_again ON "Odd" (id)',
+                'CREATE INDEX odd_plain ON "Odd" (a)',
+                "CREATE TABLE nothing (id int PRIMARY KEY, v text)",
+            ):
+                c.exec_driver_sql(sql)
+        d = get_dialect("postgresql")
+        with eng.connect() as c:
+            for table in ("Odd", "nothing"):
+                got = d.unique_sets(c, table)
+                want = Dialect.unique_sets(d, c, table)
+                assert sorted(got, key=str) == sorted(want, key=str), (table, got, want)
+            assert {u[0] for u in d.unique_sets(c, "Odd")} == {
+                "Odd_Sku_key",
+                "ab_pair",
+                "odd_c_lower",
+                "odd_d_partial",
+                "odd_c_nnd",
+            }
+            assert ("ab_pair", ["b", "a"], None) in d.unique_sets(c, "Odd")
+    finally:
+        eng.dispose()
