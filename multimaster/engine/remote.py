@@ -33,6 +33,9 @@ __all__ = ["AgentSite", "TIMEOUT"]
 
 #: seconds to connect, and between two pieces of an answer
 TIMEOUT = 30.0
+#: seconds an idle connection to an agent is reused; the agent keeps it 75 s (ops/agent.py), so a
+#: request sent on it arrives before the agent closes it on links up to ~25 s one way
+KEEPALIVE = 20.0
 
 
 class AgentSite(Site):
@@ -99,6 +102,7 @@ class AgentSite(Site):
                 headers={"Authorization": f"Bearer {self.cfg.token or ''}", "Accept": "application/json"},
                 verify=verify,
                 timeout=httpx.Timeout(TIMEOUT),
+                limits=httpx.Limits(keepalive_expiry=KEEPALIVE),
                 trust_env=False,
             )
         return self._client

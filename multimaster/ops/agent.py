@@ -254,6 +254,10 @@ def _lines(read: Any) -> Iterator[bytes]:
     yield (wire.dumps({"kind": "end", "count": count}) + "\n").encode()
 
 
+#: seconds the agent keeps an idle connection open (see make_server)
+KEEPALIVE_SERVER = 75
+
+
 def make_server(
     topo: Topology,
     site: str,
@@ -286,6 +290,10 @@ def make_server(
         access_log=log_level in ("debug", "info"),
         lifespan="on",
         timeout_graceful_shutdown=5,
+        # longer than a client keeps an idle connection (remote.py KEEPALIVE) plus a request's way
+        # there and back: with uvicorn's 5 s, on a link of a few seconds' delay the agent closed a
+        # connection while the client's next request was on its way ('broke off its answer')
+        timeout_keep_alive=KEEPALIVE_SERVER,
     )
     return uvicorn.Server(config)
 
