@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -373,3 +375,13 @@ def server_unavailable(name: str, reason: str) -> None:
     if REQUIRE_SERVERS:
         pytest.fail(msg + " — MM_REQUIRE_SERVERS=1 makes this a failure", pytrace=False)
     pytest.skip(msg)
+
+
+#: the multimaster command of this interpreter's environment
+CLI = str(Path(sys.executable).parent / "multimaster")
+
+
+def mm(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `multimaster ARGS` as a user does (a subprocess, a 250-column terminal width)."""
+    env = {**os.environ, "COLUMNS": "250"}
+    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)

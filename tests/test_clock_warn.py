@@ -6,13 +6,10 @@ metrics. The pure part (core.versions.clock_tier, ahead_warnings) is checked aga
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from clusters import ITEMS, Backend, make_cluster
+from clusters import ITEMS, Backend, make_cluster, mm
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,14 +17,6 @@ from multimaster import api
 from multimaster.core.versions import HLC_SHIFT, ahead_warnings, clock_tier, make_ver
 from multimaster.engine.site import Site
 from multimaster.ops.metrics import health, render
-
-CLI = str(Path(sys.executable).parent / "multimaster")
-
-
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)
-
 
 bounds = st.one_of(st.none(), st.floats(0.001, 1e6))
 

@@ -7,16 +7,13 @@ applications writing through plain clients and the commands run as a user runs t
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import BACKENDS, Backend, TestCluster, make_cluster, mm, server_unavailable
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -27,17 +24,10 @@ from multimaster.engine import isolate
 from multimaster.engine.site import Site
 from multimaster.ops.metrics import health, render
 
-CLI = str(Path(sys.executable).parent / "multimaster")
-
 TABLES = {
     "items": {"key": "id", "columns": {"name": "text", "qty": "int"}},
     "notes": {"key": "id", "columns": {"body": "text"}},
 }
-
-
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 # ---- the rule a site enforces and the other does not: a CHECK (an application trigger on SQLite)

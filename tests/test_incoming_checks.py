@@ -7,14 +7,11 @@ predicate is core.errorqueue.refusal, checked here against a reference model."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, TestCluster, make_cluster
+from clusters import Backend, TestCluster, make_cluster, mm
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -22,17 +19,10 @@ from multimaster import api, store
 from multimaster.core.errorqueue import MALFORMED, UNKNOWN_ORIGIN, refusal
 from multimaster.engine.site import Site
 
-CLI = str(Path(sys.executable).parent / "multimaster")
-
 TABLES = {
     "items": {"key": "id", "columns": {"name": "text", "qty": "int"}},
     "notes": {"key": "id", "columns": {"body": "text"}},
 }
-
-
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 # ---- the pure predicate, against a reference model

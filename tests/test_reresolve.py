@@ -7,25 +7,15 @@ since is skipped and reported. The decision itself is tested in tests/core/test_
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from clusters import Backend, make_cluster
-
-CLI = str(Path(sys.executable).parent / "multimaster")
+from clusters import Backend, make_cluster, mm
 
 TABLES = {
     "items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}},
     "notes": {"key": "id", "columns": {"body": "text"}},
 }
-
-
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "250"}
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def test_re_resolve_shows_and_applies_another_rule(backend: Backend, tmp_path: Path) -> None:

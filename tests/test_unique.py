@@ -6,14 +6,13 @@ plain clients (sqlite3, psycopg, PyMySQL)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, TestCluster, make_cluster
+from clusters import Backend, TestCluster, make_cluster, mm
 
 from multimaster import api
 from multimaster.errors import SchemaError
@@ -180,8 +179,6 @@ def test_cli_init_refresh_and_conflicts_show_the_mark(tmp_path: Any) -> None:
     import json
     import sqlite3
     import subprocess
-    import sys
-    from pathlib import Path
 
     import yaml
 
@@ -452,12 +449,6 @@ def test_colliding_changes_in_one_batch(backend: Backend, tmp_path: Any) -> None
 # ---- policy park: a set with no column to mark (sku INTEGER NOT NULL) --------------------------
 
 STOCK: dict[str, dict[str, Any]] = {"stock": {"key": "id", "columns": {"sku": "int NOT NULL", "name": "varchar(40)"}}}
-
-CLI = str(Path(sys.executable).parent / "multimaster")
-
-
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([CLI, *args], capture_output=True, text=True, env={**os.environ, "COLUMNS": "250"}, timeout=300)
 
 
 def _stock(cl: TestCluster, site: str) -> dict[str, int]:

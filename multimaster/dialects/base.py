@@ -420,7 +420,12 @@ class Dialect:
         change that the database refuses while a trigger names the column, or that would break them;
         install_capture makes them again. Default: DROP TRIGGER by name."""
         o = self.obj(info.name)
-        for t in (o.cap_i, o.cap_u, o.cap_d):
+        self.drop_triggers(conn, info.name, (o.cap_i, o.cap_u, o.cap_d))
+
+    def drop_triggers(self, conn: Connection, table: str, names: Sequence[str]) -> None:
+        """DROP TRIGGER IF EXISTS each trigger of `names` (on `table`, where the database names
+        triggers per table)."""
+        for t in names:
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
 
     # ---- apply: capture guard, locks, keys, clock ---------------------------------------------

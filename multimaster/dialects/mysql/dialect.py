@@ -453,21 +453,14 @@ class MySQLDialect(Dialect):
             )
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
-        same = _unchanged_triggers(conn, stmts)
-        for sql in stmts:
-            m = _TRIGGER_DDL.match(_uncommented(sql))
-            if m and m.group(1).rstrip(";").strip("`") in same:
-                continue  # unchanged: never dropped, so no write goes by uncaptured (init run again)
-            conn.exec_driver_sql(sql)
+        _run_keeping_unchanged(conn, stmts)
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
 
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
         o = self.obj(info.name)
         if not read_only:
-            for t in (o.ro_i, o.ro_u, o.ro_d):
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
-            return
+            return self.drop_triggers(conn, info.name, (o.ro_i, o.ro_u, o.ro_d))
         rank = "_mm_rank_" + info.name  # the key trigger of a renumbered table (renumber.sql)
         has_rank = conn.exec_driver_sql(
             "SELECT 1 FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = %s", (rank,)
@@ -479,12 +472,7 @@ class MySQLDialect(Dialect):
             precedes=f"PRECEDES {self.quote(rank)}" if has_rank else "",
             **o.mapping(),
         )
-        same = _unchanged_triggers(conn, stmts)
-        for sql in stmts:
-            m = _TRIGGER_DDL.match(_uncommented(sql))
-            if m and m.group(1).rstrip(";").strip("`") in same:
-                continue  # unchanged: never dropped, so no local write goes by (init run again)
-            conn.exec_driver_sql(sql)
+        _run_keeping_unchanged(conn, stmts)
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         dropped: list[str] = []
@@ -745,3 +733,15 @@ def _plain_loopback(url: str) -> bool:
     if any(k in u.query for k in _TLS_PARAMS):
         return False
     return "unix_socket" in u.query or (u.host or "localhost") in ("localhost", "127.0.0.1", "::1")
+
+
+def _run_keeping_unchanged(conn: Connection, stmts: Sequence[str]) -> None:
+    """Run a template's statements, leaving out the DROP and CREATE of each trigger that exists
+    unchanged (_unchanged_triggers): dropping and re-creating it would let writes in between go
+    by it (init run again while applications write)."""
+    same = _unchanged_triggers(conn, stmts)
+    for sql in stmts:
+        m = _TRIGGER_DDL.match(_uncommented(sql))
+        if m and m.group(1).rstrip(";").strip("`") in same:
+            continue
+        conn.exec_driver_sql(sql)

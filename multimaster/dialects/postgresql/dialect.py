@@ -261,9 +261,7 @@ class PostgreSQLDialect(Dialect):
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
         o = self.obj(info.name)
         if not read_only:
-            for t in (o.ro_i, o.ro_u, o.ro_d):
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(info.name)}")
-            return
+            return self.drop_triggers(conn, info.name, (o.ro_i, o.ro_u, o.ro_d))
         for sql in self.render("readonly", table=self.quote(info.name), site_lit=_lit(site), **o.mapping()):
             conn.exec_driver_sql(sql)
 
@@ -317,10 +315,9 @@ class PostgreSQLDialect(Dialect):
             f"ALTER TABLE {obj} ALTER COLUMN {self.quote(col)} TYPE {type_sql} USING {self.quote(col)}::{type_sql}"
         )
 
-    def drop_capture(self, conn: Connection, info: TableInfo) -> None:
-        o = self.obj(info.name)
-        for t in (o.cap_i, o.cap_u, o.cap_d):
-            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(info.name)}")
+    def drop_triggers(self, conn: Connection, table: str, names: Sequence[str]) -> None:
+        for t in names:
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(table)}")
 
     def table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(

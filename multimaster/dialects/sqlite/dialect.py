@@ -247,9 +247,7 @@ class SQLiteDialect(Dialect):
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
         o = self.obj(info.name)
         if not read_only:
-            for t in (o.ro_i, o.ro_u, o.ro_d):
-                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t}")
-            return
+            return self.drop_triggers(conn, info.name, (o.ro_i, o.ro_u, o.ro_d))
         message = "'" + read_only_message(site, info.name).replace("'", "''") + "'"
         for sql in self.render("readonly", table=self.quote(info.name), message=message, **o.mapping()):
             conn.exec_driver_sql(sql)
