@@ -354,3 +354,50 @@ def test_every_entry_of_a_transaction_has_its_txn_and_transactions_apart_differ(
         assert len(txns["T2"]) == 1 and txns["T2"] != txns["T1"]
     finally:
         src.close()
+
+
+def test_a_slow_read_from_a_sqlite_source_does_not_hold_the_sqlite_targets_writers(
+    sqlite_backend: Backend, tmp_path: Path
+) -> None:
+    """A SQLite source records no transactions, so its link is applied in one target transaction
+    (window after window). Its first read from the source (over a WAN, through an agent: seconds)
+    happens before that transaction begins: while it is under way an application at the target
+    commits with a short busy timeout. The refresh still applies what it read, and the
+    application's row stays."""
+    from multimaster.engine import refresh as refresh_mod
+
+    cl = Cluster(tmp_path, {"a": sqlite_backend, "b": sqlite_backend}, "mesh")
+    w = cl.connect("b")
+    w.cursor().execute("INSERT INTO orders (oref, nlines) VALUES (?, 0)", ("from-b",))
+    w.commit()
+    w.close()
+    real = refresh_mod.read_link
+    during: list[str] = []
+
+    def slow_read(src: Any, target: str, *a: Any, **k: Any) -> Any:
+        got = real(src, target, *a, **k)
+        if target == "a" and not during:  # the application at the target writes meanwhile
+            import sqlite3
+
+            app = sqlite3.connect(cl.urls["a"].removeprefix("sqlite:///"), timeout=0.3)
+            try:
+                app.execute("INSERT INTO orders (oref, nlines) VALUES (?, 0)", ("at-a",))
+                app.commit()
+                during.append("committed")
+            except sqlite3.OperationalError as e:
+                during.append(str(e))
+            finally:
+                app.close()
+        return got
+
+    refresh_mod.read_link = slow_read  # type: ignore[assignment]
+    try:
+        with api.Cluster(cl.topo) as c:
+            (res,) = api.refresh(c, "a", "b")
+    finally:
+        refresh_mod.read_link = real  # type: ignore[assignment]
+    assert during == ["committed"], during
+    assert res.error is None and res.pulled == 1
+    r = cl.connect("a")
+    assert sorted(x for (x,) in r.cursor().execute("SELECT oref FROM orders").fetchall()) == ["at-a", "from-b"]
+    r.close()

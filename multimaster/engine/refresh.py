@@ -320,10 +320,25 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
     transactions, but a window cut by its size may end inside one. So every window of the link is
     applied in ONE target transaction, window after window (memory holds one window; the target's
     transaction holds them all), until a read is not cut: a reader at the target sees every source
-    transaction whole. A batch rejected for good runs again holding the changes at fault."""
-    tgt = next(iter(tables.values())).tgt
-    run = functools.partial(_whole_link, tables=tables, window=window, token=uuid.uuid4().hex, progress=progress)
+    transaction whole. A batch rejected for good runs again holding the changes at fault.
+
+    The first window is read BEFORE the target's write transaction begins: a SQLite target has
+    one writer, and a read from a distant source (an agent over a WAN) must not hold the
+    application writers there for its round trips. The transaction uses that read only if the
+    watermarks it reads again are the ones it was read from (else it reads afresh); only a link
+    whose first window was cut reads its later windows holding the lock."""
+    first = next(iter(tables.values()))
+    tgt, src, source, target = first.tgt, first.src, first.source, first.target
+    token = uuid.uuid4().hex
     while True:
+        with tgt.read() as conn:
+            wms0 = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+        pre = read_link(src, target, [lt.info for lt in tables.values()], wms0, window)
+        for tb in tables:
+            check_not_purged(src, target, tb, wms0[tb])
+        if not any(pre.rows.values()):
+            return set()
+        run = functools.partial(_whole_link, tables=tables, window=window, token=token, progress=progress, pre=(wms0, pre))
         try:
             try:
                 stored_all, windows, results = write_retrying(tgt, run)
@@ -347,10 +362,12 @@ def _whole_link(
     window: int,
     token: str,
     progress: Progress | None,
+    pre: tuple[dict[str, int], LinkRead] | None = None,
     isolating: bool = False,
 ) -> tuple[int, int, dict[str, ReconcileResult]]:
     """_refresh_whole's one target transaction: (changes stored, windows, results of the tables
-    touched)."""
+    touched). `pre`: the watermarks a first window was read from before this transaction, and
+    that read (used when the watermarks are still those)."""
     first = next(iter(tables.values()))
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
     infos = [lt.info for lt in tables.values()]
@@ -358,9 +375,13 @@ def _whole_link(
     stored_all, windows = 0, 0
     results: dict[str, ReconcileResult] = {}
     while True:
-        read = read_link(src, target, infos, wms, window)
-        for tb in tables:
-            check_not_purged(src, target, tb, wms[tb])
+        if pre is not None and pre[0] == wms:
+            read = pre[1]
+        else:
+            read = read_link(src, target, infos, wms, window)
+            for tb in tables:
+                check_not_purged(src, target, tb, wms[tb])
+        pre = None
         if not any(read.rows.values()):
             break
         bad = any(isolate.has_malformed(rows, first.known) for rows in read.rows.values() if rows)
