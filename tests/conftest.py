@@ -24,9 +24,13 @@ def sqlite_backend() -> Backend:
     return BACKENDS["sqlite"]()
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadgroup`), every Spark test runs on
-    the same worker, so one JVM serves them all (tests/spark/conftest.py's session)."""
+    the same worker, so one JVM serves them all (tests/spark/conftest.py's session). First among
+    the hooks: xdist's worker reads the marker in its own pytest_collection_modifyitems (it names
+    the item `<nodeid>@spark`), and this conftest is registered before it, so without tryfirst it
+    ran after xdist had read no marker — each worker started its own JVM."""
     for item in items:
         if item.path.parent.name == "spark":
             item.add_marker(pytest.mark.xdist_group("spark"))
