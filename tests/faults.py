@@ -879,10 +879,17 @@ def remove_dead_site(backend: Backend, tmp: Path, seed: int, *, n_kills: int = 6
 def _drain_origin(cl: TestCluster, sites: list[str], origin: str, rounds: int = 200) -> None:
     """Refresh every one of `sites` from `origin` until a round where none pulled anything, none
     failed and nothing of `origin` waits at any of them (a change pulled but held for its row or
-    an earlier change is not applied yet: `_mm_origins` would not count it)."""
+    an earlier change is not applied yet: `_mm_origins` would not count it). Each round also
+    refreshes them from one another: a change of `origin` to a row another of them inserted
+    waits for that row, which `origin` does not relay (their own writes go on meanwhile, so what
+    those links pull does not count)."""
     last: list[str] = []
     with api.Cluster(cl.topo) as c:
         for _ in range(rounds):
+            for s in sites:
+                for p in sites:
+                    if p != s:
+                        api.refresh(c, s, p)
             res = [r for s in sites for r in api.refresh(c, s, origin)]  # every site, every round
             last = [f"{r.site}<-{r.peer}: {r.error}" for r in res if r.error] + [
                 f"{r.site}<-{r.peer}: {r.waiting} waiting ({r.waits_for})" for r in res if r.waiting

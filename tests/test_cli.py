@@ -310,10 +310,11 @@ def test_version_is_the_installed_package_version():  # type: ignore[no-untyped-
 
 
 def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  # type: ignore[no-untyped-def]
-    """s3 inserts x; s2 pulls it and updates it; s3 is lost and removed with --force before s1 got
-    x. s1 can never apply s2's update of x, and every later change of s2 waits behind it. That is
-    not silent: refresh and status exit 1 naming the link, what the change waits for and the fix;
-    the fix (copy s1 again from s2) clears it."""
+    """s3 inserts x; s2 pulls it and updates it, and purges its snapshot of s3; s3 is lost and
+    removed with --force before s1 got x: no site holds x for s1 any more, which remove-site says
+    (exit 1, s1 behind, the fix). s1 can never apply s2's update of x, and every later change of s2
+    waits behind it. That is not silent either: refresh and status exit 1 naming the link, what
+    the change waits for and the fix; the fix (copy s1 again from s2) clears it."""
     d, topo = sites
     topo.write_text(topo.read_text() + "refresh: {stall_after: 1s}\n")
     assert mm("init", "-t", str(topo)).returncode == 0
@@ -323,8 +324,12 @@ def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  #
     with sqlite3.connect(d / "s2.db") as c:
         c.execute("UPDATE items SET qty = qty + 4 WHERE name = 'x'")
         c.execute("INSERT INTO items (name, qty) VALUES ('z', 7)")
+    assert mm("purge", "-t", str(topo), "--site", "s2", "--min-age", "0s").returncode == 0
     r = mm("remove-site", "-t", str(topo), "s3", "--force")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
+    out = " ".join(r.stdout.split())
+    assert "behind: s1: 's1' applied 's3''s changes of table 'items' up to version (none)" in out
+    assert "multimaster add-site -t FILE s1 --from s2 --replace" in out
     doc = topo.read_text().replace('  s3: {url: "sqlite:///s3.db"}\n', "")
     topo.write_text(doc)
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")

@@ -232,26 +232,58 @@ def remove_site(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
-    """Retire a site: drop what other sites keep for it (snapshots, watermarks, log entries held
-    for it) and its replication objects. Its rows stay. Then remove it from the topology file.
+    """Retire a site: first bring every site that pulls from it up to the furthest any of them
+    pulled of its change log, then drop what other sites keep for it (snapshots, watermarks, log
+    entries held for it) and its replication objects. Its rows stay. Then remove it from the
+    topology file. Exits 1, naming each site and the fix, when a site still lacks changes of it
+    that another has, or a site was not reached.
 
     Examples:
       multimaster remove-site -t topo.yaml s4
+      multimaster remove-site -t topo.yaml s4 --force    # s4 is gone for good
     """
     from multimaster.ops.instantiate import remove_site as remove
 
-    def go() -> None:
+    def go() -> int:
         rep = remove(load_topology(topology), name, force=force, progress=None if as_json else (lambda m: console.log(m)))
         if as_json:
             dump(rep.as_dict())
-            return
-        for s, what in rep.cleaned.items():
-            console.print(f"[green]✓[/] {s}: dropped {', '.join(what)}")
-        if rep.unreachable:
-            console.print(f"[yellow]not reached:[/] {', '.join(rep.unreachable)} (run remove-site again when they answer)")
-        console.print(f"Next: remove '{name}' and its links from {topology} and restart the daemons.")
+        else:
+            _print_removal(rep, name, topology)
+        return 0 if rep.ok else 1
 
-    execute(go, traceback)
+    raise typer.Exit(execute(go, traceback))
+
+
+def _print_removal(rep: Any, name: str, topology: Path) -> None:
+    for r in rep.relayed:
+        console.print(
+            f"[green]✓[/] {r['site']}: {r['table']}: positions {r['after'] + 1}..{r['upto']} of {name}'s change log "
+            f"given from {r['from']}'s snapshot ({r['applied']} change(s) applied)"
+        )
+    for s, what in rep.cleaned.items():
+        console.print(f"[green]✓[/] {s}: dropped {', '.join(what)}")
+    for s, per in sorted(rep.dropped.items()):
+        for tb, n in sorted(per.items()):
+            console.print(f"[yellow]dropped:[/] {s}: {tb}: {n} change(s) of {name} that waited there went with its snapshot")
+    if rep.not_pulled:
+        for tb, n in sorted(rep.not_pulled.items()):
+            if n:
+                console.print(f"[yellow]lost:[/] {name}: {tb}: {n} change(s) of its own no site pulled")
+    for k in rep.kept:
+        console.print(f"[yellow]kept:[/] the snapshots of {name} stay at the sites that pull from it: {k}")
+    others = [u for u in rep.unreachable if u != name]
+    if name in rep.unreachable:
+        console.print(f"[yellow]not reached:[/] {name} (its replication objects stay in its database)")
+    if others:
+        console.print(f"[red]not reached:[/] {', '.join(others)} (run remove-site again when they answer)")
+    for b in rep.behind:
+        console.print(f"[red]behind:[/] {b['site']}: {b['reason']}", soft_wrap=True)
+        console.print(f"  fix: {b['fix']}", soft_wrap=True)
+    if rep.kept:
+        console.print(f"Next: keep '{name}' in {topology} and run remove-site again once the above is fixed.")
+    else:
+        console.print(f"Next: remove '{name}' and its links from {topology} and restart the daemons.")
 
 
 def _health_tables(h: dict[str, Any]) -> list[Table]:

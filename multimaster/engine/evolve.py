@@ -145,9 +145,11 @@ def evolve_table(
     old_names, new_names = [c.name for c in old_cols], [c.name for c in new_cols]
     ready = 0
     if changed:
-        for snap in snaps:
+        for peer, snap in zip(peers, snaps):
             _remap(conn, site, snap, old_names, new_names)
             ready += _fill_pending(conn, site, info, snap)
+            # its applied rows keep the old layout's masks: none of them is given on (core/salvage.py)
+            store.purges.raise_snapshot_horizon(conn, d, peer, table, store.watermarks.read(conn, d, peer, table))
     if ev.retyped or ev.added:  # changes the database refused (a value too long...) may fit now
         ready += store.errorqueue.ready_failed(conn, d, table, now_iso())
     # 3. capture in the new version (and the identities of references, a new column's too); not

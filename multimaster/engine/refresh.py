@@ -34,6 +34,7 @@ from multimaster.errors import AgentOnly, ClockAhead, ConfigError, MultimasterEr
 __all__ = [
     "refresh",
     "refresh_link",
+    "apply_entries",
     "apply_order",
     "reconcile",
     "catch_up",
@@ -141,6 +142,30 @@ def refresh_link(
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def apply_entries(
+    cl: Cluster, target: str, source: str, rows: dict[str, list[tuple[Any, ...]]], wms: dict[str, int]
+) -> tuple[int, dict[str, ReconcileResult]] | None:
+    """Apply entries of `source`'s change log that were not read at `source` — remove-site gives a
+    dead site's entries that another of its pullers still holds (engine/salvage.py) — exactly as
+    a refresh applies a batch read there: one write transaction at `target` across every table
+    (_apply_part: snapshot rows, watermarks, reconcile, relay, error queue, link statistics).
+    `rows`: per table, in read_entries' layout and position order; `wms`: every table's watermark
+    at `target` for `source`, which they continue from. Returns (changes stored, what reconciling
+    did per table), or None when a watermark moved meanwhile (nothing was written)."""
+    t = cl.topo
+    tgt = cl.site(target)
+    with tgt.read() as conn:
+        tgt.require_installed(conn, t)
+        infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
+        known = isolate.known_origins(conn, tgt, list(t.sites))
+        peers = t.peers_of(target)
+        tables = {
+            tb: _LinkTable(t, target, source, tgt, cl.site(source), tb, infos[tb], _base_max(conn, tgt, tb), peers, True, known)
+            for tb in apply_order(t, infos)
+        }
+    return _apply_part(tgt, tables, {tb: rows.get(tb, []) for tb in tables}, wms)  # type: ignore[no-any-return]
 
 
 def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None:

@@ -215,6 +215,9 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
             for peer in t.peers_of(n):
                 s.dialect.install_snapshot(conn, info, peer)
                 store.links.ensure(conn, s.dialect, peer, tb)
+                # a new snapshot holds everything it will pull; one made before horizons were kept, nothing known
+                wm = store.watermarks.read(conn, s.dialect, peer, tb)
+                store.purges.ensure_snapshot_horizon(conn, s.dialect, peer, tb, wm)
             if tb not in chk.installed[n]:
                 newly.append(tb)
                 if tb in chk.copy_from and n in chk.copy_from[tb][1]:

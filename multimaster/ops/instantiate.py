@@ -23,10 +23,13 @@ Nothing is lost (everything not in the copy is past a watermark) and nothing is 
 interrupted add-site.
 
 **remove-site** retires a site: checks that every puller has pulled its changes (or --force),
-drops the other sites' snapshots, watermarks and puller records of it (releasing the log entries
-kept for it), records it as removed at every other site (its changes still on their way are applied
-there, not refused as of an unknown origin) and uninstalls its replication objects; its rows stay. Then remove it and its links
-from the topology file.
+brings every puller up to the furthest any of them pulled of its change log (for a site that
+died: the entries one puller still holds in its snapshot are given to those behind and applied as
+if pulled from it, core/salvage.py, engine/salvage.py; what cannot be given is reported, with the
+fix), drops the other sites' snapshots, watermarks and puller records of it (releasing the log
+entries kept for it), records it as removed at every other site (its changes still on their way
+are applied there, not refused as of an unknown origin) and uninstalls its replication objects;
+its rows stay. Then remove it and its links from the topology file.
 """
 
 from __future__ import annotations
@@ -37,12 +40,16 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 from sqlalchemy.engine import Connection
 
 from multimaster import store
+from multimaster.config.secrets import redact
+from multimaster.core.salvage import Behind, CatchUp, Copy, Holding, verdict
+from multimaster.core.salvage import plan as plan_copies
 from multimaster.core.schemas import translate
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import evolve, references, uniques
+from multimaster.engine import evolve, references, salvage, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.pull import read_entries, store_batch
+from multimaster.engine.refresh import refresh_link, relay_origins
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
@@ -86,9 +93,28 @@ class RemoveSiteReport:
     cleaned: dict[str, list[str]] = field(default_factory=dict)  # other site -> what was dropped there
     unreachable: list[str] = field(default_factory=list)
     uninstalled: list[str] = field(default_factory=list)
+    #: entries of the site's change log given from one puller's snapshot to another that lacked
+    #: them: {site, table, from, after, upto (positions), applied (changes)}
+    relayed: list[dict[str, Any]] = field(default_factory=list)
+    #: the pullers that still lack changes of the site another has, or were not reached:
+    #: {site, table (None: not reached), has, top, furthest (versions), changes_at_least, reason, fix}
+    behind: list[dict[str, Any]] = field(default_factory=list)
+    #: per puller and table, changes of the site pulled but not applied there (waiting, or held in
+    #: the error queue), dropped with its snapshot
+    dropped: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: per table, the site's own changes no puller pulled (lost); None: the site did not answer
+    not_pulled: dict[str, int] | None = None
+    #: why the snapshots of the site stay at its pullers (run remove-site again); empty: dropped
+    kept: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Nothing left behind: every puller holds all of the site's changes any of them has, its
+        snapshots of the site could go, and every site but the removed one was reached."""
+        return not self.behind and not self.kept and all(u == self.site for u in self.unreachable)
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "ok": self.ok}
 
 
 def _consistent_read(conn: Connection) -> None:
@@ -301,6 +327,9 @@ def _connect_pullers(
                 store.links.ensure(conn, site.dialect, name, tb)
                 if s == peer and store.watermarks.read(conn, site.dialect, name, tb) == 0:
                     store.watermarks.write(conn, site.dialect, name, tb, npos[tb])  # the peer already holds all NAME has
+                # its snapshot holds what it pulls from here on
+                wm = store.watermarks.read(conn, site.dialect, name, tb)
+                store.purges.ensure_snapshot_horizon(conn, site.dialect, name, tb, wm)
         rep.pullers.append(s)
         say(f"{s}: snapshot of {name} ready")
 
@@ -445,6 +474,7 @@ def _copy(
                     else:
                         wm = other_pos[q][tb]
                     store.watermarks.write(nconn, nd, q, tb, wm)
+                    store.purges.ensure_snapshot_horizon(nconn, nd, q, tb, wm)  # nothing pulled below it is held
                     rep.watermarks.setdefault(q, {})[tb] = wm
                 nd.install_capture(nconn, ni)
                 nd.guard_writes(nconn, ni, name, name in t.read_only)  # docs/topologies.md "Read-only sites"
@@ -486,7 +516,13 @@ def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site
 def remove_site(
     topo: "Topology | Cluster", name: str, *, force: bool = False, progress: Progress | None = None
 ) -> RemoveSiteReport:
-    """Retire site `name` (still listed in the topology file, with its links)."""
+    """Retire site `name` (still listed in the topology file, with its links).
+
+    First the sites that pull from it are brought up to the furthest any of them pulled of its
+    change log (`_salvage`); then what the other sites keep for it is dropped and its replication
+    objects are removed. The report says what could not be recovered (`behind`, `not_pulled`,
+    `dropped`) and what to do; `ok` is False when a site lacks changes another has, or a site
+    other than `name` was not reached."""
     cl, own = as_cluster(topo)
     say = progress or (lambda _m: None)
     try:
@@ -500,6 +536,8 @@ def remove_site(
         sources = t.peers_of(name)
         if not force:
             _check_drained(cl, name)
+        keep = _salvage(cl, name, pullers, rep, say)
+        rep.kept = keep
         others = [n for n in t.sites if n != name]
         for s in dict.fromkeys([*pullers, *sources, *others]):
             site = cl.site(s)
@@ -510,12 +548,13 @@ def remove_site(
                     # its changes still on their way (relayed) are applied, not refused (docs/errors.md)
                     store.retired.record(conn, d, name, now_iso())
                     dropped.append(f"'{name}' recorded as removed")
-                    if s in pullers:
+                    if s in pullers and not keep:
                         for tb in t.tables:
                             snap = d.obj(tb, name).snap
                             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {snap}")
                             dropped.append(f"snapshot {snap}")
                         store.links.forget(conn, d, name)
+                        store.purges.forget_snapshot_horizons(conn, d, name)
                         dropped.append("watermarks")
                     if s in sources:
                         store.purges.forget_puller(conn, d, name)
@@ -536,6 +575,237 @@ def remove_site(
     finally:
         if own:
             cl.close()
+
+
+#: rounds of surveying the pullers, planning and giving (planned again when a receiver's watermark
+#: moved or a giver purged meanwhile)
+_ROUNDS = 6
+
+
+def _survey_all(cl: Cluster, name: str, pullers: list[str], unread: dict[str, str]) -> dict[str, salvage.Survey]:
+    """What every puller of `name` that answers holds of it; the others, with why, into `unread`."""
+    out: dict[str, salvage.Survey] = {}
+    for p in pullers:
+        try:
+            out[p] = salvage.survey(cl, p, name)
+            unread.pop(p, None)
+        except Exception as e:  # noqa: BLE001 - unreachable, not installed, an agent: reported, kept for a rerun
+            unread[p] = redact(str(e) if isinstance(e, MultimasterError) else f"{type(e).__name__}: {e}")
+    return out
+
+
+def _holdings(surveys: dict[str, salvage.Survey], tb: str, target: str | None = None) -> list[Holding]:
+    """The holdings of `tb` of the pullers that keep a snapshot; with `target`, only the target's
+    and those of givers whose table has the target's layout (their entries fit it)."""
+    want = surveys[target].tables[tb].layout if target is not None else None
+    return [
+        Holding(s, h.position, h.kept)
+        for s, sv in sorted(surveys.items())
+        if (h := sv.tables[tb]).position is not None and (want is None or s == target or h.layout == want)
+    ]
+
+
+def _steps(surveys: dict[str, salvage.Survey], tables: list[str], target: str) -> list[dict[str, Copy]]:
+    """The copies `target` receives, step by step: step k holds the k-th copy of every table."""
+    per: dict[str, tuple[Copy, ...]] = {}
+    for tb in tables:
+        if surveys[target].tables[tb].position is None:
+            continue
+        per[tb] = plan_copies(_holdings(surveys, tb, target))[target].copies
+    n = max((len(c) for c in per.values()), default=0)
+    return [{tb: c[k] for tb, c in per.items() if k < len(c)} for k in range(n)]
+
+
+def _salvage(cl: Cluster, name: str, pullers: list[str], rep: "RemoveSiteReport", say: Progress) -> list[str]:
+    """Bring every puller of `name` up to the furthest position of its change log any of them
+    pulled, from the snapshots of those that still hold the entries (core/salvage.py plan,
+    engine/salvage.py give), then report in `rep` who still lacks changes of `name` another has
+    (`behind`, with the fix), the changes waiting at a puller that go with its snapshot
+    (`dropped`) and, when `name` answers, its own changes no puller pulled (`not_pulled`).
+    Returns why the snapshots of `name` must be kept for a rerun (a puller not reached, a copy that
+    failed for a reason a rerun may not meet again); empty when they may go."""
+    t = cl.topo
+    tables = list(t.tables)
+    unread: dict[str, str] = {}
+    stuck: dict[str, str] = {}  # puller -> why a copy to it failed
+    for _round in range(_ROUNDS):
+        surveys = _survey_all(cl, name, pullers, unread)
+        busy = False
+        for target in sorted(surveys):
+            if target in stuck:
+                continue
+            wms = {tb: surveys[target].tables[tb].position or 0 for tb in tables}
+            for part in _steps(surveys, tables, target):
+                busy = True
+                try:
+                    done = salvage.give(cl, target, name, part, wms)
+                except salvage.GiverPurged:
+                    break  # planned again from what the givers hold now
+                except Exception as e:  # noqa: BLE001 - reported with the puller, kept for a rerun
+                    stuck[target] = redact(str(e) if isinstance(e, MultimasterError) else f"{type(e).__name__}: {e}")
+                    break
+                if done is None:
+                    break  # a refresher moved its watermark: planned again
+                _stored, applied = done
+                for tb, c in part.items():
+                    wms[tb] = c.upto
+                    rep.relayed.append(
+                        {
+                            "site": target,
+                            "table": tb,
+                            "from": c.donor,
+                            "after": c.after,
+                            "upto": c.upto,
+                            "applied": applied.get(tb, 0),
+                        }
+                    )
+                    say(f"{target}: {tb}: {applied.get(tb, 0)} change(s) of {name} given from {c.donor}'s snapshot")
+        if not busy:
+            break
+    surveys = _survey_all(cl, name, pullers, unread)
+    surveys = _relay_behind(cl, name, pullers, surveys, unread, stuck)
+    return _verdicts(cl, name, tables, surveys, unread, stuck, rep)
+
+
+def _relay_behind(
+    cl: Cluster,
+    name: str,
+    pullers: list[str],
+    surveys: dict[str, salvage.Survey],
+    unread: dict[str, str],
+    stuck: dict[str, str],
+) -> dict[str, salvage.Survey]:
+    """A puller behind another in `name`'s changes that it pulls from, where that one relays them
+    (tables that need causal delivery, engine/refresh.py relay_origins): refreshed from it, which
+    brings what the snapshots no longer held. Returns the surveys read again when one ran."""
+    t = cl.topo
+    ran = False
+    for tb in t.tables:
+        for b in verdict({s: sv.tables[tb].applied for s, sv in surveys.items()}):
+            if b.site in stuck or b.furthest not in t.peers_of(b.site):
+                continue
+            g = cl.site(b.furthest)
+            try:
+                with g.read() as conn:
+                    relays = relay_origins(t, b.furthest, g.info(conn, tb, t))
+            except Exception:  # noqa: BLE001 - it answered the survey a moment ago; judged below
+                continue
+            if relays is not None and name not in relays:
+                continue
+            res = refresh_link(cl, b.site, b.furthest)
+            ran = True
+            if res.error:
+                stuck.setdefault(b.site, f"refresh from '{b.furthest}': {res.error}")
+    return _survey_all(cl, name, pullers, unread) if ran else surveys
+
+
+_FIX_COPY = (
+    "remove '{n}' and its links from the topology file, then copy {s} again from {f}: "
+    "'multimaster add-site -t FILE {s} --from {f} --replace'"
+)
+
+
+def _verdicts(
+    cl: Cluster,
+    name: str,
+    tables: list[str],
+    surveys: dict[str, salvage.Survey],
+    unread: dict[str, str],
+    stuck: dict[str, str],
+    rep: "RemoveSiteReport",
+) -> list[str]:
+    """Fill `rep` from the pullers' final holdings; returns why the snapshots must be kept."""
+    keep: list[str] = []
+    for p, why in sorted(unread.items()):
+        rep.behind.append(
+            {
+                "site": p,
+                "table": None,
+                "reason": f"not reached: whether it lacks changes of '{name}' another site has is unknown ({why})",
+                "fix": f"run 'multimaster remove-site -t FILE {name} --force' again once {p} answers (the snapshots of "
+                f"'{name}' stay at its pullers until then); if {p} is gone for good too, remove it first "
+                f"('multimaster remove-site -t FILE {p} --force')",
+            }
+        )
+        keep.append(f"'{p}' was not reached")
+    for p, why in sorted(stuck.items()):
+        keep.append(f"giving '{p}' what it lacks failed: {why}")
+    goal: dict[str, int] = {}
+    for tb in tables:
+        held = _holdings(surveys, tb)
+        goal[tb] = max((h.position for h in held), default=0)
+        short = {s: c for s, c in plan_copies(held).items() if c.short}
+        for b in verdict({s: sv.tables[tb].applied for s, sv in surveys.items()}):
+            f = cl.site(b.furthest)
+            try:
+                with f.read() as conn:
+                    n = salvage.count_changes(conn, f, tb, name, b.has, b.top)
+            except Exception:  # noqa: BLE001 - counted where it can be
+                n = 0
+            why, fix, kept = _why_behind(name, tb, b, surveys, stuck, short.get(b.site))
+            if kept:
+                keep.append(f"'{b.site}': {why}")
+            rep.behind.append(
+                {
+                    "site": b.site,
+                    "table": tb,
+                    "has": b.has,
+                    "top": b.top,
+                    "furthest": b.furthest,
+                    "changes_at_least": n,
+                    "reason": f"'{b.site}' applied '{name}''s changes of table '{tb}' up to version {b.has or '(none)'}, "
+                    f"'{b.furthest}' up to {b.top}: {f'at least {n} change(s)' if n else 'changes'} missing ({why})",
+                    "fix": fix,
+                }
+            )
+    if not keep:  # the snapshots go, and with them the changes that wait in them
+        for s, sv in sorted(surveys.items()):
+            for tb in tables:
+                if sv.tables[tb].waiting:
+                    rep.dropped.setdefault(s, {})[tb] = sv.tables[tb].waiting
+    try:
+        rep.not_pulled = salvage.unpulled(cl, name, goal)
+    except Exception:  # noqa: BLE001 - the site is gone: what it made and nobody pulled is unknown
+        rep.not_pulled = None
+    return keep
+
+
+def _why_behind(
+    name: str, tb: str, b: Behind, surveys: dict[str, salvage.Survey], stuck: dict[str, str], short: CatchUp | None
+) -> tuple[str, str, bool]:
+    """Why puller `b.site` still lacks changes of `name` in `tb` after the copies, the fix, and
+    whether a rerun of remove-site may give them (the snapshots are kept for it). `short`: its
+    catch-up from every puller's holdings, when positions remain that it did not reach."""
+    if b.site in stuck:
+        return (
+            f"giving it the entries failed: {stuck[b.site]}",
+            f"fix that and run 'multimaster remove-site -t FILE {name} --force' again (the snapshots of '{name}' stay until then)",
+            False,
+        )
+    fix = _FIX_COPY.format(n=name, s=b.site, f=b.furthest)
+    if short is not None:
+        fitting = plan_copies(_holdings(surveys, tb, b.site))[b.site]
+        if fitting.reaches < short.reaches:
+            return (
+                f"the sites that hold positions {fitting.reaches + 1}..{short.reaches} of '{name}''s change log have other "
+                "columns in this table (a schema change not yet at every site)",
+                "let every site follow the schema change ('multimaster refresh -t FILE'), then run "
+                f"'multimaster remove-site -t FILE {name} --force' again",
+                True,
+            )
+        return (
+            f"no site holds positions {short.reaches + 1}..{short.goal} of '{name}''s change log any more "
+            f"({short.goal - short.reaches} entries at most: purged from their snapshots, or kept there in the layout "
+            "the table had before a schema change)",
+            fix,
+            False,
+        )
+    h = surveys[b.site].tables[tb]
+    if h.position is None:
+        return f"it keeps no snapshot of '{name}' any more (an earlier remove-site dropped it)", fix, False
+    if h.waiting:
+        return f"they wait at '{b.site}' (status: the link from '{name}') and go with its snapshot of '{name}'", fix, False
+    return f"they reached '{b.furthest}' relayed by another site, not through the snapshots of '{name}'", fix, False
 
 
 def _check_drained(cl: Cluster, name: str) -> None:

@@ -18,7 +18,9 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
    dedupe record once the log entry is gone (a late copy over another route stays a duplicate —
    an origin's changes are applied in version order everywhere);
 5. records the horizon in ``_mm_purges``: the highest change-log entry purged (= its seq2);
-6. drops X's own applied snapshot rows (nothing reads them again);
+6. drops X's own applied snapshot rows (nothing reads them again but remove-site, which gives a
+   dead site's entries to the pullers behind), recording per snapshot the highest position
+   dropped (``_mm_snap_horizons``: above it the snapshot holds every entry pulled);
 7. drops the tombstones and conflict-log rows past the topology's ``purge`` retention that every
    site has (:mod:`multimaster.ops.retention`, docs/operations.md "Tombstones and the conflict
    log"), in the same transaction.
@@ -359,14 +361,21 @@ def _purge_log2(conn: Any, d: Any, tp: TablePurge, cand: list[Any], dry_run: boo
 
 
 def _drop_applied_snapshot_rows(conn: Any, d: Any, tb: str, peers: list[str], dry_run: bool) -> int:
-    """Step 6: delete (with `dry_run`: count) the applied rows of this site's snapshots of `tb`."""
+    """Step 6: delete (with `dry_run`: count) the applied rows of this site's snapshots of `tb`,
+    raising each snapshot's horizon to the highest position deleted (above it the snapshot still
+    holds every entry pulled: remove-site gives them to the sites behind, core/salvage.py)."""
     n = 0
     for q in peers:
         snap = d.obj(tb, q).snap
         if dry_run:
             n += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 1").scalar() or 0)
-        else:
-            n += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1").rowcount or 0
+            continue
+        # (bounded by the highest read: a row a concurrent reconcile marks applied meanwhile stays)
+        top = conn.exec_driver_sql(f"SELECT max(pseq) FROM {snap} WHERE applied = 1").scalar()
+        if top is None:
+            continue
+        n += conn.exec_driver_sql(f"DELETE FROM {snap} WHERE applied = 1 AND pseq <= {int(top)}").rowcount or 0
+        store.purges.raise_snapshot_horizon(conn, d, q, tb, int(top))
     return n
 
 

@@ -7,7 +7,8 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.origins` ``_mm_origins``: per table and origin, the highest version
   applied (the duplicate filter);
 - :mod:`~multimaster.store.conflicts` ``_mm_conflicts``: the conflict log;
-- :mod:`~multimaster.store.purges` ``_mm_purges``, ``_mm_pullers``: the purge horizon, the pullers;
+- :mod:`~multimaster.store.purges` ``_mm_purges``, ``_mm_pullers``, ``_mm_snap_horizons``: the purge
+  horizon, the pullers, how far each snapshot may lack entries it pulled;
 - :mod:`~multimaster.store.fences` ``_mm_fences``: observations of the other sites, what tombstones
   and conflict-log rows are purged with;
 - :mod:`~multimaster.store.verifications` ``_mm_verifications``: recorded verify runs;
@@ -66,7 +67,7 @@ __all__ = [
 
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
-    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_fences``,
+    dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_snap_horizons``, ``_mm_fences``,
     ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)

@@ -1,6 +1,9 @@
 """``_mm_purges`` (per table, the highest second-order position purged from this site's change log:
-a puller whose watermark is below it has missed changes) and ``_mm_pullers`` (the last watermark
-seen of every site that pulls from this one, and when it last refreshed). See ops/purge.py."""
+a puller whose watermark is below it has missed changes), ``_mm_pullers`` (the last watermark
+seen of every site that pulls from this one, and when it last refreshed) and
+``_mm_snap_horizons`` (per peer and table, the position up to which this site's snapshot of the
+peer may lack entries it pulled: above it, up to the watermark, it holds every one; remove-site
+gives them to the peer's other pullers, docs/operations.md "Removing a site"). See ops/purge.py."""
 
 from __future__ import annotations
 
@@ -9,7 +12,20 @@ from sqlalchemy.engine import Connection
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 
-__all__ = ["install", "horizon", "record_horizon", "pullers", "record_puller", "forget_puller"]
+__all__ = [
+    "install",
+    "horizon",
+    "record_horizon",
+    "pullers",
+    "record_puller",
+    "forget_puller",
+    "snapshot_horizon",
+    "ensure_snapshot_horizon",
+    "raise_snapshot_horizon",
+    "forget_snapshot_horizons",
+]
+
+_SNAP = "_mm_snap_horizons"
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -19,6 +35,8 @@ def install(conn: Connection, d: Dialect) -> None:
         f"CREATE TABLE IF NOT EXISTS {d.mm_table('_mm_pullers')} (peer VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, "
         "seq2 BIGINT NOT NULL DEFAULT 0, last_success_at VARCHAR(32), first_seen_at VARCHAR(32), checked_at VARCHAR(32), "
         "PRIMARY KEY (peer, tbl))",
+        f"CREATE TABLE IF NOT EXISTS {d.mm_table(_SNAP)} (peer VARCHAR(64) NOT NULL, tbl VARCHAR(64) NOT NULL, "
+        "horizon BIGINT NOT NULL DEFAULT 0, PRIMARY KEY (peer, tbl))",
     ):
         conn.exec_driver_sql(sql)
 
@@ -88,3 +106,55 @@ def record_puller(
 def forget_puller(conn: Connection, d: Dialect, peer: str) -> None:
     """`peer` no longer pulls from this site: the log entries kept for it are released."""
     conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_pullers')} WHERE peer = {d.caps.placeholder}", (peer,))
+
+
+# ---- snapshot horizons -------------------------------------------------------------------------
+# A site's snapshot of peer P holds what it pulled from P's change log, by position (pseq), up to
+# its watermark. Purge drops the applied rows; the horizon is the highest position that may be
+# missing since: above it, every entry pulled is still there (entries of this site's own changes,
+# which it never stores, excepted). A snapshot without a row (made by an earlier version, before
+# `multimaster init` ran again) holds nothing known: its horizon is its watermark.
+
+
+def _has_snapshot_horizons(conn: Connection, d: Dialect) -> bool:
+    return d.table_kind(conn, _SNAP) is not None
+
+
+def snapshot_horizon(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
+    """The horizon of this site's snapshot of `peer` for `table`; None when none is recorded."""
+    if not _has_snapshot_horizons(conn, d):
+        return None
+    ph = d.caps.placeholder
+    r = conn.exec_driver_sql(f"SELECT horizon FROM {d.mm_table(_SNAP)} WHERE peer = {ph} AND tbl = {ph}", (peer, table)).first()
+    return None if r is None else int(r[0])
+
+
+def ensure_snapshot_horizon(conn: Connection, d: Dialect, peer: str, table: str, position: int) -> None:
+    """Record the horizon `position` unless one is recorded (a snapshot being made, or one an
+    earlier version made: then `position` is its watermark, below which nothing is known).
+    Creates the table on a site installed before it existed (DDL: call it where the transaction
+    does DDL anyway, or before any write)."""
+    if not _has_snapshot_horizons(conn, d):
+        install(conn, d)
+    if snapshot_horizon(conn, d, peer, table) is None:
+        conn.exec_driver_sql(
+            f"INSERT INTO {d.mm_table(_SNAP)} (peer, tbl, horizon) VALUES ({d.ph(3)})", (peer, table, int(position))
+        )
+
+
+def raise_snapshot_horizon(conn: Connection, d: Dialect, peer: str, table: str, position: int) -> None:
+    """Entries at positions up to `position` may be gone from the snapshot (purged, or kept in a
+    layout no longer current): raise its recorded horizon to it. A snapshot without one stays
+    without (its horizon is its watermark, which is past `position`)."""
+    if _has_snapshot_horizons(conn, d):
+        ph = d.caps.placeholder
+        conn.exec_driver_sql(
+            f"UPDATE {d.mm_table(_SNAP)} SET horizon = {ph} WHERE peer = {ph} AND tbl = {ph} AND horizon < {ph}",
+            (int(position), peer, table, int(position)),
+        )
+
+
+def forget_snapshot_horizons(conn: Connection, d: Dialect, peer: str) -> None:
+    """This site no longer keeps a snapshot of `peer`."""
+    if _has_snapshot_horizons(conn, d):
+        conn.exec_driver_sql(f"DELETE FROM {d.mm_table(_SNAP)} WHERE peer = {d.caps.placeholder}", (peer,))
