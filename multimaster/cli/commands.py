@@ -12,6 +12,7 @@ from rich.table import Table
 
 from multimaster import api
 from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, redraw
+from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology
 
 
@@ -20,7 +21,8 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
     """Install change logs, snapshots, shadows and capture triggers at every site.
 
     Checks every site first (reachable, tables present and equal, same base rows or all but one
-    empty) and changes nothing unless all checks pass. Safe to run again.
+    empty) and changes nothing unless all checks pass. Safe to run again. Progress (base rows
+    copied) and lock waits past refresh.lock_wait_warn go to stderr.
 
     Examples:
       multimaster init -t topologies/three-sites.yaml
@@ -28,8 +30,9 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
 
     def go() -> None:
         topo = load_topology(topology)
-        with console.status("checking sites"):
-            rep = api.init(topo, progress=lambda m: console.log(m))
+        with Reporter() as progress:
+            progress("checking sites")
+            rep = api.init(topo, progress=progress)
         for site, tables in rep.sites.items():
             console.print(
                 f"[green]✓[/] {site}: " + (f"installed {', '.join(tables)}" if tables else "already installed, objects checked")
@@ -115,6 +118,10 @@ def refresh(
     and the fix). A site whose versions came ahead of this site's clock past refresh.clock_warn
     (not past max_clock_offset: those are held) is named on stderr; that alone exits 0.
 
+    Progress goes to stderr (bars on a terminal, else a line per link every MM_PROGRESS_EVERY
+    seconds, default 5), and so does a write transaction's wait for a lock past
+    refresh.lock_wait_warn (default 2s), naming who holds it.
+
     Examples:
       multimaster refresh -t topo.yaml
       multimaster refresh -t topo.yaml --site s2 --peer s1
@@ -124,9 +131,9 @@ def refresh(
     def go() -> int:
         topo = load_topology(topology)
         allres = []
-        with api.Cluster(topo) as cl:
+        with api.Cluster(topo) as cl, Reporter() as progress:
             for _ in range(max_rounds if until_quiet else 1):
-                res = api.refresh(cl, site, peer, batch_size=batch_size, reconcile_=not no_reconcile)
+                res = api.refresh(cl, site, peer, batch_size=batch_size, reconcile_=not no_reconcile, progress=progress)
                 allres.append(res)
                 if not until_quiet or all(r.pulled == 0 for r in res) or any(r.error for r in res):
                     break

@@ -12,6 +12,7 @@ import typer
 from rich.table import Table
 
 from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute, redraw
+from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology, parse_duration
 from multimaster.errors import ConfigError
 
@@ -196,7 +197,8 @@ def add_site(
 
     Copies PEER's rows with their identities at a recorded log position, installs logs, snapshots
     and triggers at NAME, and sets every watermark so no change is lost or applied twice. First add
-    NAME and its links to the topology file and create its (empty) tables.
+    NAME and its links to the topology file and create its (empty) tables. Progress (rows copied
+    per table) and lock waits past refresh.lock_wait_warn go to stderr.
 
     Examples:
       multimaster add-site -t topo.yaml s4 --from s1
@@ -206,9 +208,8 @@ def add_site(
 
     def go() -> None:
         topo = load_topology(topology)
-        rep = add(
-            topo, name, peer, replace=replace, batch_size=batch_size, progress=None if as_json else (lambda m: console.log(m))
-        )
+        with Reporter() as progress:
+            rep = add(topo, name, peer, replace=replace, batch_size=batch_size, progress=progress)
         if as_json:
             dump(rep.as_dict())
             return

@@ -155,6 +155,10 @@ class RefreshConfig(_Strict):
     #: past max_clock_offset) is applied with a warning naming its origin and the offset (`refresh`
     #: on stderr, `status`, the metrics); default half of max_clock_offset, 'off': no warning
     clock_warn: bool | float | str | None = None
+    #: a write transaction of refresh, init or add-site that has waited this long for a lock
+    #: (over the retries of one batch) is named, with who holds the lock: `refresh` and the others
+    #: on stderr, the daemon's log ('off': never; docs/cli.md "Progress and lock waits")
+    lock_wait_warn: bool | float | str = "2s"
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
@@ -170,6 +174,10 @@ class RefreshConfig(_Strict):
     def stall_after_seconds(self) -> float | None:
         """stall_after in seconds, None when 'off'."""
         return _duration_or_off(self.stall_after, "10m")
+
+    def lock_wait_warn_seconds(self) -> float | None:
+        """lock_wait_warn in seconds, None when 'off'."""
+        return _duration_or_off(self.lock_wait_warn, "2s")
 
 
 def _duration_or_off(v: bool | float | str, example: str) -> float | None:
@@ -500,6 +508,7 @@ def _refresh_problems(r: RefreshConfig, problems: list[str]) -> None:
         ("max_clock_offset", r.max_offset_seconds),
         ("stall_after", r.stall_after_seconds),
         ("clock_warn", r.clock_warn_seconds),
+        ("lock_wait_warn", r.lock_wait_warn_seconds),
     ):
         try:
             v = get()

@@ -25,6 +25,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
+from multimaster.core.progress import Blocker
 from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
@@ -247,6 +248,20 @@ class Dialect:
 
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
+        raise NotImplementedError
+
+    # ---- lock waits (engine/lockwatch.py, docs/cli.md "Progress and lock waits") ---------------
+    def backend_id(self, dbapi_conn: Any) -> int | None:
+        """The server's id of the session of a DB-API connection, as the driver knows it (no
+        query): what lock_blockers asks about. Default None: no sessions to ask about; a write
+        transaction then waits only where it takes the database's write lock, at BEGIN
+        (caps.single_writer), and the engine sees that wait itself."""
+        return None
+
+    def lock_blockers(self, conn: Connection, backend: int) -> list[Blocker]:
+        """The sessions holding the locks that session `backend` waits for now, read on `conn` (a
+        connection of its own): [] when it waits for none. A wait whose holder the database does
+        not name is one Blocker without a session, its `state` saying what is waited for."""
         raise NotImplementedError
 
     def unique_sets(self, conn: Connection, table: str) -> list[tuple[str, list[str] | None, str | None]]:

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 from multimaster.config.topology import Topology
+from multimaster.core.progress import Progress
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError
 
 __all__ = ["Cluster", "as_cluster", "open_site", "Progress"]
-
-Progress = Callable[[str], None]
 
 
 class Cluster:

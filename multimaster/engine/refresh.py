@@ -19,12 +19,14 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core import waits as waits_core
 from multimaster.core.batches import plan_cuts
+from multimaster.core.progress import ProgressEvent
 from multimaster.core.references import fk_order
 from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.remote import AgentSite
@@ -98,12 +100,15 @@ def refresh_link(
     batch is one transaction at `target` across every table it touches: snapshot rows, watermarks
     and the applied changes commit together, so a reader at `target` sees a source transaction
     whole or not at all, and an interrupted refresh leaves nothing half-done and resumes where it
-    was. `stop` is asked between batches (the daemon's shutdown): True ends the refresh there."""
+    was. `stop` is asked between batches (the daemon's shutdown): True ends the refresh there.
+    `progress` is told the changes pulled after each batch, and a write transaction's wait for a
+    lock at the target once it passes refresh.lock_wait_warn (engine/lockwatch.py)."""
     t = cl.topo
     tgt, src = cl.site(target), cl.site(source)
     batch = batch_size or t.refresh.batch_size
     res = RefreshResult(target, source)
     t0 = time.perf_counter()
+    tell = _Tell.of(progress, f"{source} -> {target}", t0, t.refresh.lock_wait_warn_seconds())
     peers = t.peers_of(target)
     try:
         problems = _follow_schemas(cl, target, source)
@@ -120,17 +125,17 @@ def refresh_link(
                 )
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
-        touched = _refresh_batches(tables, batch, res, progress, stop)
+        touched = _refresh_batches(tables, batch, res, tell, stop)
         if reconcile_ and not (stop is not None and stop()):
             for tb, link in tables.items():
                 if tb not in touched:
-                    res.reconciled[tb].add(_settle_if_needed(link))
+                    res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None))
         if reconcile_:
             _note_waits(tgt, t, source, res)
         if res.pulled and (skew or warned):
             _note_skew(tgt, t, source, skew, res)
-        if res.pulled == 0:
-            with tgt.write() as conn:  # nothing new: still a success, for status and purge retention
+        if res.pulled == 0:  # nothing new: still a success, for status and purge retention
+            with watching(tgt, tell.watch if tell else None) as lw, tgt.write(lw) as conn:
                 store.links.stats(conn, tgt.dialect, source, 0, 0, 0, now_iso())
         if problems:  # replication went on in the schema each site captured before
             raise SchemaError(problems)
@@ -165,7 +170,7 @@ def apply_entries(
             tb: _LinkTable(t, target, source, tgt, cl.site(source), tb, infos[tb], _base_max(conn, tgt, tb), peers, True, known)
             for tb in apply_order(t, infos)
         }
-    return _apply_part(tgt, tables, {tb: rows.get(tb, []) for tb in tables}, wms)  # type: ignore[no-any-return]
+    return _apply_part(tgt, tables, {tb: rows.get(tb, []) for tb in tables}, wms, None)  # type: ignore[no-any-return]
 
 
 def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None:
@@ -288,8 +293,38 @@ Rows = list[tuple[Any, ...]]
 WINDOW_BATCHES = 4
 
 
+@dataclass(frozen=True)
+class _Tell:
+    """What a link's refresh tells its caller's `progress`: the changes pulled so far (`pulled`),
+    and the lock waits of its write transactions at the target (`watch`: None when
+    refresh.lock_wait_warn is off)."""
+
+    progress: Progress
+    subject: str
+    started: float
+    watch: Watch | None
+
+    @classmethod
+    def of(cls, progress: Progress | None, subject: str, started: float, wait_after: float | None) -> _Tell | None:
+        if progress is None:
+            return None
+        return cls(progress, subject, started, None if wait_after is None else Watch(subject, progress, wait_after))
+
+    def pulled(self, pulled: int, applied: int, batches: int) -> None:
+        self.progress(
+            ProgressEvent(
+                "pull",
+                self.subject,
+                done=pulled,
+                applied=applied,
+                batches=batches,
+                seconds=time.perf_counter() - self.started,
+            )
+        )
+
+
 def _refresh_batches(
-    tables: dict[str, _LinkTable], batch: int, res: RefreshResult, progress: Progress | None, stop: Callable[[], bool] | None
+    tables: dict[str, _LinkTable], batch: int, res: RefreshResult, tell: _Tell | None, stop: Callable[[], bool] | None
 ) -> set[str]:
     """Read a window of the link's entries, cut it into batches and apply each in one target
     transaction; read again while the window was cut or another refresher moved a watermark
@@ -301,7 +336,7 @@ def _refresh_batches(
     touched: set[str] = set()
     window = max(batch * WINDOW_BATCHES, 1)
     if not src.dialect.caps.txn_column:
-        return _refresh_whole(tables, window, res, progress)
+        return _refresh_whole(tables, window, res, tell)
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
@@ -311,7 +346,7 @@ def _refresh_batches(
         moved = False
         parts = _batches(tables, read, batch)
         for part in parts:
-            done = _apply_part(tgt, tables, part, wms)
+            done = _apply_part(tgt, tables, part, wms, tell.watch if tell else None)
             if done is None:
                 moved = True
                 break
@@ -324,8 +359,8 @@ def _refresh_batches(
             for tb, r in results.items():
                 res.reconciled[tb].add(r)
             res.batches += 1
-            if progress:
-                progress(f"{source} -> {target}: {res.pulled} changes pulled")
+            if tell:
+                tell.pulled(res.pulled, res.applied, res.batches)
             if stop is not None and stop():
                 return touched
         if moved:
@@ -340,7 +375,7 @@ class _Moved(Exception):
     """Another refresher moved a watermark of the link while this one read: read again."""
 
 
-def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResult, progress: Progress | None) -> set[str]:
+def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResult, tell: _Tell | None) -> set[str]:
     """A source that records no transactions (SQLite): its read of one window holds only whole
     transactions, but a window cut by its size may end inside one. So every window of the link is
     applied in ONE target transaction, window after window (memory holds one window; the target's
@@ -363,14 +398,15 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
             check_not_purged(src, target, tb, wms0[tb])
         if not any(pre.rows.values()):
             return set()
-        run = functools.partial(_whole_link, tables=tables, window=window, token=token, progress=progress, pre=(wms0, pre))
+        run = functools.partial(_whole_link, tables=tables, window=window, token=token, tell=tell, pre=(wms0, pre))
+        watch = tell.watch if tell else None
         try:
             try:
-                stored_all, windows, results = write_retrying(tgt, run)
+                stored_all, windows, results = write_retrying(tgt, run, watch)
             except Exception as e:
                 if isinstance(e, _Moved) or not isolate.permanent(tgt.dialect, e):
                     raise
-                stored_all, windows, results = write_retrying(tgt, functools.partial(run, isolating=True))
+                stored_all, windows, results = write_retrying(tgt, functools.partial(run, isolating=True), watch)
         except _Moved:
             continue
         res.pulled += stored_all
@@ -386,7 +422,7 @@ def _whole_link(
     tables: dict[str, _LinkTable],
     window: int,
     token: str,
-    progress: Progress | None,
+    tell: _Tell | None,
     pre: tuple[dict[str, int], LinkRead] | None = None,
     isolating: bool = False,
 ) -> tuple[int, int, dict[str, ReconcileResult]]:
@@ -421,25 +457,29 @@ def _whole_link(
                 results.setdefault(tb, ReconcileResult(tb))
         for tb, r in done[1].items():
             results.setdefault(tb, ReconcileResult(tb)).add(r)
-        if progress:
-            progress(f"{source} -> {target}: {stored_all} changes pulled")
+        if tell:
+            tell.pulled(stored_all, sum(r.applied for r in results.values()), windows)
         if not read.more:
             break
     return stored_all, windows, results
 
 
-def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows], wms: dict[str, int]) -> Any:
+def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows], wms: dict[str, int], watch: Watch | None) -> Any:
     """Apply one batch in one write transaction at the target (_apply_batch): a malformed entry, or
     one whose origin is no site known here, is held at once; a batch rejected for good runs again,
     holding the changes at fault (engine/isolate.py)."""
     known = next(iter(tables.values())).known
     malformed = any(isolate.has_malformed(rows, known) for rows in part.values() if rows)
     try:
-        return write_retrying(tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed))
+        return write_retrying(
+            tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed), watch
+        )
     except Exception as e:
         if malformed or not isolate.permanent(tgt.dialect, e):
             raise
-        return write_retrying(tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=True))
+        return write_retrying(
+            tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=True), watch
+        )
 
 
 def _next_window(read: LinkRead, applied: bool, window: int) -> int | None:
@@ -479,7 +519,7 @@ def _batches(tables: dict[str, _LinkTable], read: LinkRead, batch: int) -> list[
     return out
 
 
-def _settle_if_needed(link: _LinkTable) -> ReconcileResult:
+def _settle_if_needed(link: _LinkTable, watch: Watch | None = None) -> ReconcileResult:
     """A table the refresh brought nothing for: still apply what an earlier `refresh
     --no-reconcile` stored, and rank the keys local inserts drew, as a reconcile would (read
     first: usually there is nothing to do)."""
@@ -487,11 +527,11 @@ def _settle_if_needed(link: _LinkTable) -> ReconcileResult:
         todo = _unsettled(conn, link)
     if todo:
         try:
-            return write_retrying(link.tgt, functools.partial(_settle, link=link))
+            return write_retrying(link.tgt, functools.partial(_settle, link=link), watch)
         except Exception as e:  # rejected for good: again, holding the changes at fault
             if not isolate.permanent(link.tgt.dialect, e):
                 raise
-            return write_retrying(link.tgt, functools.partial(_settle, link=link, isolating=True))
+            return write_retrying(link.tgt, functools.partial(_settle, link=link, isolating=True), watch)
     return ReconcileResult(link.table)
 
 
@@ -623,20 +663,24 @@ def _check_clock_offset(link: _LinkTable, rows: list[tuple[Any, ...]]) -> None:
 RETRIES = 10
 
 
-def write_retrying(site: Site, fn: Callable[[Connection], T]) -> T:
+def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | None = None) -> T:
     """Run `fn` in one write transaction at `site`. A transient failure rolls the whole transaction
     back (nothing of the batch stays) and runs it again after a jittered exponential backoff
-    (10 ms doubling to 1 s); after RETRIES attempts, or on any other error, it raises."""
+    (10 ms doubling to 1 s); after RETRIES attempts, or on any other error, it raises. `watch`:
+    lock waits of every attempt are watched as one (engine/lockwatch.py)."""
     delay = 0.01
-    for attempt in range(RETRIES):
-        try:
-            with site.write() as conn:
-                return fn(conn)
-        except DBAPIError as e:
-            if attempt == RETRIES - 1 or not site.dialect.is_retryable(e):
-                raise
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+    with watching(site, watch) as lw:
+        for attempt in range(RETRIES):
+            try:
+                with site.write(lw) as conn:
+                    return fn(conn)
+            except DBAPIError as e:
+                if attempt == RETRIES - 1 or not site.dialect.is_retryable(e):
+                    raise
+                if lw is not None:
+                    lw.retrying()
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 1.0)
     raise AssertionError("unreachable")
 
 

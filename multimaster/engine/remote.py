@@ -25,6 +25,7 @@ from multimaster.core.waits import Wait
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import wire
+from multimaster.engine.lockwatch import LockWatch
 from multimaster.engine.pull import LinkRead
 from multimaster.engine.site import Site
 from multimaster.errors import AgentError, AgentOnly
@@ -79,7 +80,7 @@ class AgentSite(Site):
         yield  # pragma: no cover
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
+    def write(self, watch: LockWatch | None = None) -> Iterator[Connection]:
         raise AgentOnly(self.name, hidden_url(self.url), "writing its database")
         yield  # pragma: no cover
 

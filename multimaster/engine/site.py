@@ -16,6 +16,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine.lockwatch import LockWatch
 from multimaster.engine.references import discover
 from multimaster.engine.schema import introspect
 from multimaster.errors import NotInstalled, SiteUnreachable
@@ -69,11 +70,20 @@ class Site:
                 yield conn
 
     @contextmanager
-    def write(self) -> Iterator[Connection]:
-        """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE)."""
+    def write(self, watch: LockWatch | None = None) -> Iterator[Connection]:
+        """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE).
+        `watch`: the operation's lock watch (engine/lockwatch.py), told of the transaction's
+        session and of its BEGIN."""
         with self.engine.connect() as conn:
             conn.execution_options(mm_write=True)
-            with conn.begin():
+            if watch is None:
+                with conn.begin():
+                    yield conn
+                return
+            watch.attach(conn.connection.dbapi_connection)
+            with watch.beginning():
+                tx = conn.begin()  # SQLite waits here for the file's write lock
+            with tx:
                 yield conn
 
     def dispose(self) -> None:

@@ -11,7 +11,9 @@ server (``Dialect.daemon_lock_sql``). SIGINT / SIGTERM: the refresh in flight fi
 transaction (the batch being applied commits, the next one does not start), then the process exits.
 
 Every refresh logs one line (JSON with ``--log-format json``): link, changes pulled, applied,
-conflicts, duration, error. Optionally a purge job (``purge_every``) and a metrics endpoint in
+conflicts, duration, error. A write transaction of a refresh that waits for a lock past
+``refresh.lock_wait_warn`` logs a ``lock_wait`` record naming who holds it (engine/lockwatch.py),
+again while it lasts, and ``lock_wait_ended`` when it ends. Optionally a purge job (``purge_every``) and a metrics endpoint in
 the Prometheus text format (:mod:`multimaster.ops.metrics`).
 
 Scheduled checks: when the topology has a ``verify:`` section and this daemon runs its site (or
@@ -22,6 +24,7 @@ the result, or the error, in the site's ``_mm_verifications`` (:mod:`multimaster
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -37,6 +40,7 @@ from sqlalchemy.engine import make_url
 from multimaster.config.cron import cron_trigger
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Link, Topology
+from multimaster.core.progress import ProgressEvent
 from multimaster.core.versions import started_at_now
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
@@ -154,7 +158,7 @@ class DaemonStats:
 
 
 def _emit(event: str, fmt: str, **fields: Any) -> None:
-    level = logging.WARNING if fields.get("error") or event == "clock_warning" else logging.INFO
+    level = logging.WARNING if fields.get("error") or event in ("clock_warning", "lock_wait") else logging.INFO
     if fmt == "json":
         line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
     else:
@@ -328,7 +332,12 @@ class Daemon:
         st.running = True
         try:
             res = refresh_link(
-                self.cluster, st.link.target, st.link.source, batch_size=self.batch_size, stop=self._stopping.is_set
+                self.cluster,
+                st.link.target,
+                st.link.source,
+                batch_size=self.batch_size,
+                stop=self._stopping.is_set,
+                progress=functools.partial(self._lock_wait, st),
             )
         except Exception as e:  # noqa: BLE001 - a job must not die: record and back off
             res = RefreshResult(st.link.target, st.link.source, error=redact(f"{type(e).__name__}: {e}"))
@@ -364,6 +373,20 @@ class Daemon:
             )
         for w in res.clock_warnings:  # applied, a warning (docs/clock.md "Clock discipline")
             _emit("clock_warning", self.log_format, link=st.name, message=w)
+
+    def _lock_wait(self, st: LinkState, e: ProgressEvent | str) -> None:
+        """A refresh's progress: its lock waits are logged (a record when one passes
+        refresh.lock_wait_warn, again while it lasts, one when it ends); the rest is not."""
+        if isinstance(e, ProgressEvent) and e.kind in ("wait", "waited"):
+            _emit(
+                "lock_wait" if e.kind == "wait" else "lock_wait_ended",
+                self.log_format,
+                link=st.name,
+                site=e.site,
+                waited_s=round(e.seconds, 1),
+                blockers=[b.session for b in e.blockers if b.session] or None,
+                message=e.text,
+            )
 
     def _purge(self) -> None:
         for s in self.sites:

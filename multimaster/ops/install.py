@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,9 +11,11 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.config.topology import Topology
+from multimaster.core.progress import ProgressEvent
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.refresh import relay_origins, schemas_elsewhere
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
@@ -67,10 +70,13 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
 
     Checks first, touches nothing until every check passed: every site reachable, every table
     present with the same columns everywhere, base rows equal (or all but one site empty, whose
-    rows are then copied). Each site is then installed in one transaction."""
+    rows are then copied). Each site is then installed in one transaction. `progress` is told each
+    step, the base rows copied so far, and a lock its transaction waits for past
+    refresh.lock_wait_warn (engine/lockwatch.py)."""
     cl, own = as_cluster(topo)
     t = cl.topo
     say = progress or (lambda _m: None)
+    after = t.refresh.lock_wait_warn_seconds()
     rep = InitReport()
     try:
         sites = {n: cl.site(n) for n in t.sites}
@@ -83,7 +89,8 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         _check_read_only(t, chk)
         # every check passed: install, one transaction per site
         for n in sites:
-            rep.sites[n] = _install_at(t, n, chk, rep, say)
+            watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
+            rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
         return rep
     finally:
         if own:
@@ -196,7 +203,7 @@ def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
         rep.base_rows[tb] = counts[nonempty[0]] if nonempty else 0
 
 
-def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progress) -> list[str]:
+def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progress, watch: Watch | None = None) -> list[str]:
     """Install site `n` in one transaction: site objects, then per table its log, shadow, snapshots
     of its peers, links, base rows copied (when it was empty) and capture triggers. Returns the
     tables newly installed there."""
@@ -204,7 +211,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
     say(f"installing at {n}")
     s.dialect.prepare_site(s.engine)
     newly = []
-    with s.write() as conn:
+    with watching(s, watch) as lw, s.write(lw) as conn:
         s.dialect.lock_for_install(conn, list(t.tables))  # writers wait for init, never deadlock with it
         s.dialect.install_site(conn, n)
         store.install(conn, s.dialect)
@@ -222,7 +229,9 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
                 newly.append(tb)
                 if tb in chk.copy_from and n in chk.copy_from[tb][1]:
                     src = chk.sites[chk.copy_from[tb][0]]
-                    rep.copied.setdefault(tb, {})[n] = _copy_rows(src, s, conn, chk.infos[tb][src.name], info, say)
+                    rep.copied.setdefault(tb, {})[n] = _copy_rows(
+                        src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
+                    )
                 store.tables.register(conn, s.dialect, info)
             references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
             s.dialect.install_capture(conn, info)
@@ -245,13 +254,31 @@ def _follow_all(cl: Cluster, rep: InitReport) -> None:
         raise SchemaError(problems)
 
 
-def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress) -> int:
+def _copy_rows(
+    src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress, total: int | None = None
+) -> int:
     """Copy the base rows of one site into an empty one, inside the target's install transaction
-    (before its capture triggers exist, so nothing is captured)."""
+    (before its capture triggers exist, so nothing is captured); `say` is told the rows copied
+    so far, of `total` (counted by the checks)."""
     q = dst.dialect.quote
     cols = [info_dst.key.name, *info_dst.column_names]
     sql = f"INSERT INTO {q(info_dst.name)} ({', '.join(q(c) for c in cols)}) VALUES ({dst.dialect.ph(len(cols))})"
     n = 0
+    t0 = time.perf_counter()
+
+    def copied() -> None:
+        say(
+            ProgressEvent(
+                "copy",
+                f"{src.name} -> {dst.name}",
+                table=info_dst.name,
+                done=n,
+                total=total,
+                unit="rows",
+                seconds=time.perf_counter() - t0,
+            )
+        )
+
     with src.read() as sconn:
         batch: list[tuple[Any, ...]] = []
         adapters = dst.dialect.value_adapters(info_dst)  # values as the target's driver stores them exactly
@@ -261,10 +288,11 @@ def _copy_rows(src: Site, dst: Site, dconn: Connection, info_src: TableInfo, inf
                 dconn.exec_driver_sql(sql, batch)
                 n += len(batch)
                 batch = []
-                say(f"copied {n} rows of {info_dst.name} from {src.name} to {dst.name}")
+                copied()
         if batch:
             dconn.exec_driver_sql(sql, batch)
             n += len(batch)
+            copied()
     return n
 
 

@@ -34,6 +34,7 @@ its rows stay. Then remove it and its links from the topology file.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
@@ -41,6 +42,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.config.secrets import redact
+from multimaster.core.progress import Progress, ProgressEvent
 from multimaster.core.salvage import Behind, CatchUp, Copy, Holding, verdict
 from multimaster.core.salvage import plan as plan_copies
 from multimaster.core.schemas import translate
@@ -48,6 +50,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, references, salvage, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.refresh import refresh_link, relay_origins
 from multimaster.engine.schema import compare_schemas
@@ -60,8 +63,6 @@ if TYPE_CHECKING:
     from multimaster.config.topology import Topology
 
 __all__ = ["add_site", "remove_site", "AddSiteReport", "RemoveSiteReport", "SiteNotDrained"]
-
-Progress = Callable[[str], None]
 
 
 class SiteNotDrained(MultimasterError):
@@ -194,17 +195,23 @@ def add_site(
     batch_size: int = 5000,
     progress: Progress | None = None,
 ) -> AddSiteReport:
-    """Bring site `name` into a running cluster by copying `peer` at a recorded log position."""
+    """Bring site `name` into a running cluster by copying `peer` at a recorded log position.
+    `progress` is told each step, the rows copied so far, and a lock the copy's transaction at
+    `name` waits for past refresh.lock_wait_warn (engine/lockwatch.py)."""
     cl, own = as_cluster(topo)
     say = progress or (lambda _m: None)
+    after = cl.topo.refresh.lock_wait_warn_seconds()
+    watch = Watch(f"add-site {name}", progress, after) if progress and after is not None else None
     try:
-        return _add_site(cl, name, peer, replace, batch_size, say)
+        return _add_site(cl, name, peer, replace, batch_size, say, watch)
     finally:
         if own:
             cl.close()
 
 
-def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int, say: Progress) -> AddSiteReport:
+def _add_site(
+    cl: Cluster, name: str, peer: str, replace: bool, batch_size: int, say: Progress, watch: Watch | None = None
+) -> AddSiteReport:
     t = cl.topo
     _check_add_site(t, name, peer)
     rep = AddSiteReport(name, peer)
@@ -259,7 +266,7 @@ def _add_site(cl: Cluster, name: str, peer: str, replace: bool, batch_size: int,
         if schema_problems:
             raise SchemaError(schema_problems)
         _forget_observations(cl, name)
-        copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep)
+        copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep, watch)
         with psite.read() as pc:  # the sites removed before: their changes on the way are applied here too
             gone = store.retired.read(pc, psite.dialect)
         if gone:
@@ -344,6 +351,7 @@ def _copy(
     batch_size: int,
     say: Progress,
     rep: AddSiteReport,
+    watch: Watch | None = None,
 ) -> dict[str, int]:
     """Install `name` as a copy of `peer`, read in one snapshot. Returns per table the last
     position of `name`'s change log the copy wrote."""
@@ -369,7 +377,7 @@ def _copy(
     npos: dict[str, int] = {}
     with psite.engine.connect() as pconn:
         _consistent_read(pconn)
-        with pconn.begin(), nsite.write() as nconn:
+        with pconn.begin(), watching(nsite, watch) as lw, nsite.write(lw) as nconn:
             hlc = pd.read_clock(pconn) or 0
             nd.install_site(nconn, name)
             store.install(nconn, nd)
@@ -397,13 +405,14 @@ def _copy(
                 cols = [pi.key.name, *pi.column_names]
                 sel = ", ".join(pd.quote(c) for c in cols)
                 ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
+                total = int(pconn.exec_driver_sql(f"SELECT count(*) FROM {pd.quote(tb)}").scalar() or 0)
                 rep.rows[tb] = _copy_rows(
                     pconn,
                     f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}",
                     nconn,
                     ins,
                     batch_size,
-                    lambda n: say(f"{tb}: copied {n} rows from {peer} to {name}"),
+                    _copied(say, f"{peer} -> {name}", tb, "rows", total),
                 )
                 # identities
                 scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
@@ -437,13 +446,14 @@ def _copy(
                 )
                 lq = ", ".join(pd.quote(c) for c in rcols)
                 rep.log_entries[tb] = 0
+                entries = _copied(say, f"{peer} -> {name}", tb, "change-log entries", None)
                 for raw in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=batch_size):
                     part = [_current_layout(r, union, layouts, list(pi.column_names)) for r in raw]
                     nd.append_log(
                         nconn, tb, [nd.key_col if c == "key" else c if c in _PLAIN else nd.quote(c) for c in lcols], rows=part
                     )
                     rep.log_entries[tb] += len(part)
-                    say(f"{tb}: copied {rep.log_entries[tb]} change-log entries from {peer} to {name}")
+                    entries(rep.log_entries[tb])
                 npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {no.log2}").scalar() or 0)
                 store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
                 # PEER's own changes up to the capture point are in the copy: applied at NAME too
@@ -486,6 +496,14 @@ def _copy(
             nd.advance_clock(nconn, hlc)
     say(f"{name}: installed from {peer}")
     return npos
+
+
+def _copied(say: Progress, subject: str, table: str, unit: str, total: int | None) -> Callable[[int], None]:
+    """What _copy tells `say` of `n` `unit` of `table` copied so far (of `total`, when counted)."""
+    t0 = time.perf_counter()
+    return lambda n: say(
+        ProgressEvent("copy", subject, table=table, done=n, total=total, unit=unit, seconds=time.perf_counter() - t0)
+    )
 
 
 def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site, info: TableInfo, q: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from multimaster.core.progress import Blocker
 from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, read_only_message, shadow_key_index
 from multimaster.dialects.schema import TableInfo, names
 
@@ -165,6 +166,62 @@ class MySQLDialect(Dialect):
         orig = getattr(exc, "orig", exc)
         args: tuple[Any, ...] = getattr(orig, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
+
+    def backend_id(self, dbapi_conn: Any) -> int | None:
+        tid = getattr(dbapi_conn, "thread_id", None)  # PyMySQL, mysqlclient: CONNECTION_ID()
+        return int(tid()) if callable(tid) else None
+
+    def lock_blockers(self, conn: Connection, backend: int) -> list[Blocker]:
+        """InnoDB's lock waits of the session's transaction (rows, gaps, InnoDB table locks) and
+        the transactions holding them, each with its connection (PROCESSLIST): MariaDB's
+        information_schema.INNODB_LOCK_WAITS, or MySQL 8's performance_schema.data_lock_waits.
+        Waiting for another lock (a metadata lock of DDL or LOCK TABLES, GET_LOCK): the session's
+        state names it, not its holder. Needs the PROCESS privilege."""
+        from sqlalchemy.exc import DBAPIError
+
+        cols = (
+            "SELECT b.trx_mysql_thread_id, p.USER, p.HOST, p.COMMAND, p.STATE, "
+            "TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1000000, COALESCE(b.trx_query, p.INFO) "
+            "FROM information_schema.INNODB_TRX r "
+        )
+        tail = (
+            "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id "
+            "WHERE r.trx_mysql_thread_id = %s ORDER BY b.trx_started, b.trx_mysql_thread_id"
+        )
+        waits = (
+            "JOIN information_schema.INNODB_LOCK_WAITS w ON w.requesting_trx_id = r.trx_id "
+            "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id ",
+            # MySQL 8.0 dropped INNODB_LOCK_WAITS for performance_schema
+            "JOIN performance_schema.data_lock_waits w ON w.REQUESTING_ENGINE_TRANSACTION_ID = r.trx_id "
+            "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID ",
+        )
+        for i, join in enumerate(waits):
+            try:
+                rows = conn.exec_driver_sql(cols + join + tail, (backend,)).all()
+                break
+            except DBAPIError as e:  # 1109: unknown table (the other server kind)
+                orig = getattr(e, "orig", e)
+                if i == len(waits) - 1 or getattr(orig, "args", (None,))[0] not in (1109, 1146):
+                    raise
+                conn.rollback()
+        out = []
+        for tid, user, host, command, state, age, query in rows:
+            out.append(
+                Blocker(
+                    session=f"connection {tid}",
+                    who=f"user {user}" if user else None,
+                    client=host or None,
+                    state=state or (str(command).lower() if command else None),
+                    txn_seconds=None if age is None else float(age),
+                    query=query or None,
+                )
+            )
+        if out:
+            return out
+        state = conn.exec_driver_sql("SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = %s", (backend,)).scalar()
+        if state and str(state).lower().startswith("waiting for") and "lock" in str(state).lower():
+            return [Blocker(state=str(state))]  # e.g. "Waiting for table metadata lock"
+        return []
 
     def temp_rids(self, conn: Connection) -> str:
         conn.exec_driver_sql(

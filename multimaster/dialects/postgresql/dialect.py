@@ -20,6 +20,7 @@ from typing import Any, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
+from multimaster.core.progress import Blocker
 from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
 from multimaster.dialects.schema import TableInfo, names
 
@@ -94,6 +95,40 @@ class PostgreSQLDialect(Dialect):
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
         return getattr(orig, "sqlstate", None) in _RETRY_STATES
+
+    def backend_id(self, dbapi_conn: Any) -> int | None:
+        info = getattr(dbapi_conn, "info", None)  # psycopg 3
+        pid = getattr(info, "backend_pid", None)
+        if pid is None and hasattr(dbapi_conn, "get_backend_pid"):  # psycopg2
+            pid = dbapi_conn.get_backend_pid()
+        return None if pid is None else int(pid)
+
+    def lock_blockers(self, conn: Connection, backend: int) -> list[Blocker]:
+        """pg_blocking_pids of the session while it waits for a lock (heavyweight locks: rows,
+        tables, advisory locks), each described by pg_stat_activity. pg_blocking_pids briefly
+        locks the lock manager: it is called only for a session found waiting."""
+        rows = conn.exec_driver_sql(
+            "SELECT b.pid, b.application_name, b.usename, host(b.client_addr), b.state, "
+            "EXTRACT(EPOCH FROM clock_timestamp() - b.xact_start)::float8, left(b.query, 200) "
+            "FROM pg_stat_activity w CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS x(pid) "
+            "JOIN pg_stat_activity b ON b.pid = x.pid "
+            "WHERE w.pid = %s AND w.wait_event_type = 'Lock' ORDER BY b.xact_start NULLS LAST, b.pid",
+            (backend,),
+        ).all()
+        out = []
+        for pid, app, user, addr, state, age, query in rows:
+            who = ", ".join(([f"application '{app}'"] if app else []) + ([f"user {user}"] if user else []))
+            out.append(
+                Blocker(
+                    session=f"pid {pid}",
+                    who=who or None,
+                    client=addr or ("local socket" if pid else None),
+                    state=state,
+                    txn_seconds=None if age is None else float(age),
+                    query=query or None,
+                )
+            )
+        return out
 
     def temp_rids(self, conn: Connection) -> str:
         if conn.exec_driver_sql("SELECT to_regclass('pg_temp._mm_tmp_rids')").scalar() is None:
