@@ -496,7 +496,10 @@ class Dialect:
 
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         """Under lock_writers, after normalize_keys: the next local insert into `info` (renumbered)
-        takes key top + 1 where the counter can be moved back. Default: after_apply's forward move."""
+        takes key top + 1 where the counter can be moved back. A counter that a rollback does not
+        move back (a sequence) must not go below any key a rollback of the transaction would bring
+        back: the caller's `top` accounts for that (engine/apply.py keys_ranked_now). Default:
+        after_apply's forward move."""
         self.after_apply(conn, info)
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:

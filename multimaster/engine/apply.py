@@ -11,17 +11,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from weakref import WeakKeyDictionary
 
-from sqlalchemy.engine import Connection
+from sqlalchemy.engine import Connection, RootTransaction
 
 from multimaster import store
 from multimaster.core.planner import KeyAssignment, Plan, assign_keys
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
-from multimaster.engine.site import Site
+from multimaster.engine.site import Site, after_commit
 
-__all__ = ["Applied", "execute_plan", "keys_unranked", "normalize_keys", "keys_ranked_now"]
+__all__ = ["Applied", "execute_plan", "keys_locked", "keys_unranked", "normalize_keys", "keys_ranked_now", "rewind_key_counter"]
+
+#: per write transaction, per renumbered table: its highest key when the transaction first took the
+#: table's writers' lock, before any key moved (keys_locked): what a rollback would bring back
+_floors: WeakKeyDictionary[RootTransaction, dict[str, int]] = WeakKeyDictionary()
 
 
 @dataclass
@@ -122,13 +127,50 @@ def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int)
     return len(moves)
 
 
+def key_top(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> int:
+    """The highest key of renumbered `info`: in the table, in the shadow, or base_max."""
+    q = d.quote
+    table = f"(SELECT coalesce(max({q(info.key.name)}), 0) FROM {q(info.name)})"
+    shadow = f"(SELECT coalesce(max({d.key_col}), 0) FROM {d.obj(info.name).shadow})"
+    return max(int(conn.exec_driver_sql(f"SELECT {d.greatest(table, shadow)}").scalar() or 0), base_max)
+
+
+def keys_locked(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> None:
+    """Right after Dialect.lock_writers, before any key of `info` moves: note the highest key, once
+    per transaction (keys_ranked_now keeps the key counter at or past it, for a rollback)."""
+    txn = conn.get_transaction()
+    if txn is not None:
+        _floors.setdefault(txn, {}).setdefault(info.name, key_top(conn, d, info, base_max))
+
+
 def keys_ranked_now(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> None:
     """Under Dialect.lock_writers, after keys were given: every key is a rank now; record it and
-    set the key counter to the highest key (the next local insert ranks last)."""
+    set the key counter to the highest key (the next local insert ranks last).
+
+    The counter (a sequence) does not roll back with the transaction: were the transaction to
+    roll back (an error, the process killed before COMMIT), the rows would get back the keys they
+    had, and the counter must not be below those, or a local insert would draw a key some row
+    holds (a duplicate key). So here the counter goes no lower than the highest key the table held
+    when this transaction took the writers' lock (keys_locked); when that is above the highest rank
+    (keys of rolled-back local inserts left gaps), it moves the rest of the way down once this
+    transaction has committed, in one of its own (rewind_key_counter)."""
     top = conn.exec_driver_sql(f"SELECT max({d.key_col}) FROM {d.obj(info.name).shadow}").scalar()
     top = max(int(top or 0), base_max)
     store.tables.set_keys_ranked(conn, d, info.name, top)
-    d.reset_key_counter(conn, info, top)
+    txn = conn.get_transaction()
+    floor = _floors.get(txn, {}).get(info.name, top) if txn is not None else top
+    d.reset_key_counter(conn, info, max(top, floor))
+    if floor > top:
+        after_commit(conn, ("rewind_key_counter", info.name), lambda c: rewind_key_counter(c, d, info))
+
+
+def rewind_key_counter(conn: Connection, d: Dialect, info: TableInfo) -> None:
+    """In a transaction of its own, after the one that ranked the keys of `info` committed: under
+    the writers' lock (no local insert in flight) set the key counter back to the highest key. This
+    transaction moves no key, so whenever it ends (committed, rolled back, its process killed) every
+    key is at or below the counter."""
+    d.lock_writers(conn, info)
+    d.reset_key_counter(conn, info, key_top(conn, d, info, store.tables.base_max(conn, d, info.name)))
 
 
 def _ranks_below(conn: Connection, d: Dialect, info: TableInfo, new: list[str], base_max: int) -> list[int]:

@@ -22,7 +22,7 @@ from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import fastpath, held, references, uniques
-from multimaster.engine.apply import Applied, execute_plan, keys_ranked_now, keys_unranked, normalize_keys
+from multimaster.engine.apply import Applied, execute_plan, keys_locked, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
@@ -205,6 +205,7 @@ def _lock_keys(
     if not inserts and not keys_unranked(conn, d, info, base_max):
         return False
     d.lock_writers(conn, info)
+    keys_locked(conn, d, info, base_max)  # what a rollback would bring back: the counter stays past it
     res.renumbered += normalize_keys(conn, d, info, base_max)
     return True
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Iterator
+from typing import Callable, Hashable, Iterator
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import create_engine
-from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.engine import Connection, Engine, RootTransaction, make_url
 from sqlalchemy.exc import OperationalError, SQLAlchemyError
 
 from multimaster import store
@@ -21,7 +22,21 @@ from multimaster.engine.references import discover
 from multimaster.engine.schema import introspect
 from multimaster.errors import NotInstalled, SiteUnreachable
 
-__all__ = ["Site", "open_sites"]
+__all__ = ["Site", "after_commit", "open_sites"]
+
+#: per write transaction open in Site.write: what to run once it has committed (after_commit)
+_after_commit: WeakKeyDictionary[RootTransaction, dict[Hashable, Callable[[Connection], None]]] = WeakKeyDictionary()
+
+
+def after_commit(conn: Connection, key: Hashable, fn: Callable[[Connection], None]) -> None:
+    """Run `fn` once the write transaction open on `conn` (Site.write) has committed, in a
+    transaction of its own on the same connection; once per `key` (the last `fn` given). Nothing
+    runs if the transaction rolls back. Meant for work that must not share the transaction's fate:
+    a failure of `fn` is ignored (it must leave the site correct either way), and the transaction
+    it follows has committed whatever `fn` does."""
+    txn = conn.get_transaction()
+    if txn is not None:
+        _after_commit.setdefault(txn, {})[key] = fn
 
 
 class Site:
@@ -71,20 +86,26 @@ class Site:
 
     @contextmanager
     def write(self, watch: LockWatch | None = None) -> Iterator[Connection]:
-        """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE).
-        `watch`: the operation's lock watch (engine/lockwatch.py), told of the transaction's
+        """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE);
+        once it committed, what it registered with after_commit runs, each in a transaction of its
+        own. `watch`: the operation's lock watch (engine/lockwatch.py), told of the transaction's
         session and of its BEGIN."""
         with self.engine.connect() as conn:
             conn.execution_options(mm_write=True)
             if watch is None:
-                with conn.begin():
-                    yield conn
-                return
-            watch.attach(conn.connection.dbapi_connection)
-            with watch.beginning():
-                tx = conn.begin()  # SQLite waits here for the file's write lock
-            with tx:
+                txn = conn.begin()
+            else:
+                watch.attach(conn.connection.dbapi_connection)
+                with watch.beginning():
+                    txn = conn.begin()  # SQLite waits here for the file's write lock
+            with txn:
                 yield conn
+            for fn in _after_commit.pop(txn, {}).values():
+                try:
+                    with conn.begin():
+                        fn(conn)
+                except SQLAlchemyError:  # (after_commit: the committed work stands either way)
+                    pass
 
     def dispose(self) -> None:
         if self._engine is not None:

@@ -673,8 +673,8 @@ class MySQLDialect(Dialect):
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         """Back to the highest key: SETVAL moves a sequence back only into a later round (the key
         counter is a CYCLE sequence whose rounds count these resets). A sequence is not
-        transactional: if this transaction rolled back afterwards, keys above `top` could remain
-        and a local insert collide with one (a duplicate-key error, never a wrong row)."""
+        transactional: the caller passes a `top` no lower than any key a rollback of this
+        transaction would bring back (engine/apply.py keys_ranked_now, rewind_key_counter)."""
         seq = self.obj(info.name).keyseq
         top = max(int(top), self._key_top(conn, info))
         rnd = int(conn.exec_driver_sql(f"SELECT cycle_count FROM {seq}").scalar() or 0)
