@@ -27,10 +27,11 @@ def sqlite_backend() -> Backend:
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`scripts/test.sh` runs `-n 2 --dist loadgroup`), every Spark test runs on
-    the same worker, so one JVM serves them all (tests/spark/conftest.py's session). First among
-    the hooks: xdist's worker reads the marker in its own pytest_collection_modifyitems (it names
-    the item `<nodeid>@spark`), and this conftest is registered before it, so without tryfirst it
-    ran after xdist had read no marker — each worker started its own JVM."""
+    the same worker, so one JVM serves them all (tests/spark/conftest.py's session). xdist's worker
+    reads the marker in its own pytest_collection_modifyitems (it renames the item
+    `<nodeid>@spark`), hence first. pytest is kept below 9 (pyproject.toml): pytest 9 derives a
+    node's id from a field xdist 3.8 does not rename, the group was lost and each worker started
+    its own JVM."""
     for item in items:
         if item.path.parent.name == "spark":
             item.add_marker(pytest.mark.xdist_group("spark"))
