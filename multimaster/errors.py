@@ -84,8 +84,9 @@ class AgentOnly(MultimasterError):
     def __init__(self, site: str, agent: str, what: str = "this operation"):
         self.site, self.agent = site, agent
         super().__init__(
-            f"site '{site}' is reached through its agent ({agent}), which serves its change log, schema versions, "
-            f"status and clock only: {what} needs the site's database. Run it on the site's host, or with a "
+            f"site '{site}' is reached through its agent ({agent}), which serves reads only (its change log, schema "
+            f"versions, status, clock, freshness, error queue and conflict log): {what} needs the site's database. "
+            "Run it on the site's host, or with a "
             'topology file giving the site\'s database url (docs/agent.md "What works through an agent").'
         )
 

@@ -23,8 +23,9 @@ def serve(
     log_level: str = typer.Option("warning", "--log-level", help="debug, info (one line per request), warning, error."),
     traceback: bool = TRACEBACK,
 ) -> None:
-    """Serve one site's change log, schema versions, status and clock to peers on other hosts,
-    read-only, over HTTP(S), to callers holding the site's token.
+    """Serve one site's change log, schema versions, status, clock, freshness (token, wait), error
+    queue and conflict log to peers on other hosts, read-only, over HTTP(S), to callers holding the
+    site's token.
 
     Peers name the agent in their topology file (url: https://host:8470, token: ${VAR}); a refresh
     through it pulls exactly what a refresh from the database pulls. Plain HTTP only on a loopback

@@ -6,7 +6,8 @@ refresher runs at a source (engine/pull.py pull_link, the purge horizon, schema 
 its database and sends their results; this class asks for them and hands them on in the same
 shapes, so a pull through the agent is the pull from the database. Everything else that needs the
 site's database (its engine, a read or write transaction) raises :class:`AgentOnly`, naming the
-site and its agent: never a silent wrong result.
+site and its agent: never a silent wrong result. The agent also serves, read-only, the reads of
+`token` and `wait` (ops/freshness.py), the error queue's and the conflict log's listings.
 """
 
 from __future__ import annotations
@@ -145,11 +146,19 @@ class AgentSite(Site):
             )
         if r.status_code == 404:
             raise self._fail(said, f"Point sites.{self.name}.url at the agent of '{self.name}'.")
+        if r.status_code == 400:
+            raise self._fail(
+                f"the agent refused the request: {said}",
+                "Check that this host's topology file and the agent's name the same sites and tables.",
+            )
         raise self._fail(said, "")
 
-    def _get(self, path: str, **params: Any) -> Any:
+    def _get(self, path: str, *, timeout: float | None = None, **params: Any) -> Any:
+        """GET `path` with the query `params` (None: left out); `timeout`: seconds for this request
+        (default TIMEOUT)."""
+        kw = {} if timeout is None else {"timeout": timeout}
         try:
-            r = self._http().get(path, params={k: v for k, v in params.items() if v is not None})
+            r = self._http().get(path, params={k: v for k, v in params.items() if v is not None}, **kw)
         except Exception as e:  # noqa: BLE001 - every transport failure names the agent
             raise self._transport_error(e) from None
         self._check(r)
@@ -270,3 +279,41 @@ class AgentSite(Site):
         if d is None:
             return None
         return {tb: Observation(**o) for tb, o in d.items()}
+
+    def token(self) -> str:
+        """ops/freshness.py token_at, run by the agent at its site: its freshness token now."""
+        return str(self._get("/token")["token"])
+
+    def need(self, tok: str) -> dict[str, str | None]:
+        """ops/freshness.py need_at at the site (the token's): per table the newest change of its
+        own at or below `tok` (None: none)."""
+        d = self._get("/need", token=tok)
+        return {str(k): None if v is None else str(v) for k, v in d.items()}
+
+    def applied_of(self, origin: str, timeout: float | None = None) -> tuple[dict[str, str], dict[str, tuple[str, int]]]:
+        """ops/freshness.py applied_at at the site: per table the newest change of `origin` applied,
+        and those held in its error queue (lowest version, count); within `timeout` seconds."""
+        d = self._get("/applied", timeout=timeout, origin=origin)
+        return (
+            {str(k): str(v) for k, v in d["applied"].items()},
+            {str(k): (str(v[0]), int(v[1])) for k, v in d["held"].items()},
+        )
+
+    def missing(self, applied: Mapping[str, str], need: Mapping[str, str | None]) -> tuple[dict[str, int], str | None]:
+        """ops/freshness.py missing_at at the site (the token's): per table its changes a site that
+        applied `applied` lacks up to `need`, and the oldest of their versions."""
+        d = self._post("/missing", {"applied": dict(applied), "need": dict(need)})
+        return {str(k): int(v) for k, v in d["missing"].items()}, None if d["oldest"] is None else str(d["oldest"])
+
+    def errors(self, table: str | None = None, include_skipped: bool = False) -> list[dict[str, Any]]:
+        """ops/errors.py errors_at at the site: the changes held in its error queue, values typed."""
+        rows = wire.data_in(self._get("/errors", table=table, skipped="1" if include_skipped else None))
+        return [dict(r) for r in rows]
+
+    def conflicts(
+        self, table: str | None = None, limit: int = 100, since: str | None = None, kind: str | None = None
+    ) -> list[dict[str, Any]]:
+        """ops/status.py conflicts_at at the site: its conflict log (the last `limit`, 0: all; of
+        `table`, recorded at or after `since`, of `kind`), values typed."""
+        rows = wire.data_in(self._get("/conflicts", table=table, limit=limit, since=since, kind=kind))
+        return [dict(r) for r in rows]

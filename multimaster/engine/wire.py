@@ -9,6 +9,10 @@ every other value is a one-key object naming its type: ``{"$b": base64}`` bytes,
 ``{"$td": [days, seconds, microseconds]}`` a timedelta, ``{"$u": "…"}`` a UUID, ``{"$j": value}``
 a JSON document a driver decoded (PostgreSQL's json / jsonb), carried as it is. Nothing else is a
 JSON object on the wire, so decoding is unambiguous.
+
+Plain data built of such values (the rows of a listing: str-keyed dicts and lists, nested) goes
+through :func:`data_out` / :func:`data_in`: a dict as ``{"$m": {key: item}}``, a list as a list,
+every other value as :func:`encode` makes it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from multimaster.core.planner import TableSpec
 from multimaster.core.references import Ref
 from multimaster.dialects.schema import Column, TableInfo
 
-__all__ = ["encode", "decode", "dumps", "loads", "layout_of", "info_of", "PROTOCOL"]
+__all__ = ["encode", "decode", "data_out", "data_in", "dumps", "loads", "layout_of", "info_of", "PROTOCOL"]
 
 #: the version of the agent's protocol: a client and an agent of different versions refuse each other
 PROTOCOL = 1
@@ -83,6 +87,24 @@ def decode(v: Any) -> Any:
     if tag == "$j":
         return x
     raise ValueError(f"unknown value type {tag!r} on the wire")
+
+
+def data_out(v: Any) -> Any:
+    """Plain data (str-keyed dicts and lists, nested, of values `encode` takes) as JSON-ready data."""
+    if isinstance(v, dict):
+        return {"$m": {str(k): data_out(x) for k, x in v.items()}}
+    if isinstance(v, list):
+        return [data_out(x) for x in v]
+    return encode(v)
+
+
+def data_in(v: Any) -> Any:
+    """The plain data `data_out` made JSON-ready data of."""
+    if isinstance(v, list):
+        return [data_in(x) for x in v]
+    if isinstance(v, dict) and len(v) == 1 and "$m" in v:
+        return {k: data_in(x) for k, x in v["$m"].items()}
+    return decode(v)
 
 
 def dumps(obj: Any) -> str:

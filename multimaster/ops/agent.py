@@ -10,7 +10,9 @@ host's topology file) as a bearer token, compared in constant time.
 Endpoints (all under ``/v1/<site>``): ``GET /hello``, ``POST /pull`` (JSON lines: a head, the rows
 in pieces of ROWS_PER_LINE, an end line with the count), ``GET /purged?table=``, ``GET
 /columns?table=``, ``GET /status[?since=]``, ``GET /link?peer=``, ``POST /waiting``, ``GET
-/held?source=``, ``GET /observe``.
+/held?source=``, ``GET /observe``; for `token` and `wait` (ops/freshness.py) ``GET /token``, ``GET
+/need?token=``, ``GET /applied?origin=``, ``POST /missing``; the listings of `errors` and
+`conflicts`: ``GET /errors[?table=&skipped=1]``, ``GET /conflicts[?table=&limit=&since=&kind=]``.
 """
 
 from __future__ import annotations
@@ -33,7 +35,9 @@ from multimaster.engine.evolve import registered_columns
 from multimaster.engine.pull import pull_link
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError
-from multimaster.ops.status import link_at_source, link_at_target, site_summary
+from multimaster.ops.errors import errors_at
+from multimaster.ops.freshness import applied_at, check_token, missing_at, need_at, token_at
+from multimaster.ops.status import CONFLICT_KINDS, conflicts_at, link_at_source, link_at_target, site_summary
 
 __all__ = ["make_app", "make_server", "serve", "parse_listen", "ROWS_PER_LINE", "DEFAULT_PORT"]
 
@@ -151,6 +155,49 @@ class _Handlers:
                 return None
             return {tb: asdict(store.fences.observe(conn, self.s.dialect, tb, self.name)) for tb in self.topo.tables}
 
+    # ---- freshness (ops/freshness.py): `multimaster token` and `wait` ---------------------------
+
+    def token(self, q: Mapping[str, str], body: bytes) -> Any:
+        return {"token": token_at(self.s, self.topo)}
+
+    def need(self, q: Mapping[str, str], body: bytes) -> Any:
+        tok, of = check_token(q.get("token", ""))
+        if of != self.name:
+            raise ConfigError([f"the token is one of site '{of}'; this agent serves site '{self.name}'"])
+        return need_at(self.s, self.topo, tok)
+
+    def applied(self, q: Mapping[str, str], body: bytes) -> Any:
+        applied, held = applied_at(self.s, self._site(q, "origin"))
+        return {"applied": applied, "held": {tb: list(h) for tb, h in held.items()}}
+
+    def missing(self, q: Mapping[str, str], body: bytes) -> Any:
+        b = json.loads(body)
+        applied, need = b.get("applied"), b.get("need")
+        if not isinstance(applied, dict) or not isinstance(need, dict):
+            raise ConfigError(["a missing request gives 'applied' and 'need', each per table"])
+        for tb, v in [*applied.items(), *need.items()]:
+            self._table({"table": tb})
+            if v is not None and not isinstance(v, str):
+                raise ConfigError([f"table '{tb}': {v!r} is not a version"])
+        n, oldest = missing_at(self.s, applied, need)
+        return {"missing": n, "oldest": oldest}
+
+    # ---- listings: `multimaster errors` and `multimaster conflicts` (read-only) ---------------
+
+    def errors(self, q: Mapping[str, str], body: bytes) -> Any:
+        table = self._table(q) if q.get("table") else None
+        return wire.data_out(errors_at(self.s, self.topo, table, q.get("skipped") == "1"))
+
+    def conflicts(self, q: Mapping[str, str], body: bytes) -> Any:
+        table = self._table(q) if q.get("table") else None
+        kind = q.get("kind") or None
+        if kind is not None and kind not in CONFLICT_KINDS:
+            raise ConfigError([f"'{kind}' is not a conflict kind (one of {', '.join(CONFLICT_KINDS)})"])
+        limit = q.get("limit", "100")
+        if not limit.isdigit():
+            raise ConfigError([f"a conflicts limit is a count (0: all), not '{limit}'"])
+        return wire.data_out(conflicts_at(self.s, table, int(limit), q.get("since") or None, kind))
+
     def _table(self, q: Mapping[str, str]) -> str:
         tb = q.get("table", "")
         if tb not in self.topo.tables:
@@ -177,6 +224,12 @@ ROUTES = {
     "waiting": "POST",
     "held": "GET",
     "observe": "GET",
+    "token": "GET",
+    "need": "GET",
+    "applied": "GET",
+    "missing": "POST",
+    "errors": "GET",
+    "conflicts": "GET",
 }
 
 
@@ -202,7 +255,7 @@ def make_app(topo: Topology, site: str, token: str | None = None) -> Any:
 def _endpoint(fn: Callable[[Mapping[str, str], bytes], Any], site: str, secret: bytes) -> Callable[[Any], Any]:
     """An endpoint: checks the token (constant time) and the site, runs `fn` in a worker thread
     (it reads the database), answers its data as JSON (an iterator: streamed as JSON lines), and
-    a multimaster error as JSON naming it."""
+    a multimaster error as JSON naming it (a request the agent refuses: 400)."""
     from starlette.concurrency import run_in_threadpool
     from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -216,6 +269,8 @@ def _endpoint(fn: Callable[[Mapping[str, str], bytes], Any], site: str, secret: 
         body = await request.body()
         try:
             out = await run_in_threadpool(fn, dict(request.query_params), body)
+        except ConfigError as e:  # the request names what the site does not have, or is malformed
+            return JSONResponse({"error": redact("; ".join(e.problems))}, 400)
         except MultimasterError as e:
             return JSONResponse({"error": redact(str(e))}, 409)
         except Exception as e:  # noqa: BLE001 - the client records it as the link's error

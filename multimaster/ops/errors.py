@@ -1,5 +1,7 @@
 """The error queue, operated (`multimaster errors`, docs/errors.md): list the changes held at every
-site, apply them again once the cause is fixed (`retry`), drop one on purpose (`skip`)."""
+site, apply them again once the cause is fixed (`retry`), drop one on purpose (`skip`). The list
+reads a site reached through its agent there (docs/agent.md); `retry` and `skip` write the site's
+database, so they run on its host (AgentOnly otherwise)."""
 
 from __future__ import annotations
 
@@ -13,10 +15,11 @@ from multimaster.core.versions import now_iso
 from multimaster.engine import held, isolate, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
+from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError
 
-__all__ = ["list_errors", "retry_errors", "skip_error", "STATES"]
+__all__ = ["list_errors", "errors_at", "retry_errors", "skip_error", "STATES"]
 
 #: every state a queued change can be in (but parked, docs/unique.md)
 STATES = ("failed", "waiting", "txn", "schema", "skipped")
@@ -34,34 +37,43 @@ def list_errors(
     """The changes held at every site (or `site`), per site and table in version order: id, site,
     table, state, op, rid, ver, origin, peer, error, blocked_by, first_at, last_at, attempts,
     reason, and `change` (its key and the values it sets, as its snapshot holds it; None for a
-    malformed entry). `include_skipped`: skipped ones too (with their reason)."""
+    malformed entry). `include_skipped`: skipped ones too (with their reason). A site reached
+    through its agent is read by its agent (the same rows, read there)."""
     cl, own = as_cluster(topo)
     try:
         if table is not None and table not in cl.topo.tables:
             raise ConfigError([f"--table: table '{table}' is not defined under tables"])
-        states = (*(STATES if include_skipped else store.errorqueue.OPEN), store.errorqueue.PARKED)
         out: list[dict[str, Any]] = []
         for n in _sites(cl, site):
             s = cl.site(n)
-            with s.read() as conn:
-                if not s.installed_tables(conn):
-                    continue
-                for r in store.errorqueue.rows(conn, s.dialect, table, states):
-                    r = dict(r, site=n, table=r.pop("tbl"))
-                    info = s.info(conn, r["table"], cl.topo) if r["table"] in cl.topo.tables else None
-                    if r["state"] == store.errorqueue.PARKED:
-                        r["change"] = None if info is None else uniques.parked_change(conn, s.dialect, info, r["rid"])
-                    else:
-                        r["change"] = (
-                            None
-                            if info is None or r["op"] in ("?", "P")  # P: a parked row, skipped
-                            else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
-                        )
-                    out.append(r)
+            out += s.errors(table, include_skipped) if isinstance(s, AgentSite) else errors_at(s, cl.topo, table, include_skipped)
         return out
     finally:
         if own:
             cl.close()
+
+
+def errors_at(s: Site, topo: Topology, table: str | None = None, include_skipped: bool = False) -> list[dict[str, Any]]:
+    """The changes held in the error queue of site `s` (see list_errors), read at the site (its
+    agent runs this); none before init."""
+    states = (*(STATES if include_skipped else store.errorqueue.OPEN), store.errorqueue.PARKED)
+    out: list[dict[str, Any]] = []
+    with s.read() as conn:
+        if not s.installed_tables(conn):
+            return out
+        for r in store.errorqueue.rows(conn, s.dialect, table, states):
+            r = dict(r, site=s.name, table=r.pop("tbl"))
+            info = s.info(conn, r["table"], topo) if r["table"] in topo.tables else None
+            if r["state"] == store.errorqueue.PARKED:
+                r["change"] = None if info is None else uniques.parked_change(conn, s.dialect, info, r["rid"])
+            else:
+                r["change"] = (
+                    None
+                    if info is None or r["op"] in ("?", "P")  # P: a parked row, skipped
+                    else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
+                )
+            out.append(r)
+    return out
 
 
 def _find(cl: Cluster, site: str | None, id_: int) -> str:

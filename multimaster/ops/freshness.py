@@ -25,6 +25,12 @@ S had applied when the token was taken are not waited for: take a token at their
 Polling reads one row set per site still behind (``_mm_origins`` of origin S and its error queue),
 every 50 ms at first and less often as the wait goes on (at most 1 s apart), never past the
 deadline.
+
+Each read is one function of a local :class:`Site` — :func:`token_at`, :func:`need_at` (the token's
+site), :func:`applied_at` (a site waited at), :func:`missing_at` (the token's site, for a site still
+behind) — called directly for a site this host reaches through its database, and by the site's
+agent (ops/agent.py) for a site reached through its agent (docs/agent.md): the same reads, run
+where the database is.
 """
 
 from __future__ import annotations
@@ -36,25 +42,39 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from multimaster import store
 from multimaster.config.secrets import redact
+from multimaster.config.topology import hidden_url
 from multimaster.core.versions import make_ver, ver_hlc, ver_ms
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.remote import TIMEOUT, AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError
+from multimaster.errors import AgentError, ConfigError, MultimasterError
 
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology
 
-__all__ = ["token", "wait_visible", "WaitResult", "SiteFreshness", "parse_token"]
+__all__ = [
+    "token",
+    "wait_visible",
+    "WaitResult",
+    "SiteFreshness",
+    "parse_token",
+    "check_token",
+    "token_at",
+    "need_at",
+    "applied_at",
+    "missing_at",
+]
 
 _TOKEN = re.compile(r"^(\d{19}):([A-Za-z_][A-Za-z0-9_]*)$")
 
 #: the first pause between two polls, the factor it grows by, and its largest value (seconds)
 _FIRST_POLL, _GROWTH, _MAX_POLL = 0.05, 1.5, 1.0
+#: seconds a look at a site through its agent may take at least, however close the deadline is
+_MIN_AGENT_WAIT = 1.0
 
 
-def parse_token(cl: Cluster, tok: str) -> tuple[str, str]:
-    """(the version the token is, its site); ConfigError (exit 2) for a malformed token or one of a
-    site the topology does not name."""
+def check_token(tok: str) -> tuple[str, str]:
+    """(the token, its site) of a well-formed token; ConfigError (exit 2) for a malformed one."""
     m = _TOKEN.match(tok.strip())
     if not m:
         raise ConfigError(
@@ -63,10 +83,16 @@ def parse_token(cl: Cluster, tok: str) -> tuple[str, str]:
                 "'multimaster token -t FILE --site SITE' prints it"
             ]
         )
-    site = m.group(2)
+    return tok.strip(), m.group(2)
+
+
+def parse_token(cl: Cluster, tok: str) -> tuple[str, str]:
+    """(the version the token is, its site); ConfigError (exit 2) for a malformed token or one of a
+    site the topology does not name."""
+    tok, site = check_token(tok)
     if site not in cl.topo.sites:
         raise ConfigError([f"--token: the token's site '{site}' is not defined under sites"])
-    return tok.strip(), site
+    return tok, site
 
 
 def _check_site(cl: Cluster, site: str, option: str) -> None:
@@ -76,26 +102,37 @@ def _check_site(cl: Cluster, site: str, option: str) -> None:
 
 def token(topo: Topology | Cluster, site: str) -> str:
     """The freshness token of `site` now: its version, at least that of every change it captured
-    (docs/cli.md "Freshness: token and wait"). Raises ConfigError for an unknown site,
-    NotInstalled before init."""
+    (docs/cli.md "Freshness: token and wait"), read at the site (through its agent for a site
+    reached through one). Raises ConfigError for an unknown site, NotInstalled before init,
+    AgentError when the site's agent cannot be read."""
     cl, own = as_cluster(topo)
     try:
         _check_site(cl, site, "--site")
         s = cl.site(site)
-        d = s.dialect
-        with s.read() as conn:
-            s.require_installed(conn, cl.topo)
-            hlc = d.read_clock(conn) or 0
-            for tb in cl.topo.tables:  # SQLite's clock floor leaves out its own captures: they are in the log
-                top = conn.exec_driver_sql(
-                    f"SELECT max(ver) FROM {d.obj(tb).log} WHERE origin = {d.caps.placeholder}", (site,)
-                ).scalar()
-                if top:
-                    hlc = max(hlc, ver_hlc(str(top)))
-        return make_ver(hlc, site)
+        if isinstance(s, AgentSite):
+            tok, of = check_token(s.token())
+            if of != site:
+                raise AgentError(site, hidden_url(s.url), f"the agent answered a token of site '{of}'")
+            return tok
+        return token_at(s, cl.topo)
     finally:
         if own:
             cl.close()
+
+
+def token_at(s: Site, topo: Topology) -> str:
+    """The token of site `s` now, read at the site (:func:`token`; its agent runs this)."""
+    d = s.dialect
+    with s.read() as conn:
+        s.require_installed(conn, topo)
+        hlc = d.read_clock(conn) or 0
+        for tb in topo.tables:  # SQLite's clock floor leaves out its own captures: they are in the log
+            top = conn.exec_driver_sql(
+                f"SELECT max(ver) FROM {d.obj(tb).log} WHERE origin = {d.caps.placeholder}", (s.name,)
+            ).scalar()
+            if top:
+                hlc = max(hlc, ver_hlc(str(top)))
+    return make_ver(hlc, s.name)
 
 
 @dataclass
@@ -178,9 +215,9 @@ class WaitResult:
         }
 
 
-def _need(s: Site, topo: Topology, tok: str) -> dict[str, str | None]:
+def need_at(s: Site, topo: Topology, tok: str) -> dict[str, str | None]:
     """Per table, the newest change of the token's site `s` (its own) at or below `tok` (see the
-    module's description); None: none."""
+    module's description); None: none. Read at `s` (its agent runs this)."""
     d = s.dialect
     ph = d.caps.placeholder
     out: dict[str, str | None] = {}
@@ -199,14 +236,52 @@ def _need(s: Site, topo: Topology, tok: str) -> dict[str, str | None]:
     return out
 
 
-def _look(s: Site, origin: str, need: dict[str, str | None]) -> SiteFreshness:
-    """Whether site `s` has applied every change of `origin` up to `need`, per table."""
+def applied_at(s: Site, origin: str) -> tuple[dict[str, str], dict[str, tuple[str, int]]]:
+    """What site `s` has of `origin`'s changes, read at `s` (its agent runs this): per table the
+    newest applied (``_mm_origins``), and the lowest version and number of those held in its error
+    queue."""
+    with s.read() as conn:
+        return store.origins.of_origin(conn, s.dialect, origin), store.errorqueue.open_of_origin(conn, s.dialect, origin)
+
+
+def missing_at(s: Site, applied: dict[str, str], need: dict[str, str | None]) -> tuple[dict[str, int], str | None]:
+    """Per table, how many changes of the token's site `s` its change log holds above what a site
+    applied (`applied`: per table its ``_mm_origins`` for `s`) and at or below `need`; and the
+    oldest of their versions (None: none in the log). Read at `s` (its agent runs this)."""
+    d = s.dialect
+    ph = d.caps.placeholder
+    out: dict[str, int] = {}
+    oldest: str | None = None
+    with s.read() as conn:
+        for tb, v in need.items():
+            low = applied.get(tb) or ""
+            if v is None or low >= v:
+                continue
+            n, first = conn.exec_driver_sql(
+                f"SELECT count(*), min(ver) FROM {d.obj(tb).log} WHERE origin = {ph} AND ver > {ph} AND ver <= {ph}",
+                (s.name, low, v),
+            ).first() or (0, None)
+            out[tb] = int(n or 0)
+            if first is not None and (oldest is None or str(first) < oldest):
+                oldest = str(first)
+    return out, oldest
+
+
+def _need(s: Site, topo: Topology, tok: str) -> dict[str, str | None]:
+    return s.need(tok) if isinstance(s, AgentSite) else need_at(s, topo, tok)
+
+
+def _applied(s: Site, origin: str, timeout: float | None = None) -> tuple[dict[str, str], dict[str, tuple[str, int]]]:
+    return s.applied_of(origin, timeout=timeout) if isinstance(s, AgentSite) else applied_at(s, origin)
+
+
+def _look(s: Site, origin: str, need: dict[str, str | None], timeout: float | None = None) -> SiteFreshness:
+    """Whether site `s` has applied every change of `origin` up to `need`, per table (an agent-site:
+    its agent answering within `timeout` seconds)."""
     out = SiteFreshness(s.name)
     try:
-        with s.read() as conn:
-            applied = store.origins.of_origin(conn, s.dialect, origin)
-            held = store.errorqueue.open_of_origin(conn, s.dialect, origin)
-    except MultimasterError as e:
+        applied, held = _applied(s, origin, timeout)
+    except MultimasterError as e:  # an agent that does not answer, or refuses: behind, named
         out.error = redact(str(e))
         return out
     except Exception as e:  # noqa: BLE001 - down or not installed: behind until it answers
@@ -228,26 +303,7 @@ def _look(s: Site, origin: str, need: dict[str, str | None]) -> SiteFreshness:
 
 
 def _missing(s: Site, applied: dict[str, str], need: dict[str, str | None]) -> tuple[dict[str, int], str | None]:
-    """Per table, how many changes of the token's site `s` its change log holds above what a site
-    applied (`applied`: per table its ``_mm_origins`` for `s`) and at or below `need`; and the
-    oldest of their versions (None: none in the log)."""
-    d = s.dialect
-    ph = d.caps.placeholder
-    out: dict[str, int] = {}
-    oldest: str | None = None
-    with s.read() as conn:
-        for tb, v in need.items():
-            low = applied.get(tb) or ""
-            if v is None or low >= v:
-                continue
-            n, first = conn.exec_driver_sql(
-                f"SELECT count(*), min(ver) FROM {d.obj(tb).log} WHERE origin = {ph} AND ver > {ph} AND ver <= {ph}",
-                (s.name, low, v),
-            ).first() or (0, None)
-            out[tb] = int(n or 0)
-            if first is not None and (oldest is None or str(first) < oldest):
-                oldest = str(first)
-    return out, oldest
+    return s.missing(applied, need) if isinstance(s, AgentSite) else missing_at(s, applied, need)
 
 
 def wait_visible(
@@ -262,7 +318,9 @@ def wait_visible(
     every site of `sites` (default: every other site), or at `k` of them, or `timeout` seconds
     passed (see the module's description for what counts). Returns a :class:`WaitResult` (`met`
     False on timeout, with how far each site is behind); raises ConfigError for a malformed token,
-    an unknown site, a `k` out of range or a negative timeout."""
+    an unknown site, a `k` out of range or a negative timeout, and the token's site's error when it
+    cannot be read (its database, or its agent: AgentError naming both). A site waited at that
+    cannot be read (its agent down or refusing) is behind, with the error, until it answers."""
     cl, own = as_cluster(topo)
     try:
         tok, origin = parse_token(cl, tok)
@@ -288,7 +346,9 @@ def wait_visible(
         while True:
             for s in targets:
                 if not res.per_site[s].visible:
-                    res.per_site[s] = _look(cl.site(s), origin, need)
+                    # an agent is given the time left, at least _MIN_AGENT_WAIT (a dead host: not 30 s)
+                    allowed = min(TIMEOUT, max(deadline - time.monotonic(), _MIN_AGENT_WAIT))
+                    res.per_site[s] = _look(cl.site(s), origin, need, allowed)
             if len(res.visible) >= want:
                 res.met = True
                 break
@@ -312,10 +372,8 @@ def _describe_behind(cl: Cluster, origin: str, res: WaitResult) -> None:
     for b in res.behind:
         if b.error:
             continue
-        s = cl.site(b.site)
         try:
-            with s.read() as conn:
-                applied = store.origins.of_origin(conn, s.dialect, origin)
+            applied = _applied(cl.site(b.site), origin)[0]
             b.missing, oldest = _missing(cl.site(origin), applied, res.need)
         except Exception:  # noqa: BLE001 - the report does without the counts
             continue

@@ -3,7 +3,9 @@ logged conflicts"): what another rule would have decided for each logged conflic
 (core/reresolve.py decides), and with `apply`, that outcome made the row's: the new winning values
 written at one site as an ordinary local update, captured there with a fresh version and
 replicated to every site like any update — only where the row still holds what the logged rule
-decided (a row changed since is left alone and reported)."""
+decided (a row changed since is left alone and reported). The conflict logs are read as
+`conflicts` reads them (a site reached through its agent, by its agent); `apply` writes, so a site
+it would write at must be reached through its database (AgentOnly, before anything is written)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ from typing import Any
 from sqlalchemy.exc import DBAPIError
 
 from multimaster.config.secrets import redact
-from multimaster.config.topology import Topology
+from multimaster.config.topology import Topology, hidden_url
 from multimaster.core.policies import Candidate
 from multimaster.core.reresolve import SLOT_KINDS, Outcome, as_logged, parse_policy, re_resolve, same_values
 from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, ResolverError
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError, ResolverError
 from multimaster.ops.status import conflicts
 
 __all__ = ["re_resolve_conflicts"]
@@ -62,10 +65,16 @@ def re_resolve_conflicts(
         out = [_as_dict(o) for o in outcomes]
         if apply:
             order = list(cl.topo.sites)
-            for o, d in zip(outcomes, out):
-                if o.status != "change":
-                    continue
-                where = at or min((s for s, _ in o.records), key=order.index)
+            plan = [
+                (o, d, at or min((s for s, _ in o.records), key=order.index))
+                for o, d in zip(outcomes, out)
+                if o.status == "change"
+            ]
+            for where in dict.fromkeys(w for _, _, w in plan):  # every site written at, before any write
+                s = cl.site(where)
+                if isinstance(s, AgentSite):
+                    raise AgentOnly(where, hidden_url(s.url), "conflicts --apply (it writes the new values at the site)")
+            for o, d, where in plan:
                 d["at"] = where
                 d["action"], d["why"] = _apply(cl, where, o)
         counts: dict[str, int] = {}

@@ -18,7 +18,16 @@ from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.verifications import last
 
-__all__ = ["status", "conflicts", "describe", "CONFLICT_KINDS", "site_summary", "link_at_target", "link_at_source"]
+__all__ = [
+    "status",
+    "conflicts",
+    "conflicts_at",
+    "describe",
+    "CONFLICT_KINDS",
+    "site_summary",
+    "link_at_target",
+    "link_at_source",
+]
 
 # status / conflicts
 
@@ -234,6 +243,7 @@ def conflicts(
     when given. Each row: what ``_mm_conflicts`` holds (values and row images decoded) plus, per
     side, the site that wrote its version and whether that was this site (``local``) or another
     (``replicated``), and ``winner`` (``local``, ``remote``, ``both`` for a merge, ``delete``).
+    A site reached through its agent is read by its agent (conflicts_at, run there).
     Raises ConfigError for a site, table or kind that does not exist."""
     cl, own = as_cluster(topo)
     try:
@@ -251,16 +261,25 @@ def conflicts(
         rows: list[dict[str, Any]] = []
         for n in [site] if site else list(cl.topo.sites):
             s = cl.site(n)
-            with s.read() as conn:
-                if not s.installed_tables(conn):
-                    continue
-                for r in store.conflicts.rows(conn, s.dialect, table, limit, since=since, kind=kind):
-                    rows.append(describe(dict(r), n))
+            rows += (
+                s.conflicts(table, limit, since, kind) if isinstance(s, AgentSite) else conflicts_at(s, table, limit, since, kind)
+            )
         rows.sort(key=lambda r: (r["detected_at"], r["site"], r["id"]))
         return rows[-limit:] if limit else rows
     finally:
         if own:
             cl.close()
+
+
+def conflicts_at(
+    s: Site, table: str | None = None, limit: int = 100, since: str | None = None, kind: str | None = None
+) -> list[dict[str, Any]]:
+    """The conflict log of site `s` as `conflicts` returns it (the last `limit`, 0: all), read at
+    the site (its agent runs this); none before init."""
+    with s.read() as conn:
+        if not s.installed_tables(conn):
+            return []
+        return [describe(dict(r), s.name) for r in store.conflicts.rows(conn, s.dialect, table, limit, since=since, kind=kind)]
 
 
 def describe(row: dict[str, Any], site: str) -> dict[str, Any]:
