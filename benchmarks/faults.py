@@ -12,11 +12,12 @@ three sites, with plain-client writers at every site all along:
   site, SIGKILLed at random moments after their start-up (`--kills` per round); every third round
   also corrupts one change-log entry by hand, which every other site must hold in its error queue;
 - ``down-and-back`` (SQLite: the site's files moved away; PostgreSQL: the database refuses
-  connections and its sessions are terminated; not on MariaDB): a site and its applications go
-  down while the others write and their refreshers are killed, then come back;
+  connections and its sessions are terminated; MariaDB: the site's own login is locked and its
+  sessions are killed): a site and its applications go down while the others write and their
+  refreshers are killed, then come back;
 - ``clock-ahead``: a site's clock set 8 s ahead, past refresh.max_clock_offset (2 s): its changes
   are held (status shows the link) until the wall clock is within the offset, then flow;
-- ``remove-site`` (SQLite): a site dies for good with changes nobody pulled; `remove-site --force`
+- ``remove-site``: a site dies for good with changes nobody pulled; `remove-site --force`
   retires it; exactly those changes are lost.
 
 After each round the cluster is refreshed until quiet and every site is compared with the
@@ -50,8 +51,8 @@ from clusters import BACKENDS  # noqa: E402
 
 SCENARIOS = {
     "sqlite": ["kills", "down-and-back", "kills", "clock-ahead", "kills", "remove-site"],
-    "postgresql": ["kills", "down-and-back", "kills", "clock-ahead"],
-    "mysql": ["kills", "kills", "clock-ahead"],
+    "postgresql": ["kills", "down-and-back", "kills", "clock-ahead", "kills", "remove-site"],
+    "mysql": ["kills", "down-and-back", "kills", "clock-ahead", "kills", "remove-site"],
 }
 
 

@@ -5,7 +5,7 @@ failure instead of a skip)."""
 from __future__ import annotations
 
 import pytest
-from clusters import BACKENDS, Backend, server_unavailable
+from clusters import BACKENDS, DROPPER, Backend, server_unavailable
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
@@ -35,3 +35,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.parent.name == "spark":
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The tests' server databases are dropped in the background (clusters.py DROPPER): wait for
+    the last before the process ends, and say which could not be dropped."""
+    failed = DROPPER.drain()
+    if failed:
+        print(f"\n{len(failed)} test database(s) not dropped: " + "; ".join(failed[:5]))

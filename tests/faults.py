@@ -19,6 +19,8 @@ The pieces, reused by tests/test_faults.py (short mode, CI) and benchmarks/fault
   --until-quiet` subprocess per live site and SIGKILLs it at a random moment, then starts another.
 - :func:`compare`: each site's rows against the model: rows missing or quantities short (lost),
   rows twice, rows back from the dead or quantities too high (duplicated).
+- :func:`scenario`: builds the cluster and starts its applications and killer together, stopping
+  them if the scenario's body fails; :meth:`Scenario.finish` converges and compares.
 - scenario functions (:func:`kills`, :func:`down_and_back`, :func:`remove_dead_site`,
   :func:`clock_ahead`), each returning a :class:`Result`.
 
@@ -37,6 +39,8 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -559,10 +563,35 @@ def cluster(backend: Backend, tmp: Path, n_sites: int, extra: dict[str, Any] | N
     for k, v in (extra or {}).items():
         settings[k] = {**settings.get(k, {}), **v}
     cl = make_cluster(backend, tmp, sites, TABLE, settings=settings)
+    if backend.name == "mysql":
+        _own_logins(cl)
     idx = "CREATE INDEX items_name ON items (name(64))" if backend.name == "mysql" else "CREATE INDEX items_name ON items (name)"
     for s in sites:  # the applications update and delete by name: index it, as an application would
         cl.execute(s, idx)
     return cl
+
+
+def _login(cl: TestCluster, site: str) -> str:
+    return f"{cl.urls[site].rsplit('/', 1)[1].split('?')[0]}_login"
+
+
+def _own_logins(cl: TestCluster) -> None:
+    """MariaDB: each site's database is reached by a login of its own (the test's admin connection
+    stays root), so that :func:`site_down` can lock exactly that site out, as PostgreSQL's
+    ALLOW_CONNECTIONS does. The topology file is rewritten with them."""
+    from sqlalchemy.engine import make_url
+
+    b: Any = cl.backend
+    doc = yaml.safe_load(Path(cl.topo.path).read_text())
+    for s, url in list(cl.urls.items()):
+        login = _login(cl, s)
+        b._admin(f"CREATE USER IF NOT EXISTS '{login}'@'%'")
+        b._admin(f"GRANT ALL PRIVILEGES ON *.* TO '{login}'@'%'")
+        b.users.append(login)
+        cl.urls[s] = make_url(url).set(username=login).render_as_string(hide_password=False)
+        doc["sites"][s]["url"] = cl.urls[s]
+    Path(cl.topo.path).write_text(yaml.safe_dump(doc, sort_keys=False))
+    cl.topo = load_topology(cl.topo.path)
 
 
 def _held(cl: TestCluster) -> list[dict[str, Any]]:
@@ -614,6 +643,67 @@ def _run_until(killer: Killer, kills: int, seconds: float) -> None:
         time.sleep(0.05)
 
 
+@dataclass
+class Scenario:
+    """One running scenario: its cluster, the applications writing at every site and the killer of
+    refreshers, started together by :func:`scenario`."""
+
+    res: Result
+    cl: TestCluster
+    sites: list[str]
+    model: Model
+    writers: Writers
+    killer: Killer
+    t0: float
+
+    def finish(
+        self,
+        sites: list[str] | None = None,
+        want: Callable[[], dict[str, dict[str, tuple[int, str]]]] | None = None,
+        held_ok: Callable[[dict[str, Any]], bool] = lambda h: False,
+    ) -> Result:
+        """Stop everything, converge, compare with the model (:func:`finish`), time the run."""
+        res = finish(self.res, self.cl, self.model, self.writers, self.killer, sites or self.sites, want, held_ok)
+        res.seconds = time.monotonic() - self.t0
+        return res
+
+
+@contextmanager
+def scenario(
+    backend: Backend,
+    tmp: Path,
+    seed: int,
+    name: str,
+    *,
+    n_sites: int = 3,
+    extra: dict[str, Any] | None = None,
+    per_site: int = 2,
+    avoid: tuple[str, ...] = (),
+    **killer_kw: Any,
+) -> Iterator[Scenario]:
+    """Build an `n_sites` cluster, start its applications (`per_site` writers each, never touching
+    the names in `avoid`) and a killer of its refreshers (`killer_kw`: :class:`Killer`'s options),
+    and yield them. The body drives the scenario; if it raises, applications and killer stop before
+    the error goes on (a passing body ends with :meth:`Scenario.finish`, which stops them)."""
+    t0 = time.monotonic()
+    res = Result(backend.name, name, seed, sites=n_sites)
+    say(f"[faults] {name} on {backend.name}: {SEED_ENV}={seed}")
+    cl = cluster(backend, tmp, n_sites, extra)
+    sites = list(cl.urls)
+    model = Model()
+    writers = Writers(cl, model, seed, per_site)
+    writers.avoid.update(avoid)
+    killer = Killer(cl.topo.path, sites, tmp, seed + 1, **killer_kw)
+    writers.start()
+    killer.start()
+    try:
+        yield Scenario(res, cl, sites, model, writers, killer, t0)
+    except BaseException:
+        writers.stop()
+        killer.stop()
+        raise
+
+
 # ---- scenarios ----------------------------------------------------------------------------------
 
 
@@ -634,27 +724,14 @@ def kills(
     in all. With `corrupt`, one update at s1 has its change-log entry corrupted by hand in the
     transaction that made it: every other site must hold it in its error queue (malformed) and
     agree on everything else."""
-    t0 = time.monotonic()
-    res = Result(backend.name, "kills" + ("+corrupt" if corrupt else ""), seed, sites=n_sites)
-    say(f"[faults] {res.scenario} on {backend.name}: {SEED_ENV}={seed}")
-    cl = cluster(backend, tmp, n_sites)
-    sites = list(cl.urls)
-    model = Model()
-    writers = Writers(cl, model, seed, per_site)
-    killer = Killer(cl.topo.path, sites, tmp, seed + 1, mode=mode, life=life)
     victim = f"victim-{seed}"
-    writers.avoid.add(victim)
-    writers.start()
-    killer.start()
-    try:
-        _run_until(killer, n_kills // 2, min_seconds / 2)
+    name = "kills" + ("+corrupt" if corrupt else "")
+    with scenario(backend, tmp, seed, name, n_sites=n_sites, per_site=per_site, avoid=(victim,), mode=mode, life=life) as sc:
+        _run_until(sc.killer, n_kills // 2, min_seconds / 2)
         if corrupt:
-            corrupt_update(cl, "s1", victim, model, killer)
-        _run_until(killer, n_kills - n_kills // 2, min_seconds / 2)
-    except BaseException:
-        writers.stop()
-        killer.stop()
-        raise
+            corrupt_update(sc.cl, "s1", victim, sc.model, sc.killer)
+        _run_until(sc.killer, n_kills - n_kills // 2, min_seconds / 2)
+    cl, sites, model = sc.cl, sc.sites, sc.model
     want = None
     held_ok: Callable[[dict[str, Any]], bool] = lambda h: False  # noqa: E731
     if corrupt:
@@ -667,7 +744,7 @@ def kills(
             return out
 
         held_ok = lambda h: h["site"] != "s1" and h["state"] == "failed" and CORRUPT_VER in str(h["error"])  # noqa: E731
-    res = finish(res, cl, model, writers, killer, sites, want, held_ok)
+    res = sc.finish(want=want, held_ok=held_ok)
     if corrupt:
         held = _held(cl)
         per_site = {s: [h for h in held if h["site"] == s] for s in sites}
@@ -677,7 +754,6 @@ def kills(
                 res.problems.append(f"{s} holds {len(per_site[s])} changes, expected the one corrupt entry: {per_site[s]}")
         if per_site["s1"]:
             res.problems.append(f"s1 holds changes: {per_site['s1']}")
-    res.seconds = time.monotonic() - t0
     return res
 
 
@@ -744,6 +820,22 @@ def site_down(cl: TestCluster, site: str, away: Path) -> None:
         db = cl.urls[site].rsplit("/", 1)[1].split("?")[0]
         cl.backend._admin(f"ALTER DATABASE {db} ALLOW_CONNECTIONS false")  # type: ignore[attr-defined]
         cl.backend._admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")  # type: ignore[attr-defined]
+    elif cl.backend.name == "mysql":  # its login locked, every session of it killed (_own_logins)
+        import pymysql
+
+        login = _login(cl, site)
+        cl.backend._admin(f"ALTER USER '{login}'@'%' ACCOUNT LOCK")  # type: ignore[attr-defined]
+        c = pymysql.connect(**cl.backend._kw(None), autocommit=True)  # type: ignore[attr-defined]
+        try:
+            cur = c.cursor()
+            cur.execute("SELECT id FROM information_schema.PROCESSLIST WHERE user = %s", (login,))
+            for (pid,) in cur.fetchall():
+                try:
+                    cur.execute(f"KILL CONNECTION {int(pid)}")
+                except pymysql.err.OperationalError:  # it ended meanwhile
+                    pass
+        finally:
+            c.close()
     else:
         raise NotImplementedError(f"site_down on {cl.backend.name}")
 
@@ -756,6 +848,8 @@ def site_up(cl: TestCluster, site: str, away: Path) -> None:
     elif cl.backend.name == "postgresql":
         db = cl.urls[site].rsplit("/", 1)[1].split("?")[0]
         cl.backend._admin(f"ALTER DATABASE {db} ALLOW_CONNECTIONS true")  # type: ignore[attr-defined]
+    elif cl.backend.name == "mysql":
+        cl.backend._admin(f"ALTER USER '{_login(cl, site)}'@'%' ACCOUNT UNLOCK")  # type: ignore[attr-defined]
     else:
         raise NotImplementedError(f"site_up on {cl.backend.name}")
 
@@ -763,38 +857,23 @@ def site_up(cl: TestCluster, site: str, away: Path) -> None:
 def down_and_back(backend: Backend, tmp: Path, seed: int, *, n_kills: int = 6, down_s: float = 3.0) -> Result:
     """Three sites; s3 goes down (its applications with it) while the others write and their
     refreshers are killed; it comes back, writes again; all converge to the model."""
-    t0 = time.monotonic()
-    res = Result(backend.name, "down-and-back", seed, sites=3)
-    say(f"[faults] {res.scenario} on {backend.name}: {SEED_ENV}={seed}")
-    cl = cluster(backend, tmp, 3)
-    sites = list(cl.urls)
-    model = Model()
-    writers = Writers(cl, model, seed)
-    killer = Killer(cl.topo.path, sites, tmp, seed + 1)
     away = tmp / "away"
-    writers.start()
-    killer.start()
-    try:
+    with scenario(backend, tmp, seed, "down-and-back") as sc:
+        killer = sc.killer
         _run_until(killer, n_kills // 3, 0)
-        writers.pause("s3")
+        sc.writers.pause("s3")
         killer.set_sites(["s1", "s2"])
         killer.stop()  # every process that may hold a connection to s3 goes
-        site_down(cl, "s3", away)
+        site_down(sc.cl, "s3", away)
         killer.start()
         _run_until(killer, n_kills // 3, down_s)
         killer.stop()
-        site_up(cl, "s3", away)
-        killer.set_sites(sites)
+        site_up(sc.cl, "s3", away)
+        killer.set_sites(sc.sites)
         killer.start()
-        writers.resume("s3")
+        sc.writers.resume("s3")
         _run_until(killer, n_kills - 2 * (n_kills // 3), 0)
-    except BaseException:
-        writers.stop()
-        killer.stop()
-        raise
-    res = finish(res, cl, model, writers, killer, sites)
-    res.seconds = time.monotonic() - t0
-    return res
+    return sc.finish()
 
 
 def remove_dead_site(backend: Backend, tmp: Path, seed: int, *, n_kills: int = 6) -> Result:
@@ -804,18 +883,9 @@ def remove_dead_site(backend: Backend, tmp: Path, seed: int, *, n_kills: int = 6
     not reached (the only thing it cannot clean), the changes s3 made after its peers last
     pulled are lost — exactly them, counted in its change log — and s1 and s2 converge to the
     model of every other committed transaction."""
-    t0 = time.monotonic()
-    res = Result(backend.name, "remove-site", seed, sites=3)
-    say(f"[faults] {res.scenario} on {backend.name}: {SEED_ENV}={seed}")
-    cl = cluster(backend, tmp, 3)
-    sites = list(cl.urls)
-    model = Model()
-    writers = Writers(cl, model, seed)
-    killer = Killer(cl.topo.path, sites, tmp, seed + 1)
     away = tmp / "away"
-    writers.start()
-    killer.start()
-    try:
+    with scenario(backend, tmp, seed, "remove-site") as sc:
+        cl, writers, killer, res = sc.cl, sc.writers, sc.killer, sc.res
         _run_until(killer, n_kills // 2, 0)
         writers.pause("s3")
         killer.stop()
@@ -850,29 +920,25 @@ def remove_dead_site(backend: Backend, tmp: Path, seed: int, *, n_kills: int = 6
         del doc["sites"]["s3"]
         Path(cl.topo.path).write_text(yaml.safe_dump(doc, sort_keys=False))
         cl.topo = load_topology(cl.topo.path)
-        del cl.urls["s3"]
+        s3_url = cl.urls.pop("s3")
         killer.start()
         _run_until(killer, 2, 0)
-    except BaseException:
-        writers.stop()
-        killer.stop()
-        raise
+    model = sc.model
     lost_txn = lambda t: t.site == "s3" and t.at > last_pull  # noqa: E731
 
     def want() -> dict[str, dict[str, tuple[int, str]]]:
         exp = model.expected(lambda t: not lost_txn(t))
         return {"s1": exp, "s2": exp}
 
-    res = finish(res, cl, model, writers, killer, ["s1", "s2"], want)
+    res = sc.finish(["s1", "s2"], want)
     # what was lost is exactly what s3 committed after its peers last pulled it
     lost_changes = model.changes(lost_txn)
-    in_log = _entries_after(away, "s3", before)
+    in_log = _entries_after(cl, away, "s3", s3_url, before)
     res.notes["lost_with_s3"] = lost_changes
     if before["s1"] != before["s2"] or in_log != lost_changes or not lost_changes:
         res.problems.append(
             f"s3's unpulled changes: {in_log} in its log, {lost_changes} committed after the last pull ({before})"
         )
-    res.seconds = time.monotonic() - t0
     return res
 
 
@@ -912,17 +978,25 @@ def _origin_max(cl: TestCluster, site: str, origin: str) -> str:
         c.close()
 
 
-def _entries_after(away: Path, site: str, before: dict[str, str]) -> int:
-    """Entries of `site`'s own change log (its SQLite file, moved away) past what its peers applied."""
+def _entries_after(cl: TestCluster, away: Path, site: str, url: str, before: dict[str, str]) -> int:
+    """Entries of the dead `site`'s own change log past what its peers applied, read from its
+    remains: its SQLite file (moved away), or its server database, let in again for this read
+    (nothing of the cluster reaches it any more)."""
     import sqlite3
 
-    c = sqlite3.connect(away / f"{site}.db")
+    if cl.backend.name == "sqlite":
+        c: Any = sqlite3.connect(away / f"{site}.db")
+    else:
+        cl.urls[site] = url
+        site_up(cl, site, away)
+        del cl.urls[site]
+        c = cl.backend.connect(url)
     try:
-        return int(
-            c.execute("SELECT count(*) FROM _mm_log_items WHERE origin = ? AND ver > ?", (site, max(before.values()))).fetchone()[
-                0
-            ]
-        )
+        cur = c.cursor()
+        log = Site(site, url).dialect.obj("items").log
+        p = cl.backend.param()
+        cur.execute(f"SELECT count(*) FROM {log} WHERE origin = {p} AND ver > {p}", (site, max(before.values())))
+        return int(cur.fetchone()[0])
     finally:
         c.close()
 
@@ -933,17 +1007,9 @@ def clock_ahead(backend: Backend, tmp: Path, seed: int, *, ahead_s: float = 8.0,
     s1 and s3 hold s2's changes — `status` shows the held link, their clocks are not dragged
     ahead — until the wall clock is within the offset again; then everything flows and all
     sites converge to the model."""
-    t0 = time.monotonic()
-    res = Result(backend.name, "clock-ahead", seed, sites=3)
-    say(f"[faults] {res.scenario} on {backend.name}: {SEED_ENV}={seed}")
-    cl = cluster(backend, tmp, 3, {"refresh": {"max_clock_offset": offset}})
-    sites = list(cl.urls)
-    model = Model()
-    writers = Writers(cl, model, seed)
-    killer = Killer(cl.topo.path, sites, tmp, seed + 1, mode="run", life=(1.0, 4.0))
-    writers.start()
-    killer.start()
-    try:
+    extra = {"refresh": {"max_clock_offset": offset}}
+    with scenario(backend, tmp, seed, "clock-ahead", extra=extra, mode="run", life=(1.0, 4.0)) as sc:
+        cl, res = sc.cl, sc.res
         time.sleep(1.0)
         fast = Site("s2", cl.urls["s2"])
         with fast.write() as conn:
@@ -971,14 +1037,8 @@ def clock_ahead(backend: Backend, tmp: Path, seed: int, *, ahead_s: float = 8.0,
                 res.problems.append(f"{s}'s clock was dragged {clock_ms / 1000 - time.time():.1f}s ahead")
         while time.time() < release + 1.0:
             time.sleep(0.1)
-        _run_until(killer, 1, 1.0)
-    except BaseException:
-        writers.stop()
-        killer.stop()
-        raise
-    res = finish(res, cl, model, writers, killer, sites)
-    res.seconds = time.monotonic() - t0
-    return res
+        _run_until(sc.killer, 1, 1.0)
+    return sc.finish()
 
 
 def explain(cl: TestCluster, model: Model, names: list[str]) -> list[str]:

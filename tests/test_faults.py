@@ -59,6 +59,18 @@ def test_a_site_down_and_back(sqlite_backend: Backend, tmp_path: Path) -> None:
     _check(faults.down_and_back(sqlite_backend, tmp_path, faults.seed_from_env(), n_kills=5))
 
 
+def test_a_mariadb_site_down_and_back(tmp_path: Path) -> None:
+    """MariaDB: the site's own login is locked and its sessions killed while the others write and
+    their refreshers are killed; then it is let in again (PostgreSQL and the dead site removed
+    for good on both servers run in benchmarks/faults.py)."""
+    b = _server("mysql")
+    try:
+        res = faults.down_and_back(b, tmp_path, faults.seed_from_env(), n_kills=4)
+    finally:
+        b.cleanup()
+    _check(res)
+
+
 def test_a_dead_site_removed_for_good(sqlite_backend: Backend, tmp_path: Path) -> None:
     res = faults.remove_dead_site(sqlite_backend, tmp_path, faults.seed_from_env(), n_kills=4)
     _check(res)
