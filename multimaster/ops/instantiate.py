@@ -22,6 +22,16 @@ Nothing is lost (everything not in the copy is past a watermark) and nothing is 
 (everything in the copy is in NAME's change log or dedupe record). Running it again finishes an
 interrupted add-site.
 
+It runs on NAME's host: NAME is written, so the file gives its database url; PEER and the other
+sites may be reached through their agents (docs/agent.md). The copy's reading half
+(:func:`read_copy`, one consistent read yielding pieces) then runs in PEER's agent, which streams
+the pieces; the writing half consumes them in NAME's one transaction either way, so an answer
+broken off midway writes nothing. The checks and positions of step 1 and 3 are read through the
+agents too. A puller reached through its agent cannot be written through it (the agent is
+read-only): step 4 is left to its own host, ``add-site NAME --connect-only --site PULLER``
+(:func:`connect_site`: from position 0, as for every puller but PEER), and the report names each
+such puller with that command until it is connected.
+
 **remove-site** retires a site: checks that every puller has pulled its changes (or --force),
 brings every puller up to the furthest any of them pulled of its change log (for a site that
 died: the entries one puller still holds in its snapshot are given to those behind and applied as
