@@ -20,6 +20,7 @@ __all__ = [
     "ChangesHeld",
     "AgentError",
     "AgentOnly",
+    "NotConnected",
 ]
 
 
@@ -88,6 +89,19 @@ class AgentOnly(MultimasterError):
             f"versions, status, clock, freshness, error queue and conflict log): {what} needs the site's database. "
             "Run it on the site's host, or with a "
             'topology file giving the site\'s database url (docs/agent.md "What works through an agent").'
+        )
+
+
+class NotConnected(MultimasterError):
+    """A site is to pull from a source it holds no snapshot of: the link is in the topology file but
+    was not installed at its target (add-site left a puller reached through its agent to be
+    connected on its own host, docs/operations.md "Adding a site")."""
+
+    def __init__(self, target: str, source: str):
+        self.target, self.source = target, source
+        super().__init__(
+            f"site '{target}' is not connected to '{source}' yet: it holds no snapshot of its change log. On {target}'s "
+            f"host run 'multimaster add-site -t FILE {source} --connect-only --site {target}'"
         )
 
 

@@ -79,7 +79,7 @@ def test_a_dead_site_removed_for_good(sqlite_backend: Backend, tmp_path: Path) -
 
 
 def test_a_clock_ahead_past_the_offset_is_held_then_flows(sqlite_backend: Backend, tmp_path: Path) -> None:
-    res = faults.clock_ahead(sqlite_backend, tmp_path, faults.seed_from_env())
+    res = faults.clock_ahead(sqlite_backend, tmp_path, faults.seed_from_env(), ahead_s=12.0)
     _check(res)
     assert res.notes["held_links"]
 

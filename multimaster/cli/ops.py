@@ -187,9 +187,18 @@ def _purge_tables(reps: list[Any], dry_run: bool) -> None:
 def add_site(
     name: str = typer.Argument(..., help="The new site, already listed in the topology file with its links."),
     topology: Path = TOPOLOGY,
-    peer: str = typer.Option(..., "--from", help="The running site to copy (NAME must pull from it)."),
+    peer: Optional[str] = typer.Option(
+        None, "--from", help="The running site to copy (NAME must pull from it); not needed with --connect-only."
+    ),
     replace: bool = typer.Option(False, "--replace", help="Drop NAME's replication objects and rows first (re-instantiation)."),
     batch_size: int = typer.Option(5000, "--batch-size", min=1, help="Rows per copy batch."),
+    connect_only: bool = typer.Option(
+        False,
+        "--connect-only",
+        help="Copy nothing: give the sites here that pull from NAME (or those of --site) their snapshot of NAME. "
+        "Run on the host of a puller add-site reached through its agent.",
+    ),
+    site: Optional[List[str]] = typer.Option(None, "--site", help="With --connect-only: connect this puller (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
@@ -200,19 +209,43 @@ def add_site(
     NAME and its links to the topology file and create its (empty) tables. Progress (rows copied
     per table) and lock waits past refresh.lock_wait_warn go to stderr.
 
+    Run it on NAME's host: NAME's database url must be in the file; PEER and the other sites may be
+    reached through their agents (multimaster serve). A site pulling from NAME that is reached
+    through its agent is left to connect on its own host (the agent writes nothing): each is named
+    with its command, and the exit code is 3 until each is connected (run add-site again to check).
+
     Examples:
       multimaster add-site -t topo.yaml s4 --from s1
       multimaster add-site -t topo.yaml s2 --from s1 --replace   # re-instantiate an expired site
+      multimaster add-site -t hub.yaml s4 --connect-only --site s1   # on s1's host, after add-site on s4's
     """
     from multimaster.ops.instantiate import add_site as add
+    from multimaster.ops.instantiate import connect_site
 
-    def go() -> None:
+    def go() -> int:
         topo = load_topology(topology)
+        if connect_only:
+            if replace:
+                raise ConfigError(["--replace copies: it does not go with --connect-only"])
+            crep = connect_site(topo, name, site, progress=None if as_json else (lambda m: console.log(m)))
+            if as_json:
+                dump(crep.as_dict())
+            else:
+                for s in crep.connected:
+                    console.print(f"[green]✓[/] {s} now holds its snapshot of {name} (it pulls {name}'s change log from 0)")
+                for s in crep.already:
+                    console.print(f"  {s} already held its snapshot of {name}")
+                _print_pending(crep.pending)
+            return 0 if crep.ok else 3
+        if peer is None:
+            raise ConfigError(["--from: name the running site to copy (or give --connect-only)"])
+        if site:
+            raise ConfigError(["--site goes with --connect-only"])
         with Reporter() as progress:
             rep = add(topo, name, peer, replace=replace, batch_size=batch_size, progress=progress)
         if as_json:
             dump(rep.as_dict())
-            return
+            return 0 if rep.ok else 3
         for tb in rep.rows:
             console.print(
                 f"[green]✓[/] {tb}: {rep.rows[tb]} rows, {rep.identities[tb]} identities, "
@@ -221,9 +254,17 @@ def add_site(
         for q, wms in rep.watermarks.items():
             console.print(f"  {name} pulls {q} from " + ", ".join(f"{tb}:{w}" for tb, w in wms.items()))
         console.print(f"  pulling from {name}: {', '.join(rep.pullers) or 'nobody'}")
+        _print_pending(rep.pending)
         console.print(f"Next: start its daemon (multimaster run -t {topology} --site {name}) and restart the others' daemons.")
+        return 0 if rep.ok else 3
 
-    execute(go, traceback)
+    raise typer.Exit(execute(go, traceback))
+
+
+def _print_pending(pending: list[dict[str, str]]) -> None:
+    for p in pending:
+        console.print(f"[yellow]pending[/] {p['site']}: {p['reason']}", highlight=False)
+        console.print(f"  {p['fix']}", highlight=False)
 
 
 def remove_site(

@@ -31,7 +31,15 @@ from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_bat
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, ClockAhead, ConfigError, MultimasterError, PurgedPastWatermark, SchemaError
+from multimaster.errors import (
+    AgentOnly,
+    ClockAhead,
+    ConfigError,
+    MultimasterError,
+    NotConnected,
+    PurgedPastWatermark,
+    SchemaError,
+)
 
 __all__ = [
     "refresh",
@@ -114,6 +122,8 @@ def refresh_link(
         problems = _follow_schemas(cl, target, source)
         with tgt.read() as conn:
             tgt.require_installed(conn, t)
+            if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
+                raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
             tables = {}
             infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
             known = isolate.known_origins(conn, tgt, list(t.sites))

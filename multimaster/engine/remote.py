@@ -13,7 +13,7 @@ site and its agent: never a silent wrong result. The agent also serves, read-onl
 from __future__ import annotations
 
 import ssl
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -35,6 +35,10 @@ __all__ = ["AgentSite", "TIMEOUT"]
 
 #: seconds to connect, and between two pieces of an answer
 TIMEOUT = 30.0
+#: what to do after an answer broken off: a refresh's, add-site's
+_AGAIN_REFRESH = "The next refresh reads it again; check that the agent runs."
+_AGAIN_COPY = "add-site wrote nothing at the new site: run it again once the agent runs."
+
 #: seconds an idle connection to an agent is reused; the agent keeps it 75 s (ops/agent.py), so a
 #: request sent on it arrives before the agent closes it on links up to ~25 s one way
 KEEPALIVE = 20.0
@@ -112,7 +116,7 @@ class AgentSite(Site):
     def _fail(self, reason: str, fix: str | None = None) -> AgentError:
         return AgentError(self.name, hidden_url(self.url), redact(reason), fix)
 
-    def _transport_error(self, e: Exception) -> AgentError:
+    def _transport_error(self, e: Exception, again: str = _AGAIN_REFRESH) -> AgentError:
         import httpx
 
         text = str(e) or type(e).__name__
@@ -125,10 +129,7 @@ class AgentSite(Site):
         if isinstance(e, (httpx.ConnectError, httpx.ConnectTimeout)):
             return self._fail(f"the agent cannot be reached: {text}")
         if isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError, httpx.ReadTimeout)):
-            return self._fail(
-                f"the agent broke off its answer ({text}); nothing of it was applied",
-                "The next refresh reads it again; check that the agent runs.",
-            )
+            return self._fail(f"the agent broke off its answer ({text}); nothing of it was applied", again)
         return self._fail(f"{type(e).__name__}: {text}")
 
     def _check(self, r: Any) -> None:
@@ -257,6 +258,7 @@ class AgentSite(Site):
         """ops/status.py link_at_target, read by the agent at its site (the target)."""
         d = self._get("/link", peer=source)
         return {
+            "connected": bool(d["connected"]),
             "row": d["row"],
             "watermarks": {k: int(v) for k, v in d["watermarks"].items()},
             "unapplied": {k: (int(v[0]), v[1]) for k, v in d["unapplied"].items()},
@@ -317,3 +319,62 @@ class AgentSite(Site):
         `table`, recorded at or after `since`, of `kind`), values typed."""
         rows = wire.data_in(self._get("/conflicts", table=table, limit=limit, since=since, kind=kind))
         return [dict(r) for r in rows]
+
+    # ---- what add-site reads (ops/instantiate.py) ------------------------------------------
+
+    def installed(self) -> list[str]:
+        """The tables multimaster is installed for at the site."""
+        return [str(t) for t in self._get("/installed")["tables"]]
+
+    def error_counts(self) -> dict[str, int]:
+        """store/errorqueue.py counts at the site: the changes held per state."""
+        return {str(k): int(v) for k, v in self._get("/queue").items()}
+
+    def positions(self) -> dict[str, int]:
+        """Per table, ops/instantiate.py max_seq2 at the site: a position of its change log up to
+        which every entry is final."""
+        return {str(k): int(v) for k, v in self._get("/positions").items()}
+
+    def describe(self) -> dict[str, TableInfo]:
+        """Every replicated table as the site has it, as add-site compares it (wire.described)."""
+        return {str(k): wire.described(v) for k, v in self._get("/describe").items()}
+
+    def read_copy(
+        self, target: str, tables: list[str], relayed: list[str], txn: bool, batch_size: int
+    ) -> Generator[dict[str, Any], None, None]:
+        """ops/instantiate.py read_copy, run by the agent at its site for new site `target`: the
+        same pieces, in order, as they arrive. The answer streams as JSON lines ending with a line
+        counting the rows sent; an answer broken off before it (or whose count differs) raises
+        AgentError after the last piece that came, so the new site's transaction writing them
+        rolls back."""
+        body = {"target": target, "tables": tables, "relayed": relayed, "txn": txn, "batch_size": batch_size}
+        count, ended = 0, False
+        try:
+            with self._http().stream(
+                "POST", "/copy", content=wire.dumps(body), headers={"Content-Type": "application/json"}
+            ) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self._check(r)
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    msg = wire.loads(line)
+                    kind = msg.get("kind")
+                    if kind == "error":
+                        raise self._fail(str(msg.get("error")), _AGAIN_COPY)
+                    if kind == "end":
+                        if msg.get("count") != count:
+                            raise self._fail("the agent's answer lost rows on the way; nothing of it was written", _AGAIN_COPY)
+                        ended = True
+                        break
+                    piece = wire.piece_in(msg)
+                    if kind == "rows":
+                        count += len(piece["rows"])
+                    yield piece
+        except AgentError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
+            raise self._transport_error(e, _AGAIN_COPY) from None
+        if not ended:
+            raise self._fail("the agent broke off its answer before its end; nothing of it was written", _AGAIN_COPY)

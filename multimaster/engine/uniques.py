@@ -42,7 +42,8 @@ from multimaster.errors import NotInstalled
 __all__ = [
     "Pending",
     "install",
-    "copy_marks",
+    "read_marks",
+    "write_marks",
     "table_name",
     "parked_table",
     "before_apply",
@@ -101,29 +102,30 @@ def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
             conn.exec_driver_sql(f"ALTER TABLE {t} ADD COLUMN {q('i_' + c.name)} {c.type_sql}")
 
 
-def copy_marks(src: Connection, sd: Dialect, dst: Connection, dd: Dialect, info: TableInfo) -> int:
-    """add-site: copy the peer's ``_mm_unique_<t>`` (the shadow, copied with it, holds the same
-    slot versions, so the remembered values stay valid). Returns how many rows."""
+def read_marks(src: Connection, sd: Dialect, info: TableInfo) -> list[tuple[str, list[str], list[tuple[Any, ...]]]]:
+    """add-site, at the peer: its ``_mm_parked_<t>`` (``parked``) and ``_mm_unique_<t>``
+    (``marks``) as (which, columns, rows), for :func:`write_marks` at the new site (the shadow,
+    copied with them, holds the same slot versions, so the remembered values stay valid)."""
     if not info.uniques:
-        return 0
-    n = 0
+        return []
+    out: list[tuple[str, list[str], list[tuple[Any, ...]]]] = []
     if _parks(info):
         pn = ["rid", "sname", "holder"] + ["c_" + c.name for c in info.columns]
-        prow = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in pn)} FROM {parked_table(sd, info.name)}").all()
-        if prow:
-            dst.exec_driver_sql(
-                f"INSERT INTO {parked_table(dd, info.name)} ({', '.join(dd.quote(c) for c in pn)}) VALUES ({dd.ph(len(pn))})",
-                [tuple(r) for r in prow],
-            )
-        n += len(prow)
+        rows = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in pn)} FROM {parked_table(sd, info.name)}").all()
+        out.append(("parked", pn, [tuple(r) for r in rows]))
     names = ["rid", "col", "ver"] + ["i_" + info.columns[i].name for i in _marks(info)]
     rows = src.exec_driver_sql(f"SELECT {', '.join(sd.quote(c) for c in names)} FROM {table_name(sd, info.name)}").all()
-    if rows:
-        dst.exec_driver_sql(
-            f"INSERT INTO {table_name(dd, info.name)} ({', '.join(dd.quote(c) for c in names)}) VALUES ({dd.ph(len(names))})",
-            [tuple(r) for r in rows],
-        )
-    return n + len(rows)
+    out.append(("marks", names, [tuple(r) for r in rows]))
+    return out
+
+
+def write_marks(dst: Connection, dd: Dialect, info: TableInfo, which: str, columns: Sequence[str], rows: list[Any]) -> None:
+    """add-site, at the new site: rows :func:`read_marks` read at the peer (`which`: ``parked``
+    or ``marks``)."""
+    if not rows:
+        return
+    t = parked_table(dd, info.name) if which == "parked" else table_name(dd, info.name)
+    dst.exec_driver_sql(f"INSERT INTO {t} ({', '.join(dd.quote(c) for c in columns)}) VALUES ({dd.ph(len(columns))})", rows)
 
 
 _installed: set[tuple[str, str]] = set()  # (database URL, table) whose _mm_unique_<t> was seen

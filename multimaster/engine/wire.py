@@ -24,14 +24,33 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from sqlalchemy import types as sqltypes
+
 from multimaster.core.planner import TableSpec
 from multimaster.core.references import Ref
+from multimaster.core.unique import UniqueSet
 from multimaster.dialects.schema import Column, TableInfo
+from multimaster.dialects.types import kind_of
 
-__all__ = ["encode", "decode", "data_out", "data_in", "dumps", "loads", "layout_of", "info_of", "PROTOCOL"]
+__all__ = [
+    "encode",
+    "decode",
+    "data_out",
+    "data_in",
+    "dumps",
+    "loads",
+    "layout_of",
+    "info_of",
+    "description_of",
+    "described",
+    "piece_out",
+    "piece_in",
+    "PROTOCOL",
+]
 
 #: the version of the agent's protocol: a client and an agent of different versions refuse each other
-PROTOCOL = 1
+#: (2: add-site's endpoints, the copy and the reads it makes at its sources)
+PROTOCOL = 2
 
 
 def encode(v: Any) -> Any:
@@ -152,3 +171,94 @@ def info_of(layout: dict[str, Any]) -> TableInfo:
         refs=tuple(Ref(str(c), str(p)) for c, p in layout["refs"]),
         dropped=frozenset(str(c) for c in layout["dropped"]),
     )
+
+
+#: a SQLAlchemy type standing for each kind of column (dialects/types.py kind_of gives the kind
+#: back for it): what a described column carries instead of the type the site reflected
+_KIND_TYPES: dict[str | None, Any] = {
+    "bool": sqltypes.Boolean,
+    "int": sqltypes.Integer,
+    "float": sqltypes.Float,
+    "decimal": sqltypes.Numeric,
+    "timestamp": sqltypes.DateTime,
+    "timestamptz": lambda: sqltypes.DateTime(timezone=True),
+    "date": sqltypes.Date,
+    "json": sqltypes.JSON,
+    "bytes": sqltypes.LargeBinary,
+    "text": sqltypes.Text,
+}
+
+
+def description_of(info: TableInfo, dialect: str) -> dict[str, Any]:
+    """What add-site compares of a peer's table with the new site's (engine/schema.py
+    compare_schemas): its key and columns (name, declared type, kind of value, nullable, default),
+    UNIQUE sets, references, schema version and dropped columns."""
+
+    def col(c: Column) -> list[Any]:
+        return [c.name, c.type_sql, kind_of(dialect, c), c.nullable, c.has_default, encode(c.default)]
+
+    return {
+        "name": info.name,
+        "key": col(info.key),
+        "columns": [col(c) for c in info.columns],
+        "excluded": list(info.excluded),
+        "uniques": [[u.name, list(u.columns), u.policy, u.mark, u.max_len] for u in info.uniques],
+        "refs": [[r.column, r.parent, r.on_delete, r.on_update, r.name] for r in info.refs],
+        "version": info.version,
+        "dropped": sorted(info.dropped),
+    }
+
+
+def described(d: dict[str, Any]) -> TableInfo:
+    """The TableInfo `description_of` sent: each column's type stands for its kind (kind_of gives
+    the same kind for it); the spec is a placeholder (the copy is read at the peer, in its own)."""
+
+    def col(x: list[Any]) -> Column:
+        name, type_sql, kind, nullable, has_default, default = x
+        return Column(
+            str(name),
+            _KIND_TYPES.get(kind, sqltypes.NullType)(),
+            str(type_sql),
+            bool(nullable),
+            bool(has_default),
+            decode(default),
+        )
+
+    key, cols = col(d["key"]), tuple(col(x) for x in d["columns"])
+    return TableInfo(
+        name=str(d["name"]),
+        key=key,
+        columns=cols,
+        excluded=tuple(str(x) for x in d["excluded"]),
+        spec=TableSpec(str(d["name"]), key.name, True, tuple(c.name for c in cols), ()),
+        uniques=tuple(UniqueSet(str(n), tuple(int(i) for i in c), str(p), int(m), ml) for n, c, p, m, ml in d["uniques"]),
+        refs=tuple(Ref(str(c), str(p), str(od), str(ou), n) for c, p, od, ou, n in d["refs"]),
+        version=int(d["version"]),
+        dropped=frozenset(str(c) for c in d["dropped"]),
+    )
+
+
+def piece_out(p: dict[str, Any]) -> dict[str, Any]:
+    """One piece of add-site's copy (ops/instantiate.py read_copy) as JSON-ready data: the values
+    of its rows and of the table's registration typed, the rest (names, positions, versions,
+    counts) plain."""
+    out = dict(p)
+    if "rows" in out:
+        out["rows"] = [row_out(r) for r in p["rows"]]
+    if "registration" in out:
+        out["registration"] = row_out(tuple(p["registration"]))
+    if "origins" in out:
+        out["origins"] = [list(x) for x in p["origins"]]
+    return out
+
+
+def piece_in(d: dict[str, Any]) -> dict[str, Any]:
+    """The piece `piece_out` made JSON-ready data of."""
+    out = dict(d)
+    if "rows" in out:
+        out["rows"] = [row_in(r) for r in d["rows"]]
+    if "registration" in out:
+        out["registration"] = row_in(d["registration"])
+    if "origins" in out:
+        out["origins"] = [(str(o), str(v)) for o, v in d["origins"]]
+    return out

@@ -12,18 +12,21 @@ in pieces of ROWS_PER_LINE, an end line with the count), ``GET /purged?table=``,
 /columns?table=``, ``GET /status[?since=]``, ``GET /link?peer=``, ``POST /waiting``, ``GET
 /held?source=``, ``GET /observe``; for `token` and `wait` (ops/freshness.py) ``GET /token``, ``GET
 /need?token=``, ``GET /applied?origin=``, ``POST /missing``; the listings of `errors` and
-`conflicts`: ``GET /errors[?table=&skipped=1]``, ``GET /conflicts[?table=&limit=&since=&kind=]``.
+`conflicts`: ``GET /errors[?table=&skipped=1]``, ``GET /conflicts[?table=&limit=&since=&kind=]``;
+and what add-site reads of a site it copies or whose tables it checks: ``GET /installed``, ``GET /queue``, ``GET /positions``, ``GET /describe``, ``POST
+/copy`` (ops/instantiate.py read_copy's pieces as JSON lines, an end line with the count).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hmac
+import itertools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import asdict
 from typing import Any, Callable
 
@@ -37,6 +40,7 @@ from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.ops.errors import errors_at
 from multimaster.ops.freshness import applied_at, check_token, missing_at, need_at, token_at
+from multimaster.ops.instantiate import CopyRequest, max_seq2, read_copy
 from multimaster.ops.status import CONFLICT_KINDS, conflicts_at, link_at_source, link_at_target, site_summary
 
 __all__ = ["make_app", "make_server", "serve", "parse_listen", "ROWS_PER_LINE", "DEFAULT_PORT"]
@@ -49,6 +53,8 @@ ROWS_PER_LINE = 500
 #: (a refresh asks for 4 x refresh.batch_size, at most 1,000,000 each)
 MAX_WINDOW = 4_000_000
 DEFAULT_PORT = 8470
+#: the most rows per piece of add-site's copy (its --batch-size): the agent holds one piece in memory
+MAX_COPY_BATCH = 100_000
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -198,6 +204,44 @@ class _Handlers:
             raise ConfigError([f"a conflicts limit is a count (0: all), not '{limit}'"])
         return wire.data_out(conflicts_at(self.s, table, int(limit), q.get("since") or None, kind))
 
+    # ---- what add-site reads at a site it copies or connects (ops/instantiate.py) ------------
+
+    def installed(self, q: Mapping[str, str], body: bytes) -> Any:
+        with self.s.read() as conn:
+            return {"tables": self.s.installed_tables(conn)}
+
+    def queue(self, q: Mapping[str, str], body: bytes) -> Any:
+        with self.s.read() as conn:
+            return store.errorqueue.counts(conn, self.s.dialect)
+
+    def positions(self, q: Mapping[str, str], body: bytes) -> Any:
+        with self.s.read() as conn:
+            self.s.require_installed(conn, self.topo)
+            return {tb: max_seq2(conn, self.s, tb) for tb in self.topo.tables}
+
+    def describe(self, q: Mapping[str, str], body: bytes) -> Any:
+        self.s.forget()  # as the database has it now
+        with self.s.read() as conn:
+            return {tb: wire.description_of(self.s.info(conn, tb, self.topo), self.s.dialect.name) for tb in self.topo.tables}
+
+    def copy(self, q: Mapping[str, str], body: bytes) -> Any:
+        b = json.loads(body)
+        tables = [self._table({"table": str(x)}) for x in b["tables"]]
+        target = str(b["target"])
+        if not IDENT.match(target):
+            raise ConfigError([f"'{target}' is not a site name"])
+        relayed = tuple(self._site({"peer": str(x)}, "peer") for x in b["relayed"])
+        size = b["batch_size"]
+        if not isinstance(size, int) or not 1 <= size <= MAX_COPY_BATCH:
+            raise ConfigError([f"a copy's batch is 1 to {MAX_COPY_BATCH:,} rows, not {size!r}"])
+        self.s.forget()  # as the database has it now
+        with self.s.read() as conn:
+            self.s.require_installed(conn, self.topo)
+            infos = {tb: self.s.info(conn, tb, self.topo) for tb in tables}
+        pieces = read_copy(self.s, infos, CopyRequest(target, tuple(tables), relayed, bool(b["txn"]), size))
+        first = next(pieces)  # the snapshot is taken here: a failure to take it is answered as an error
+        return _copy_lines(first, pieces)
+
     def _table(self, q: Mapping[str, str]) -> str:
         tb = q.get("table", "")
         if tb not in self.topo.tables:
@@ -230,6 +274,11 @@ ROUTES = {
     "missing": "POST",
     "errors": "GET",
     "conflicts": "GET",
+    "installed": "GET",
+    "queue": "GET",
+    "positions": "GET",
+    "describe": "GET",
+    "copy": "POST",
 }
 
 
@@ -306,6 +355,31 @@ def _lines(read: Any) -> Iterator[bytes]:
             part = rows[i : i + ROWS_PER_LINE]
             count += len(part)
             yield (wire.dumps({"kind": "rows", "table": table, "rows": [wire.row_out(r) for r in part]}) + "\n").encode()
+    yield (wire.dumps({"kind": "end", "count": count}) + "\n").encode()
+
+
+def _copy_lines(first: dict[str, Any], pieces: Generator[dict[str, Any], None, None]) -> Iterator[bytes]:
+    """add-site's copy (ops/instantiate.py read_copy) as JSON lines, one per piece, then the end
+    with the count of rows sent (a client that misses the end writes nothing). A read that fails
+    midway ends with an error line instead; the read is closed either way."""
+    count = 0
+    try:
+        for p in itertools.chain([first], pieces):
+            if p["kind"] == "rows":
+                count += len(p["rows"])
+            yield (wire.dumps(wire.piece_out(p)) + "\n").encode()
+    except MultimasterError as e:
+        yield (wire.dumps({"kind": "error", "error": redact(str(e))}) + "\n").encode()
+        return
+    except Exception as e:  # noqa: BLE001 - named to the client, which writes nothing
+        log.exception("add-site copy failed")
+        reason = str(getattr(e, "orig", e)).strip().splitlines()
+        yield (
+            wire.dumps({"kind": "error", "error": redact(f"{type(e).__name__}: {reason[0] if reason else ''}")}) + "\n"
+        ).encode()
+        return
+    finally:
+        pieces.close()
     yield (wire.dumps({"kind": "end", "count": count}) + "\n").encode()
 
 

@@ -22,6 +22,16 @@ Nothing is lost (everything not in the copy is past a watermark) and nothing is 
 (everything in the copy is in NAME's change log or dedupe record). Running it again finishes an
 interrupted add-site.
 
+It runs on NAME's host: NAME is written, so the file gives its database url; PEER and the other
+sites may be reached through their agents (docs/agent.md). The copy's reading half
+(:func:`read_copy`, one consistent read yielding pieces) then runs in PEER's agent, which streams
+the pieces; the writing half consumes them in NAME's one transaction either way, so an answer
+broken off midway writes nothing. The checks and positions of step 1 and 3 are read through the
+agents too. A puller reached through its agent cannot be written through it (the agent is
+read-only): step 4 is left to its own host, ``add-site NAME --connect-only --site PULLER``
+(:func:`connect_site`: from position 0, as for every puller but PEER), and the report names each
+such puller with that command until it is connected.
+
 **remove-site** retires a site: checks that every puller has pulled its changes (or --force),
 brings every puller up to the furthest any of them pulled of its change log (for a site that
 died: the entries one puller still holds in its snapshot are given to those behind and applied as
@@ -34,14 +44,17 @@ its rows stay. Then remove it and its links from the topology file.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.config.secrets import redact
+from multimaster.config.topology import hidden_url
 from multimaster.core.progress import Progress, ProgressEvent
 from multimaster.core.salvage import Behind, CatchUp, Copy, Holding, verdict
 from multimaster.core.salvage import plan as plan_copies
@@ -53,6 +66,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.refresh import refresh_link, relay_origins
+from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
@@ -62,7 +76,19 @@ from multimaster.ops.status import status
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology
 
-__all__ = ["add_site", "remove_site", "AddSiteReport", "RemoveSiteReport", "SiteNotDrained"]
+__all__ = [
+    "add_site",
+    "connect_site",
+    "connect_command",
+    "read_copy",
+    "max_seq2",
+    "CopyRequest",
+    "remove_site",
+    "AddSiteReport",
+    "ConnectReport",
+    "RemoveSiteReport",
+    "SiteNotDrained",
+]
 
 
 class SiteNotDrained(MultimasterError):
@@ -83,9 +109,36 @@ class AddSiteReport:
     watermarks: dict[str, dict[str, int]] = field(default_factory=dict)  # peer -> table -> seq2 at NAME
     pullers: list[str] = field(default_factory=list)  # sites now holding a snapshot of NAME
     already_installed: bool = False
+    #: the sites pulling from NAME that this host reaches through their agents and that hold no
+    #: snapshot of NAME yet (the agent writes nothing): {site, reason, fix (the command to run on
+    #: the site's host)}
+    pending: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Every site pulling from NAME holds its snapshot of NAME: nothing is left to do elsewhere."""
+        return not self.pending
 
     def as_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
+        return {**vars(self), "ok": self.ok}
+
+
+@dataclass
+class ConnectReport:
+    """`add-site NAME --connect-only`: the sites given their snapshot of NAME here."""
+
+    site: str
+    connected: list[str] = field(default_factory=list)  # newly given a snapshot of NAME
+    already: list[str] = field(default_factory=list)  # held one before
+    #: (without --site) the pullers reached through their agents that still hold none, as in AddSiteReport
+    pending: list[dict[str, str]] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.pending
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**vars(self), "ok": self.ok}
 
 
 @dataclass
@@ -139,17 +192,9 @@ def _stream(conn: Connection, sql: str, params: Any = (), size: int = 5000) -> I
         yield [tuple(r) for r in part]
 
 
-def _copy_rows(
-    src: Connection, select: str, dst: Connection, insert: str, size: int, progress: Callable[[int], None] | None = None
-) -> int:
-    """Stream `select` from `src` into `insert` at `dst` in batches of `size`; rows copied."""
-    n = 0
-    for part in _stream(src, select, size=size):
-        dst.exec_driver_sql(insert, part)
-        n += len(part)
-        if progress:
-            progress(n)
-    return n
+def _parts(rows: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(rows), size):
+        yield rows[i : i + size]
 
 
 #: change-log columns written unquoted (as engine/pull.py log_select_columns names them)
@@ -176,7 +221,7 @@ def _current_layout(
     return (*head[:5], t.mask, *t.new, *t.old, *rest)
 
 
-def _max_seq2(conn: Connection, site: Site, table: str) -> int:
+def max_seq2(conn: Connection, site: Site, table: str) -> int:
     """A second-order position up to which every entry is final: the highest seq2 visible to
     `conn`, or below the horizon where writers capture concurrently (read first, in a statement of
     its own: entries may commit out of position order there)."""
@@ -184,6 +229,61 @@ def _max_seq2(conn: Connection, site: Site, table: str) -> int:
     h = d.read_horizon(conn, table)
     below = "" if h is None else f" WHERE seq2 < {int(h)}"
     return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}{below}").scalar() or 0)
+
+
+# ---- what add-site reads at a site: of its database here, or through its agent (docs/agent.md) ----
+
+
+def _installed(cl: Cluster, name: str) -> list[str]:
+    s = cl.site(name)
+    if isinstance(s, AgentSite):
+        return s.installed()
+    with s.read() as conn:
+        return s.installed_tables(conn)
+
+
+def _require_installed(cl: Cluster, name: str) -> None:
+    """Raise NotInstalled unless every table of the topology is installed at site `name`."""
+    have = set(_installed(cl, name))
+    missing = [tb for tb in cl.topo.tables if tb not in have]
+    if missing:
+        raise NotInstalled(name, f"replication objects for table(s) {missing}")
+
+
+def _held_counts(cl: Cluster, name: str) -> dict[str, int]:
+    """The error queue's counts per state at site `name` (store/errorqueue.py counts)."""
+    s = cl.site(name)
+    if isinstance(s, AgentSite):
+        return s.error_counts()
+    with s.read() as conn:
+        return store.errorqueue.counts(conn, s.dialect)
+
+
+def _positions(cl: Cluster, name: str) -> dict[str, int]:
+    """Per table, a position of site `name`'s change log up to which every entry is final (max_seq2)."""
+    s = cl.site(name)
+    if isinstance(s, AgentSite):
+        got = s.positions()
+    else:
+        with s.read() as conn:
+            got = {tb: max_seq2(conn, s, tb) for tb in cl.topo.tables}
+    missing = [tb for tb in cl.topo.tables if tb not in got]
+    if missing:
+        raise NotInstalled(name, f"replication objects for table(s) {missing} (its agent does not replicate them)")
+    return got
+
+
+def _describe(cl: Cluster, name: str) -> dict[str, TableInfo]:
+    """Every table of the topology as site `name` has it (through an agent: what add-site compares)."""
+    s = cl.site(name)
+    if isinstance(s, AgentSite):
+        got = s.describe()
+        missing = [tb for tb in cl.topo.tables if tb not in got]
+        if missing:
+            raise SchemaError([f"site '{name}': its agent does not replicate table(s) {missing} (its topology file's tables)"])
+        return got
+    with s.read() as conn:
+        return {tb: s.info(conn, tb, cl.topo) for tb in cl.topo.tables}
 
 
 def add_site(
@@ -197,7 +297,9 @@ def add_site(
 ) -> AddSiteReport:
     """Bring site `name` into a running cluster by copying `peer` at a recorded log position.
     `progress` is told each step, the rows copied so far, and a lock the copy's transaction at
-    `name` waits for past refresh.lock_wait_warn (engine/lockwatch.py)."""
+    `name` waits for past refresh.lock_wait_warn (engine/lockwatch.py). `name` is written: its
+    database url must be in the file; `peer` and the other sites may be reached through their
+    agents (the sites pulling from `name` among them are then left `pending` in the report)."""
     cl, own = as_cluster(topo)
     say = progress or (lambda _m: None)
     after = cl.topo.refresh.lock_wait_warn_seconds()
@@ -214,21 +316,20 @@ def _add_site(
 ) -> AddSiteReport:
     t = cl.topo
     _check_add_site(t, name, peer)
+    if t.sites[name].agent:  # the copy is written there
+        raise AgentOnly(
+            name,
+            hidden_url(t.sites[name].url),
+            "add-site (it writes the new site: run it on the new site's host, with its database url in the topology file)",
+        )
     rep = AddSiteReport(name, peer)
-    nsite, psite = cl.site(name), cl.site(peer)
+    nsite = cl.site(name)
     sources = t.peers_of(name)
     pullers = [ln.target for ln in t.links if ln.source == name]
-    for s in [name, peer, *sources, *pullers]:  # it copies tables and installs: databases, not agents
-        if t.sites[s].agent:
-            raise AgentOnly(
-                s, t.sites[s].url, "add-site (it copies the peer's tables and writes at the sites around the new one)"
-            )
     # ---- checks: every site we will read or write answers and is installed ----------------
-    for s in {*sources, *pullers, peer}:
-        with cl.site(s).read() as conn:
-            cl.site(s).require_installed(conn, t)
-    with psite.read() as conn:  # its copy would lack the changes it holds (docs/errors.md)
-        held = store.errorqueue.counts(conn, psite.dialect)
+    for s in dict.fromkeys([peer, *sources, *pullers]):
+        _require_installed(cl, s)
+    held = _held_counts(cl, peer)  # its copy would lack the changes it holds (docs/errors.md)
     n_held = held["failed"] + held["waiting"] + held["txn"]
     if n_held:
         raise ChangesHeld(peer, n_held, f"add-site {name} --from {peer}")
@@ -241,21 +342,21 @@ def _add_site(
     rep.already_installed = bool(installed)
     copied: dict[str, int] | None = None
     if not installed:
-        pinfo: dict[str, TableInfo] = {}
+        pinfo = _describe(cl, peer)
+        pdialect = cl.site(peer).dialect.name
         ninfo: dict[str, TableInfo] = {}
         schema_problems: list[str] = []
-        with psite.read() as pc, nsite.read() as nc:
+        with nsite.read() as nc:
             # what would stop the install half-way (MySQL: triggers refused under binary logging)
             schema_problems += [f"site '{name}': {m}" for m in nsite.dialect.install_problems(nc, list(t.tables))]
             for tb in t.tables:
-                pinfo[tb] = psite.info(pc, tb, t)
                 try:
                     ninfo[tb] = nsite.info(nc, tb, t)
                 except SchemaError as e:
                     schema_problems += e.problems
                     continue
                 schema_problems += compare_schemas(
-                    tb, {peer: pinfo[tb], name: ninfo[tb]}, {peer: psite.dialect.name, name: nsite.dialect.name}
+                    tb, {peer: pinfo[tb], name: ninfo[tb]}, {peer: pdialect, name: nsite.dialect.name}
                 )
                 n = nc.exec_driver_sql(f"SELECT count(*) FROM {nsite.dialect.quote(tb)}").scalar() or 0
                 if n and not replace:
@@ -266,13 +367,7 @@ def _add_site(
         if schema_problems:
             raise SchemaError(schema_problems)
         _forget_observations(cl, name)
-        copied = _copy(cl, name, peer, pinfo, ninfo, replace, batch_size, say, rep, watch)
-        with psite.read() as pc:  # the sites removed before: their changes on the way are applied here too
-            gone = store.retired.read(pc, psite.dialect)
-        if gone:
-            with nsite.write() as nc:
-                for g in sorted(gone):
-                    store.retired.record(nc, nsite.dialect, g, now_iso())
+        copied = _copy(cl, name, peer, ninfo, replace, batch_size, say, rep, watch)
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
     _connect_pullers(cl, name, peer, pullers, rep, say, copied)
@@ -282,12 +377,16 @@ def _add_site(
 def _forget_observations(cl: Cluster, name: str) -> list[str]:
     """Every other site that answers drops what it observed of `name` (a site instantiated again
     is not the site observed before: its tombstones and conflict rows are judged afresh). Returns
-    the sites that did not answer."""
+    the sites that did not answer, or that this host reaches through their agents (which write
+    nothing: a puller among them drops it when it is connected on its host, `connect_site`)."""
     missed = []
     for s in cl.topo.sites:
         if s == name:
             continue
         site = cl.site(s)
+        if isinstance(site, AgentSite):
+            missed.append(s)
+            continue
         try:
             with site.write() as conn:
                 if site.installed_tables(conn):
@@ -310,42 +409,262 @@ def _check_add_site(t: Topology, name: str, peer: str) -> None:
         raise ConfigError(problems, str(t.path) if t.path else None)
 
 
+def connect_command(name: str, puller: str) -> str:
+    """The command that connects `puller` to `name` on the puller's host."""
+    return f"multimaster add-site -t FILE {name} --connect-only --site {puller}"
+
+
+def _connect(cl: Cluster, s: str, name: str, start: dict[str, int] | None) -> bool:
+    """Give site `s` (a database here) its snapshot of `name` and the link's watermark rows, in one
+    transaction: from `start` per table where the watermark is still 0 (the peer after the copy),
+    else from 0 (what it has already is dropped as duplicates). A site newly connected drops what
+    it observed of an earlier `name`. Returns whether it was newly connected."""
+    t = cl.topo
+    site = cl.site(s)
+    d = site.dialect
+    with site.write() as conn:
+        site.require_installed(conn, t)
+        have = store.watermarks.tables_of(conn, d, name)
+        for tb in t.tables:
+            info = site.info(conn, tb, t)
+            d.install_snapshot(conn, info, name)
+            references.install(conn, site, info, [name])
+            store.links.ensure(conn, d, name, tb)
+            if start is not None and store.watermarks.read(conn, d, name, tb) == 0:
+                store.watermarks.write(conn, d, name, tb, start[tb])  # the peer already holds all NAME has
+            # its snapshot holds what it pulls from here on
+            wm = store.watermarks.read(conn, d, name, tb)
+            store.purges.ensure_snapshot_horizon(conn, d, name, tb, wm)
+        new = not set(t.tables) <= have
+        if new:
+            store.fences.forget(conn, d, name)
+    return new
+
+
+def _pending(cl: Cluster, name: str, s: str) -> dict[str, str] | None:
+    """Puller `s`, reached through its agent: None when it holds its snapshot of `name` already
+    (connected on its host), else why not and the command that connects it there."""
+    site = cl.site(s)
+    assert isinstance(site, AgentSite)
+    try:
+        held = site.watermarks_held(name)
+        if held.get("installed") and all(held["watermarks"].get(tb) is not None for tb in cl.topo.tables):
+            return None
+        reason = f"'{s}' is reached through its agent, which writes nothing: its snapshot of '{name}' is made on its host"
+    except MultimasterError as e:
+        reason = f"'{s}' is reached through its agent, which did not answer ({redact(str(e))})"
+    return {"site": s, "reason": reason, "fix": f"on {s}'s host: {connect_command(name, s)}"}
+
+
 def _connect_pullers(
     cl: Cluster, name: str, peer: str, pullers: list[str], rep: AddSiteReport, say: Progress, copied: dict[str, int] | None
 ) -> None:
     """Give every site that pulls from `name` a snapshot of it and a link; `peer`, if it has not
     pulled from `name` yet, starts after the entries `name`'s change log got from it (`copied`:
-    per table the last position the copy wrote; None: `name` was installed already, its end)."""
-    t = cl.topo
-    nsite = cl.site(name)
-    # ---- the sites that pull from NAME --------------------------------------------------
-    if copied is not None:
-        npos = copied
-    else:
-        with nsite.read() as conn:
-            npos = {tb: _max_seq2(conn, nsite, tb) for tb in t.tables}
+    per table the last position the copy wrote; None: `name` was installed already, so it may
+    have written since: from 0, as every other puller). A puller this host reaches through its
+    agent is left in `rep.pending`, with the command that connects it on its own host, unless it
+    holds its snapshot of `name` already."""
     for s in pullers:
-        site = cl.site(s)
-        with site.write() as conn:
-            for tb in t.tables:
-                info = site.info(conn, tb, t)
-                site.dialect.install_snapshot(conn, info, name)
-                references.install(conn, site, info, [name])
-                store.links.ensure(conn, site.dialect, name, tb)
-                if s == peer and store.watermarks.read(conn, site.dialect, name, tb) == 0:
-                    store.watermarks.write(conn, site.dialect, name, tb, npos[tb])  # the peer already holds all NAME has
-                # its snapshot holds what it pulls from here on
-                wm = store.watermarks.read(conn, site.dialect, name, tb)
-                store.purges.ensure_snapshot_horizon(conn, site.dialect, name, tb, wm)
+        if isinstance(cl.site(s), AgentSite):
+            p = _pending(cl, name, s)
+            if p is None:
+                rep.pullers.append(s)
+            else:
+                rep.pending.append(p)
+                say(f"{s}: pending: {p['fix']}")
+            continue
+        _connect(cl, s, name, copied if s == peer else None)
         rep.pullers.append(s)
         say(f"{s}: snapshot of {name} ready")
+
+
+def connect_site(
+    topo: "Topology | Cluster", name: str, sites: list[str] | None = None, *, progress: Progress | None = None
+) -> ConnectReport:
+    """`add-site NAME --connect-only`, run on the host of sites that pull from `name`: each of
+    `sites` (default: every puller of `name` whose database url is in this file) gets its
+    snapshot of `name` and its watermarks, from position 0 (what `name` copied from its peer is
+    dropped there as duplicates), in one transaction per site; running it again changes nothing.
+    `name` must be installed (add-site ran on its host); it may be reached through its agent.
+    Without `sites`, the pullers reached through their agents that hold no snapshot of `name` yet
+    are reported `pending`."""
+    cl, own = as_cluster(topo)
+    say = progress or (lambda _m: None)
+    try:
+        t = cl.topo
+        if name not in t.sites:
+            raise ConfigError([f"site '{name}' is not defined under sites"], str(t.path) if t.path else None)
+        pullers = [ln.target for ln in t.links if ln.source == name]
+        chosen = list(dict.fromkeys(sites)) if sites else [p for p in pullers if not t.sites[p].agent]
+        problems = [f"--site: site '{s}' is not defined under sites" for s in chosen if s not in t.sites]
+        problems += [
+            f"--site: site '{s}' does not pull from '{name}' (no link from {name} to {s})"
+            for s in chosen
+            if s in t.sites and s not in pullers
+        ]
+        if problems:
+            raise ConfigError(problems, str(t.path) if t.path else None)
+        for s in chosen:
+            if t.sites[s].agent:
+                raise AgentOnly(s, hidden_url(t.sites[s].url), f"connecting it to '{name}' (it writes its snapshot of '{name}')")
+        _require_installed(cl, name)  # add-site ran on its host
+        rep = ConnectReport(name)
+        for s in chosen:
+            if _connect(cl, s, name, None):
+                rep.connected.append(s)
+                say(f"{s}: snapshot of {name} ready")
+            else:
+                rep.already.append(s)
+                say(f"{s}: already holds its snapshot of {name}")
+        if not sites:
+            for s in pullers:
+                if t.sites[s].agent and (p := _pending(cl, name, s)) is not None:
+                    rep.pending.append(p)
+        return rep
+    finally:
+        if own:
+            cl.close()
+
+
+# ---- the copy: read in one snapshot of the peer (here, or by its agent), written in one transaction at the new site ----
+
+
+@dataclass(frozen=True)
+class CopyRequest:
+    """What the new site asks of the peer's consistent read (`read_copy`)."""
+
+    target: str  #: the new site
+    tables: tuple[str, ...]
+    #: the new site's other sources the peer pulls: their watermarks at the peer and the peer's
+    #: snapshot rows of them not applied yet come along
+    relayed: tuple[str, ...]
+    txn: bool  #: the new site's change log records source transactions (docs/transactions.md)
+    batch_size: int  #: rows per piece
+
+
+def read_copy(psite: Site, infos: Mapping[str, TableInfo], ask: CopyRequest) -> Generator[dict[str, Any], None, None]:
+    """The reading half of add-site's copy, at the peer `psite` (its database: run here for a peer
+    reached by its database url, by the peer's agent otherwise): every table of `ask` (as `infos`
+    describes it there) read in ONE consistent read (a snapshot: SQLite's WAL read transaction,
+    REPEATABLE READ on servers), as pieces of plain data, each a dict with a ``kind``:
+
+    - ``site``: the peer's clock and the sites recorded as removed there (first: the snapshot is
+      taken when it is read);
+    - per table, ``table`` (the capture point ``position``, the row count, the columns of the
+      rows, shadow and change log), then ``rows`` pieces of ``batch_size`` rows ``into`` the
+      table (``rows``), its shadow (``shadow``; ``fresh``: the peer's own rows inserted since its
+      shadow last caught up), its UNIQUE bookkeeping (``parked``, ``marks``, with ``columns``),
+      the change log (``log``, carried to the current columns), then ``applied`` (the dedupe
+      record and the peer's own changes up to the capture point), then ``rows`` into ``past``
+      (entries past the capture point the snapshot holds: applied already) and ``waiting`` (per
+      relayed ``peer``, its snapshot rows not applied at the peer), then ``table_end`` (the
+      table's registration, the peer's watermarks of the relayed sources).
+
+    The horizon of each table is read before the snapshot is taken (every entry below it is in
+    the snapshot if committed; entries at or above it may commit later, at lower positions than
+    some the snapshot holds). Close the iterator to end the read early."""
+    pd = psite.dialect
+    with psite.read() as hconn:
+        horizons = {tb: pd.read_horizon(hconn, tb) for tb in ask.tables}
+    with psite.engine.connect() as pconn:
+        _consistent_read(pconn)
+        with pconn.begin():
+            hlc = pd.read_clock(pconn) or 0
+            yield {"kind": "site", "clock": hlc, "retired": sorted(store.retired.read(pconn, pd))}
+            for tb in ask.tables:
+                yield from _read_table(pconn, psite, infos[tb], ask, horizons[tb])
+
+
+def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest, horizon: int | None) -> Iterator[dict[str, Any]]:
+    """read_copy's pieces of one table."""
+    pd = psite.dialect
+    tb, po, size = pi.name, pd.obj(pi.name), ask.batch_size
+    # the capture point: the new site pulls the peer's entries after it
+    pos = (
+        horizon - 1
+        if horizon is not None
+        else int(pconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {po.log2}").scalar() or 0)
+    )
+    cols = [pi.key.name, *pi.column_names]
+    scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
+    lcols = (
+        ["ver", "origin", "op", "rid", "key", "mask"]
+        + ["n_" + c for c in pi.column_names]
+        + ["o_" + c for c in pi.column_names]
+        + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
+        + (["txn"] if pd.caps.txn_column and ask.txn else [])  # docs/transactions.md
+    )
+    total = int(pconn.exec_driver_sql(f"SELECT count(*) FROM {pd.quote(tb)}").scalar() or 0)
+    yield {"kind": "table", "table": tb, "position": pos, "rows_total": total, "columns": cols, "shadow": scols, "log": lcols}
+
+    def piece(into: str, rows: list[Any], **more: Any) -> dict[str, Any]:
+        return {"kind": "rows", "table": tb, "into": into, **more, "rows": rows}
+
+    # rows, with the keys they have at the peer
+    sel = ", ".join(pd.quote(c) for c in cols)
+    for part in _stream(pconn, f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}", size=size):
+        yield piece("rows", part)
+    # identities
+    sq = ", ".join(pd.quote(c) for c in scols)
+    for part in _stream(pconn, f"SELECT {sq} FROM {po.shadow} ORDER BY rid", size=size):
+        yield piece("shadow", part)
+    # the peer's own rows inserted since its shadow last caught up (capture may write it lazily)
+    for part in _parts(pd.fresh_identities(pconn, pi), size):
+        yield piece("fresh", part)
+    for which, mcols, mrows in uniques.read_marks(pconn, pd, pi):  # the values marked rows want
+        for part in _parts(mrows, size):
+            yield piece(which, part, columns=mcols)
+    # the change log: what the peer applied is applied at the new site too (dedupe), and relays on
+    # (entries written in earlier schema versions of the peer: carried to its current columns by name)
+    layouts = store.schemas.layouts(pconn, pd, tb)
+    union = sorted({c for cs in (layouts or {}).values() for c in cs} | set(pi.column_names))
+    rcols = (
+        lcols[:6]
+        + ["n_" + c for c in union]
+        + ["o_" + c for c in union]
+        + lcols[6 + 2 * len(pi.column_names) :]
+        + (["sv"] if layouts else [])
+    )
+    lq = ", ".join(pd.quote(c) for c in rcols)
+    for raw in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=size):
+        yield piece("log", [_current_layout(r, union, layouts, list(pi.column_names)) for r in raw])
+    # the peer's own changes up to the capture point are in the copy: applied at the new site too
+    ph = pd.caps.placeholder
+    own_top = pconn.exec_driver_sql(
+        f"SELECT max(ver) FROM {po.log} WHERE origin = {ph} AND seq <= {ph}", (psite.name, pos)
+    ).scalar()
+    yield {"kind": "applied", "table": tb, "origins": store.origins.read(pconn, pd, tb), "own_top": own_top or None}
+    # ... and the entries past it that the snapshot holds (committed between the horizon and the
+    # snapshot) are in the copy too: stored as applied in the new site's snapshot of the peer, so
+    # pulling them again skips them (engine/pull.py store_batch)
+    if horizon is not None:
+        for part in _parts(read_entries(pconn, psite, ask.target, pi, pos), size):
+            yield piece("past", part)
+    reg = store.tables.registration(pconn, pd, tb)
+    if reg is None:  # checked first: the peer lost it meanwhile
+        raise NotInstalled(psite.name, f"replication objects for table(s) {[tb]}")
+    wms: dict[str, int] = {}
+    for q in ask.relayed:
+        wms[q] = store.watermarks.read(pconn, pd, q, tb)
+        # the peer's snapshot rows of q not yet applied there: pulled by the peer (below its
+        # watermark), not in the copy, so the new site takes them over
+        wcols = (
+            ["pseq", "ver", "origin", "op", "rid", "key", "mask"]
+            + ["n_" + c for c in pi.column_names]
+            + ["o_" + c for c in pi.column_names]
+            + ["applied"]
+        )
+        wsel = ", ".join(pd.quote(c) for c in wcols)
+        for part in _stream(pconn, f"SELECT {wsel} FROM {pd.obj(tb, q).snap} WHERE applied <> 1", size=size):
+            yield piece("waiting", part, peer=q, columns=wcols)
+    yield {"kind": "table_end", "table": tb, "registration": tuple(reg), "watermarks": wms}
 
 
 def _copy(
     cl: Cluster,
     name: str,
     peer: str,
-    pinfo: dict[str, TableInfo],
     ninfo: dict[str, TableInfo],
     replace: bool,
     batch_size: int,
@@ -353,178 +672,230 @@ def _copy(
     rep: AddSiteReport,
     watch: Watch | None = None,
 ) -> dict[str, int]:
-    """Install `name` as a copy of `peer`, read in one snapshot. Returns per table the last
-    position of `name`'s change log the copy wrote."""
+    """Install `name` as a copy of `peer`, read in one snapshot (at its database here, or by its
+    agent). Returns per table the last position of `name`'s change log the copy wrote."""
     t = cl.topo
     nsite, psite = cl.site(name), cl.site(peer)
-    nd, pd = nsite.dialect, psite.dialect
     sources = t.peers_of(name)
     peer_sources = set(t.peers_of(peer))
     # a position in every other source's log, read before the copy (any position is complete:
     # what NAME skips there reaches PEER, which NAME pulls from)
-    other_pos: dict[str, dict[str, int]] = {}
-    for q in sources:
-        if q != peer and q not in peer_sources:
-            qs = cl.site(q)
-            with qs.read() as conn:
-                other_pos[q] = {tb: _max_seq2(conn, qs, tb) for tb in t.tables}
-    nd.prepare_site(nsite.engine)
-    # PEER's horizon per table, read before its snapshot is taken: every entry below it is in the
-    # snapshot if committed; entries at or above it may commit later, at lower positions than some
-    # the snapshot holds (None: positions are given in commit order; the snapshot's last one is the cut)
-    with psite.read() as hconn:
-        horizons = {tb: pd.read_horizon(hconn, tb) for tb in t.tables}
-    npos: dict[str, int] = {}
-    with psite.engine.connect() as pconn:
-        _consistent_read(pconn)
-        with pconn.begin(), watching(nsite, watch) as lw, nsite.write(lw) as nconn:
-            hlc = pd.read_clock(pconn) or 0
-            nd.install_site(nconn, name)
-            store.install(nconn, nd)
-            nd.defer_foreign_keys(nconn, True)  # rows referencing rows copied later (docs/foreign-keys.md)
-            for tb in t.tables:
-                pi, ni = pinfo[tb], ninfo[tb]
-                po, no = pd.obj(tb), nd.obj(tb)
-                horizon = horizons[tb]
-                # the capture point: NAME pulls PEER's entries after it
-                pos = (
-                    horizon - 1
-                    if horizon is not None
-                    else int(pconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {po.log2}").scalar() or 0)
-                )
-                pwm = {q: store.watermarks.read(pconn, pd, q, tb) for q in peer_sources}
-                if replace:
-                    nconn.exec_driver_sql(f"DELETE FROM {nd.quote(tb)}")
-                nd.install_table(nconn, ni)
-                uniques.install(nconn, nd, ni)
-                for q in sources:
-                    nd.install_snapshot(nconn, ni, q)
-                    store.links.ensure(nconn, nd, q, tb)
-                references.install(nconn, nsite, ni, sources)
-                # rows, with the keys they have at PEER
-                cols = [pi.key.name, *pi.column_names]
-                sel = ", ".join(pd.quote(c) for c in cols)
-                ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
-                total = int(pconn.exec_driver_sql(f"SELECT count(*) FROM {pd.quote(tb)}").scalar() or 0)
-                rep.rows[tb] = _copy_rows(
-                    pconn,
-                    f"SELECT {sel} FROM {pd.quote(tb)} ORDER BY {pd.quote(pi.key.name)}",
-                    nconn,
-                    ins,
-                    batch_size,
-                    _copied(say, f"{peer} -> {name}", tb, "rows", total),
-                )
-                # identities
-                scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
-                sq = ", ".join(pd.quote(c) for c in scols)
-                ins = f"INSERT INTO {no.shadow} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
-                n = _copy_rows(pconn, f"SELECT {sq} FROM {po.shadow} ORDER BY rid", nconn, ins, batch_size)
-                # PEER's own rows inserted since its shadow last caught up (capture may write it lazily)
-                fresh = pd.fresh_identities(pconn, pi)
-                if fresh:
-                    nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", fresh)
-                    n += len(fresh)
-                rep.identities[tb] = n
-                uniques.copy_marks(pconn, pd, nconn, nd, ni)  # the values marked rows want
-                # the change log: what PEER applied is applied at NAME too (dedupe), and relays on
-                lcols = (
-                    ["ver", "origin", "op", "rid", "key", "mask"]
-                    + ["n_" + c for c in pi.column_names]
-                    + ["o_" + c for c in pi.column_names]
-                    + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
-                    + (["txn"] if pd.caps.txn_column and nd.caps.txn_column else [])  # docs/transactions.md
-                )
-                # (entries written in earlier schema versions of PEER: carried to its current columns by name)
-                layouts = store.schemas.layouts(pconn, pd, tb)
-                union = sorted({c for cols in (layouts or {}).values() for c in cols} | set(pi.column_names))
-                rcols = (
-                    lcols[:6]
-                    + ["n_" + c for c in union]
-                    + ["o_" + c for c in union]
-                    + lcols[6 + 2 * len(pi.column_names) :]
-                    + (["sv"] if layouts else [])
-                )
-                lq = ", ".join(pd.quote(c) for c in rcols)
-                rep.log_entries[tb] = 0
-                entries = _copied(say, f"{peer} -> {name}", tb, "change-log entries", None)
-                for raw in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=batch_size):
-                    part = [_current_layout(r, union, layouts, list(pi.column_names)) for r in raw]
-                    nd.append_log(
-                        nconn, tb, [nd.key_col if c == "key" else c if c in _PLAIN else nd.quote(c) for c in lcols], rows=part
-                    )
-                    rep.log_entries[tb] += len(part)
-                    entries(rep.log_entries[tb])
-                npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {no.log2}").scalar() or 0)
-                store.origins.copy_in(nconn, nd, tb, store.origins.read(pconn, pd, tb))
-                # PEER's own changes up to the capture point are in the copy: applied at NAME too
-                ph = pd.caps.placeholder
-                own_top = pconn.exec_driver_sql(
-                    f"SELECT max(ver) FROM {po.log} WHERE origin = {ph} AND seq <= {ph}", (peer, pos)
-                ).scalar()
-                if own_top:
-                    store.origins.mark_applied(nconn, nd, tb, peer, own_top)
-                # ... and the entries past it that the snapshot holds (committed between the horizon
-                # and the snapshot) are in the copy too: stored as applied in NAME's snapshot of
-                # PEER, so pulling them again skips them (engine/pull.py store_batch)
-                if horizon is not None:
-                    past = read_entries(pconn, psite, name, pi, pos)
-                    if past:
-                        store_batch(nconn, nsite, ni, peer, past, applied=True)
-                reg = store.tables.registration(pconn, pd, tb)
-                if reg is None:  # checked first: PEER lost it meanwhile
-                    raise NotInstalled(peer, f"replication objects for table(s) {[tb]}")
-                store.tables.copy_in(nconn, nd, tb, reg)
-                # watermarks: where NAME starts pulling each source
-                for q in sources:
-                    if q == peer:
-                        wm = pos
-                    elif q in peer_sources:
-                        wm = pwm[q]
-                        _copy_waiting(pconn, psite, nconn, nsite, pi, q)
-                    else:
-                        wm = other_pos[q][tb]
-                    store.watermarks.write(nconn, nd, q, tb, wm)
-                    store.purges.ensure_snapshot_horizon(nconn, nd, q, tb, wm)  # nothing pulled below it is held
-                    rep.watermarks.setdefault(q, {})[tb] = wm
-                nd.install_capture(nconn, ni)
-                nd.guard_writes(nconn, ni, name, name in t.read_only)  # docs/topologies.md "Read-only sites"
-                evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
-                nd.after_apply(nconn, ni)
-            nd.defer_foreign_keys(nconn, False)
-            # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
-            # floor) to at least the source's, so its next change sorts after everything copied
-            nd.advance_clock(nconn, hlc)
+    other_pos = {q: _positions(cl, q) for q in sources if q != peer and q not in peer_sources}
+    relayed = tuple(q for q in sources if q != peer and q in peer_sources)
+    nsite.dialect.prepare_site(nsite.engine)
+    ask = CopyRequest(name, tuple(t.tables), relayed, nsite.dialect.caps.txn_column, batch_size)
+    if isinstance(psite, AgentSite):
+        pieces = psite.read_copy(ask.target, list(ask.tables), list(ask.relayed), ask.txn, ask.batch_size)
+    else:
+        pieces = read_copy(psite, _describe(cl, peer), ask)
+    with contextlib.closing(pieces):
+        npos = _write_copy(cl, name, peer, ninfo, pieces, replace, say, rep, watch, other_pos)
     say(f"{name}: installed from {peer}")
     return npos
 
 
+@dataclass
+class _Into:
+    """The table a copy is writing at the new site: its description there and the columns the
+    peer's pieces carry."""
+
+    info: TableInfo
+    head: dict[str, Any]
+    rows: Callable[[int], None]
+    entries: Callable[[int], None]
+    #: per column of the table, the converter of a value as the peer's driver returned it to one
+    #: the new site's driver stores exactly (dialects/types.py; a peer of another database kind)
+    adapt: dict[str, Callable[[Any], Any]] = field(default_factory=dict)
+
+    def exact(self, into: str, cols: list[str], rows: list[Any]) -> list[Any]:
+        """`rows` (of columns `cols`, going `into`) with the table's values as the new site stores
+        them: the row's columns (its key aside), a change's n_ and o_ values, a parked row's c_
+        values, a mark's i_ value."""
+        if into == "rows":
+            names: list[str | None] = [None] + cols[1:]
+        else:
+            pre = ("n_", "o_") if into in ("log", "waiting") else ("c_",) if into == "parked" else ("i_",)
+            names = [c[2:] if c.startswith(pre) else None for c in cols]
+        conv = [(i, self.adapt[n]) for i, n in enumerate(names) if n is not None and n in self.adapt]
+        if not conv:
+            return rows
+        out = []
+        for r in rows:
+            x = list(r)
+            for i, f in conv:
+                x[i] = f(x[i])
+            out.append(tuple(x))
+        return out
+
+
+def _write_copy(
+    cl: Cluster,
+    name: str,
+    peer: str,
+    ninfo: dict[str, TableInfo],
+    pieces: Iterator[dict[str, Any]],
+    replace: bool,
+    say: Progress,
+    rep: AddSiteReport,
+    watch: Watch | None,
+    other_pos: dict[str, dict[str, int]],
+) -> dict[str, int]:
+    """The writing half of add-site's copy: `pieces` (read_copy's, from the peer's database or its
+    agent) written at `name` in one transaction, which installs its logs, snapshots and triggers
+    and sets its watermarks. A read that fails or ends early (an agent's answer broken off) ends
+    it with nothing written. Returns per table the last position of `name`'s change log written."""
+    t = cl.topo
+    nsite = cl.site(name)
+    nd = nsite.dialect
+    sources = t.peers_of(name)
+    head = next(pieces)  # the peer's snapshot is taken before the new site's write lock
+    if head.get("kind") != "site":
+        raise MultimasterError(f"add-site {name}: the copy of '{peer}' did not start with its clock; nothing was written")
+    npos: dict[str, int] = {}
+    done: list[str] = []
+    cur: _Into | None = None
+    with watching(nsite, watch) as lw, nsite.write(lw) as nconn:
+        nd.install_site(nconn, name)
+        store.install(nconn, nd)
+        nd.defer_foreign_keys(nconn, True)  # rows referencing rows copied later (docs/foreign-keys.md)
+        for p in pieces:
+            kind, tb = p["kind"], p.get("table")
+            if kind == "table":
+                if tb not in ninfo or tb in done:
+                    raise MultimasterError(
+                        f"add-site {name}: the copy of '{peer}' sent table '{tb}' unasked; nothing was written"
+                    )
+                ni = ninfo[tb]
+                cur = _Into(
+                    ni,
+                    p,
+                    _copied(say, f"{peer} -> {name}", tb, "rows", int(p["rows_total"])),
+                    _copied(say, f"{peer} -> {name}", tb, "change-log entries", None),
+                    {c: f for c, f in zip(ni.column_names, nd.value_adapters(ni)) if f is not None},
+                )
+                rep.rows[tb] = rep.identities[tb] = rep.log_entries[tb] = 0
+                _start_table(nconn, nsite, cur.info, sources, replace)
+                continue
+            if cur is None or tb != cur.info.name:
+                raise MultimasterError(f"add-site {name}: the copy of '{peer}' sent pieces out of order; nothing was written")
+            if kind == "rows":
+                _write_rows(nconn, nsite, peer, cur, p, rep)
+            elif kind == "applied":
+                # the last position of NAME's change log the copy wrote (its log is complete now)
+                npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {nd.obj(tb).log2}").scalar() or 0)
+                store.origins.copy_in(nconn, nd, tb, list(p["origins"]))
+                if p["own_top"]:
+                    store.origins.mark_applied(nconn, nd, tb, peer, str(p["own_top"]))
+            elif kind == "table_end":
+                _finish_table(nconn, nsite, name, peer, cur, p, sources, other_pos, rep, name in t.read_only)
+                done.append(tb)
+                cur = None
+        missing = [tb for tb in t.tables if tb not in done]
+        if missing:
+            raise MultimasterError(f"add-site {name}: the copy of '{peer}' lacks table(s) {missing}; nothing was written")
+        nd.defer_foreign_keys(nconn, False)
+        # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
+        # floor) to at least the source's, so its next change sorts after everything copied
+        nd.advance_clock(nconn, int(head["clock"]))
+        for g in head["retired"]:  # the sites removed before: their changes on the way are applied here too
+            store.retired.record(nconn, nd, str(g), now_iso())
+    return npos
+
+
+def _start_table(nconn: Connection, nsite: Site, ni: TableInfo, sources: list[str], replace: bool) -> None:
+    """The new site's objects of one table, before its rows come."""
+    nd = nsite.dialect
+    if replace:
+        nconn.exec_driver_sql(f"DELETE FROM {nd.quote(ni.name)}")
+    nd.install_table(nconn, ni)
+    uniques.install(nconn, nd, ni)
+    for q in sources:
+        nd.install_snapshot(nconn, ni, q)
+        store.links.ensure(nconn, nd, q, ni.name)
+    references.install(nconn, nsite, ni, sources)
+
+
+def _write_rows(nconn: Connection, nsite: Site, peer: str, cur: _Into, p: dict[str, Any], rep: AddSiteReport) -> None:
+    """One ``rows`` piece of the copy, written where it goes at the new site."""
+    nd, ni, into, rows = nsite.dialect, cur.info, p["into"], p["rows"]
+    tb, no = ni.name, nd.obj(ni.name)
+    if not rows:
+        return
+    if into == "rows":
+        cols = cur.head["columns"]
+        ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
+        nconn.exec_driver_sql(ins, cur.exact(into, cols, rows))
+        rep.rows[tb] += len(rows)
+        cur.rows(rep.rows[tb])
+    elif into == "shadow":
+        scols = cur.head["shadow"]
+        ins = f"INSERT INTO {no.shadow} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
+        nconn.exec_driver_sql(ins, rows)
+        rep.identities[tb] += len(rows)
+    elif into == "fresh":
+        nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", rows)
+        rep.identities[tb] += len(rows)
+    elif into in ("parked", "marks"):
+        uniques.write_marks(nconn, nd, ni, into, p["columns"], cur.exact(into, p["columns"], rows))
+    elif into == "log":
+        lcols = cur.head["log"]
+        nd.append_log(
+            nconn,
+            tb,
+            [nd.key_col if c == "key" else c if c in _PLAIN else nd.quote(c) for c in lcols],
+            rows=cur.exact(into, lcols, rows),
+        )
+        rep.log_entries[tb] += len(rows)
+        cur.entries(rep.log_entries[tb])
+    elif into == "past":
+        store_batch(nconn, nsite, ni, peer, rows, applied=True)
+    elif into == "waiting":
+        q, cols = str(p["peer"]), p["columns"]
+        collist = ", ".join(nd.quote(c) for c in cols)
+        ins = nd.insert_ignore_into(nd.obj(tb, q).snapshot(), collist, f"VALUES ({nd.ph(len(cols))})")
+        nconn.exec_driver_sql(ins, cur.exact(into, cols, rows))
+    else:
+        raise MultimasterError(f"add-site {nsite.name}: the copy of '{peer}' sent rows for '{into}'; nothing was written")
+
+
+def _finish_table(
+    nconn: Connection,
+    nsite: Site,
+    name: str,
+    peer: str,
+    cur: _Into,
+    p: dict[str, Any],
+    sources: list[str],
+    other_pos: dict[str, dict[str, int]],
+    rep: AddSiteReport,
+    read_only: bool,
+) -> None:
+    """The end of one table's copy: its registration, where the new site starts pulling each
+    source, and its triggers."""
+    nd, ni, tb = nsite.dialect, cur.info, cur.info.name
+    store.tables.copy_in(nconn, nd, tb, tuple(p["registration"]))
+    for q in sources:
+        if q == peer:
+            wm = int(cur.head["position"])
+        elif q in p["watermarks"]:
+            wm = int(p["watermarks"][q])
+        else:
+            wm = other_pos[q][tb]
+        store.watermarks.write(nconn, nd, q, tb, wm)
+        store.purges.ensure_snapshot_horizon(nconn, nd, q, tb, wm)  # nothing pulled below it is held
+        rep.watermarks.setdefault(q, {})[tb] = wm
+    nd.install_capture(nconn, ni)
+    nd.guard_writes(nconn, ni, name, read_only)  # docs/topologies.md "Read-only sites"
+    evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
+    nd.after_apply(nconn, ni)
+
+
 def _copied(say: Progress, subject: str, table: str, unit: str, total: int | None) -> Callable[[int], None]:
-    """What _copy tells `say` of `n` `unit` of `table` copied so far (of `total`, when counted)."""
+    """What the copy tells `say` of `n` `unit` of `table` copied so far (of `total`, when counted)."""
     t0 = time.perf_counter()
     return lambda n: say(
         ProgressEvent("copy", subject, table=table, done=n, total=total, unit=unit, seconds=time.perf_counter() - t0)
     )
-
-
-def _copy_waiting(pconn: Connection, psite: Site, nconn: Connection, nsite: Site, info: TableInfo, q: str) -> None:
-    """PEER's snapshot rows of `q` not yet applied there: pulled by PEER (below its watermark),
-    not in the copy, so NAME takes them over."""
-    cols = (
-        ["pseq", "ver", "origin", "op", "rid", "key", "mask"]
-        + ["n_" + c for c in info.column_names]
-        + ["o_" + c for c in info.column_names]
-        + ["applied"]
-    )
-    sel = ", ".join(psite.dialect.quote(c) for c in cols)
-    rows = [
-        tuple(r) for r in pconn.exec_driver_sql(f"SELECT {sel} FROM {psite.dialect.obj(info.name, q).snap} WHERE applied <> 1")
-    ]
-    if rows:
-        nd = nsite.dialect
-        collist = ", ".join(nd.quote(c) for c in cols)
-        nconn.exec_driver_sql(
-            nd.insert_ignore_into(nd.obj(info.name, q).snapshot(), collist, f"VALUES ({nd.ph(len(cols))})"), rows
-        )
 
 
 # ---------------------------------------------------------------------------------------------

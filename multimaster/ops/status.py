@@ -15,7 +15,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError
+from multimaster.errors import ConfigError, MultimasterError, NotConnected
 from multimaster.ops.verifications import last
 
 __all__ = [
@@ -68,6 +68,10 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             try:
                 at = tgt.link_at_target(ln.source) if isinstance(tgt, AgentSite) else link_at_target(tgt, ln.source, t)
                 entry.update(at["row"])
+                if not at["connected"]:
+                    entry["error"] = str(NotConnected(ln.target, ln.source))
+                    out["links"].append(entry)
+                    continue
                 if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
                     entry["last_error"] = redact(str(entry["last_error"]))
                 if not site_data[ln.source].get("installed"):  # the link's own last error says why, above
@@ -141,11 +145,21 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
 
 
 def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
-    """A link's state at its target `tgt` (pulling from `source`): the link's row, per table the
-    watermark and the changes stored but not applied (count, oldest version), the oldest waiting
-    change per table (None: none)."""
+    """A link's state at its target `tgt` (pulling from `source`): whether it is connected there
+    (it holds its snapshot of `source`: not yet after add-site of `source` left it to be connected
+    on its host), the link's row, per table the watermark and the changes stored but not applied
+    (count, oldest version), the oldest waiting change per table (None: none)."""
     with tgt.read() as tconn:
+        if not set(t.tables) <= store.watermarks.tables_of(tconn, tgt.dialect, source):  # no snapshot of it yet
+            return {
+                "connected": False,
+                "row": store.links.row(tconn, tgt.dialect, source),
+                "watermarks": {},
+                "unapplied": {},
+                "parked": [],
+            }
         return {
+            "connected": True,
             "row": store.links.row(tconn, tgt.dialect, source),
             "watermarks": {tb: store.watermarks.read(tconn, tgt.dialect, source, tb) for tb in t.tables},
             "unapplied": {tb: store.links.unapplied(tconn, tgt.dialect, tb, source) for tb in t.tables},

@@ -8,7 +8,7 @@ from sqlalchemy.engine import Connection
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 
-__all__ = ["read", "find", "write", "ensure", "forget"]
+__all__ = ["read", "find", "tables_of", "write", "ensure", "forget"]
 
 
 def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
@@ -17,6 +17,13 @@ def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
     sql = f"SELECT seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {p} AND tbl = {p}"
     r = conn.exec_driver_sql(sql, (peer, table)).first()
     return None if r is None else int(r[0] or 0)
+
+
+def tables_of(conn: Connection, d: Dialect, peer: str) -> set[str]:
+    """The tables with a watermark row for `peer`: those whose link from `peer` is installed here
+    (its snapshot made, store/links.py ensure)."""
+    sql = f"SELECT tbl FROM {d.mm_table('_mm_watermarks')} WHERE peer = {d.caps.placeholder}"
+    return {str(r[0]) for r in conn.exec_driver_sql(sql, (peer,))}
 
 
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
