@@ -426,7 +426,42 @@ def server_unavailable(name: str, reason: str) -> None:
 CLI = str(Path(sys.executable).parent / "multimaster")
 
 
-def mm(*args: str) -> subprocess.CompletedProcess[str]:
-    """Run `multimaster ARGS` as a user does (a subprocess, a 250-column terminal width)."""
+def mm_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `multimaster ARGS` as a user does: a subprocess, a 250-column terminal width."""
     env = {**os.environ, "COLUMNS": "250"}
     return subprocess.run([CLI, *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+#: MM_TEST_CLI=process runs every :func:`mm` as a subprocess
+CLI_IN_PROCESS = os.environ.get("MM_TEST_CLI", "") != "process"
+
+
+def mm(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run `multimaster ARGS`: the CLI's own Typer application in this process (its argument
+    parsing, output and exit code as a user gets them), with a 250-column terminal width.
+
+    A subprocess costs each call ~0.8 s of CPU for the interpreter to import the package, and the
+    suite makes hundreds of such calls; the tests of the front door itself (tests/test_cli.py,
+    tests/test_passwords.py, tests/test_examples.py, ...) run the installed `multimaster` command
+    as a subprocess (:func:`mm_process`), and MM_TEST_CLI=process makes every call one. An
+    exception the command did not turn into an exit code is printed to its stderr with exit 1, as
+    the interpreter would."""
+    if not CLI_IN_PROCESS:
+        return mm_process(*args)
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from multimaster.cli import app
+    from multimaster.cli.common import console, err
+
+    widths = console._width, err._width  # Rich read COLUMNS when the CLI module was imported
+    console.width = err.width = 250
+    try:
+        r = CliRunner().invoke(app, list(args), env={"COLUMNS": "250"}, catch_exceptions=True)
+    finally:
+        console._width, err._width = widths
+    stderr = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(r.exception))
+    return subprocess.CompletedProcess([CLI, *args], r.exit_code, r.stdout, stderr)

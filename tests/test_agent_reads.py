@@ -207,6 +207,8 @@ def test_errors_and_conflicts_listed_through_an_agent(backend: Backend, tmp_path
     """The error queue and the conflict log of s2, read through its agent, are what they are read
     directly (values typed alike), with every filter; a wait counts what s2 holds through the
     agent; writes at s2 (errors retry and skip, conflicts --apply) stay on its host."""
+    if backend.name == "mysql":
+        pytest.skip("the listings cross the wire as PostgreSQL's typed values do; kept lean")
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES, site_settings={"s2": AGENTS["s2"]})
     _held_and_conflicts(cl)
     direct = cl.topo

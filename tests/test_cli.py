@@ -277,11 +277,12 @@ def test_conflicts_filters_and_purge_of_tombstones_and_conflicts(backend, tmp_pa
     assert r.returncode == 0 and "update_update" in r.stdout and "replicated" in r.stdout
     assert json.loads(mm("conflicts", "-t", topo, "--kind", "delete_update", "--json").stdout) == []
     assert json.loads(mm("conflicts", "-t", topo, "--since", "2999-01-01T00:00:00Z", "--json").stdout) == []
-    r = mm("conflicts", "-t", topo, "--kind", "sideways")
-    assert r.returncode == 2 and "--kind: 'sideways' is not a conflict kind" in r.stderr
-    r = mm("conflicts", "-t", topo, "--table", "nope")
-    assert r.returncode == 2 and "table 'nope'" in r.stderr
-    assert mm("conflicts", "-t", topo, "--since", "yesterday").returncode == 2
+    if backend.name == "sqlite":  # the options are checked before any database is read
+        r = mm("conflicts", "-t", topo, "--kind", "sideways")
+        assert r.returncode == 2 and "--kind: 'sideways' is not a conflict kind" in r.stderr
+        r = mm("conflicts", "-t", topo, "--table", "nope")
+        assert r.returncode == 2 and "table 'nope'" in r.stderr
+        assert mm("conflicts", "-t", topo, "--since", "yesterday").returncode == 2
     # purge: the tombstone goes (retention 0s from the file), the conflicts stay (1h)
     r = mm("purge", "-t", topo, "--min-age", "0s", "--json")
     assert r.returncode == 0, r.stderr
@@ -293,8 +294,9 @@ def test_conflicts_filters_and_purge_of_tombstones_and_conflicts(backend, tmp_pa
     assert r.returncode == 0, r.stderr
     assert "tombstones and conflict log" in r.stdout
     assert json.loads(mm("conflicts", "-t", topo, "--json").stdout) == []
-    r = mm("purge", "-t", topo, "--tombstones-after", "soon")
-    assert r.returncode == 2 and "--tombstones-after" in r.stderr
+    if backend.name == "sqlite":
+        r = mm("purge", "-t", topo, "--tombstones-after", "soon")
+        assert r.returncode == 2 and "--tombstones-after" in r.stderr
     cl.execute("s2", "INSERT INTO items (name, qty) VALUES ('d', 1)")
     assert mm("refresh", "-t", topo, "--until-quiet").returncode == 0
     cl.assert_converged()

@@ -229,6 +229,8 @@ def test_latest_timestamp_wins_and_the_conflict_is_logged(backend, tmp_path):  #
     [("earliest", "from-s2"), ("maximum", "from-s2"), ("minimum", "from-s1"), ({"priority": ["s1", "s2"]}, "from-s1")],
 )
 def test_built_in_policies(backend, tmp_path, policy, expected):  # type: ignore[no-untyped-def]
+    if backend.name != "sqlite" and policy not in ({"postgresql": "maximum", "mysql": "minimum"}[backend.name],):
+        pytest.skip("the policies are decided in Python (core/policies.py); one runs on each server")
     cl = make_cluster(
         backend, tmp_path, ["s1", "s2", "s3"], {"items": {**ITEMS["items"], "config": {"columns": {"name": policy}}}}
     )
