@@ -21,7 +21,7 @@ from multimaster.ops.agent import serve
 from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
-from multimaster.ops.install import InitReport, init, uninstall
+from multimaster.ops.install import InitReport, init, uninstall, uninstall_table
 from multimaster.ops.keys import current_key, key_history
 from multimaster.ops.reresolve import re_resolve_conflicts
 from multimaster.ops.status import conflicts, status
@@ -30,6 +30,7 @@ __all__ = [
     "catch_up",
     "init",
     "uninstall",
+    "uninstall_table",
     "refresh",
     "refresh_link",
     "reconcile",

@@ -14,6 +14,7 @@ from multimaster import api
 from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, redraw
 from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology
+from multimaster.ops.install import untracked_message
 
 
 @app.command()
@@ -40,6 +41,9 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
         for tb, copies in rep.copied.items():
             for site, n in copies.items():
                 console.print(f"  copied {n} base rows of {tb} to {site}")
+        for site, tables in rep.untracked.items():
+            for tb in tables:
+                err.print(f"warning: {untracked_message(tb, site)}", markup=False, highlight=False, soft_wrap=True)
 
     execute(go, traceback)
 
@@ -48,18 +52,45 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
 def uninstall(
     topology: Path = TOPOLOGY,
     site: Optional[str] = typer.Option(None, "--site", help="Only this site."),
+    table: Optional[str] = typer.Option(
+        None, "--table", help="Only this table's objects and bookkeeping (remove it from tables: first); online."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print what was dropped per site as JSON."),
     traceback: bool = TRACEBACK,
 ) -> None:
     """Remove every object multimaster created. User tables and rows are left as they are.
 
+    With --table T: stop replicating T only, while applications and refreshers keep running. T must
+    no longer be under tables: in the file (exit 2 otherwise). Drops T's triggers, change log,
+    snapshots, shadow and bookkeeping rows at every site (or --site); its rows stay, changes of T
+    not yet applied elsewhere are dropped. Running it again reports nothing left.
+
     Examples:
       multimaster uninstall -t topologies/three-sites.yaml
+      multimaster uninstall -t topologies/three-sites.yaml --table audit
     """
 
     def go() -> None:
-        out = api.uninstall(load_topology(topology), site)
-        for s, dropped in out.items():
-            console.print(f"[green]✓[/] {s}: dropped {len(dropped)} objects")
+        topo = load_topology(topology)
+        if table is None:
+            out = api.uninstall(topo, site)
+            if as_json:
+                return dump(out)
+            for s, dropped in out.items():
+                console.print(f"[green]✓[/] {s}: dropped {len(dropped)} objects")
+            return None
+        res = api.uninstall_table(topo, table, site)
+        if as_json:
+            return dump(res)
+        for s, r in res.items():
+            if not r["objects"] and not r["rows"]:
+                console.print(f"[green]✓[/] {s}: nothing of table {escape(table)} left")
+            else:
+                console.print(
+                    f"[green]✓[/] {s}: table {escape(table)}: dropped {len(r['objects'])} objects, "
+                    f"deleted {sum(r['rows'].values())} bookkeeping rows"
+                )
+        return None
 
     execute(go, traceback)
 
@@ -323,14 +354,22 @@ def status(
             st = api.status(cl, since=since_at)
             if as_json:
                 dump(st)
-                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []))
+                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []), _untracked_exit(st))
             if not watch:
                 for t in _status_tables(st):
                     console.print(t)
-                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []))
+                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []), _untracked_exit(st))
             redraw(lambda: _status_tables(api.status(cl, since=since_at)), interval)
 
     raise typer.Exit(execute(go, traceback) or 0)
+
+
+def _untracked_exit(st: dict[str, Any]) -> int:
+    """1 when a site still has a table installed that is no longer under tables: (its changes are
+    captured and nothing pulls them), each named on stderr with the command that stops it; else 0."""
+    for m in st.get("untracked") or []:
+        err.print(m, markup=False, highlight=False, soft_wrap=True)
+    return 1 if st.get("untracked") else 0
 
 
 def _held_exit(st: dict[str, Any], as_json: bool) -> int:

@@ -29,7 +29,7 @@ from multimaster.core.progress import Blocker
 from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
-__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index", "read_only_message"]
+__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index", "read_only_message", "table_relations"]
 
 
 @dataclass(frozen=True)
@@ -335,6 +335,22 @@ class Dialect:
         """Drop every object multimaster created; returns what was dropped ("kind name")."""
         raise NotImplementedError
 
+    def uninstall_table(self, conn: Connection, table: str, peers: Sequence[str]) -> list[str]:
+        """Drop the replication objects of `table` only (docs/schema-changes.md "Stop replicating a
+        table"): every trigger multimaster put on it (capture, key guard, catch-up, read-only guards,
+        rank), the change log with the triggers on it, the second-order log, shadow and tombstones,
+        the snapshot of each of `peers`, the key counter and its functions. The user's table and
+        rows stay, and so does everything of the other tables; the bookkeeping rows of `table` are
+        forget_table's and the store's. Capture goes first: no write of `table` meets a trigger
+        whose change log is gone. Drops only what exists: where DDL is not transactional, a re-run
+        after a failure in the middle finishes the job. Returns what was dropped ("kind name")."""
+        raise NotImplementedError
+
+    def forget_table(self, conn: Connection, table: str) -> dict[str, int]:
+        """Delete the rows of this dialect's own site objects keyed by `table` (after
+        uninstall_table); returns the rows deleted per object. Default: none kept."""
+        return {}
+
     def table_kind(self, conn: Connection, name: str) -> str | None:
         """What the object `name` (unqualified, in the bookkeeping schema) is: "view", "table" (any
         other relation) or None when there is none."""
@@ -613,6 +629,13 @@ class Dialect:
         change logs, second-order logs and purge horizon) and nothing else; comments (``--``) where
         the database has no logins."""
         raise NotImplementedError
+
+
+def table_relations(table: str, peers: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The views and the tables multimaster makes for replicated `table` (names as created): the
+    second-order log and tombstones; the change log, shadow and the snapshot of each of `peers`."""
+    n = names(table)
+    return [n.log2, n.tombstones], [n.log, n.shadow, *(names(table, p).snapshot() for p in peers)]
 
 
 def read_only_message(site: str, table: str) -> str:

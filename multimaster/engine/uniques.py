@@ -42,6 +42,7 @@ from multimaster.errors import NotInstalled
 __all__ = [
     "Pending",
     "install",
+    "uninstall",
     "read_marks",
     "write_marks",
     "table_name",
@@ -100,6 +101,18 @@ def install(conn: Connection, d: Dialect, info: TableInfo) -> None:
     for c in marks:
         if "i_" + c.name not in have:
             conn.exec_driver_sql(f"ALTER TABLE {t} ADD COLUMN {q('i_' + c.name)} {c.type_sql}")
+
+
+def uninstall(conn: Connection, d: Dialect, table: str) -> list[str]:
+    """Drop ``_mm_unique_<t>`` and ``_mm_parked_<t>`` of `table` where they exist (multimaster
+    uninstall --table); returns what was dropped ("table name")."""
+    dropped = []
+    for name, sql in ((f"_mm_unique_{table}", table_name(d, table)), (f"_mm_parked_{table}", parked_table(d, table))):
+        if d.table_kind(conn, name) is not None:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {sql}")
+            dropped.append(f"table {name}")
+    _installed.difference_update({seen for seen in _installed if seen[1] == table})
+    return dropped
 
 
 def read_marks(src: Connection, sd: Dialect, info: TableInfo) -> list[tuple[str, list[str], list[tuple[Any, ...]]]]:

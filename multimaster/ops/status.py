@@ -16,6 +16,7 @@ from multimaster.engine.refresh import clock_warning
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, NotConnected
+from multimaster.ops.install import untracked, untracked_message
 from multimaster.ops.verifications import last
 
 __all__ = [
@@ -37,7 +38,9 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
     change not yet applied, the origins whose versions its last refresh received ahead of the
     target's clock past refresh.clock_warn (`clock_ahead`, also as messages in `clock_warnings`).
     Per site: conflicts (and `conflicts_since` the UTC time `since`,
-    'YYYY-MM-DDTHH:MM:SS'), log sizes, clock. Unreachable sites are reported, not raised."""
+    'YYYY-MM-DDTHH:MM:SS'), log sizes, clock, the tables installed there but no longer under
+    tables: (`untracked`; each also as a message in `untracked`, with the command that stops
+    them). Unreachable sites are reported, not raised."""
     cl, own = as_cluster(topo)
     t = cl.topo
     out: dict[str, Any] = {"sites": {}, "links": []}
@@ -118,6 +121,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             for tb, w in d.get("schema_behind", {}).items()
             for c in w["columns"]
         ]
+        out["untracked"] = [untracked_message(tb, n) for n, d in site_data.items() for tb in d.get("untracked", [])]
         out["verification"] = (
             last(cl) if site_data[t.verify_site].get("reachable") and not isinstance(cl.site(t.verify_site), AgentSite) else None
         )  # last recorded verify run
@@ -133,7 +137,8 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
     d: dict[str, Any] = {}
     with s.read() as conn:
         tables = s.installed_tables(conn)
-        d["installed"] = sorted(tables) == sorted(t.tables)
+        d["installed"] = set(t.tables) <= set(tables)
+        d["untracked"] = untracked(tables, t)  # installed, no longer under tables: (uninstall --table)
         if tables:
             d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
             d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)

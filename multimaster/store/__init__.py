@@ -62,6 +62,7 @@ __all__ = [
     "verifications",
     "watermarks",
     "install",
+    "forget_table",
 ]
 
 
@@ -78,3 +79,16 @@ def install(conn: Connection, d: Dialect) -> None:
     schemas.install(conn, d)
     retired.install(conn, d)
     skew.install(conn, d)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every bookkeeping row of `table` (`multimaster uninstall --table`, after its objects
+    were dropped): watermarks, origins, purge horizons and pullers, observations, key moves, schema
+    versions, the error queue's and the conflict log's entries of it, and last its registration in
+    ``_mm_tables`` (what makes it an installed table: a site where a run stopped half-way still
+    names it). Links (per peer), recorded verify runs and clock skew are not per table. Returns the
+    rows deleted per bookkeeping table."""
+    out: dict[str, int] = {}
+    for mod in (watermarks, origins, purges, fences, keymoves, schemas, errorqueue, conflicts, tables):
+        out.update(mod.forget_table(conn, d, table))
+    return out

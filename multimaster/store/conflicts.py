@@ -14,8 +14,9 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.planner import ConflictRecord
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
-__all__ = ["install", "record", "count", "count_since", "rows", "expired", "delete"]
+__all__ = ["install", "record", "count", "count_since", "rows", "expired", "delete", "forget_table"]
 
 _COLS = (
     "tbl",
@@ -168,3 +169,8 @@ def delete(conn: Connection, d: Dialect, ids: Sequence[int]) -> int:
     if ids:
         conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_conflicts')} WHERE id = {d.caps.placeholder}", [(i,) for i in ids])
     return len(ids)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_conflicts`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_conflicts", table=table)

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
 __all__ = [
     "Held",
@@ -44,6 +45,7 @@ __all__ = [
     "schema_waits",
     "ready",
     "ready_failed",
+    "forget_table",
 ]
 
 #: the state of a row a ``park`` UNIQUE set holds out of its table (docs/unique.md): not a change
@@ -318,3 +320,8 @@ def ready_failed(conn: Connection, d: Dialect, table: str, at: str) -> int:
         f"UPDATE {_t(d)} SET error = NULL, last_at = {p} WHERE tbl = {p} AND state = 'failed' AND op <> '?'", (at, table)
     )
     return int(n)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_errors`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_errors", table=table)

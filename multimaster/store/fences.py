@@ -12,9 +12,9 @@ from sqlalchemy.engine import Connection
 from multimaster.core.retention import Observation
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
-from multimaster.store import origins
+from multimaster.store import _rows, origins
 
-__all__ = ["install", "observe", "read", "write", "forget", "forget_except"]
+__all__ = ["install", "observe", "read", "write", "forget", "forget_except", "forget_table"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -66,3 +66,8 @@ def forget_except(conn: Connection, d: Dialect, sites: list[str]) -> int:
     for p in gone:
         forget(conn, d, p)
     return len(gone)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_fences`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_fences", table=table)

@@ -11,8 +11,9 @@ from typing import Any, Sequence
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
-__all__ = ["install", "record", "history", "moves_from", "delete_before"]
+__all__ = ["install", "record", "history", "moves_from", "delete_before", "forget_table"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -78,3 +79,8 @@ def delete_before(conn: Connection, d: Dialect, table: str, before: str) -> int:
         f"DELETE FROM {d.mm_table('_mm_keymoves')} WHERE tbl = {p} AND moved_at < {p}", (table, before)
     ).rowcount
     return int(n or 0)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_keymoves`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_keymoves", table=table)

@@ -7,8 +7,9 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
-__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in"]
+__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in", "forget_table"]
 
 
 def install(conn: Connection, d: Dialect) -> None:
@@ -63,3 +64,8 @@ def copy_in(conn: Connection, d: Dialect, table: str, rows: list[tuple[str, str]
         conn.exec_driver_sql(
             f"INSERT INTO {d.mm_table('_mm_origins')} (tbl, origin, max_ver) VALUES ({d.ph(3)})", [(table, o, v) for o, v in rows]
         )
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_origins`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_origins", table=table)

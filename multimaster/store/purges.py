@@ -11,6 +11,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
 __all__ = [
     "install",
@@ -23,6 +24,7 @@ __all__ = [
     "ensure_snapshot_horizon",
     "raise_snapshot_horizon",
     "forget_snapshot_horizons",
+    "forget_table",
 ]
 
 _SNAP = "_mm_snap_horizons"
@@ -158,3 +160,8 @@ def forget_snapshot_horizons(conn: Connection, d: Dialect, peer: str) -> None:
     """This site no longer keeps a snapshot of `peer`."""
     if _has_snapshot_horizons(conn, d):
         conn.exec_driver_sql(f"DELETE FROM {d.mm_table(_SNAP)} WHERE peer = {d.caps.placeholder}", (peer,))
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_purges``, ``_mm_pullers``, ``_mm_snap_horizons`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_purges", "_mm_pullers", "_mm_snap_horizons", table=table)

@@ -17,8 +17,9 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.schemas import Col
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
-__all__ = ["install", "exists", "record", "set_sig", "current", "versions", "layouts", "dropped", "to_json"]
+__all__ = ["install", "exists", "record", "set_sig", "current", "versions", "layouts", "dropped", "to_json", "forget_table"]
 
 
 def _t(d: Dialect) -> str:
@@ -100,3 +101,8 @@ def column_types(conn: Connection, d: Dialect, table: str) -> dict[str, Any]:
         for c in cols:
             out[c.name] = c.type_sql
     return out
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_schemas`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_schemas", table=table)

@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from multimaster.core.versions import BASE_VER
 from multimaster.dialects.base import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.store import conflicts
+from multimaster.store import _rows, conflicts
 
 __all__ = [
     "installed",
@@ -24,6 +24,7 @@ __all__ = [
     "registration",
     "copy_in",
     "site_status",
+    "forget_table",
 ]
 
 _REG = ("key_col", "renumber", "columns", "base_max")
@@ -121,3 +122,8 @@ def site_status(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str
 
 def _count(conn: Connection, table: str, where: str | None = None) -> int:
     return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else "")).scalar() or 0)
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_tables`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_tables", table=table)

@@ -7,8 +7,9 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
+from multimaster.store import _rows
 
-__all__ = ["read", "find", "tables_of", "write", "ensure", "forget"]
+__all__ = ["read", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
 
 
 def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
@@ -24,6 +25,14 @@ def tables_of(conn: Connection, d: Dialect, peer: str) -> set[str]:
     (its snapshot made, store/links.py ensure)."""
     sql = f"SELECT tbl FROM {d.mm_table('_mm_watermarks')} WHERE peer = {d.caps.placeholder}"
     return {str(r[0]) for r in conn.exec_driver_sql(sql, (peer,))}
+
+
+def peers_of(conn: Connection, d: Dialect, table: str) -> set[str]:
+    """The peers this site keeps a watermark of `table` for: those it has a snapshot of."""
+    if d.table_kind(conn, "_mm_watermarks") is None:
+        return set()
+    sql = f"SELECT peer FROM {d.mm_table('_mm_watermarks')} WHERE tbl = {d.caps.placeholder}"
+    return {str(r[0]) for r in conn.exec_driver_sql(sql, (table,))}
 
 
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
@@ -48,3 +57,8 @@ def ensure(conn: Connection, d: Dialect, peer: str, table: str) -> None:
 def forget(conn: Connection, d: Dialect, peer: str) -> None:
     """Drop every watermark of `peer` (it no longer is a peer of this site)."""
     conn.exec_driver_sql(f"DELETE FROM {d.mm_table('_mm_watermarks')} WHERE peer = {d.caps.placeholder}", (peer,))
+
+
+def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
+    """Delete every row of `table` from ``_mm_watermarks`` (multimaster uninstall --table); the rows deleted."""
+    return _rows.forget(conn, d, "_mm_watermarks", table=table)

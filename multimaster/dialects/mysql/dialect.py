@@ -25,7 +25,14 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, read_only_message, shadow_key_index
+from multimaster.dialects.base import (
+    Capabilities,
+    Dialect,
+    capture_fragments,
+    read_only_message,
+    shadow_key_index,
+    table_relations,
+)
 from multimaster.dialects.schema import TableInfo, names
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
@@ -557,6 +564,48 @@ class MySQLDialect(Dialect):
             conn.exec_driver_sql(f"DROP {kind} IF EXISTS {self.quote(name)}")
             dropped.append(f"{str(kind).lower()} {name}")
         return dropped
+
+    def uninstall_table(self, conn: Connection, table: str, peers: Sequence[str]) -> list[str]:
+        """Each DROP commits by itself (MariaDB's DDL is not transactional), so the order is what
+        keeps it safe: first the triggers named ``_mm_*`` on the table (capture, key guard, rank,
+        read-only guards: from then on no write of it is captured, and a DROP TRIGGER waits only
+        for the transactions using the table), then the reference capture on its change log, its
+        views, tables and key counter. Every step drops what is there: a re-run finishes the job."""
+        q = self.quote
+        n = names(table)
+        dropped: list[str] = []
+        for (name,) in conn.exec_driver_sql(
+            "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE IN (%s, %s) "
+            "AND TRIGGER_NAME LIKE %s ORDER BY EVENT_OBJECT_TABLE = %s, 1",
+            (table, n.log, "\\_mm\\_%", n.log),
+        ).all():
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {q(name)}")
+            dropped.append(f"trigger {name}")
+        views, tables = table_relations(table, peers)
+        kinds = {
+            str(name): str(typ)
+            for name, typ in conn.exec_driver_sql(
+                "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+                f"AND TABLE_NAME IN ({self.ph(len(views) + len(tables) + 1)})",
+                (*views, *tables, n.keyseq),
+            ).all()
+        }
+        for kind, sql, objs in (("view", "VIEW", views), ("table", "TABLE", tables), ("sequence", "SEQUENCE", [n.keyseq])):
+            for name in objs:
+                if name in kinds:
+                    conn.exec_driver_sql(f"DROP {sql} IF EXISTS {q(name)}")
+                    dropped.append(f"{kind} {name}")
+        return dropped
+
+    def forget_table(self, conn: Connection, table: str) -> dict[str, int]:
+        """The table's reconcilers' lock row (_mm_clock), its writers' gate and slots (site.sql)."""
+        out = {}
+        for obj in ("_mm_slots", "_mm_gates", "_mm_clock"):
+            if self.table_kind(conn, obj) is not None:
+                n = conn.exec_driver_sql(f"DELETE FROM {obj} WHERE tbl = %s", (table,)).rowcount
+                if n:
+                    out[obj] = int(n)
+        return out
 
     # ---- apply -----------------------------------------------------------------------------
     def set_applying(self, conn: Connection, on: bool) -> None:

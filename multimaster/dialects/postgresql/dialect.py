@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index
+from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index, table_relations
 from multimaster.dialects.schema import TableInfo, names
 
 SCHEMA = "_mm"
@@ -390,6 +390,57 @@ class PostgreSQLDialect(Dialect):
         # the triggers on user tables depend on functions in _mm: CASCADE drops them with the schema
         conn.exec_driver_sql(f"DROP SCHEMA {SCHEMA} CASCADE")
         dropped.append(f"schema {SCHEMA}")
+        return dropped
+
+    def uninstall_table(self, conn: Connection, table: str, peers: Sequence[str]) -> list[str]:
+        """In the caller's transaction (all or nothing). The table is locked first as install
+        locks it (SHARE ROW EXCLUSIVE, what DROP TRIGGER takes anyway): its writers wait for this
+        transaction instead of deadlocking with it (a writer holds the table, then its change log);
+        writers of other tables are not touched. Then the triggers on it whose function is in
+        _mm, the reference capture on its change log, its views, tables and key counter, and its
+        own functions (capture, rank, references)."""
+        if conn.exec_driver_sql(f"SELECT to_regnamespace('{SCHEMA}')").scalar() is None:
+            return []
+        q = self.quote
+        n = names(table)
+        dropped: list[str] = []
+        if conn.exec_driver_sql("SELECT to_regclass(%s)", (q(table),)).scalar() is not None:
+            conn.exec_driver_sql(f"LOCK TABLE {q(table)} IN SHARE ROW EXCLUSIVE MODE")
+            for (tg,) in conn.exec_driver_sql(
+                "SELECT t.tgname FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid JOIN pg_namespace s ON s.oid = p.pronamespace "
+                "WHERE t.tgrelid = %s::regclass AND s.nspname = %s AND NOT t.tgisinternal ORDER BY 1",
+                (q(table), SCHEMA),
+            ).all():
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {q(tg)} ON {q(table)}")
+                dropped.append(f"trigger {tg}")
+        views, tables = table_relations(table, peers)
+        kinds: dict[str, str] = dict(
+            conn.exec_driver_sql(
+                "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace s ON s.oid = c.relnamespace "
+                "WHERE s.nspname = %s AND c.relname = ANY (%s)",
+                (SCHEMA, [*views, *tables, n.keyseq]),
+            ).all()
+        )
+        if n.log in kinds:  # the reference capture (install_reference_capture)
+            for (tg,) in conn.exec_driver_sql(
+                "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal ORDER BY 1",
+                (self.obj(table).log,),
+            ).all():
+                conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {q(tg)} ON {self.obj(table).log}")
+                dropped.append(f"trigger {tg}")
+        for kind, sql, objs in (("view", "VIEW", views), ("table", "TABLE", tables), ("sequence", "SEQUENCE", [n.keyseq])):
+            for name in objs:
+                if name in kinds:
+                    conn.exec_driver_sql(f"DROP {sql} IF EXISTS {SCHEMA}.{q(name)}")
+                    dropped.append(f"{kind} {name}")
+        own = [n.cap_i, n.cap_u, n.cap_d, "_mm_rank_" + table, "_mm_refs_" + table]
+        for (fn,) in conn.exec_driver_sql(
+            "SELECT p.proname FROM pg_proc p JOIN pg_namespace s ON s.oid = p.pronamespace "
+            "WHERE s.nspname = %s AND p.proname = ANY (%s) ORDER BY 1",
+            (SCHEMA, own),
+        ).all():
+            conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {SCHEMA}.{q(fn)}()")
+            dropped.append(f"function {fn}")
         return dropped
 
     # ---- apply -----------------------------------------------------------------------------

@@ -7,7 +7,14 @@ from typing import Any, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, read_only_message, shadow_key_index
+from multimaster.dialects.base import (
+    Capabilities,
+    Dialect,
+    capture_fragments,
+    read_only_message,
+    shadow_key_index,
+    table_relations,
+)
 from multimaster.dialects.schema import TableInfo, names
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
@@ -323,6 +330,29 @@ class SQLiteDialect(Dialect):
             dropped.append(f"{typ} {name}")
         if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name='sqlite_sequence'").first():
             conn.exec_driver_sql("DELETE FROM sqlite_sequence WHERE name LIKE '\\_mm\\_%' ESCAPE '\\'")
+        return dropped
+
+    def uninstall_table(self, conn: Connection, table: str, peers: Sequence[str]) -> list[str]:
+        """In the caller's transaction (BEGIN IMMEDIATE: writers wait for it): the triggers named
+        ``_mm_*`` on the table and on its change log (reference capture), then its views and tables
+        (their indexes go with them)."""
+        views, tables = table_relations(table, peers)
+        dropped: list[str] = []
+        for (name,) in conn.exec_driver_sql(
+            "SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name IN (?, ?) "
+            "AND name LIKE '\\_mm\\_%' ESCAPE '\\' ORDER BY tbl_name = ?, name",
+            (table, names(table).log, names(table).log),
+        ).all():
+            conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {self.quote(name)}")
+            dropped.append(f"trigger {name}")
+        for kind, objs in (("view", views), ("table", tables)):
+            for name in objs:
+                if conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE type = ? AND name = ?", (kind, name)).first():
+                    conn.exec_driver_sql(f"DROP {kind.upper()} IF EXISTS {self.quote(name)}")
+                    dropped.append(f"{kind} {name}")
+        gone = [d.split(" ", 1)[1] for d in dropped if d.startswith("table ")]
+        if gone and conn.exec_driver_sql("SELECT 1 FROM sqlite_master WHERE name = 'sqlite_sequence'").first():
+            conn.exec_driver_sql(f"DELETE FROM sqlite_sequence WHERE name IN ({self.ph(len(gone))})", tuple(gone))
         return dropped
 
     def unique_sets(self, conn: Connection, table: str) -> list[tuple[str, list[str] | None, str | None]]:
