@@ -52,13 +52,25 @@ class Writers:
             i = 0
             while not self.stop.is_set() or i < 5:
                 i += 1
-                self.cl.execute(site, "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"{site}-{i}", i))
+                self._once(site, "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"{site}-{i}", i))
                 self.inserts[site] += 1
-                self.cl.execute(site, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
+                self._once(site, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
                 self.increments[site] += 1
                 time.sleep(0.002)
         except BaseException as e:  # noqa: BLE001 - reported by the test
             self.errors.append(e)
+
+    def _once(self, site: str, sql: str, params: tuple[Any, ...] = ()) -> None:
+        """One statement in its own transaction, again when MariaDB chose it as a deadlock victim
+        (it rolled back; an application retries it, as it must on MariaDB)."""
+        for attempt in range(20):
+            try:
+                self.cl.execute(site, sql, params)
+                return
+            except Exception as e:  # noqa: BLE001 - only a deadlock victim is retried
+                if attempt == 19 or "deadlock" not in str(e).lower():
+                    raise
+                time.sleep(0.01)
 
     def __enter__(self) -> "Writers":
         for t in self.threads:
