@@ -113,6 +113,28 @@ class AgentSite(Site):
             )
         return self._client
 
+    def _stream(self, path: str, body: Any, fix: str, again: str) -> Iterator[dict[str, Any]]:
+        """POST `body` to `path` and yield each JSON line of the streamed answer as it arrives (a
+        pull's or a copy's: head, rows, end). A refusal, an error line (`fix`: what to do) or a
+        transport failure (`again`: the command to run again) raises AgentError naming the agent;
+        the caller checks the end line."""
+        try:
+            with self._http().stream("POST", path, content=wire.dumps(body), headers={"Content-Type": "application/json"}) as r:
+                if r.status_code != 200:
+                    r.read()
+                    self._check(r)
+                for line in r.iter_lines():
+                    if not line:
+                        continue
+                    msg = wire.loads(line)
+                    if msg.get("kind") == "error":
+                        raise self._fail(str(msg.get("error")), fix)
+                    yield msg
+        except AgentError:
+            raise
+        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
+            raise self._transport_error(e, again) from None
+
     def _fail(self, reason: str, fix: str | None = None) -> AgentError:
         return AgentError(self.name, hidden_url(self.url), redact(reason), fix)
 
@@ -202,32 +224,16 @@ class AgentSite(Site):
         rows: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in infos}
         head: dict[str, Any] | None = None
         ended = False
-        try:
-            with self._http().stream(
-                "POST", "/pull", content=wire.dumps(body), headers={"Content-Type": "application/json"}
-            ) as r:
-                if r.status_code != 200:
-                    r.read()
-                    self._check(r)
-                for line in r.iter_lines():
-                    if not line:
-                        continue
-                    msg = wire.loads(line)
-                    kind = msg.get("kind")
-                    if kind == "head":
-                        head = msg
-                    elif kind == "rows":
-                        rows[msg["table"]].extend(wire.row_in(x) for x in msg["rows"])
-                    elif kind == "error":
-                        raise self._fail(str(msg.get("error")), "")
-                    elif kind == "end":
-                        ended = True
-                        if msg.get("count") != sum(len(v) for v in rows.values()):
-                            raise self._fail("the agent's answer lost rows on the way; nothing of it was applied", "")
-        except AgentError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
-            raise self._transport_error(e) from None
+        for msg in self._stream("/pull", body, "", _AGAIN_REFRESH):
+            kind = msg.get("kind")
+            if kind == "head":
+                head = msg
+            elif kind == "rows":
+                rows[msg["table"]].extend(wire.row_in(x) for x in msg["rows"])
+            elif kind == "end":
+                ended = True
+                if msg.get("count") != sum(len(v) for v in rows.values()):
+                    raise self._fail("the agent's answer lost rows on the way; nothing of it was applied", "")
         if head is None or not ended:
             raise self._fail(
                 "the agent broke off its answer before its end; nothing of it was applied",
@@ -349,32 +355,15 @@ class AgentSite(Site):
         rolls back."""
         body = {"target": target, "tables": tables, "relayed": relayed, "txn": txn, "batch_size": batch_size}
         count, ended = 0, False
-        try:
-            with self._http().stream(
-                "POST", "/copy", content=wire.dumps(body), headers={"Content-Type": "application/json"}
-            ) as r:
-                if r.status_code != 200:
-                    r.read()
-                    self._check(r)
-                for line in r.iter_lines():
-                    if not line:
-                        continue
-                    msg = wire.loads(line)
-                    kind = msg.get("kind")
-                    if kind == "error":
-                        raise self._fail(str(msg.get("error")), _AGAIN_COPY)
-                    if kind == "end":
-                        if msg.get("count") != count:
-                            raise self._fail("the agent's answer lost rows on the way; nothing of it was written", _AGAIN_COPY)
-                        ended = True
-                        break
-                    piece = wire.piece_in(msg)
-                    if kind == "rows":
-                        count += len(piece["rows"])
-                    yield piece
-        except AgentError:
-            raise
-        except Exception as e:  # noqa: BLE001 - every transport failure names the agent
-            raise self._transport_error(e, _AGAIN_COPY) from None
+        for msg in self._stream("/copy", body, _AGAIN_COPY, _AGAIN_COPY):
+            if msg.get("kind") == "end":
+                if msg.get("count") != count:
+                    raise self._fail("the agent's answer lost rows on the way; nothing of it was written", _AGAIN_COPY)
+                ended = True
+                break
+            piece = wire.piece_in(msg)
+            if msg.get("kind") == "rows":
+                count += len(piece["rows"])
+            yield piece
         if not ended:
             raise self._fail("the agent broke off its answer before its end; nothing of it was written", _AGAIN_COPY)
