@@ -22,7 +22,7 @@ import pytest
 import yaml
 from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
 from test_add_site import STOCK, Writers
-from test_agent import running_agent
+from test_agent import TOKEN, TYPED, running_agent
 
 from multimaster import api
 from multimaster.config.topology import load_topology
@@ -31,23 +31,8 @@ from multimaster.ops import agent as agent_mod
 from multimaster.ops.instantiate import add_site, connect_site
 
 ROOT = Path(__file__).resolve().parent.parent
-TOKEN = "agent-token-0123456789abcdef"
+
 TOKENS = {"s1": {"token": "${MM_AGENT_TOKEN}"}, "s2": {"token": "${MM_AGENT_TOKEN}"}}
-TYPED = {
-    "items": {
-        "key": "id",
-        "columns": {
-            "name": "text",
-            "big": "bigint",
-            "price": "real",
-            "amount": "decimal",
-            "flag": "bool",
-            "data": "blob",
-            "day": "date",
-            "at": "timestamp",
-        },
-    }
-}
 
 
 @pytest.fixture(autouse=True)
