@@ -342,3 +342,29 @@ def test_add_site_cuts_the_log_exactly_while_a_writer_is_open(backend, tmp_path)
     big.assert_converged()
     for s in ("s1", "s2", "s3"):
         assert _names(big, s) == {"counter": 1, "widgets": 20, "from-B": 5, "from-A": 7}, s
+
+
+def test_writers_that_draw_in_one_millisecond_do_not_wait_for_each_other(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB's clock follows the wall clock by an explicit value that moves _mm_tick's counter.
+    Two open transactions whose draws fall in one millisecond must not meet on that value: A
+    captures, B captures, A captures again while B is still open, many times over; A's second
+    capture never waits for B (it gives up after 2 s of waiting and the test fails)."""
+    if backend.name != "mysql":
+        pytest.skip("the clock table is MariaDB's")
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("SET SESSION innodb_lock_wait_timeout = 2")
+        for i in range(150):
+            a.run("INSERT INTO stock (name, qty) VALUES (?, 1)", (f"a{i}",))
+            b.run("INSERT INTO stock (name, qty) VALUES (?, 1)", (f"b{i}",))
+            a.run("INSERT INTO stock (name, qty) VALUES (?, 2)", (f"A{i}",))
+            a.conn.commit()
+            b.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {**{f"{w}{i}": 1 for w in "ab" for i in range(150)}, **{f"A{i}": 2 for i in range(150)}}

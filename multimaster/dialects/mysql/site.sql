@@ -95,29 +95,37 @@ ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site inst
 -- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its
 -- version (LPAD(p, 19, '0'):site): writers never wait for each other (InnoDB hands AUTO_INCREMENT
 -- values of simple inserts out under a mutex, in increasing order; no row of the table is ever
--- read by a writer). It follows the wall clock (ms * 65536): a draw that may find the counter
--- behind it inserts the wall clock as an explicit value first, which moves the counter (_mm_draw);
+-- read by a writer). It follows the wall clock (ms * 65536): a draw that finds the counter behind
+-- it inserts an explicit value of the current millisecond, which moves the counter (_mm_draw);
 -- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
 -- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
 CREATE TABLE IF NOT EXISTS _mm_tick (
   t BIGINT AUTO_INCREMENT PRIMARY KEY
 ) ENGINE=InnoDB;
 --
--- One draw: the next value of the clock, past the wall clock. Unless this session's last draw
--- (@mm_last) is past the wall clock already (then so is the counter), the wall clock goes in first
--- as an explicit value, which moves the counter (IGNOREd if the value is taken). Called by the
--- capture triggers inside the UPDATE that locks their slot (capture.sql), so the slot is locked
--- first.
+-- One draw: the next value of the clock, past the wall clock. The counter is drawn first; only when
+-- the value is behind the wall clock (w, in units of 1/65536 ms) does an explicit value move the
+-- counter into w's millisecond, and the draw is repeated (the first value is never a position).
+-- The explicit value is w + 32768 + a hash of the connection id, not w itself: an INSERT IGNORE
+-- that meets a value inserted by a transaction still open waits for that transaction to end, so
+-- two writers whose draws fell in one millisecond, both inserting w, made the second wait for the
+-- first's COMMIT (tests/test_server_many_writers.py). Distinct connections insert distinct values;
+-- and a value already passed by the counter is IGNOREd without a wait unless a transaction still
+-- open drew exactly it in the microseconds between the two inserts (docs/mysql.md, Limits).
+-- Called by the capture triggers inside the UPDATE that locks their slot (capture.sql), so the
+-- slot is locked first.
 -- LAST_INSERT_ID() is restored when the function returns: an application's own insert id is kept.
 CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
   DECLARE p BIGINT;
   DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
-  IF coalesce(@mm_last, 0) < w THEN
-    INSERT IGNORE INTO _mm_tick (t) VALUES (w);
-  END IF;
   INSERT INTO _mm_tick (t) VALUES (NULL);
-  SET p = LAST_INSERT_ID(), @mm_last = p;
+  SET p = LAST_INSERT_ID();
+  IF p < w THEN
+    INSERT IGNORE INTO _mm_tick (t) VALUES (w + 32768 + MOD(CONNECTION_ID() * 40503, 32768));
+    INSERT INTO _mm_tick (t) VALUES (NULL);
+    SET p = LAST_INSERT_ID();
+  END IF;
   RETURN p;
 END
 --
