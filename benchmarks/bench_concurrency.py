@@ -22,7 +22,8 @@ threads instead), MariaDB load from PyMySQL threads, one connection each. A tran
 with a deadlock / serialization failure / lock timeout is rolled back and counted in `retries`.
 
 Replication (`--no-replication` skips it): a fresh 2-site cluster; 16 clients run the `mixed`
-workload at r1 for `--seconds` x 3 while one refresher thread loops `api.refresh_link(r2 <- r1)`;
+workload (`--replication-workload`; `order`: an INSERT, the think time, then an UPDATE in the same
+transaction, so transactions overlap) at r1 for `--seconds` x 3 while one refresher thread loops `api.refresh_link(r2 <- r1)`;
 reported: changes/s written at r1, changes/s applied at r2, and commit -> visible-at-r2 latency
 p50 / p95 of the inserted rows (visible = seen by a SELECT at r2 right after a refresh); then the
 cluster is refreshed until quiet and both sites' rows are compared (`converged`).
@@ -224,7 +225,7 @@ def _threads(
                 now = time.perf_counter()
                 if now >= window["end"] or (stop is not None and stop.is_set()):
                     break
-                is_ins = workload == "insert" or (workload == "mixed" and rnd.random() < 0.5)
+                is_ins = workload in ("insert", "order") or (workload == "mixed" and rnd.random() < 0.5)
                 name = f"w{w}-{i}"
                 try:
                     if is_ins:
@@ -233,6 +234,8 @@ def _threads(
                         cur.execute(upd, (rnd.randint(1, N_BASE),))
                     if think:
                         time.sleep(think)
+                    if workload == "order":  # a second write after the think time: transactions overlap
+                        cur.execute(upd, (rnd.randint(1, N_BASE),))
                     c.commit()
                 except Exception as e:
                     c.rollback()
@@ -338,7 +341,9 @@ def compare(
 # replication under load
 
 
-def replication(b, tmp: Path, seconds: float, clients: int = 16, think_ms: float = 2.0) -> dict[str, Any]:  # type: ignore[no-untyped-def]
+def replication(
+    b, tmp: Path, seconds: float, clients: int = 16, think_ms: float = 2.0, workload: str = "mixed"
+) -> dict[str, Any]:  # type: ignore[no-untyped-def]
     urls, topo = mm_cluster(b, tmp, ("r1", "r2"))
     committed: dict[str, float] = {}
     seen: dict[str, float] = {}
@@ -379,7 +384,7 @@ def replication(b, tmp: Path, seconds: float, clients: int = 16, think_ms: float
     load = _threads(
         b,
         urls["r1"],
-        "mixed",
+        workload,
         clients,
         seconds,
         think_ms,
@@ -410,6 +415,7 @@ def replication(b, tmp: Path, seconds: float, clients: int = 16, think_ms: float
         c.close()
     return {
         "clients": clients,
+        "workload": workload,
         "think_ms": think_ms,
         "seconds": round(dt, 1),
         "written_tps_r1": round(load["tps"], 1),
@@ -437,6 +443,12 @@ def main() -> None:
     ap.add_argument("--pg-driver", choices=("pgbench", "psycopg"), default="pgbench")
     ap.add_argument("--no-capture", action="store_true", help="skip the single-connection, no-think-time insert row")
     ap.add_argument("--no-replication", action="store_true")
+    ap.add_argument(
+        "--replication-workload",
+        choices=(*WORKLOADS, "order"),
+        default="mixed",
+        help="the replication run's workload; order: an INSERT, the think time, an UPDATE (transactions overlap)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     clients = [int(x) for x in (args.clients or ("1,16" if args.quick else "1,4,16,64")).split(",")]
@@ -471,9 +483,9 @@ def main() -> None:
             urls["mm"] = mm_urls["c1"]
             out[name] = {"load": compare(b, urls, configs, seconds, rounds, args.pg_driver, say=say)}
             if not args.no_replication:
-                rep = replication(b, tmp, seconds * 3)
+                rep = replication(b, tmp, seconds * 3, workload=args.replication_workload)
                 out[name]["replication"] = rep
-                say(f"  replication r1 -> r2, 16 clients mixed: {rep}")
+                say(f"  replication r1 -> r2, 16 clients {args.replication_workload}: {rep}")
         finally:
             b.cleanup()
     out["seconds_total"] = round(time.perf_counter() - t_all, 1)

@@ -368,3 +368,89 @@ def test_writers_that_draw_in_one_millisecond_do_not_wait_for_each_other(backend
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert _names(cl, "s2") == {**{f"{w}{i}": 1 for w in "ab" for i in range(150)}, **{f"A{i}": 2 for i in range(150)}}
+
+
+def test_a_writer_that_never_pauses_does_not_hold_its_committed_transactions_back(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A connection under a steady load is inside a transaction whenever a horizon looks. A's T1
+    commits; A's T2 writes a2, a horizon (s3's pull) runs while T2 is open, B opens, T2 writes a3
+    past B's registration and commits. s2's pull must take T1 (a1) and hold T2 back whole (a3
+    lies past the horizon B holds). MariaDB names a transaction by its connection and an epoch a
+    horizon renews only while the connection is idle: T1 and T2 shared one, and nothing was taken
+    until A paused (replication under 16 busy clients applied nothing while they wrote)."""
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
+        a.conn.commit()
+        a.run("INSERT INTO stock (name, qty) VALUES ('a2', 1)")
+        assert cl.refresh("s3", "s1")[0].pulled == 1  # a horizon while A is inside T2
+        b.run("INSERT INTO stock (name, qty) VALUES ('b1', 1)")
+        a.run("INSERT INTO stock (name, qty) VALUES ('a3', 1)")
+        a.conn.commit()
+        res = cl.refresh("s2", "s1")[0]
+        assert res.error is None
+        assert res.pulled == 1 and _names(cl, "s2") == {"a1": 1}, "T1 is whole below the horizon; T2 is not"
+        b.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"a1": 1, "a2": 1, "a3": 1, "b1": 1}
+
+
+def test_each_transaction_of_a_connection_is_its_own_group(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """T1 commits; T2 writes a2 (a horizon runs meanwhile: s3's pull) and commits; B opens; T3, of
+    the same connection, writes a3 past B's registration and commits, no horizon between T2 and
+    T3. s2's pull takes T1 and T2 and holds T3 back: on MariaDB T2 and T3 differ only by the
+    session's count of COMMITs (a bound the horizon records cuts only where it looked, after T3)."""
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
+        a.conn.commit()
+        a.run("INSERT INTO stock (name, qty) VALUES ('a2', 1)")
+        assert cl.refresh("s3", "s1")[0].pulled == 1
+        a.conn.commit()
+        b.run("INSERT INTO stock (name, qty) VALUES ('b1', 1)")
+        a.run("INSERT INTO stock (name, qty) VALUES ('a3', 1)")
+        a.conn.commit()
+        res = cl.refresh("s2", "s1")[0]
+        assert res.error is None
+        assert res.pulled == 2 and _names(cl, "s2") == {"a1": 1, "a2": 1}, "T1 and T2 lie whole below the horizon"
+        b.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"a1": 1, "a2": 1, "a3": 1, "b1": 1}
+
+
+def test_a_transactions_entries_share_one_txn_and_autocommitted_statements_do_not(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB's txn: the statements of one transaction (a multi-row INSERT, an UPDATE after it)
+    share one; two transactions of a connection with no horizon between them differ; so do two
+    autocommitted statements."""
+    if backend.name != "mysql":
+        pytest.skip("the session's transaction count is MariaDB's")
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    a = _Writer(cl, "s1")
+    try:
+        a.run("INSERT INTO stock (name, qty) VALUES ('t1a', 1), ('t1b', 1)")
+        a.run("UPDATE stock SET qty = 2 WHERE id = (SELECT max(id) FROM (SELECT id FROM stock) s)")
+        a.conn.commit()
+        a.run("INSERT INTO stock (name, qty) VALUES ('t2', 1)")
+        a.conn.commit()
+        a.conn.autocommit(True)
+        a.run("INSERT INTO stock (name, qty) VALUES ('s1', 1)")
+        a.run("INSERT INTO stock (name, qty) VALUES ('s2', 1)")
+        cur = a.conn.cursor()
+        cur.execute("SELECT txn FROM _mm_log_stock ORDER BY seq")
+        txns = [r[0] for r in cur.fetchall()]
+    finally:
+        a.close()
+    assert len(txns) == 6, txns
+    assert txns[0] == txns[1] == txns[2], txns
+    assert len({txns[0], txns[3], txns[4], txns[5]}) == 4, txns

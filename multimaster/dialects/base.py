@@ -483,6 +483,20 @@ class Dialect:
         the entries. None: every committed entry is final (positions are given in commit order)."""
         return None
 
+    def txn_bounds(self, conn: Connection, lo: int, hi: int) -> dict[str, list[int]] | None:
+        """Where a change-log entry's ``txn`` may name several transactions of one connection (the
+        connection and an epoch, MariaDB): per connection, in increasing order, the recorded bounds
+        between its transactions that a reader of positions `lo`..`hi` needs (those in the range
+        and the first past it): every entry of the connection at or below a bound belongs to a
+        transaction that ended there or before, every later one to a later transaction, so a reader
+        splits the connection's ``txn`` at each (engine/pull.py _split_txns). None: ``txn`` names
+        one transaction (or none is recorded)."""
+        return None
+
+    def trim_txn_bounds(self, conn: Connection, below: int | None) -> None:
+        """Forget the transaction bounds below position `below`, the lowest the change logs still
+        hold (None: they hold none); purge calls it. Default: none are kept."""
+
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
         """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
         read, so an application's concurrent update waits instead of being overwritten."""

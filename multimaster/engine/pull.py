@@ -7,6 +7,7 @@ the target's write transaction of the batch (`store_batch`), which also reconcil
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -173,6 +174,10 @@ def pull_link(
         hs = [source.dialect.read_horizon(sconn, i.name) for i in infos]
         horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
         rows = {i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window) for i in infos}
+        own = [int(r[2]) for i in infos for r in rows[i.name] if r[4] == source.name]
+        bounds = source.dialect.txn_bounds(sconn, min(own), max(own)) if own else None
+        if bounds:
+            rows = {i.name: _split_txns(rows[i.name], i, source.name, bounds) for i in infos}
         cut = [i for i in infos if window is not None and len(rows[i.name]) >= window]
         if not cut:
             return LinkRead(rows, horizon)
@@ -182,25 +187,75 @@ def pull_link(
         seen = {g for i in infos for pos, g in entry_groups(rows[i.name], i) if g is not None and pos < end}
         continuing: set[Hashable] = set()
         for i in cut:
-            continuing |= _continuing(sconn, source, i, int(rows[i.name][-1][2]), seen)
+            continuing |= _continuing(sconn, source, i, int(rows[i.name][-1][2]), seen, bounds or {})
         return LinkRead(rows, horizon, end, frozenset(continuing), more=True)
+
+
+def _split_txns(
+    rows: list[tuple[Any, ...]], info: TableInfo, origin: str, bounds: Mapping[str, list[int]]
+) -> list[tuple[Any, ...]]:
+    """read_entries' rows with the source's own entries whose ``txn`` ('<connection>:<epoch>')
+    may stand for several transactions (Dialect.txn_bounds) split at the connection's recorded
+    bounds: an entry gets '<connection>:<epoch>:<b>', b the first bound at or past its position;
+    an entry past every bound keeps its ``txn``.
+
+    Each group stays a union of whole transactions, since every bound lies between two of the
+    connection's transactions. And a writer that never pauses no longer holds every batch back: a
+    horizon renews an epoch only while its connection is between transactions, so under a steady
+    load one ``txn`` ran on without end, always past the horizon (docs/transactions.md "Bounds").
+    What the target stores and relays keeps the split name; a group split coarser elsewhere (an
+    add-site copy) is still whole transactions."""
+    width = 3 + 6 + 2 * len(info.columns) + 2 * len(info.refs)  # entry_groups' txn column
+    out: list[tuple[Any, ...]] = []
+    for r in rows:
+        if len(r) > width and r[4] == origin and r[width] is not None:
+            txn = str(r[width])
+            bs = bounds.get(txn.split(":", 1)[0])
+            if bs and txn.count(":") == 1:
+                k = bisect.bisect_left(bs, int(r[2]))
+                if k < len(bs):
+                    r = (*r[:width], f"{txn}:{bs[k]}", *r[width + 1 :])
+        out.append(r)
+    return out
 
 
 #: transactions asked for in one statement (pull_link's look past a window)
 _ASK = 500
 
 
-def _continuing(sconn: Connection, source: Site, info: TableInfo, last: int, groups: set[Hashable]) -> set[Hashable]:
+def _continuing(
+    sconn: Connection, source: Site, info: TableInfo, last: int, groups: set[Hashable], bounds: Mapping[str, list[int]]
+) -> set[Hashable]:
     """Of the transactions `groups` ((origin, txn)), those with an entry of `info`'s change log
-    past position `last` at `source` (found through the log's index of transactions)."""
+    past position `last` at `source` (found through the log's index of transactions). A group
+    _split_txns named with bound b holds the stored txn's entries up to b; an unsplit one of the
+    source's own, its entries past the connection's last bound read."""
     d = source.dialect
     o = d.obj(info.name)
-    txns = sorted({str(g[1]) for g in groups if isinstance(g, tuple)})
+    stored: dict[tuple[Any, str], list[tuple[Any, str, int | None, int | None]]] = {}
+    for g in groups:
+        if not isinstance(g, tuple):
+            continue
+        origin, txn = g[0], str(g[1])
+        if origin == source.name and txn.count(":") == 2:  # split: at or below its bound
+            base, b = txn.rsplit(":", 1)
+            stored.setdefault((origin, base), []).append((g, txn, None, int(b)))
+        else:
+            bs = bounds.get(txn.split(":", 1)[0]) if origin == source.name else None
+            above = bs[-1] if bs else None
+            stored.setdefault((origin, txn), []).append((g, txn, above, None))
+    txns = sorted({t for _, t in stored})
     out: set[Hashable] = set()
     for i in range(0, len(txns), _ASK):
         part = txns[i : i + _ASK]
-        sql = f"SELECT DISTINCT origin, txn FROM {o.log} WHERE txn IN ({d.ph(len(part))}) AND seq > {int(last)}"
-        out |= {(origin, txn) for origin, txn in sconn.exec_driver_sql(sql, tuple(part)) if (origin, txn) in groups}
+        sql = (
+            f"SELECT origin, txn, min(seq), max(seq) FROM {o.log} WHERE txn IN ({d.ph(len(part))}) AND seq > {int(last)} "
+            "GROUP BY origin, txn"
+        )
+        for origin, txn, lo, hi in sconn.exec_driver_sql(sql, tuple(part)):
+            for g, _, above, upto in stored.get((origin, str(txn)), []):
+                if (upto is None or int(lo) <= upto) and (above is None or int(hi) > above):
+                    out.add(g)
     return out
 
 

@@ -316,6 +316,10 @@ def purge_site(
     if not dry_run:
         with src.write() as conn:
             store.fences.forget_except(conn, d, list(topo.sites))
+            # the bounds between a connection's transactions below every entry left (MariaDB)
+            lows = [conn.exec_driver_sql(f"SELECT min(seq) FROM {d.obj(tb).log}").scalar() for tb in topo.tables]
+            held = [int(x) for x in lows if x is not None]
+            d.trim_txn_bounds(conn, min(held) if held else None)
     return rep
 
 

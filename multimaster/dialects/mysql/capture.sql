@@ -30,7 +30,7 @@ BEGIN
     END IF;
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$newvals);$shadowins
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$newvals);$shadowins
   END IF;
 END;
 --
@@ -43,7 +43,7 @@ BEGIN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$updnew$updold);
+      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$updnew$updold);
     UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;
@@ -57,7 +57,7 @@ BEGIN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x), $sv$oldvals);
+      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$oldvals);
     UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
   END IF;
 END;

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.base import (
@@ -632,6 +633,31 @@ class MySQLDialect(Dialect):
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
 
+    def txn_bounds(self, conn: Connection, lo: int, hi: int) -> dict[str, list[int]] | None:
+        """The bounds _mm_horizon recorded (site.sql _mm_bounds): those in `lo`..`hi` and, per
+        connection, the first past `hi`. None where the site has no such table yet (installed
+        before it: `init` creates it) or the pull login may not read it (`multimaster grants`
+        grants it): the names are then split by the transaction count alone (capture.sql)."""
+        try:
+            rows = conn.exec_driver_sql(
+                "SELECT conn, upto FROM _mm_bounds WHERE upto >= %s AND upto <= %s "
+                "UNION ALL SELECT conn, min(upto) FROM _mm_bounds WHERE upto > %s GROUP BY conn",
+                (int(lo), int(hi), int(hi)),
+            ).all()
+        except DBAPIError as e:
+            if getattr(e.orig, "args", (None,))[0] in (1142, 1146):  # no such table / no SELECT on it
+                return None
+            raise
+        out: dict[str, list[int]] = {}
+        for c, b in rows:
+            out.setdefault(str(c), []).append(int(b))
+        return {c: sorted(bs) for c, bs in out.items()}
+
+    def trim_txn_bounds(self, conn: Connection, below: int | None) -> None:
+        if below is None:
+            below = int(conn.exec_driver_sql("SELECT coalesce(max(upto), 0) + 1 FROM _mm_bounds").scalar() or 0)
+        conn.exec_driver_sql("DELETE FROM _mm_bounds WHERE upto < %s", (int(below),))
+
     def _register(self, conn: Connection, table: str) -> None:
         """Lock this connection's slot of `table` (creating it behind the gate), as capture does
         before it draws a position (site.sql, capture.sql)."""
@@ -792,6 +818,8 @@ class MySQLDialect(Dialect):
             + [f"GRANT SELECT ON {self.quote(database)}.{self.quote(o)} TO {user}" for o in objects]
             # the horizon a puller reads below (site.sql); it runs as its definer
             + [f"GRANT EXECUTE ON PROCEDURE {self.quote(database)}.`_mm_horizon` TO {user}"]
+            # the bounds between a connection's transactions the horizon records (site.sql)
+            + [f"GRANT SELECT ON {self.quote(database)}.`_mm_bounds` TO {user}"]
         )
 
 

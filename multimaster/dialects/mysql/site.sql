@@ -129,6 +129,29 @@ BEGIN
   RETURN p;
 END
 --
+-- The transaction of the statement running, within the connection (docs/transactions.md
+-- "Transactions on MariaDB"): inside a transaction the session's count of COMMIT and BEGIN
+-- statements (Com_commit + Com_begin: a BEGIN commits an open transaction), which changes at every
+-- transaction boundary an application makes and never within a transaction; an autocommitted
+-- statement (no transaction open: @@in_transaction = 0) is a transaction of its own, named by a
+-- fresh UUID_SHORT(). Reading the session status costs ~90 us, so it is read once per statement:
+-- NOW(6) is the statement's start, the same for every row and trigger of it. (A transaction
+-- ended by DDL or SET autocommit = 1, which count no COMMIT, runs on under the same name into the
+-- next: they are applied together, which keeps both whole.)
+CREATE OR REPLACE FUNCTION _mm_txno() RETURNS VARCHAR(40) NOT DETERMINISTIC READS SQL DATA SQL SECURITY DEFINER
+BEGIN
+  IF @mm_txno IS NULL OR @mm_stmt IS NULL OR @mm_stmt <> NOW(6) + 0 THEN
+    SET @mm_stmt = NOW(6) + 0;
+    IF @@in_transaction THEN
+      SET @mm_txno = (SELECT CAST(SUM(VARIABLE_VALUE) AS UNSIGNED) FROM information_schema.SESSION_STATUS
+                       WHERE VARIABLE_NAME IN ('COM_COMMIT', 'COM_BEGIN'));
+    ELSE
+      SET @mm_txno = CONCAT('s', UUID_SHORT());
+    END IF;
+  END IF;
+  RETURN @mm_txno;
+END
+--
 -- Slots: one row per (replicated table, connection) that captured changes of that table. Every
 -- captured row locks its connection's slot and draws its position into the slot's cur in one
 -- UPDATE (for a connection's first capture an INSERT first, see capture.sql): the slot is X-locked
@@ -159,6 +182,21 @@ CREATE TABLE IF NOT EXISTS _mm_conns (
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 ALTER TABLE _mm_slots ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0;
+--
+-- Transaction bounds (docs/transactions.md "Bounds"): each horizon records, per connection, the
+-- highest committed cur of its slots, read at READ COMMITTED without a lock: the last position of
+-- the connection's latest committed capturing transaction; its later transactions draw only past
+-- it. So every recorded bound is a boundary between two of the connection's transactions, and a
+-- reader splits a txn (connection:epoch) at every bound: an epoch changes only while the
+-- connection is between transactions, which a connection under a steady load never is when a
+-- horizon looks, and one txn then ran on without end, always past the horizon, and no batch could
+-- end. Trimmed by purge below the lowest position the change logs still hold.
+CREATE TABLE IF NOT EXISTS _mm_bounds (
+  conn BIGINT UNSIGNED NOT NULL,
+  upto BIGINT NOT NULL,
+  PRIMARY KEY (conn, upto),
+  KEY (upto)
+) ENGINE=InnoDB;
 --
 -- The gate of a table's slots: a local insert into a renumbered table whose connection's slot
 -- did not pass it yet locks the table's row here in SHARE MODE before it draws (in a table of its
@@ -191,6 +229,15 @@ BEGIN
   DECLARE free, seen, idle, held, busy LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
+  -- (0) the transaction bounds of every connection, before c0 (docs/transactions.md "Bounds"); a
+  -- concurrent horizon recording the same bound (a lock wait, a deadlock) only skips it this time
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  BEGIN
+    DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
+    INSERT IGNORE INTO _mm_bounds (conn, upto) SELECT conn, max(cur) FROM _mm_slots WHERE cur > 0 GROUP BY conn;
+    COMMIT;
+  END;
+  SET SESSION tx_isolation = iso;
   INSERT INTO _mm_tick (t) VALUES (NULL);
   SET c0 = LAST_INSERT_ID();
   ROLLBACK;
