@@ -287,14 +287,16 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
     for ln in st["links"]:
         age = ln.get("oldest_waiting_age_s")
         parked = ln.get("parked")
+        held = ln.get("held_at_source")  # behind a transaction open at the source
         lt.add_row(
             f"{ln['from']} → {ln['to']}",
-            str(ln.get("waiting", "-")),
+            str(ln.get("waiting", "-"))
+            + ("" if held is None else f" [{'red' if ln.get('stalled') else 'yellow'}](held at source)[/]"),
             "-" if age is None else f"{age:.1f}s",
             "-"
             if parked is None
             else f"[red]{parked} stalled[/]"
-            if ln.get("stalled")
+            if ln.get("stalled") and parked
             else f"[yellow]{parked}[/]"
             if parked
             else "0",

@@ -493,6 +493,21 @@ class Dialect:
         one transaction (or none is recorded)."""
         return None
 
+    @dataclass(frozen=True)
+    class OpenWriter:
+        """The transaction at a site that holds its horizon lowest (status: "held at the source")."""
+
+        who: str  # 'backend pid 4242' / 'connection 57'
+        open_s: float | None  # how long its transaction has been open
+        state: str | None  # what the session does now ('idle in transaction', its statement)
+        fix: str  # the statement that ends it, run at the site
+
+    def open_writer(self, conn: Connection) -> "Dialect.OpenWriter | None":
+        """Where writers capture concurrently: the capturing transaction still open that holds
+        this site's horizon lowest (every change committed after it began waits for it at every
+        puller), None when none is open. Default: None (no horizon)."""
+        return None
+
     def trim_txn_bounds(self, conn: Connection, below: int | None) -> None:
         """Forget the transaction bounds below position `below`, the lowest the change logs still
         hold (None: they hold none); purge calls it. Default: none are kept."""

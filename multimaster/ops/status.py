@@ -102,6 +102,8 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                         oldest = cand
             entry["waiting"] = waiting_total
             entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
+            if any(ahead[tb][0] for tb in t.tables) and not isinstance(src, AgentSite):
+                _held_at_source(entry, src, ln.target, t, wms, t.refresh.stall_after_seconds())
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
@@ -177,6 +179,58 @@ def link_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, in
     oldest version)."""
     with src.read() as sconn:
         return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target) for tb in t.tables}
+
+
+def held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
+    """Where writers capture concurrently at `src`: when every change waiting there for `target`
+    lies at or past the source's horizon, the transaction still open that holds it there (what
+    committed after it began is handed out only when it ends, docs/concepts.md "Many writers"):
+    who, open how long, doing what, and the statement that ends it. None otherwise."""
+    d = src.dialect
+    if not d.caps.concurrent_capture:
+        return None
+    with src.read() as conn:
+        hs = [d.read_horizon(conn, tb) for tb in t.tables]
+        if any(h is None for h in hs):
+            return None
+        horizon = min(h for h in hs if h is not None)
+        ph = d.caps.placeholder
+        for tb in t.tables:
+            o = d.obj(tb)
+            low = conn.exec_driver_sql(
+                f"SELECT min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
+                f"WHERE l2.seq2 > {ph} AND l2.op = 'A' AND l.origin <> {ph}",
+                (watermarks[tb], target),
+            ).scalar()
+            if low is not None and int(low) < horizon:
+                return None  # the next refresh can take it
+        ow = d.open_writer(conn)
+    if ow is None:
+        return None
+    return {"who": ow.who, "open_s": None if ow.open_s is None else round(ow.open_s, 1), "doing": ow.state, "fix": ow.fix}
+
+
+def _held_at_source(
+    entry: dict[str, Any], src: Site, target: str, t: Topology, wms: dict[str, int], after_s: float | None
+) -> None:
+    """A link whose waiting changes all wait for a transaction still open at its source: named in
+    `held_at_source`, and the link is stalled (with the statement that ends it) once the oldest
+    has waited refresh.stall_after."""
+    held = held_at_source(src, target, t, wms)
+    entry["held_at_source"] = held
+    if held is None or entry.get("stalled") or after_s is None:
+        return
+    age = entry.get("oldest_waiting_age_s") or 0.0
+    if age < after_s:
+        return
+    open_for = "" if held["open_s"] is None else f" for {held['open_s']:.0f}s"
+    doing = f", {held['doing']}" if held["doing"] else ""
+    entry["stalled"] = (
+        f"link {entry['from']} -> {target} stalled: {entry['waiting']} change(s) committed at '{entry['from']}' "
+        f"wait, the oldest made {age:.0f}s ago, behind a transaction open there{open_for} ({held['who']}{doing}): "
+        f"what commits after a transaction began is handed out when it ends. Fix: end that transaction "
+        f"(COMMIT or ROLLBACK in its session, or at site '{entry['from']}': {held['fix']})"
+    )
 
 
 def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float | None, target: str) -> None:

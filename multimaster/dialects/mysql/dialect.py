@@ -630,6 +630,32 @@ class MySQLDialect(Dialect):
         conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
         conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
 
+    def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
+        """Of the connections whose slot some transaction holds (a read that skips the free ones,
+        site.sql), the one whose transaction began first (information_schema.INNODB_TRX, a cache
+        at most 0.1 s old), with what PROCESSLIST shows of it (other users' sessions only with
+        the PROCESS privilege)."""
+        free = {int(c) for (c,) in conn.exec_driver_sql("SELECT conn FROM _mm_slots LOCK IN SHARE MODE SKIP LOCKED")}
+        conn.exec_driver_sql("ROLLBACK")
+        # every slot, those created by transactions still running too (READ UNCOMMITTED)
+        conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+        busy = {int(c) for (c,) in conn.exec_driver_sql("SELECT DISTINCT conn FROM _mm_slots")} - free
+        conn.exec_driver_sql("ROLLBACK")
+        if not busy:
+            return None
+        ids = ", ".join(str(c) for c in sorted(busy))
+        r = conn.exec_driver_sql(
+            "SELECT t.trx_mysql_thread_id, TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, p.COMMAND, p.INFO "
+            "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+            f"WHERE t.trx_mysql_thread_id IN ({ids}) ORDER BY t.trx_started LIMIT 1"
+        ).first()
+        if r is None:  # the cache did not show it yet
+            c = min(busy)
+            return Dialect.OpenWriter(f"connection {c}", None, None, f"KILL {c}")
+        c, age, command, info = r
+        doing = None if command is None else "idle in transaction" if command == "Sleep" else f"{command}: {info}"
+        return Dialect.OpenWriter(f"connection {int(c)}", None if age is None else float(age), doing, f"KILL {int(c)}")
+
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
 

@@ -480,6 +480,25 @@ class PostgreSQLDialect(Dialect):
     def lock_writers(self, conn: Connection, info: TableInfo) -> None:
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
 
+    def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
+        """The registered transaction with the lowest bound (the advisory lock _mm_horizon reads,
+        site.sql), with what pg_stat_activity shows of its session (its query only to its own
+        role or pg_read_all_stats)."""
+        r = conn.exec_driver_sql(
+            "SELECT l.pid, extract(epoch FROM clock_timestamp() - a.xact_start), a.state, left(a.query, 120) "
+            "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
+            "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid >= 262144 AND l.classid < 2147483648 "
+            "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
+            "ORDER BY (l.classid::bigint << 32) | l.objid::bigint LIMIT 1"
+        ).first()
+        if r is None:
+            return None
+        pid, age, state, query = r
+        doing = None if state is None else f"{state}: {query}" if query else str(state)
+        return Dialect.OpenWriter(
+            f"backend pid {pid}", None if age is None else float(age), doing, f"SELECT pg_terminate_backend({int(pid)})"
+        )
+
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         return int(conn.exec_driver_sql(f"SELECT {SCHEMA}._mm_horizon()").scalar_one())
 
