@@ -85,14 +85,17 @@ class Proxies:
         self.thread.join(10)
 
 
-def run_setup(shape: str, n: int, changes: int, tmp: Path) -> dict[str, Any]:
+def run_setup(shape: str, n: int, changes: int, tmp: Path, causal: bool = False) -> dict[str, Any]:
     sites = [f"s{i + 1}" for i in range(n)]
     dbs = {s: tmp / f"{shape}{n}-{s}.db" for s in sites}
     for db in dbs.values():
         with sqlite3.connect(db) as c:
             c.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)")
     entry = {s: {"url": f"sqlite:///{dbs[s]}", "token": "${MM_NET_TOKEN}"} for s in sites}
-    common = {"tables": {"items": {"key": "id"}}, "links": _links_doc(shape, sites)}
+    table: dict[str, Any] = {"key": "id"}
+    if causal:  # a policy that needs causal delivery: every site relays what it applies
+        table["columns"] = {"name": "earliest"}
+    common = {"tables": {"items": table}, "links": _links_doc(shape, sites)}
     setup = tmp / f"{shape}{n}.yaml"
     setup.write_text(yaml.safe_dump({"sites": entry, **common}, sort_keys=False))
     topo = load_topology(setup)
@@ -199,6 +202,7 @@ def main() -> None:
     ap.add_argument("--changes", type=int, help="changes written in all (default 2400, --quick 600)")
     ap.add_argument("--shapes", default="mesh,star,chain")
     ap.add_argument("--sites", help="comma-separated site counts (default 3,5,8; --quick 3,5)")
+    ap.add_argument("--causal", action="store_true", help="the table needs causal delivery (name: earliest): every site relays")
     a = ap.parse_args()
     import os
 
@@ -213,7 +217,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mm-net-") as tmp:
         for shape in a.shapes.split(","):
             for n in counts:
-                r = run_setup(shape, n, changes, Path(tmp))
+                r = run_setup(shape, n, changes, Path(tmp), a.causal)
                 print(
                     f"| {shape} | {n} | {r['links']} | {r['changes']} | {r['rounds']} | {r['bytes_per_change']:,.0f} | "
                     f"{r['bytes_per_delivery']:,.0f} | {r['shipped_per_delivery']:.2f} ({r['max_target_shipped']:.2f}) | "

@@ -4,9 +4,10 @@ daemon per site, purge on, for a long time; does anything grow without bound?
     .venv/bin/python benchmarks/soak.py --minutes 3                    # a quick check, SQLite
     .venv/bin/python benchmarks/soak.py                                # an hour, SQLite
     .venv/bin/python benchmarks/soak.py --servers --minutes 60         # SQLite, then PostgreSQL
+    .venv/bin/python benchmarks/soak.py --databases mysql,postgresql --minutes 20
     .venv/bin/python benchmarks/soak.py --minutes 10 --out soak.md
 
-The load: at every site one plain-client writer (sqlite3 / psycopg) runs `--rate` transactions a
+The load: at every site one plain-client writer (sqlite3 / psycopg / PyMySQL) runs `--rate` transactions a
 second: while its site holds fewer than `--rows` rows it inserts, otherwise it updates a random
 row (an additive quantity, a latest-wins label) or deletes one and inserts another, so the table
 stays about `--rows` rows and every delete leaves a tombstone. Concurrent updates of one row at
@@ -106,7 +107,7 @@ def mm_tables(cl: TestCluster, site: str) -> dict[str, int]:
             else:
                 q = (
                     "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() "
-                    "AND table_type = 'BASE TABLE' AND table_name LIKE '\\_mm\\_%'"
+                    "AND table_type = 'BASE TABLE' AND LEFT(table_name, 4) = '_mm_'"
                 )
             tables = sorted(r[0] for r in conn.exec_driver_sql(q))
             for t in tables:
@@ -243,11 +244,13 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=10.0, help="transactions per second per site")
     ap.add_argument("--rows", type=int, default=500, help="rows the load keeps in the table")
     ap.add_argument("--servers", action="store_true", help="also PostgreSQL (after SQLite)")
+    ap.add_argument("--databases", help="comma-separated, in order (sqlite, postgresql, mysql); overrides --servers")
     ap.add_argument("--out", default="soak.md", help="the Markdown table (default: soak.md here)")
     ap.add_argument("--keep", action="store_true", help="keep the SQLite files and server databases")
     a = ap.parse_args()
     parts, bad = [], []
-    for name in ["sqlite", "postgresql"] if a.servers else ["sqlite"]:
+    names = a.databases.split(",") if a.databases else ["sqlite", "postgresql"] if a.servers else ["sqlite"]
+    for name in names:
         print(f"{name}: {a.minutes:g} min", flush=True)
         md, unbounded = soak(BACKENDS[name](), a.minutes, a.every, a.rate, a.rows, a.keep)
         parts.append(md)
