@@ -644,11 +644,14 @@ class MySQLDialect(Dialect):
         if not busy:
             return None
         ids = ", ".join(str(c) for c in sorted(busy))
-        r = conn.exec_driver_sql(
-            "SELECT t.trx_mysql_thread_id, TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, p.COMMAND, p.INFO "
-            "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
-            f"WHERE t.trx_mysql_thread_id IN ({ids}) ORDER BY t.trx_started LIMIT 1"
-        ).first()
+        try:
+            r = conn.exec_driver_sql(
+                "SELECT t.trx_mysql_thread_id, TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, p.COMMAND, p.INFO "
+                "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                f"WHERE t.trx_mysql_thread_id IN ({ids}) ORDER BY t.trx_started LIMIT 1"
+            ).first()
+        except DBAPIError:  # INNODB_TRX needs the PROCESS privilege: the connection is known, not its age
+            r = None
         if r is None:  # the cache did not show it yet
             c = min(busy)
             return Dialect.OpenWriter(f"connection {c}", None, None, f"KILL {c}")
