@@ -42,6 +42,12 @@ def test_status_names_the_open_transaction_that_holds_a_link_back(backend, tmp_p
         assert late.returncode == 1, late.stdout + late.stderr
         out = late.stdout + late.stderr
         assert "stalled" in out and "behind a transaction open there" in out and held["fix"] in out, out
+        from multimaster.config.topology import load_topology
+        from multimaster.ops.metrics import health, render
+
+        text = render(health(load_topology(topo)))  # what the daemon's metrics endpoint serves
+        assert 'multimaster_link_held_at_source{source="s1",target="s2"} 1' in text, text
+        assert 'multimaster_link_stalled{source="s1",target="s2"} 1' in text
     finally:
         forgotten.rollback()
         forgotten.close()

@@ -161,6 +161,13 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             **lab,
         )
         o.add(
+            "multimaster_link_held_at_source",
+            "gauge",
+            "1 when every change waiting at the source for this link waits for a transaction still open there (status names it).",
+            None if "waiting" not in ln else 1 if ln.get("held_at_source") else 0,
+            **lab,
+        )
+        o.add(
             "multimaster_link_last_success_timestamp_seconds",
             "gauge",
             "Unix time of the last successful refresh.",
