@@ -6,6 +6,8 @@ import json
 import time
 from typing import Any
 
+from sqlalchemy.exc import DBAPIError
+
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
@@ -216,7 +218,10 @@ def _held_at_source(
     """A link whose waiting changes all wait for a transaction still open at its source: named in
     `held_at_source`, and the link is stalled (with the statement that ends it) once the oldest
     has waited refresh.stall_after."""
-    held = held_at_source(src, target, t, wms)
+    try:
+        held = held_at_source(src, target, t, wms)
+    except DBAPIError:  # a login that may read the change logs but not the writers' registrations
+        held = None
     entry["held_at_source"] = held
     if held is None or entry.get("stalled") or after_s is None:
         return
