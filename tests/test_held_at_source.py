@@ -42,6 +42,12 @@ def test_status_names_the_open_transaction_that_holds_a_link_back(backend, tmp_p
         assert late.returncode == 1, late.stdout + late.stderr
         out = late.stdout + late.stderr
         assert "stalled" in out and "behind a transaction open there" in out and held["fix"] in out, out
+        # the refresh says it too, and exits 1: what it could not take waits for that transaction
+        ref = mm("refresh", "-t", topo, "--site", "s2", "--json")
+        assert ref.returncode == 1, ref.stdout + ref.stderr
+        (ln,) = [x for x in json.loads(ref.stdout)[-1]["links"] if x["from"] == "s1"]
+        assert ln["pulled"] == 0 and ln["held_at_source"]["who"] == held["who"], ln
+        assert "behind a transaction open there" in ref.stderr and held["fix"] in ref.stderr, ref.stderr
         from multimaster.config.topology import load_topology
         from multimaster.ops.metrics import health, render
 

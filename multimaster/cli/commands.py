@@ -107,6 +107,8 @@ def _refresh_table(results: list[Any]) -> Table:
             if r.stalled
             else f"[yellow]waiting: {escape(r.waits_for or '')}[/]"
             if r.waiting
+            else f"[yellow]held at source: {r.held_at_source['waiting']} change(s) behind {escape(r.held_at_source['who'])}[/]"
+            if r.held_at_source
             else "[green]ok[/]"
         )
         t.add_row(
@@ -187,6 +189,7 @@ def refresh(
                                 "waiting": r.waiting,
                                 "waits_for": r.waits_for,
                                 "stalled": r.stalled,
+                                "held_at_source": r.held_at_source,
                                 "clock_ahead": r.clock_ahead,
                                 "clock_warnings": r.clock_warnings,
                             }

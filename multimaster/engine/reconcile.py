@@ -67,6 +67,11 @@ class RefreshResult:
     #: not held): how far ahead (s), and the warning naming it (docs/clock.md)
     clock_ahead: dict[str, float] = field(default_factory=dict)
     clock_warnings: list[str] = field(default_factory=list)
+    #: a read found changes the refresh could not take yet (past the source's horizon)
+    held_back: bool = False
+    #: then, when every one of them waits for a transaction still open at the source: who it is,
+    #: open how long, doing what, the statement that ends it (engine/refresh.py held_at_source)
+    held_at_source: dict[str, Any] | None = None
 
     @property
     def applied(self) -> int:

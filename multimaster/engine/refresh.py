@@ -21,7 +21,7 @@ from multimaster.core import waits as waits_core
 from multimaster.core.batches import plan_cuts
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.references import fk_order
-from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead
+from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead, ver_ms
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
@@ -142,6 +142,12 @@ def refresh_link(
                     res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None))
         if reconcile_:
             _note_waits(tgt, t, source, res)
+        if res.held_back and not res.pulled and not isinstance(src, AgentSite):
+            with tgt.read() as conn:
+                wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in t.tables}
+            res.held_at_source = held_at_source(src, target, t, wms)
+            if res.held_at_source is not None and res.stalled is None:
+                res.stalled = held_stall(source, target, res.held_at_source, t.refresh.stall_after_seconds())
         if res.pulled and (skew or warned):
             _note_skew(tgt, t, source, skew, res)
         if res.pulled == 0:  # nothing new: still a success, for status and purge retention
@@ -181,6 +187,76 @@ def apply_entries(
             for tb in apply_order(t, infos)
         }
     return _apply_part(tgt, tables, {tb: rows.get(tb, []) for tb in tables}, wms, None)  # type: ignore[no-any-return]
+
+
+def held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
+    """Where writers capture concurrently at `src`: when every change waiting there for `target`
+    lies at or past the source's horizon, the transaction still open that holds it there (what
+    committed after it began is handed out only when it ends, docs/concepts.md "Many writers"):
+    who, open how long, doing what, the statement that ends it, and the changes it holds back
+    (`waiting`, `oldest` version). None otherwise, and when this login may not read the writers'
+    registrations (MariaDB's `_mm_slots`: a pull login)."""
+    try:
+        return _held_at_source(src, target, t, watermarks)
+    except DBAPIError:
+        return None
+
+
+def _held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
+    d = src.dialect
+    if not d.caps.concurrent_capture:
+        return None
+    with src.read() as conn:
+        hs = [d.read_horizon(conn, tb) for tb in t.tables]
+        if any(h is None for h in hs):
+            return None
+        horizon = min(h for h in hs if h is not None)
+        ph = d.caps.placeholder
+        waiting, oldest = 0, None
+        for tb in t.tables:
+            o = d.obj(tb)
+            n, low, ver = conn.exec_driver_sql(
+                f"SELECT count(*), min(l2.seq2), min(l.ver) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
+                f"WHERE l2.seq2 > {ph} AND l2.op = 'A' AND l.origin <> {ph}",
+                (watermarks[tb], target),
+            ).one()
+            if low is not None and int(low) < horizon:
+                return None  # the next refresh can take it
+            waiting += int(n or 0)
+            if ver is not None and (oldest is None or str(ver) < oldest):
+                oldest = str(ver)
+        if not waiting:
+            return None
+        ow = d.open_writer(conn)
+    if ow is None:
+        return None
+    return {
+        "who": ow.who,
+        "open_s": None if ow.open_s is None else round(ow.open_s, 1),
+        "doing": ow.state,
+        "fix": ow.fix,
+        "waiting": waiting,
+        "oldest": oldest,
+    }
+
+
+def held_stall(source: str, target: str, held: dict[str, Any], after_s: float | None, now_ms: int | None = None) -> str | None:
+    """The stall message of a link held at its source (held_at_source), once the oldest change it
+    holds back has waited refresh.stall_after (`after_s`; None: off); None before."""
+    if after_s is None or held.get("oldest") is None:
+        return None
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    age = max(0.0, (now_ms - ver_ms(str(held["oldest"]))) / 1000)
+    if age < after_s:
+        return None
+    open_for = "" if held["open_s"] is None else f" for {held['open_s']:.0f}s"
+    doing = f", {held['doing']}" if held["doing"] else ""
+    return (
+        f"link {source} -> {target} stalled: {held['waiting']} change(s) committed at '{source}' wait, the oldest made "
+        f"{age:.0f}s ago, behind a transaction open there{open_for} ({held['who']}{doing}): what commits after a "
+        f"transaction began is handed out when it ends. Fix: end that transaction (COMMIT or ROLLBACK in its session, "
+        f"or at site '{source}': {held['fix']})"
+    )
 
 
 def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None:
@@ -355,6 +431,7 @@ def _refresh_batches(
             check_not_purged(src, target, tb, wms[tb])
         moved = False
         parts = _batches(tables, read, batch)
+        res.held_back = not parts and any(read.rows.values())
         for part in parts:
             done = _apply_part(tgt, tables, part, wms, tell.watch if tell else None)
             if done is None:

@@ -6,15 +6,13 @@ import json
 import time
 from typing import Any
 
-from sqlalchemy.exc import DBAPIError
-
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.core.waits import Wait, fix, reason, stalled
 from multimaster.engine.cluster import Cluster, as_cluster
-from multimaster.engine.refresh import clock_warning
+from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, NotConnected
@@ -183,59 +181,17 @@ def link_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, in
         return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target) for tb in t.tables}
 
 
-def held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
-    """Where writers capture concurrently at `src`: when every change waiting there for `target`
-    lies at or past the source's horizon, the transaction still open that holds it there (what
-    committed after it began is handed out only when it ends, docs/concepts.md "Many writers"):
-    who, open how long, doing what, and the statement that ends it. None otherwise."""
-    d = src.dialect
-    if not d.caps.concurrent_capture:
-        return None
-    with src.read() as conn:
-        hs = [d.read_horizon(conn, tb) for tb in t.tables]
-        if any(h is None for h in hs):
-            return None
-        horizon = min(h for h in hs if h is not None)
-        ph = d.caps.placeholder
-        for tb in t.tables:
-            o = d.obj(tb)
-            low = conn.exec_driver_sql(
-                f"SELECT min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
-                f"WHERE l2.seq2 > {ph} AND l2.op = 'A' AND l.origin <> {ph}",
-                (watermarks[tb], target),
-            ).scalar()
-            if low is not None and int(low) < horizon:
-                return None  # the next refresh can take it
-        ow = d.open_writer(conn)
-    if ow is None:
-        return None
-    return {"who": ow.who, "open_s": None if ow.open_s is None else round(ow.open_s, 1), "doing": ow.state, "fix": ow.fix}
-
-
 def _held_at_source(
     entry: dict[str, Any], src: Site, target: str, t: Topology, wms: dict[str, int], after_s: float | None
 ) -> None:
     """A link whose waiting changes all wait for a transaction still open at its source: named in
     `held_at_source`, and the link is stalled (with the statement that ends it) once the oldest
     has waited refresh.stall_after."""
-    try:
-        held = held_at_source(src, target, t, wms)
-    except DBAPIError:  # a login that may read the change logs but not the writers' registrations
-        held = None
+    held = held_at_source(src, target, t, wms)
     entry["held_at_source"] = held
-    if held is None or entry.get("stalled") or after_s is None:
+    if held is None or entry.get("stalled"):
         return
-    age = entry.get("oldest_waiting_age_s") or 0.0
-    if age < after_s:
-        return
-    open_for = "" if held["open_s"] is None else f" for {held['open_s']:.0f}s"
-    doing = f", {held['doing']}" if held["doing"] else ""
-    entry["stalled"] = (
-        f"link {entry['from']} -> {target} stalled: {entry['waiting']} change(s) committed at '{entry['from']}' "
-        f"wait, the oldest made {age:.0f}s ago, behind a transaction open there{open_for} ({held['who']}{doing}): "
-        f"what commits after a transaction began is handed out when it ends. Fix: end that transaction "
-        f"(COMMIT or ROLLBACK in its session, or at site '{entry['from']}': {held['fix']})"
-    )
+    entry["stalled"] = held_stall(entry["from"], target, held, after_s)
 
 
 def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float | None, target: str) -> None:
