@@ -370,6 +370,38 @@ def test_writers_that_draw_in_one_millisecond_do_not_wait_for_each_other(backend
     assert _names(cl, "s2") == {**{f"{w}{i}": 1 for w in "ab" for i in range(150)}, **{f"A{i}": 2 for i in range(150)}}
 
 
+def _busy_writer(backend, tmp_path, clock: str, t2_ends_early: bool):  # type: ignore[no-untyped-def]
+    """The scenario of the two tests below: A's T1 writes a1 and commits; A writes a2 and a horizon
+    (s3's pull) runs while A's transaction is open; with `t2_ends_early` that transaction (T2) commits
+    here and a3 goes into a third (T3); B opens (its registration holds the horizon down); A writes
+    a3 and commits. Returns the cluster and s2's pull of s1 made then, after which B commits and
+    every site converges with all four rows."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
+    try:
+        if clock:
+            a.run(clock)
+        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
+        a.conn.commit()
+        a.run("INSERT INTO stock (name, qty) VALUES ('a2', 1)")
+        assert cl.refresh("s3", "s1")[0].pulled == 1  # a horizon while A is inside a transaction
+        if t2_ends_early:
+            a.conn.commit()
+        b.run("INSERT INTO stock (name, qty) VALUES ('b1', 1)")
+        a.run("INSERT INTO stock (name, qty) VALUES ('a3', 1)")
+        a.conn.commit()
+        res = cl.refresh("s2", "s1")[0]
+        pulled = _names(cl, "s2")
+        b.conn.commit()
+    finally:
+        a.close()
+        b.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"a1": 1, "a2": 1, "a3": 1, "b1": 1}
+    return res, pulled
+
+
 @pytest.mark.parametrize("clock", ["", "SET timestamp = 1800000000"], ids=["", "fixed-timestamp"])
 def test_a_writer_that_never_pauses_does_not_hold_its_committed_transactions_back(backend, tmp_path, clock):  # type: ignore[no-untyped-def]
     """A connection under a steady load is inside a transaction whenever a horizon looks. A's T1
@@ -384,28 +416,9 @@ def test_a_writer_that_never_pauses_does_not_hold_its_committed_transactions_bac
     _concurrent_only(backend)
     if clock and backend.name != "mysql":
         pytest.skip("SET timestamp is MariaDB's")
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
-    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
-    try:
-        if clock:
-            a.run(clock)
-        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
-        a.conn.commit()
-        a.run("INSERT INTO stock (name, qty) VALUES ('a2', 1)")
-        assert cl.refresh("s3", "s1")[0].pulled == 1  # a horizon while A is inside T2
-        b.run("INSERT INTO stock (name, qty) VALUES ('b1', 1)")
-        a.run("INSERT INTO stock (name, qty) VALUES ('a3', 1)")
-        a.conn.commit()
-        res = cl.refresh("s2", "s1")[0]
-        assert res.error is None
-        assert res.pulled == 1 and _names(cl, "s2") == {"a1": 1}, "T1 is whole below the horizon; T2 is not"
-        b.conn.commit()
-    finally:
-        a.close()
-        b.close()
-    cl.refresh_until_quiet()
-    cl.assert_converged()
-    assert _names(cl, "s2") == {"a1": 1, "a2": 1, "a3": 1, "b1": 1}
+    res, pulled = _busy_writer(backend, tmp_path, clock, t2_ends_early=False)
+    assert res.error is None
+    assert res.pulled == 1 and pulled == {"a1": 1}, "T1 is whole below the horizon; T2 is not"
 
 
 def test_each_transaction_of_a_connection_is_its_own_group(backend, tmp_path):  # type: ignore[no-untyped-def]
@@ -414,27 +427,9 @@ def test_each_transaction_of_a_connection_is_its_own_group(backend, tmp_path):  
     T3. s2's pull takes T1 and T2 and holds T3 back: on MariaDB T2 and T3 differ only by the
     session's count of COMMITs (a bound the horizon records cuts only where it looked, after T3)."""
     _concurrent_only(backend)
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
-    a, b = _Writer(cl, "s1"), _Writer(cl, "s1")
-    try:
-        a.run("INSERT INTO stock (name, qty) VALUES ('a1', 1)")
-        a.conn.commit()
-        a.run("INSERT INTO stock (name, qty) VALUES ('a2', 1)")
-        assert cl.refresh("s3", "s1")[0].pulled == 1
-        a.conn.commit()
-        b.run("INSERT INTO stock (name, qty) VALUES ('b1', 1)")
-        a.run("INSERT INTO stock (name, qty) VALUES ('a3', 1)")
-        a.conn.commit()
-        res = cl.refresh("s2", "s1")[0]
-        assert res.error is None
-        assert res.pulled == 2 and _names(cl, "s2") == {"a1": 1, "a2": 1}, "T1 and T2 lie whole below the horizon"
-        b.conn.commit()
-    finally:
-        a.close()
-        b.close()
-    cl.refresh_until_quiet()
-    cl.assert_converged()
-    assert _names(cl, "s2") == {"a1": 1, "a2": 1, "a3": 1, "b1": 1}
+    res, pulled = _busy_writer(backend, tmp_path, "", t2_ends_early=True)
+    assert res.error is None
+    assert res.pulled == 2 and pulled == {"a1": 1, "a2": 1}, "T1 and T2 lie whole below the horizon"
 
 
 def test_a_transactions_entries_share_one_txn_and_autocommitted_statements_do_not(backend, tmp_path):  # type: ignore[no-untyped-def]

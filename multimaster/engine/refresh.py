@@ -211,20 +211,14 @@ def _held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, i
         if any(h is None for h in hs):
             return None
         horizon = min(h for h in hs if h is not None)
-        ph = d.caps.placeholder
         waiting, oldest = 0, None
         for tb in t.tables:
-            o = d.obj(tb)
-            n, low, ver = conn.exec_driver_sql(
-                f"SELECT count(*), min(l2.seq2), min(l.ver) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
-                f"WHERE l2.seq2 > {ph} AND l2.op = 'A' AND l.origin <> {ph}",
-                (watermarks[tb], target),
-            ).one()
-            if low is not None and int(low) < horizon:
+            n, ver, low = store.links.waiting_from(conn, d, tb, watermarks[tb], target)
+            if low is not None and low < horizon:
                 return None  # the next refresh can take it
-            waiting += int(n or 0)
-            if ver is not None and (oldest is None or str(ver) < oldest):
-                oldest = str(ver)
+            waiting += n
+            if ver is not None and (oldest is None or ver < oldest):
+                oldest = ver
         if not waiting:
             return None
         ow = d.open_writer(conn)

@@ -11,7 +11,7 @@ from multimaster.core.waits import Wait
 from multimaster.dialects.base import Dialect
 from multimaster.store import watermarks
 
-__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting", "parked"]
+__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting", "waiting_from", "parked"]
 
 _ROW = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
 
@@ -66,14 +66,22 @@ def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int,
 def waiting(conn: Connection, d: Dialect, table: str, watermark: int, puller: str) -> tuple[int, str | None]:
     """Changes in this site's logs past `watermark` that `puller` has not pulled yet: how many, the
     oldest version."""
+    n, oldest, _ = waiting_from(conn, d, table, watermark, puller)
+    return n, oldest
+
+
+def waiting_from(conn: Connection, d: Dialect, table: str, watermark: int, puller: str) -> tuple[int, str | None, int | None]:
+    """:func:`waiting`, and the lowest position of those changes (None: none)."""
     o = d.obj(table)
     p = d.caps.placeholder
     r = conn.exec_driver_sql(
-        f"SELECT count(*), min(l.ver) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
+        f"SELECT count(*), min(l.ver), min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
         f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
         (watermark, puller),
     ).first()
-    return (int(r[0] or 0), r[1]) if r else (0, None)
+    if not r:
+        return 0, None, None
+    return int(r[0] or 0), None if r[1] is None else str(r[1]), None if r[2] is None else int(r[2])
 
 
 def parked(conn: Connection, d: Dialect, table: str, peer: str) -> Wait | None:

@@ -684,8 +684,9 @@ class MySQLDialect(Dialect):
 
     def trim_txn_bounds(self, conn: Connection, below: int | None) -> None:
         if below is None:
-            below = int(conn.exec_driver_sql("SELECT coalesce(max(upto), 0) + 1 FROM _mm_bounds").scalar() or 0)
-        conn.exec_driver_sql("DELETE FROM _mm_bounds WHERE upto < %s", (int(below),))
+            conn.exec_driver_sql("DELETE FROM _mm_bounds")
+        else:
+            conn.exec_driver_sql("DELETE FROM _mm_bounds WHERE upto < %s", (int(below),))
 
     def _register(self, conn: Connection, table: str) -> None:
         """Lock this connection's slot of `table` (creating it behind the gate), as capture does
