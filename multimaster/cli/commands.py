@@ -322,6 +322,12 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         for line in st["clock_warnings"]:
             cw.add_row(escape(line))
         out.append(cw)
+    if st.get("registry_warnings"):  # docs/mysql.md "The transaction registry"
+        rw = Table(title="transaction registry")
+        rw.add_column("a record the server keeps of capturing transactions, and the fix")
+        for line in st["registry_warnings"]:
+            rw.add_row(escape(line))
+        out.append(rw)
     if behind:  # docs/schema-changes.md
         sb = Table(title="schema behind")
         sb.add_column("what waits, and the fix")

@@ -182,6 +182,9 @@ def _purge_tables(reps: list[Any], dry_run: bool) -> None:
             )
     console.print(t)
     console.print(s)
+    for r in reps:  # MariaDB's record of capturing transactions (docs/mysql.md "The transaction registry")
+        if r.registry:
+            console.print(f"site '{r.site}': {r.registry}", markup=False, highlight=False, soft_wrap=True)
 
 
 def add_site(

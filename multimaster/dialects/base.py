@@ -512,6 +512,20 @@ class Dialect:
         """Forget the transaction bounds below position `below`, the lowest the change logs still
         hold (None: they hold none); purge calls it. Default: none are kept."""
 
+    #: registry_rows past which `status` warns (docs/mysql.md "The transaction registry")
+    REGISTRY_WARN = 1_000_000
+
+    def registry_rows(self, conn: Connection, exact: bool = False) -> int | None:
+        """Rows of the server's record of the transactions capture ran in, which multimaster
+        cannot trim row by row (MariaDB's mysql.transaction_registry): the server's estimate
+        unless `exact`; None: no such record (or no right to read it)."""
+        return None
+
+    def trim_registry(self, conn: Connection) -> str | None:
+        """Empty that record where it is allowed and safe (purge calls it, on a connection outside
+        any transaction: it may be DDL); returns what it did or why it did not. None: nothing to do."""
+        return None
+
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
         """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
         read, so an application's concurrent update waits instead of being overwritten."""

@@ -136,6 +136,9 @@ class PurgeReport:
     pullers: list[PullerState] = field(default_factory=list)
     dry_run: bool = False
     error: str | None = None
+    #: what became of the server's record of capturing transactions (MariaDB's
+    #: mysql.transaction_registry: truncated, or why not; docs/mysql.md); None: nothing to do
+    registry: str | None = None
 
     @property
     def expired(self) -> list[str]:
@@ -164,6 +167,7 @@ class PurgeReport:
             "conflicts": self.conflicts,
             "tables": {t: vars(tp) for t, tp in self.tables.items()},
             "pullers": [vars(p) for p in self.pullers],
+            "registry": self.registry,
         }
 
 
@@ -320,6 +324,8 @@ def purge_site(
             lows = [conn.exec_driver_sql(f"SELECT min(seq) FROM {d.obj(tb).log}").scalar() for tb in topo.tables]
             held = [int(x) for x in lows if x is not None]
             d.trim_txn_bounds(conn, min(held) if held else None)
+        with src.write() as conn:  # alone: it may be DDL, which commits (MariaDB's TRUNCATE)
+            rep.registry = d.trim_registry(conn)
     return rep
 
 

@@ -11,6 +11,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.core.waits import Wait, fix, reason, stalled
+from multimaster.dialects.base import Dialect
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
@@ -124,6 +125,12 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             for c in w["columns"]
         ]
         out["untracked"] = [untracked_message(tb, n) for n, d in site_data.items() for tb in d.get("untracked", [])]
+        out["registry_warnings"] = [
+            f"site '{n}': mysql.transaction_registry holds ~{d['registry_rows']:,} rows, one per transaction that "
+            "captured a change; run 'multimaster purge' (it truncates it; docs/mysql.md \"The transaction registry\")"
+            for n, d in site_data.items()
+            if (d.get("registry_rows") or 0) > Dialect.REGISTRY_WARN
+        ]
         out["verification"] = (
             last(cl) if site_data[t.verify_site].get("reachable") and not isinstance(cl.site(t.verify_site), AgentSite) else None
         )  # last recorded verify run
@@ -146,6 +153,7 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
             d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
             d.update(_schemas(conn, s, t))  # docs/schema-changes.md
             d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
+            d["registry_rows"] = s.dialect.registry_rows(conn)  # MariaDB: docs/mysql.md "The transaction registry"
             if since is not None:
                 d["conflicts_since"] = store.conflicts.count_since(conn, s.dialect, since)
     return d

@@ -10,8 +10,9 @@
 -- table and this row (always false on natural-key tables), so a user trigger that writes another
 -- replicated table in between cannot hand it a foreign value. (`@v := expr` inside an expression is
 -- deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
--- Each entry records its source transaction: txn = the connection and its epoch (@mm_x, read by
--- $draw from _mm_conns and held until the transaction ends; site.sql, docs/transactions.md).
+-- Each entry records its source transaction: txn = the connection, its epoch (@mm_x, read by
+-- $draw from _mm_conns and held until the transaction ends) and the InnoDB id of the transaction
+-- (@mm_trx, set by the draw: site.sql _mm_draw, docs/transactions.md).
 -- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates and
 -- deletes to the live one (deleted IS NULL); mm_r is a new row's incarnation ($ridinit). A key's
 -- first incarnation goes into the shadow without reading it first (a read inside a trigger is a
@@ -30,7 +31,7 @@ BEGIN
     END IF;
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$newvals);$shadowins
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$newvals);$shadowins
   END IF;
 END;
 --
@@ -43,7 +44,7 @@ BEGIN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$updnew$updold);
+      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold);
     UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;
@@ -57,7 +58,7 @@ BEGIN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', _mm_txno()), $sv$oldvals);
+      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$oldvals);
     UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
   END IF;
 END;

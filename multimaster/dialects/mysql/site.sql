@@ -99,9 +99,19 @@ ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site inst
 -- it inserts an explicit value of the current millisecond, which moves the counter (_mm_draw);
 -- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
 -- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
+-- The table is system-versioned, transaction-precise: each row's trx (ROW START) is the InnoDB id
+-- of the transaction that drew it, which is how a capture learns its transaction's id
+-- (docs/transactions.md "MariaDB's transaction id"). MariaDB records each such transaction in
+-- mysql.transaction_registry at COMMIT, a table no DELETE may touch: purge truncates it where that
+-- is allowed and safe (Dialect.trim_registry, docs/mysql.md "The transaction registry"); the
+-- clock's own history goes at the horizon's trim (_mm_horizon below). (Dialect.install_site adds
+-- the versioning to the table of a site installed before it.)
 CREATE TABLE IF NOT EXISTS _mm_tick (
-  t BIGINT AUTO_INCREMENT PRIMARY KEY
-) ENGINE=InnoDB;
+  t BIGINT AUTO_INCREMENT PRIMARY KEY,
+  trx BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE,
+  trx_end BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE,
+  PERIOD FOR SYSTEM_TIME(trx, trx_end)
+) ENGINE=InnoDB WITH SYSTEM VERSIONING;
 --
 -- One draw: the next value of the clock, past the wall clock. The counter is drawn first; only when
 -- the value is behind the wall clock (w, in units of 1/65536 ms) does an explicit value move the
@@ -113,7 +123,8 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 -- and a value already passed by the counter is IGNOREd without a wait unless a transaction still
 -- open drew exactly it in the microseconds between the two inserts (docs/mysql.md, Limits).
 -- Called by the capture triggers inside the UPDATE that locks their slot (capture.sql), so the
--- slot is locked first.
+-- slot is locked first. Sets @mm_trx, the id of the drawing transaction (the row's ROW START): the
+-- captured entry's txn (capture.sql). It reads a row this transaction inserted: no wait.
 -- LAST_INSERT_ID() is restored when the function returns: an application's own insert id is kept.
 CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
@@ -126,31 +137,16 @@ BEGIN
     INSERT INTO _mm_tick (t) VALUES (NULL);
     SET p = LAST_INSERT_ID();
   END IF;
+  SET @mm_trx = (SELECT trx FROM _mm_tick WHERE t = p);
   RETURN p;
 END
 --
--- The transaction of the statement running, within the connection (docs/transactions.md
--- "Transactions on MariaDB"): inside a transaction the session's count of COMMIT and BEGIN
--- statements (Com_commit + Com_begin: a BEGIN commits an open transaction), which changes at every
--- transaction boundary an application makes and never within a transaction; an autocommitted
--- statement (no transaction open: @@in_transaction = 0) is a transaction of its own, named by a
--- fresh UUID_SHORT(). Reading the session status costs ~90 us, so it is read once per statement:
--- NOW(6) is the statement's start, the same for every row and trigger of it. (A transaction
--- ended by DDL or SET autocommit = 1, which count no COMMIT, runs on under the same name into the
--- next: they are applied together, which keeps both whole.)
-CREATE OR REPLACE FUNCTION _mm_txno() RETURNS VARCHAR(40) NOT DETERMINISTIC READS SQL DATA SQL SECURITY DEFINER
-BEGIN
-  IF @mm_txno IS NULL OR @mm_stmt IS NULL OR @mm_stmt <> NOW(6) + 0 THEN
-    SET @mm_stmt = NOW(6) + 0;
-    IF @@in_transaction THEN
-      SET @mm_txno = (SELECT CAST(SUM(VARIABLE_VALUE) AS UNSIGNED) FROM information_schema.SESSION_STATUS
-                       WHERE VARIABLE_NAME IN ('COM_COMMIT', 'COM_BEGIN'));
-    ELSE
-      SET @mm_txno = CONCAT('s', UUID_SHORT());
-    END IF;
-  END IF;
-  RETURN @mm_txno;
-END
+-- The drawing transaction's id, as capture triggers installed before this change (2026-11-27) ask for it (they
+-- named a transaction by the session's Com_commit + Com_begin, read from
+-- information_schema.SESSION_STATUS once per statement at ~100 us; init re-creates them reading
+-- @mm_trx directly, capture.sql, and would otherwise leave them failing between its steps).
+CREATE OR REPLACE FUNCTION _mm_txno() RETURNS VARCHAR(40) NOT DETERMINISTIC NO SQL SQL SECURITY DEFINER
+  RETURN @mm_trx;
 --
 -- Slots: one row per (replicated table, connection) that captured changes of that table. Every
 -- captured row locks its connection's slot and draws its position into the slot's cur in one
@@ -271,13 +267,16 @@ BEGIN
   SET hz = LEAST(c0, coalesce(g, c0));
   -- at most once a second per reading session: the clock's rows below the horizon (their
   -- transactions ended) go, the newest row stays (read_clock); a row still locked (an explicit
-  -- value the reconciler inserted and deletes again) makes the trim give up at once
+  -- value the reconciler inserted and deletes again) makes the trim give up at once. The table is
+  -- system-versioned: what the previous trims deleted is its history, which goes first (DELETE
+  -- HISTORY records nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
   IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
     BEGIN
       DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
       SELECT max(t) INTO top FROM _mm_tick;
       SET @mm_lwt = @@session.innodb_lock_wait_timeout;
       SET SESSION innodb_lock_wait_timeout = 0;
+      DELETE HISTORY FROM _mm_tick;
       DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
       COMMIT;
       SET SESSION innodb_lock_wait_timeout = @mm_lwt;

@@ -1,0 +1,163 @@
+"""MariaDB names each capturing transaction by its InnoDB id (docs/transactions.md "MariaDB's
+transaction id"): the clock `_mm_tick` is system-versioned, transaction-precise, so the row a
+capture draws carries its transaction's id. MariaDB records each such transaction in
+mysql.transaction_registry, which no DELETE may touch: `purge` truncates it, unless another table
+keeps transaction-precise history, and `status` warns when it grows (docs/mysql.md "The
+transaction registry")."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import BACKENDS, Backend, make_cluster, server_unavailable
+
+from multimaster import api
+from multimaster.dialects.base import Dialect
+
+ROOT = Path(__file__).resolve().parent.parent
+STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
+
+
+@pytest.fixture
+def mysql_backend() -> Iterator[Backend]:
+    try:
+        b = BACKENDS["mysql"]()
+    except ConnectionError as e:
+        server_unavailable("mysql", str(e))
+    yield b
+    b.cleanup()
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m multimaster.cli ARGS`, as a user runs it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "multimaster.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+def _one(conn: Any, sql: str) -> Any:
+    cur = conn.cursor()
+    cur.execute(sql)
+    return cur.fetchall()
+
+
+def test_each_transaction_is_named_by_its_innodb_id_even_with_a_fixed_timestamp(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Three transactions of one connection back to back, no horizon between them, the session's
+    clock fixed (SET timestamp: NOW() never changes), then two autocommitted statements: every
+    entry of a transaction has one txn, ending in the id of the transaction that drew it (the
+    clock row's ROW START); no two transactions share one."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("SET timestamp = 1700000000")
+        for i in range(3):
+            cur.execute("INSERT INTO stock (name, qty) VALUES (%s, 1), (%s, 2)", (f"t{i}a", f"t{i}b"))
+            cur.execute("UPDATE stock SET qty = qty + 10 WHERE name = %s", (f"t{i}a",))
+            c.commit()
+        c.autocommit(True)
+        cur.execute("INSERT INTO stock (name, qty) VALUES ('auto1', 1)")
+        cur.execute("INSERT INTO stock (name, qty) VALUES ('auto2', 1)")
+        txns = [str(r[0]) for r in _one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq")]
+        drew = {int(r[0]) for r in _one(c, "SELECT trx FROM _mm_tick FOR SYSTEM_TIME ALL")}
+    finally:
+        c.close()
+    assert len(txns) == 11, txns
+    groups = [txns[0:3], txns[3:6], txns[6:9], [txns[9]], [txns[10]]]
+    assert all(len(set(g)) == 1 for g in groups), txns
+    assert len({g[0] for g in groups}) == 5, txns
+    assert {int(t.rsplit(".", 1)[1]) for t in txns} <= drew, (txns, drew)
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_purge_truncates_the_registry_unless_another_table_keeps_history(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Through the CLI: while a table of the user's keeps transaction-precise history, purge leaves
+    mysql.transaction_registry alone and says why (naming the table); once it is gone, purge
+    truncates it, and none of the site's capturing transactions is left in it."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    topo = str(tmp_path / "topology.yaml")
+    hist = "audit_" + uuid.uuid4().hex[:8]
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute(
+            f"CREATE TABLE {hist} (id INT PRIMARY KEY, s BIGINT UNSIGNED AS ROW START INVISIBLE, "
+            "e BIGINT UNSIGNED AS ROW END INVISIBLE, PERIOD FOR SYSTEM_TIME(s, e)) WITH SYSTEM VERSIONING"
+        )
+        c.autocommit(True)
+        for i in range(5):
+            cur.execute("INSERT INTO stock (name, qty) VALUES (%s, %s)", (f"n{i}", i))
+        ours = sorted({str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")})
+        assert len(ours) == 5
+        kept = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s")
+        assert kept.returncode == 0, kept.stdout + kept.stderr
+        assert "not truncated" in kept.stdout and f"{hist}" in kept.stdout, kept.stdout
+        cur.execute(f"DROP TABLE {hist}")
+        done = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s", "--json")
+        assert done.returncode == 0, done.stdout + done.stderr
+        left = _one(c, f"SELECT count(*) FROM mysql.transaction_registry WHERE transaction_id IN ({','.join(ours)})")[0][0]
+    finally:
+        c.close()
+    assert left == 0, done.stdout
+    assert '"registry": null' in done.stdout or "mysql.transaction_registry truncated" in done.stdout, done.stdout
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_status_warns_of_a_large_registry(mysql_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Past Dialect.REGISTRY_WARN rows (lowered here), status names the site and says what to run."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('a', 1)")
+    monkeypatch.setattr(Dialect, "REGISTRY_WARN", -1)
+    with api.Cluster(cl.topo) as c:
+        st = api.status(c)
+    assert any("site 's1': mysql.transaction_registry holds" in w and "multimaster purge" in w for w in st["registry_warnings"])
+    monkeypatch.setattr(Dialect, "REGISTRY_WARN", 10**12)
+    with api.Cluster(cl.topo) as c:
+        assert api.status(c)["registry_warnings"] == []
+
+
+def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A site whose clock is the plain table of earlier releases: init again makes it
+    transaction-precise, the counter (the clock) stays, and capture names transactions again."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('before', 1)")
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        top = _one(
+            c, "SELECT AUTO_INCREMENT FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tick'"
+        )
+        # the clock as earlier releases created it, at the same counter, holding its newest row
+        cur.execute("RENAME TABLE _mm_tick TO _mm_tick_was")
+        cur.execute(f"CREATE TABLE _mm_tick (t BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB AUTO_INCREMENT={int(top[0][0])}")
+        cur.execute("INSERT INTO _mm_tick (t) SELECT max(t) FROM _mm_tick_was")
+        cur.execute("DROP TABLE _mm_tick_was")
+        c.commit()
+        assert _one(c, "SHOW CREATE TABLE _mm_tick")[0][1].find("SYSTEM VERSIONING") < 0
+    finally:
+        c.close()
+    r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('after', 1)")
+    c = cl.db("s1")
+    try:
+        kind = _one(
+            c, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tick'"
+        )
+        seqs = [int(x[0]) for x in _one(c, "SELECT seq FROM _mm_log_stock ORDER BY seq")]
+        last = str(_one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq DESC LIMIT 1")[0][0])
+    finally:
+        c.close()
+    assert kind[0][0] == "SYSTEM VERSIONED"
+    assert seqs[-1] >= int(top[0][0]) and seqs == sorted(seqs), (seqs, top)
+    assert last.rsplit(".", 1)[1].isdigit(), last
+    cl.refresh_until_quiet()
+    assert sorted(r[1] for r in cl.rows("s2", "stock")) == ["after", "before"]
