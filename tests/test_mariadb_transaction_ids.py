@@ -161,3 +161,40 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
     assert last.rsplit(".", 1)[1].isdigit(), last
     cl.refresh_until_quiet()
     assert sorted(r[1] for r in cl.rows("s2", "stock")) == ["after", "before"]
+
+
+def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The horizon trims the clock's history (DELETE HISTORY, a privilege of its own) as the user
+    who ran init: init run by a user granted the usual privileges one by one, without it, stops
+    before writing anything, naming the GRANT; with it granted, init and replication go on."""
+    import yaml
+
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    user = "mm_site_" + uuid.uuid4().hex[:8]
+    db = cl.urls["s1"].rsplit("/", 1)[1].split("?")[0]
+    grants = (
+        "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, TRIGGER, CREATE VIEW, CREATE TEMPORARY TABLES, "
+        "CREATE ROUTINE, ALTER ROUTINE, EXECUTE"
+    )
+    mysql_backend._admin(f"CREATE USER '{user}'@'%'")
+    try:
+        mysql_backend._admin(f"GRANT {grants} ON `{db}`.* TO '{user}'@'%'")
+        path = tmp_path / "topology.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["sites"]["s1"]["url"] = cl.urls["s1"].replace("//root@", f"//{user}@")
+        as_user = tmp_path / "as-user.yaml"
+        as_user.write_text(yaml.safe_dump(doc, sort_keys=False))
+        r = cli("init", "-t", str(as_user))
+        assert r.returncode != 0, r.stdout + r.stderr
+        out = " ".join((r.stdout + r.stderr).split())
+        assert "may not DELETE HISTORY" in out and f"GRANT DELETE HISTORY ON `{db}`.* TO '{user}'@'%'" in out, out
+        mysql_backend._admin(f"GRANT DELETE HISTORY ON `{db}`.* TO '{user}'@'%'")
+        r = cli("init", "-t", str(as_user))
+        assert r.returncode == 0, r.stdout + r.stderr
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 1)")
+        for _ in range(2):  # the second pull's horizon trims the clock as that user
+            r = cli("refresh", "-t", str(as_user))
+            assert r.returncode == 0, r.stdout + r.stderr
+        assert [row[1] for row in cl.rows("s2", "stock")] == ["x"]
+    finally:
+        mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")

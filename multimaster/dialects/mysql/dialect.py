@@ -374,15 +374,42 @@ class MySQLDialect(Dialect):
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
         """Found before init writes anything, since MySQL's DDL cannot be rolled back: the base's
-        (an earlier layout), and capture triggers that could not be created (binary logging on,
-        creators not trusted, no SUPER)."""
+        (an earlier layout), a user who may not trim the clock's history (DELETE HISTORY), and
+        capture triggers that could not be created (binary logging on, creators not trusted, no
+        SUPER)."""
         out = super().install_problems(conn, tables)
+        history = self._history_problem(conn)
+        out += [history] if history else []
         row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").one()
         log_bin, trust = _on(row[0]), _on(row[1])
         if not log_bin or trust:
             return out  # no need to look at privileges
         msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
         return out + ([msg] if msg else [])
+
+    def _history_problem(self, conn: Connection) -> str | None:
+        """The clock is system-versioned and the horizon, running as the user who ran init, trims
+        its history with DELETE HISTORY (site.sql), a privilege of its own that explicit grants
+        often lack (ALL PRIVILEGES has it). Tried on a scratch table, so a privilege held through
+        a role counts too; the table is dropped again at once."""
+        probe = "_mm_probe_history"
+        try:
+            conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {probe} (id INT PRIMARY KEY) ENGINE=InnoDB WITH SYSTEM VERSIONING")
+            conn.exec_driver_sql(f"DELETE HISTORY FROM {probe}")
+        except DBAPIError as e:
+            if not (e.orig is not None and e.orig.args and e.orig.args[0] in (1142, 1044)):
+                raise
+            user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
+            name, _, host = user.rpartition("@")
+            db = conn.exec_driver_sql("SELECT DATABASE()").scalar()
+            return (
+                f"the user running init, {user}, may not DELETE HISTORY in {self.quote(str(db))}: the clock _mm_tick is "
+                'system-versioned and every pull trims its history (docs/mysql.md "The transaction registry"). '
+                f"As an administrator: GRANT DELETE HISTORY ON {self.quote(str(db))}.* TO '{name}'@'{host}'"
+            )
+        finally:
+            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
+        return None
 
     def has_super(self, conn: Connection) -> bool:
         """The current user holds SUPER globally: a row of information_schema.USER_PRIVILEGES for
