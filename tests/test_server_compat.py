@@ -254,6 +254,8 @@ class _FakeConn:
             return R([(g,) for g in self.grants])
         if "information_schema.TABLES" in sql:  # an older layout's second-order log table: none here
             return R([])
+        if "_mm_probe_history" in sql:  # the DELETE HISTORY probe: allowed here (denied: test_mariadb_transaction_ids.py)
+            return R([])
         raise AssertionError(sql)
 
 
