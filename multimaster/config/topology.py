@@ -266,6 +266,12 @@ class Topology:
         """Sites that `site` pulls from."""
         return [ln.source for ln in self.links if ln.target == site]
 
+    def pulls_every_writable(self) -> bool:
+        """Every site pulls directly from every writable site but itself (a mesh, read-only sites
+        included): any change a site lacks, it can get from any other site."""
+        writable = set(self.sites) - self.read_only
+        return all(writable - {s} <= set(self.peers_of(s)) for s in self.sites)
+
     def link(self, source: str, target: str) -> Link | None:
         for ln in self.links:
             if ln.source == source and ln.target == target:

@@ -49,12 +49,16 @@ def read_entries(
     watermark: int,
     below: int | None = None,
     limit: int | None = None,
+    have: Mapping[str, str] | None = None,
 ) -> list[tuple[Any, ...]]:
     """On a connection to `source`: its second-order log entries past `watermark` (and below
     `below`), joined with the change-log rows they reference, in order, as rows (seq2, op2, seq,
     ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending) in the layout of `info`
     (the target's columns); entries of changes that originated at `target` come with change
-    columns None.
+    columns None, and so do those of an origin in `have` (origin -> the highest version of it the
+    target applied, _mm_origins) at or below that version: the target would drop them as
+    duplicates (engine/reconcile.py), so only their positions travel (docs/topologies.md "A mesh
+    ships each change once").
 
     Each entry is carried by column name from the schema version it was written in
     (core/schemas.py translate, the source's ``_mm_schemas``): `pending` is None, or the values of
@@ -72,13 +76,17 @@ def read_entries(
     cols += ["l." + q("n_" + c) for c in union] + ["l." + q("o_" + c) for c in union]
     cols += references.log_columns(d, info, "l.")  # identities of references (f_, fo_)
     cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL"]
+    had, had_args = "", []
+    if have:  # origins the target applied up to a version: their entries up to it travel as positions
+        had = f" AND l.ver > CASE l.origin {' '.join(f'WHEN {ph} THEN {ph}' for _ in have)} ELSE '' END"
+        had_args = [x for o, v in sorted(have.items()) for x in (o, v)]
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {', '.join(cols)} FROM {o.log2} l2 "
-        f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph} "
+        f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph}{had} "
         f"WHERE l2.seq2 > {ph} {'' if below is None else f'AND l2.seq2 < {int(below)} '}"
         f"ORDER BY l2.seq2{'' if limit is None else f' LIMIT {int(limit)}'}"
     )
-    raw = sconn.exec_driver_sql(sql, (target, watermark))
+    raw = sconn.exec_driver_sql(sql, (target, *had_args, watermark))
     return _in_layout([tuple(r) for r in raw], info, union, layouts, min(layouts))
 
 
@@ -153,7 +161,12 @@ class LinkRead:
 
 
 def pull_link(
-    source: Site, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int], window: int | None = None
+    source: Site,
+    target: str,
+    infos: Sequence[TableInfo],
+    watermarks: Mapping[str, int],
+    window: int | None = None,
+    have: Mapping[str, Mapping[str, str]] | None = None,
 ) -> LinkRead:
     """Read every table's entries past its watermark at `source`, all in one read: at most
     `window` entries per table (None: all of them).
@@ -169,11 +182,17 @@ def pull_link(
     transactions seen below it that have entries past a cut table's last entry read are asked for
     by transaction (the change log's index of them) and returned as `continuing`. Where positions
     are a table's own (SQLite), a cut table is read on in the next read: a transaction across
-    tables may then arrive in two batches (docs/transactions.md "Limits")."""
+    tables may then arrive in two batches (docs/transactions.md "Limits").
+
+    `have` (table -> origin -> version, read at the target): entries the target has applied travel
+    as positions only (read_entries)."""
     with source.read() as sconn:
         hs = [source.dialect.read_horizon(sconn, i.name) for i in infos]
         horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
-        rows = {i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window) for i in infos}
+        rows = {
+            i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window, have=(have or {}).get(i.name))
+            for i in infos
+        }
         own = [int(r[2]) for i in infos for r in rows[i.name] if r[4] == source.name]
         bounds = source.dialect.txn_bounds(sconn, min(own), max(own)) if own else None
         if bounds:

@@ -420,7 +420,8 @@ def _refresh_batches(
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
-        read = read_link(src, target, [lt.info for lt in tables.values()], wms, window)
+            have = _have(conn, tables)
+        read = read_link(src, target, [lt.info for lt in tables.values()], wms, window, have)
         for tb in tables:
             check_not_purged(src, target, tb, wms[tb])
         moved = False
@@ -474,7 +475,8 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
     while True:
         with tgt.read() as conn:
             wms0 = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
-        pre = read_link(src, target, [lt.info for lt in tables.values()], wms0, window)
+            have0 = _have(conn, tables)
+        pre = read_link(src, target, [lt.info for lt in tables.values()], wms0, window, have0)
         for tb in tables:
             check_not_purged(src, target, tb, wms0[tb])
         if not any(pre.rows.values()):
@@ -520,7 +522,7 @@ def _whole_link(
         if pre is not None and pre[0] == wms:
             read = pre[1]
         else:
-            read = read_link(src, target, infos, wms, window)
+            read = read_link(src, target, infos, wms, window, _have(conn, tables))
             for tb in tables:
                 check_not_purged(src, target, tb, wms[tb])
         pre = None
@@ -860,12 +862,34 @@ def catch_up(topo: Topology | Cluster, site: str | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_link(src: Site, target: str, infos: list[TableInfo], watermarks: dict[str, int], window: int | None = None) -> LinkRead:
+def read_link(
+    src: Site,
+    target: str,
+    infos: list[TableInfo],
+    watermarks: dict[str, int],
+    window: int | None = None,
+    have: dict[str, dict[str, str]] | None = None,
+) -> LinkRead:
     """engine/pull.py pull_link at `src`: run here against its database, or by its agent there
     (engine/remote.py, docs/agent.md), which runs the same function and sends its result."""
     if isinstance(src, AgentSite):
-        return src.pull_link(target, infos, watermarks, window)
-    return pull_link(src, target, infos, watermarks, window)
+        return src.pull_link(target, infos, watermarks, window, have)
+    return pull_link(src, target, infos, watermarks, window, have)
+
+
+def _have(conn: Connection, tables: dict[str, _LinkTable]) -> dict[str, dict[str, str]] | None:
+    """What the link's target has applied, per table and origin (_mm_origins), for its source to
+    send those changes as positions only — where every site pulls every writable site directly (a
+    mesh), None elsewhere. In a mesh a change reaches a site over every route (tables that need
+    causal delivery are relayed by every site), but a site that lacks it, now or after a peer is
+    removed, can get it from any other site, so no snapshot of a peer needs the bodies of what its
+    owner had already (remove-site's salvage reads snapshots: docs/operations.md "Removing a
+    site"). In a chain or a star the route through the peer may be the only one."""
+    first = next(iter(tables.values()))
+    if not first.topo.pulls_every_writable():
+        return None
+    d = first.tgt.dialect
+    return {tb: dict(store.origins.read(conn, d, tb)) for tb in tables}
 
 
 def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None:

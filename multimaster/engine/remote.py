@@ -210,17 +210,24 @@ class AgentSite(Site):
         return dict(h)
 
     def pull_link(
-        self, target: str, infos: Sequence[TableInfo], watermarks: Mapping[str, int], window: int | None = None
+        self,
+        target: str,
+        infos: Sequence[TableInfo],
+        watermarks: Mapping[str, int],
+        window: int | None = None,
+        have: Mapping[str, Mapping[str, str]] | None = None,
     ) -> LinkRead:
         """engine/pull.py pull_link, run by the agent at its site for `target` (whose tables'
         layouts go along): the same LinkRead. The answer streams as JSON lines, a head, the rows
         in pieces and an end line; an answer broken off before its end line raises AgentError."""
-        body = {
+        body: dict[str, Any] = {
             "target": target,
             "tables": [wire.layout_of(i) for i in infos],
             "watermarks": {k: int(v) for k, v in watermarks.items()},
             "window": window,
         }
+        if have:  # what the target applied: sent back as positions only (an older agent ignores it)
+            body["have"] = {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}
         rows: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in infos}
         head: dict[str, Any] | None = None
         ended = False

@@ -112,7 +112,24 @@ class _Handlers:
         if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
             raise ConfigError([f"a pull's window is 1 to {MAX_WINDOW:,} entries per table, not {window!r}"])
         wms = {i.name: int(b["watermarks"][i.name]) for i in infos}
-        return _lines(pull_link(self.s, target, infos, wms, window))
+        return _lines(pull_link(self.s, target, infos, wms, window, self._have(b.get("have"), infos)))
+
+    def _have(self, raw: Any, infos: list[Any]) -> dict[str, dict[str, str]] | None:
+        """A pull's `have` (table -> origin -> version the target applied), bound as SQL parameters
+        (engine/pull.py read_entries): strings of a version's size, or the pull is refused."""
+        if raw is None:
+            return None
+        tables = {i.name for i in infos}
+        if not isinstance(raw, dict) or not set(raw) <= tables:
+            raise ConfigError(["a pull's have names tables of the pull, each with origin: version"])
+        out: dict[str, dict[str, str]] = {}
+        for t, h in raw.items():
+            if not isinstance(h, dict) or not all(
+                isinstance(o, str) and isinstance(v, str) and len(o) <= 64 and len(v) <= 255 for o, v in h.items()
+            ):
+                raise ConfigError([f"a pull's have of {t!r} maps origins to versions"])
+            out[t] = dict(h)
+        return out
 
     def _check_layouts(self, infos: list[Any]) -> None:
         """The tables a client names are replicated tables of the topology, and every column name
