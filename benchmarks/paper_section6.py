@@ -521,6 +521,10 @@ def main() -> None:
     why = unavailable()
     if why:
         sys.exit(f"paper_section6: {why}")
+    try:  # the figures are drawn at the end: say so now, not after the runs
+        import matplotlib  # noqa: F401
+    except ImportError:
+        sys.exit("paper_section6: the figures need matplotlib: .venv/bin/pip install '.[bench]'")
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop: the finally clauses remove the hosts
@@ -567,7 +571,7 @@ def main() -> None:
         from paper_section6_report import write_report
     except ImportError:
         return
-    write_report(meta, results, Path(a.doc), ROOT / "docs" / "img")
+    write_report(meta, results, Path(a.doc), Path(a.doc).parent / "img")  # the figures beside the document
     print(f"done in {meta['seconds']:.0f} s: {a.json}, {a.doc}", flush=True)
 
 
