@@ -160,6 +160,12 @@ class TestCluster:
                 assert self.rows(s, tb) == ref, f"{tb} differs at {s}"
 
 
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m multimaster.cli ARGS`, as a user runs it (wide output: no line breaks in messages)."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "COLUMNS": "250"}
+    return subprocess.run([sys.executable, "-m", "multimaster.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+
+
 def make_cluster(
     backend: Backend,
     tmp: Path,

@@ -4,6 +4,8 @@ failure instead of a skip)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 from clusters import BACKENDS, DROPPER, Backend, server_unavailable
 
@@ -22,6 +24,27 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 @pytest.fixture
 def sqlite_backend() -> Backend:
     return BACKENDS["sqlite"]()
+
+
+def _server(name: str) -> Iterator[Backend]:
+    try:
+        b = BACKENDS[name]()
+    except ConnectionError as e:
+        server_unavailable(name, str(e))
+    yield b
+    b.cleanup()
+
+
+@pytest.fixture
+def mysql_backend() -> Iterator[Backend]:
+    """MariaDB alone (a test of what only MariaDB has)."""
+    yield from _server("mysql")
+
+
+@pytest.fixture
+def pg_backend() -> Iterator[Backend]:
+    """PostgreSQL alone."""
+    yield from _server("postgresql")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -7,38 +7,15 @@ transaction registry")."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import pytest
-from clusters import BACKENDS, Backend, make_cluster, server_unavailable
+from clusters import cli, make_cluster
 
 from multimaster import api
 from multimaster.dialects.base import Dialect
 
-ROOT = Path(__file__).resolve().parent.parent
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
-
-
-@pytest.fixture
-def mysql_backend() -> Iterator[Backend]:
-    try:
-        b = BACKENDS["mysql"]()
-    except ConnectionError as e:
-        server_unavailable("mysql", str(e))
-    yield b
-    b.cleanup()
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m multimaster.cli ARGS`, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "multimaster.cli", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def _one(conn: Any, sql: str) -> Any:

@@ -7,10 +7,7 @@ command exits 1 (docs/operations.md "Removing a site")."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,14 +15,13 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import BACKENDS, Backend, TestCluster, cli, make_cluster, server_unavailable
 
 from multimaster import api, store
 from multimaster.config.topology import load_topology
 from multimaster.engine.site import Site
 from multimaster.ops.purge import PurgePolicy, purge_site
 
-ROOT = Path(__file__).resolve().parent.parent
 TABLES = {
     "items": {
         "key": "id",
@@ -33,12 +29,6 @@ TABLES = {
         "config": {"columns": {"qty": "additive"}},
     }
 }
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m multimaster.cli ARGS`, as a user runs it."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "multimaster.cli", *args], capture_output=True, text=True, env=env, timeout=300)
 
 
 def kill(cl: TestCluster, site: str, tmp: Path) -> None:

@@ -18,10 +18,10 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import TestCluster, make_cluster
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
@@ -29,25 +29,6 @@ from multimaster import api, store
 from multimaster.dialects.mysql import dialect as my
 
 TEXTS = {"notes": {"key": "id", "columns": {"name": "VARCHAR(100)", "body": "text"}}}
-
-
-def _server(name: str) -> Iterator[Backend]:
-    try:
-        b = BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-    yield b
-    b.cleanup()
-
-
-@pytest.fixture
-def mysql_backend() -> Iterator[Backend]:
-    yield from _server("mysql")
-
-
-@pytest.fixture
-def pg_backend() -> Iterator[Backend]:
-    yield from _server("postgresql")
 
 
 def _log_count(cl: TestCluster, site: str, table: str) -> int:

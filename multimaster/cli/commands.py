@@ -316,24 +316,19 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         for n, d in st["sites"].items()
         for tb in d.get("schema_unfollowed") or []
     ]
-    if st.get("clock_warnings"):  # docs/clock.md "Clock discipline"
-        cw = Table(title="clock warnings")
-        cw.add_column("a site whose clock is ahead (applied; held past refresh.max_clock_offset)")
-        for line in st["clock_warnings"]:
-            cw.add_row(escape(line))
-        out.append(cw)
-    if st.get("registry_warnings"):  # docs/mysql.md "The transaction registry"
-        rw = Table(title="transaction registry")
-        rw.add_column("a record the server keeps of capturing transactions, and the fix")
-        for line in st["registry_warnings"]:
-            rw.add_row(escape(line))
-        out.append(rw)
-    if behind:  # docs/schema-changes.md
-        sb = Table(title="schema behind")
-        sb.add_column("what waits, and the fix")
-        for line in behind:
-            sb.add_row(line)
-        out.append(sb)
+    for title, column, lines in (
+        # docs/clock.md "Clock discipline"
+        ("clock warnings", "a site whose clock is ahead (applied; held past refresh.max_clock_offset)", st.get("clock_warnings")),
+        # docs/mysql.md "The transaction registry"
+        ("transaction registry", "a record the server keeps of capturing transactions, and the fix", st.get("registry_warnings")),
+        ("schema behind", "what waits, and the fix", behind),  # docs/schema-changes.md
+    ):
+        if lines:
+            mt = Table(title=title)
+            mt.add_column(column)
+            for line in lines:
+                mt.add_row(escape(line))
+            out.append(mt)
     return out + ([rich_table(st["verification"])] if st.get("verification") else [])
 
 

@@ -278,7 +278,7 @@ class MySQLDialect(Dialect):
 
     # ---- install ---------------------------------------------------------------------------
     def install_site(self, conn: Connection, site: str) -> None:
-        if self.table_kind(conn, "_mm_tick") == "table" and not self._versioned(conn, "_mm_tick"):
+        if self._table_type(conn, "_mm_tick") == "BASE TABLE":
             # a site installed before this change (2026-11-27): its clock learns to name transactions (site.sql);
             # the ALTER keeps the counter (AUTO_INCREMENT). It runs in autocommit mode (it commits
             # anyway): outside it MariaDB 10.11 records the ALTER's transaction in
@@ -358,18 +358,16 @@ class MySQLDialect(Dialect):
             conn.exec_driver_sql("DELETE FROM _mm_tick WHERE t = %s", (int(at_least),))
 
     @staticmethod
-    def _versioned(conn: Connection, name: str) -> bool:
-        return (
-            conn.exec_driver_sql(
-                "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (name,)
-            ).scalar()
-            == "SYSTEM VERSIONED"
-        )
-
-    def table_kind(self, conn: Connection, name: str) -> str | None:
+    def _table_type(conn: Connection, name: str) -> str | None:
+        """information_schema's TABLE_TYPE of `name` here: BASE TABLE, VIEW, SYSTEM VERSIONED (the
+        clock, site.sql), None when there is none."""
         kind = conn.exec_driver_sql(
             "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (name,)
         ).scalar()
+        return None if kind is None else str(kind)
+
+    def table_kind(self, conn: Connection, name: str) -> str | None:
+        kind = self._table_type(conn, name)
         return None if kind is None else "view" if kind == "VIEW" else "table"
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
