@@ -132,6 +132,11 @@ def test_pull_through_the_agent_is_the_pull_from_the_database(backend: Any, tmp_
                 assert (a.end, a.continuing, a.more) == (b.end, b.continuing, b.more)
                 # a horizon read may draw a tick of the site's clock itself (MariaDB): the later read's is not lower
                 assert (a.horizon is None) == (b.horizon is None) and (a.horizon or 0) <= (b.horizon or 0)
+            # entries the target has travel as positions only, trimmed on the wire and padded again
+            have = {"items": {"s1": "9" * 19 + ":s1"}}
+            a, b = pull_link(src, "s3", infos, {"items": 0}, 1000, have), via.pull_link("s3", infos, {"items": 0}, 1000, have)
+            assert _typed(a.rows["items"]) == _typed(b.rows["items"]) and len(a.rows["items"]) >= 12
+            assert all(r[3:] == (None,) * (len(r) - 3) for r in b.rows["items"])
             assert via.purge_horizon("items") == 0 and via.registered_columns("items") is not None
         cl.refresh("s2", "s1")  # directly
         res = api.refresh(peer, "s3", "s1", batch_size=4)  # through the agent, in several batches
@@ -242,9 +247,9 @@ def test_an_answer_broken_off_midway_applies_nothing(
     real = agent_mod._lines
     calls = {"n": 0}
 
-    def dying(read: Any) -> Iterator[bytes]:
+    def dying(read: Any, trim: bool = False) -> Iterator[bytes]:
         calls["n"] += 1
-        for i, line in enumerate(real(read)):
+        for i, line in enumerate(real(read, trim)):
             if calls["n"] >= 2 and i == 2:
                 raise RuntimeError("agent killed")
             yield line

@@ -311,14 +311,51 @@ def test_version_is_the_installed_package_version():  # type: ignore[no-untyped-
     assert r.stdout.strip() == f"multimaster {version('multimaster')}"
 
 
-def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  # type: ignore[no-untyped-def]
-    """s3 inserts x; s2 pulls it and updates it, and purges its snapshot of s3; s3 is lost and
-    removed with --force before s1 got x: no site holds x for s1 any more, which remove-site says
-    (exit 1, s1 behind, the fix). s1 can never apply s2's update of x, and every later change of s2
-    waits behind it. That is not silent either: refresh and status exit 1 naming the link, what
-    the change waits for and the fix; the fix (copy s1 again from s2) clears it."""
+def test_a_site_removed_for_good_strands_nothing_in_a_mesh(sites):  # type: ignore[no-untyped-def]
+    """The issue's case: s3 inserts x; s2 pulls it and updates it, inserts y, and purges its
+    snapshot of s3; s3 dies before s1 got x and is removed with --force; s2 inserts z. s2 relayed
+    x (a mesh relays every applied change), so s1 gets x, y and z from s2."""
     d, topo = sites
-    topo.write_text(topo.read_text() + "refresh: {stall_after: 1s}\n")
+    assert mm("init", "-t", str(topo)).returncode == 0
+    with sqlite3.connect(d / "s3.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
+    assert mm("refresh", "-t", str(topo), "--site", "s2", "--peer", "s3").returncode == 0
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("UPDATE items SET qty = qty + 4 WHERE name = 'x'")
+        c.execute("INSERT INTO items (name, qty) VALUES ('y', 2)")
+    assert mm("purge", "-t", str(topo), "--site", "s2", "--min-age", "0s").returncode == 0
+    (d / "s3.db").rename(d / "s3.lost")
+    r = mm("remove-site", "-t", str(topo), "s3", "--force", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["behind"] == []
+    topo.write_text(topo.read_text().replace('  s3: {url: "sqlite:///s3.db"}\n', ""))
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('z', 7)")
+    r = mm("refresh", "-t", str(topo), "--until-quiet")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(r[1:] for r in rows(d / "s1.db")) == sorted(r[1:] for r in rows(d / "s2.db")) == [("x", 5), ("y", 2), ("z", 7)]
+    assert mm("status", "-t", str(topo)).returncode == 0
+
+
+# not a mesh: s3 pulls s2 only, so s2 does not relay s3's changes (s1 pulls s3 directly)
+NOT_A_MESH = """links:
+  - {from: s1, to: s2}
+  - {from: s2, to: s1}
+  - {from: s3, to: s1}
+  - {from: s3, to: s2}
+  - {from: s2, to: s3}
+"""
+
+
+def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  # type: ignore[no-untyped-def]
+    """Not a mesh (s2 does not relay s3's changes). s3 inserts x; s2 pulls it and updates it, and
+    purges its snapshot of s3; s3 is lost and removed with --force before s1 got x: no site holds
+    x for s1 any more, which remove-site says (exit 1, s1 behind, the fix). s1 can never apply s2's
+    update of x, and every later change of s2 waits behind it. That is not silent either: refresh
+    and status exit 1 naming the link, what the change waits for and the fix; the fix (copy s1
+    again from s2) clears it."""
+    d, topo = sites
+    topo.write_text(topo.read_text().replace("links: mesh\n", NOT_A_MESH) + "refresh: {stall_after: 1s}\n")
     assert mm("init", "-t", str(topo)).returncode == 0
     with sqlite3.connect(d / "s3.db") as c:
         c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
@@ -333,6 +370,7 @@ def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  #
     assert "behind: s1: 's1' applied 's3''s changes of table 'items' up to version (none)" in out
     assert "multimaster add-site -t FILE s1 --from s2 --replace" in out
     doc = topo.read_text().replace('  s3: {url: "sqlite:///s3.db"}\n', "")
+    doc = "".join(ln for ln in doc.splitlines(keepends=True) if "s3, to" not in ln and "to: s3}" not in ln)
     topo.write_text(doc)
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     links = {(ln["from"], ln["to"]): ln for ln in json.loads(r.stdout)[-1]["links"]}

@@ -2,7 +2,12 @@
 prefixes of its change log: before anything of it is dropped, the sites behind get what another
 still holds in its snapshot of it, applied as if pulled from it (core/salvage.py,
 engine/salvage.py); what no site holds any more is reported, site by site, with the fix, and the
-command exits 1 (docs/operations.md "Removing a site")."""
+command exits 1 (docs/operations.md "Removing a site").
+
+The clusters here are not meshes: s3 pulls s1 only, so s1 does not relay s3's changes to s2, which
+pulls s3 directly, and s2 can lack what s1 applied of s3. In a mesh every site relays what it
+applies, and a survivor gets what another applied of the dead site from that one's change log
+(tests/test_mesh_relay.py)."""
 
 from __future__ import annotations
 
@@ -21,6 +26,8 @@ from multimaster import api, store
 from multimaster.config.topology import load_topology
 from multimaster.engine.site import Site
 from multimaster.ops.purge import PurgePolicy, purge_site
+
+LINKS = [{"from": a, "to": b} for a, b in (("s1", "s2"), ("s2", "s1"), ("s3", "s1"), ("s3", "s2"), ("s1", "s3"))]
 
 TABLES = {
     "items": {
@@ -50,6 +57,8 @@ def without(cl: TestCluster, site: str) -> None:
     """Remove `site` and its links from the topology file (step 3 of removing a site)."""
     doc = yaml.safe_load(Path(cl.topo.path).read_text())
     del doc["sites"][site]
+    if isinstance(doc["links"], list):
+        doc["links"] = [ln for ln in doc["links"] if site not in (ln["from"], ln["to"])]
     Path(cl.topo.path).write_text(yaml.safe_dump(doc, sort_keys=False))
     cl.topo = load_topology(cl.topo.path)
     del cl.urls[site]
@@ -103,7 +112,7 @@ def _converge_without_s3(cl: TestCluster) -> None:
 
 
 def test_the_sites_behind_get_what_another_pulled_before_the_site_died(backend: Backend, tmp_path: Path) -> None:
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
     prefixes(cl)
     assert ("c", 3, "c@s3") in names_at(cl, "s1") and ("c", 3, "c@s3") not in names_at(cl, "s2")
     kill(cl, "s3", tmp_path)
@@ -122,7 +131,7 @@ def test_the_sites_behind_get_what_another_pulled_before_the_site_died(backend: 
 def test_a_site_behind_whose_missing_changes_no_site_holds_is_named_with_the_fix(backend: Backend, tmp_path: Path) -> None:
     """s1 purged its snapshot of s3 after applying it: what s2 lacks is nowhere any more. remove-site
     says so, names s2, the versions and the fix, and exits 1; the fix (copy s2 again from s1) works."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
     prefixes(cl)
     with api.Cluster(cl.topo) as c:
         assert purge_site(c, "s1", PurgePolicy(min_age=0)).tables["items"].snapshot_rows >= 5
@@ -147,7 +156,7 @@ def test_a_site_behind_whose_missing_changes_no_site_holds_is_named_with_the_fix
 def test_entries_kept_in_a_layout_before_a_schema_change_are_not_given(sqlite_backend: Backend, tmp_path: Path) -> None:
     """s1 added a column after it applied s3's entries: their masks are in the layout before, so
     its snapshot gives none of them (its horizon moved to its watermark); s2 is reported behind."""
-    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
     prefixes(cl)
     kill(cl, "s3", tmp_path)
     for s in ("s1", "s2"):
@@ -162,7 +171,7 @@ def test_entries_kept_in_a_layout_before_a_schema_change_are_not_given(sqlite_ba
 
 
 def test_the_report_in_words_names_the_site_behind_and_the_fix(sqlite_backend: Backend, tmp_path: Path) -> None:
-    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
     prefixes(cl)
     with api.Cluster(cl.topo) as c:
         purge_site(c, "s1", PurgePolicy(min_age=0))
@@ -179,7 +188,7 @@ def test_a_survivor_not_reached_keeps_the_snapshots_until_a_second_run(sqlite_ba
     1, and keeps s1's snapshot of s3; run again once s2 answers, it gives s2 what it lacks."""
     import faults
 
-    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
     prefixes(cl)
     kill(cl, "s3", tmp_path)
     faults.site_down(cl, "s2", tmp_path / "down")
@@ -209,7 +218,7 @@ def test_applications_write_at_the_survivors_while_it_runs(kind: str, tmp_path: 
         server_unavailable(kind, str(e))
         raise
     try:
-        cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+        cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], TABLES, links=LINKS)
         prefixes(cl)
         kill(cl, "s3", tmp_path)
         stop = threading.Event()
@@ -318,7 +327,7 @@ def test_entries_cross_dialects_from_the_survivor_ahead(kinds: tuple[str, str, s
         doc = {
             "sites": {s: {"url": u} for s, u in urls.items()},
             "tables": {"items": {"key": "id", **spec["config"]}},  # type: ignore[dict-item]
-            "links": "mesh",
+            "links": LINKS,
         }
         path = tmp_path / "topology.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))

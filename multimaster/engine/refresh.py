@@ -67,14 +67,25 @@ T = TypeVar("T")
 def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | None:
     """Origins whose changes `site` must pass on (second-order records), None for all.
 
-    A change applied at X is pulled from X by every site that pulls from X. It is needed there only
-    if that site does not pull from the change's origin directly — unless the table depends on
-    causal delivery (policies other than latest/additive, natural keys): then every applied change
-    is relayed so that no site sees a change before one it depends on. A site no one pulls from
-    (a read-only site) relays nothing."""
+    A change applied at X is pulled from X by every site that pulls from X (X's pullers); passing
+    one back to its own origin is never needed. Which others X relays:
+
+    - in a mesh (every site pulls every writable site, Topology.pulls_every_writable): every applied
+      change, unless the only puller is the only other writable site (two sites). A puller that
+      has a change gets it as a position only (_have below), so the relay costs the log row at X
+      and a position on the wire, and while an origin is away or slow, each of its pullers gets from any other
+      site whatever of it that site has (docs/decisions.md "Relaying in a mesh");
+    - elsewhere, a table that depends on causal delivery (policies other than latest/additive,
+      natural keys) relays every applied change, so that no site sees a change before one it
+      depends on; any other table relays what some puller does not pull from its origin directly.
+
+    A site no one pulls from (a read-only site) relays nothing."""
     pullers = [ln.target for ln in topo.links if ln.source == site]
     if not pullers:
         return []
+    if topo.pulls_every_writable():
+        origins = set(topo.sites) - topo.read_only - {site}
+        return None if any(p != o for o in origins for p in pullers) else []
     causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
     if causal:
         return None

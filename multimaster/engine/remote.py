@@ -228,6 +228,8 @@ class AgentSite(Site):
         }
         if have:  # what the target applied: sent back as positions only (an older agent ignores it)
             body["have"] = {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}
+        body["trim"] = True  # rows without their trailing Nones, padded here (an older agent sends them whole)
+        width = {i.name: wire.pulled_width(i) for i in infos}
         rows: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in infos}
         head: dict[str, Any] | None = None
         ended = False
@@ -236,7 +238,8 @@ class AgentSite(Site):
             if kind == "head":
                 head = msg
             elif kind == "rows":
-                rows[msg["table"]].extend(wire.row_in(x) for x in msg["rows"])
+                w = width[msg["table"]]
+                rows[msg["table"]].extend(wire.row_in(x, w) for x in msg["rows"])
             elif kind == "end":
                 ended = True
                 if msg.get("count") != sum(len(v) for v in rows.values()):

@@ -135,12 +135,30 @@ def loads(text: str | bytes) -> Any:
     return json.loads(text)
 
 
-def row_out(r: tuple[Any, ...]) -> list[Any]:
-    return [encode(x) for x in r]
+def row_out(r: tuple[Any, ...], trim: bool = False) -> list[Any] | int:
+    """`r` encoded; `trim`: without its trailing Nones, and a position-only entry of a pull (seq2,
+    op2 'A', seq, then nothing: the target has the change) whose seq2 is its seq — the
+    second-order log is a view over the change log — as the bare integer; row_in pads."""
+    n = len(r)
+    if trim:
+        while n and r[n - 1] is None:
+            n -= 1
+        if n == 3 and r[1] == "A" and r[0] == r[2] and type(r[0]) is int:
+            return r[0]
+    return [encode(x) for x in r[:n]]
 
 
-def row_in(r: list[Any]) -> tuple[Any, ...]:
-    return tuple(decode(x) for x in r)
+def row_in(r: list[Any] | int, width: int | None = None) -> tuple[Any, ...]:
+    """A row row_out encoded; `width`: padded with Nones to it (rows sent trimmed)."""
+    out = (r, "A", r) if isinstance(r, int) else tuple(decode(x) for x in r)
+    return out if width is None or len(out) >= width else out + (None,) * (width - len(out))
+
+
+def pulled_width(info: TableInfo) -> int:
+    """The number of values in each row engine/pull.py read_entries returns for `info`: seq2, op2,
+    seq, ver, origin, op, rid, key, mask, the new and old values, the references' identities, txn
+    and pending."""
+    return 9 + 2 * len(info.columns) + 2 * len(info.refs) + 2
 
 
 def layout_of(info: TableInfo) -> dict[str, Any]:

@@ -112,7 +112,8 @@ class _Handlers:
         if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
             raise ConfigError([f"a pull's window is 1 to {MAX_WINDOW:,} entries per table, not {window!r}"])
         wms = {i.name: int(b["watermarks"][i.name]) for i in infos}
-        return _lines(pull_link(self.s, target, infos, wms, window, self._have(b.get("have"), infos)))
+        read = pull_link(self.s, target, infos, wms, window, self._have(b.get("have"), infos))
+        return _lines(read, trim=b.get("trim") is True)
 
     def _have(self, raw: Any, infos: list[Any]) -> dict[str, dict[str, str]] | None:
         """A pull's `have` (table -> origin -> version the target applied), bound as SQL parameters
@@ -350,10 +351,11 @@ def _endpoint(fn: Callable[[Mapping[str, str], bytes], Any], site: str, secret: 
     return endpoint
 
 
-def _lines(read: Any) -> Iterator[bytes]:
+def _lines(read: Any, trim: bool = False) -> Iterator[bytes]:
     """A pull's answer as JSON lines: the head (horizon, window end, transactions continuing past
     it, whether more is to read), the rows of each table in pieces, the end with the row count
-    (a client that misses the end applies nothing)."""
+    (a client that misses the end applies nothing). `trim` (the client asked for it): each row
+    without its trailing Nones (wire.row_out)."""
     yield (
         wire.dumps(
             {
@@ -371,7 +373,7 @@ def _lines(read: Any) -> Iterator[bytes]:
         for i in range(0, len(rows), ROWS_PER_LINE):
             part = rows[i : i + ROWS_PER_LINE]
             count += len(part)
-            yield (wire.dumps({"kind": "rows", "table": table, "rows": [wire.row_out(r) for r in part]}) + "\n").encode()
+            yield (wire.dumps({"kind": "rows", "table": table, "rows": [wire.row_out(r, trim) for r in part]}) + "\n").encode()
     yield (wire.dumps({"kind": "end", "count": count}) + "\n").encode()
 
 

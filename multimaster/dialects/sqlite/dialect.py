@@ -386,6 +386,28 @@ class SQLiteDialect(Dialect):
         """The site's floor ``_mm_state.hlc``, which every capture trigger reads."""
         conn.exec_driver_sql("UPDATE _mm_state SET hlc = max(hlc, ?)", (hlc,))
 
+    def append_log(
+        self,
+        conn: Connection,
+        table: str,
+        cols: Sequence[str],
+        select: str | None = None,
+        rows: Sequence[tuple[Any, ...]] = (),
+        params: tuple[Any, ...] = (),
+    ) -> None:
+        """As the default, after moving the floor ``_mm_state.hlc`` up to the last entry's clock. A
+        capture takes "the last entry's clock + 1" as one of its bounds (_HLC): entries appended
+        here are another origin's, with older versions, and would hide this site's last capture
+        from its next one, which could then take the same version again (when the floor is ahead
+        of the wall clock, or within one millisecond) and be dropped by every peer as a
+        duplicate of the first."""
+        log = self.obj(table).log
+        conn.exec_driver_sql(
+            "UPDATE _mm_state SET hlc = max(hlc, coalesce((SELECT CAST(substr(ver, 1, 19) AS INTEGER) "
+            f"FROM {log} ORDER BY seq DESC LIMIT 1), 0))"
+        )
+        super().append_log(conn, table, cols, select, rows, params)
+
     def read_clock(self, conn: Connection) -> int | None:
         v = conn.exec_driver_sql("SELECT hlc FROM _mm_state").scalar()
         return None if v is None else int(v)

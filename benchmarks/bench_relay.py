@@ -1,0 +1,141 @@
+"""What relaying every applied change in a mesh costs the applying site (docs/performance.md
+"Relaying in a mesh"), side by side in one run, interleaved.
+
+    .venv/bin/python benchmarks/bench_relay.py                      # SQLite, PostgreSQL, MariaDB
+    .venv/bin/python benchmarks/bench_relay.py --servers sqlite --changes 4000 --rounds 5
+
+A mesh of three sites (a, b, c), one latest/additive table; b's applications write `--changes`
+inserts and as many updates, in transactions of 10; a refreshes from b (pull + reconcile), timed.
+Two rules, run alternately, each round on a fresh cluster:
+
+- `need`: the rule before: a mesh of latest/additive tables relays nothing (every puller pulls every
+  origin directly);
+- `mesh`: the rule now: a applies b's changes and writes each into its own change log too, for c
+  to get from a whichever of b's changes it lacks while b is away (engine/refresh.py relay_origins).
+
+Prints per server the changes/s applied under each rule and the ratio mesh ÷ need (median of
+rounds and the median of paired ratios), the log rows a holds afterwards, then a's pull by c:
+rows that travelled with a body and as positions only (c had pulled b first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import yaml  # noqa: E402
+from clusters import MySQLBackend, PostgresBackend, SQLiteBackend  # noqa: E402
+
+from multimaster import api  # noqa: E402
+from multimaster.config.topology import Topology, load_topology  # noqa: E402
+from multimaster.engine import refresh as refresh_mod  # noqa: E402
+
+COLS = {"name": "text", "qty": "int"}
+MESH_RULE = refresh_mod.relay_origins
+
+
+def need_rule(topo: Topology, site: str, info: Any) -> list[str] | None:
+    """The rule before: relay an origin only where some puller does not pull it directly (a mesh of
+    latest/additive tables relays nothing; tables needing causal delivery relay all)."""
+    pullers = [ln.target for ln in topo.links if ln.source == site]
+    if not pullers:
+        return []
+    causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
+    if causal:
+        return None
+    return sorted(o for o in topo.sites if o != site and any(p != o and o not in topo.peers_of(p) for p in pullers))
+
+
+def _backends(names: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for n in names:
+        out[n] = {"sqlite": SQLiteBackend, "postgresql": PostgresBackend, "mysql": MySQLBackend}[n]()
+    return out
+
+
+def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
+    refresh_mod.relay_origins = MESH_RULE if rule == "mesh" else need_rule  # type: ignore[assignment]
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    urls = {s: b.new_site(d, f"{d.name[-6:].lower()}_{s}") for s in ("a", "b", "c")}  # unique database names
+    for u in urls.values():
+        b.create_table(u, "items", "id", COLS)
+    doc = {
+        "sites": {s: {"url": u} for s, u in urls.items()},
+        "tables": {"items": {"key": "id", "columns": {"qty": "additive"}}},
+        "links": "mesh",
+    }
+    (d / "t.yaml").write_text(yaml.safe_dump(doc))
+    topo = load_topology(d / "t.yaml")
+    api.init(topo)
+    p = b.param()
+    c = b.connect(urls["b"])
+    cur = c.cursor()
+    for i in range(0, n, 10):
+        for j in range(i, min(n, i + 10)):
+            cur.execute(f"INSERT INTO items (name, qty) VALUES ({p}, {p})", (f"n{j}", j))
+        c.commit()
+    for i in range(0, n, 10):
+        for j in range(i, min(n, i + 10)):
+            cur.execute(f"UPDATE items SET qty = qty + 1 WHERE name = {p}", (f"n{j}",))
+        c.commit()
+    c.close()
+    with api.Cluster(topo) as cl:
+        api.refresh(cl, "c", "b")
+        t0 = time.perf_counter()
+        api.refresh(cl, "a", "b")
+        dt = time.perf_counter() - t0
+        s = cl.site("a")
+        with s.read() as conn:
+            logged = int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj('items').log}").scalar() or 0)
+        api.refresh(cl, "c", "a")
+        sc = cl.site("c")
+        with sc.read() as conn:
+            snap = sc.dialect.obj("items", "a").snap
+            bodies = int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE origin = 'b'").scalar() or 0)
+    refresh_mod.relay_origins = MESH_RULE  # type: ignore[assignment]
+    return {"rate": 2 * n / dt, "logged_at_a": logged, "bodies_at_c": bodies}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--servers", default="sqlite,postgresql,mysql")
+    ap.add_argument("--changes", type=int, default=2000, help="inserts at b (as many updates follow)")
+    ap.add_argument("--rounds", type=int, default=3)
+    a = ap.parse_args()
+    backends = _backends(a.servers.split(","))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, b in backends.items():
+                res: dict[str, list[dict[str, float]]] = {"need": [], "mesh": []}
+                for r in range(a.rounds):
+                    order = ("need", "mesh") if r % 2 == 0 else ("mesh", "need")
+                    for rule in order:
+                        res[rule].append(one_round(b, Path(tmp), rule, a.changes))
+                need = [x["rate"] for x in res["need"]]
+                mesh = [x["rate"] for x in res["mesh"]]
+                paired = [m / nd for m, nd in zip(mesh, need)]
+                print(
+                    f"{name}: {2 * a.changes} changes applied at a; need {statistics.median(need):,.0f}/s, "
+                    f"mesh {statistics.median(mesh):,.0f}/s; ratio mesh/need {statistics.median(mesh) / statistics.median(need):.3f} "
+                    f"(paired {statistics.median(paired):.3f}; rounds {', '.join(f'{x:.2f}' for x in paired)}); "
+                    f"log rows at a: need {res['need'][0]['logged_at_a']}, mesh {res['mesh'][0]['logged_at_a']}; "
+                    f"b's changes that reached c from a with a body: need {res['need'][0]['bodies_at_c']}, "
+                    f"mesh {res['mesh'][0]['bodies_at_c']}",
+                    flush=True,
+                )
+    finally:
+        for b in backends.values():
+            b.cleanup()
+
+
+if __name__ == "__main__":
+    main()
