@@ -74,12 +74,8 @@ def test_a_remote_pull_validates_have(tmp_path: Any) -> None:
     from multimaster.errors import ConfigError
     from multimaster.ops.agent import _Handlers
 
-    class _Info:
-        def __init__(self, name: str) -> None:
-            self.name = name
-
     agent = _Handlers.__new__(_Handlers)
-    infos = [_Info("tags")]
+    infos = ["tags"]
     assert agent._have(None, infos) is None
     assert agent._have({"tags": {"s1": "0000000000000000001:s1"}}, infos) == {"tags": {"s1": "0000000000000000001:s1"}}
     for bad in ({"other": {}}, {"tags": {"s1": 5}}, {"tags": ["s1"]}, ["tags"], {"tags": {"s1": "x" * 300}}):

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import faults
+import pytest
 from clusters import TestCluster, cli, make_cluster
 
 from multimaster import api
@@ -117,3 +118,33 @@ def test_a_capture_after_a_relayed_change_takes_a_new_version(backend: Any, tmp_
     assert len(vers) == len(set(vers)) == 2, vers
     cl.refresh("s3", "s2", batch_size=1)
     assert sorted(_by_name(cl, "s3")) == ["a", "b", "z"]
+
+
+def test_status_does_not_count_relayed_changes_the_puller_has(
+    sqlite_backend: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """s1 relays s2's changes; s3 has them from s2: status says nothing waits on s1 -> s3 (the
+    count and the age leave out entries s3 applied), directly and through s1's agent; five
+    changes of s1's own do wait."""
+    from test_agent import TOKEN, _peer_file, running_agent
+
+    monkeypatch.setenv("MM_AGENT_TOKEN", TOKEN)
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], STOCK, site_settings={"s1": {"token": "${MM_AGENT_TOKEN}"}})
+    for i in range(5):
+        cl.execute("s2", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    cl.refresh("s1", "s2")
+    cl.refresh("s3", "s2")
+
+    def link(st: dict[str, Any]) -> dict[str, Any]:
+        (ln,) = [x for x in st["links"] if (x["from"], x["to"]) == ("s1", "s3")]
+        return ln
+
+    r = cli("status", "-t", str(cl.topo.path), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ln = link(json.loads(r.stdout))
+    assert ln["waiting"] == 0 and ln["oldest_waiting_age_s"] is None
+    for i in range(5):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"m{i}", i))
+    assert link(api.status(cl.topo))["waiting"] == 5
+    with running_agent(cl.topo, "s1") as url:
+        assert link(api.status(_peer_file(tmp_path, url)))["waiting"] == 5

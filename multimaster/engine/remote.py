@@ -279,11 +279,17 @@ class AgentSite(Site):
             "watermarks": {k: int(v) for k, v in d["watermarks"].items()},
             "unapplied": {k: (int(v[0]), v[1]) for k, v in d["unapplied"].items()},
             "parked": [None if w is None else Wait(**w) for w in d["parked"]],
+            "have": d.get("have"),  # an older agent sends none
         }
 
-    def link_at_source(self, target: str, watermarks: Mapping[str, int]) -> dict[str, tuple[int, str | None]]:
+    def link_at_source(
+        self, target: str, watermarks: Mapping[str, int], have: Mapping[str, Mapping[str, str]] | None = None
+    ) -> dict[str, tuple[int, str | None]]:
         """ops/status.py link_at_source, read by the agent at its site (the source)."""
-        d = self._post("/waiting", {"target": target, "watermarks": dict(watermarks)})
+        body: dict[str, Any] = {"target": target, "watermarks": dict(watermarks)}
+        if have:  # an older agent ignores it and counts those too
+            body["have"] = {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}
+        d = self._post("/waiting", body)
         return {k: (int(v[0]), v[1]) for k, v in d.items()}
 
     def watermarks_held(self, source: str) -> dict[str, Any]:

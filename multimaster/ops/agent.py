@@ -112,16 +112,16 @@ class _Handlers:
         if not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
             raise ConfigError([f"a pull's window is 1 to {MAX_WINDOW:,} entries per table, not {window!r}"])
         wms = {i.name: int(b["watermarks"][i.name]) for i in infos}
-        read = pull_link(self.s, target, infos, wms, window, self._have(b.get("have"), infos))
+        read = pull_link(self.s, target, infos, wms, window, self._have(b.get("have"), [i.name for i in infos]))
         return _lines(read, trim=b.get("trim") is True)
 
-    def _have(self, raw: Any, infos: list[Any]) -> dict[str, dict[str, str]] | None:
-        """A pull's `have` (table -> origin -> version the target applied), bound as SQL parameters
-        (engine/pull.py read_entries): strings of a version's size, or the pull is refused."""
+    def _have(self, raw: Any, tables: list[str]) -> dict[str, dict[str, str]] | None:
+        """A pull's (or a waiting count's) `have` (table -> origin -> version the target applied),
+        bound as SQL parameters (engine/pull.py read_entries): of the request's `tables`, strings of
+        a version's size, or the request is refused."""
         if raw is None:
             return None
-        tables = {i.name for i in infos}
-        if not isinstance(raw, dict) or not set(raw) <= tables:
+        if not isinstance(raw, dict) or not set(raw) <= set(tables):
             raise ConfigError(["a pull's have names tables of the pull, each with origin: version"])
         out: dict[str, dict[str, str]] = {}
         for t, h in raw.items():
@@ -160,7 +160,8 @@ class _Handlers:
 
     def waiting(self, q: Mapping[str, str], body: bytes) -> Any:
         b = json.loads(body)
-        return link_at_source(self.s, str(b["target"]), self.topo, {k: int(v) for k, v in b["watermarks"].items()})
+        wms = {k: int(v) for k, v in b["watermarks"].items()}
+        return link_at_source(self.s, str(b["target"]), self.topo, wms, self._have(b.get("have"), list(wms)))
 
     def held(self, q: Mapping[str, str], body: bytes) -> Any:
         source, d = self._site(q, "source"), self.s.dialect

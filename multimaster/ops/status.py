@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, Mapping
 
 from multimaster import store
 from multimaster.config.secrets import redact
@@ -82,9 +82,11 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                     entry["error"] = f"site '{ln.source}' not installed or unreachable"
                     out["links"].append(entry)
                     continue
-                wms = at["watermarks"]
+                wms, have = at["watermarks"], at.get("have")
                 ahead = (
-                    src.link_at_source(ln.target, wms) if isinstance(src, AgentSite) else link_at_source(src, ln.target, t, wms)
+                    src.link_at_source(ln.target, wms, have)
+                    if isinstance(src, AgentSite)
+                    else link_at_source(src, ln.target, t, wms, have)
                 )
             except MultimasterError as e:  # an agent that stopped answering since
                 entry["error"] = redact(str(e))
@@ -163,7 +165,9 @@ def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
     """A link's state at its target `tgt` (pulling from `source`): whether it is connected there
     (it holds its snapshot of `source`: not yet after add-site of `source` left it to be connected
     on its host), the link's row, per table the watermark and the changes stored but not applied
-    (count, oldest version), the oldest waiting change per table (None: none)."""
+    (count, oldest version), the oldest waiting change per table (None: none), and in a mesh what
+    the target applied per table and origin (`have`, as a pull sends it: engine/refresh.py _have;
+    else None)."""
     with tgt.read() as tconn:
         if not set(t.tables) <= store.watermarks.tables_of(tconn, tgt.dialect, source):  # no snapshot of it yet
             return {
@@ -172,6 +176,7 @@ def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
                 "watermarks": {},
                 "unapplied": {},
                 "parked": [],
+                "have": None,
             }
         return {
             "connected": True,
@@ -179,14 +184,24 @@ def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
             "watermarks": {tb: store.watermarks.read(tconn, tgt.dialect, source, tb) for tb in t.tables},
             "unapplied": {tb: store.links.unapplied(tconn, tgt.dialect, tb, source) for tb in t.tables},
             "parked": [store.links.parked(tconn, tgt.dialect, tb, source) for tb in t.tables],
+            "have": {tb: dict(store.origins.read(tconn, tgt.dialect, tb)) for tb in t.tables}
+            if t.pulls_every_writable()
+            else None,
         }
 
 
-def link_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, tuple[int, str | None]]:
+def link_at_source(
+    src: Site,
+    target: str,
+    t: Topology,
+    watermarks: dict[str, int],
+    have: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, tuple[int, str | None]]:
     """Per table, the changes at `src` past `target`'s watermark it has not pulled yet (count,
-    oldest version)."""
+    oldest version), without those `have` says the target applied (relayed in a mesh: not waiting,
+    and their older versions would make the link look late)."""
     with src.read() as sconn:
-        return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target) for tb in t.tables}
+        return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target, (have or {}).get(tb)) for tb in t.tables}
 
 
 def _held_at_source(

@@ -3,7 +3,7 @@ totals; and a link's lag read from the logs and snapshots (for status)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping
 
 from sqlalchemy.engine import Connection
 
@@ -63,21 +63,31 @@ def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int,
     return (int(r[0] or 0), r[1]) if r else (0, None)
 
 
-def waiting(conn: Connection, d: Dialect, table: str, watermark: int, puller: str) -> tuple[int, str | None]:
+def waiting(
+    conn: Connection, d: Dialect, table: str, watermark: int, puller: str, have: Mapping[str, str] | None = None
+) -> tuple[int, str | None]:
     """Changes in this site's logs past `watermark` that `puller` has not pulled yet: how many, the
-    oldest version."""
-    n, oldest, _ = waiting_from(conn, d, table, watermark, puller)
+    oldest version. `have` (origin -> the highest version of it `puller` applied): entries at or
+    below it are not counted (in a mesh, relayed changes the puller has: they travel as positions
+    only, engine/pull.py read_entries)."""
+    n, oldest, _ = waiting_from(conn, d, table, watermark, puller, have)
     return n, oldest
 
 
-def waiting_from(conn: Connection, d: Dialect, table: str, watermark: int, puller: str) -> tuple[int, str | None, int | None]:
+def waiting_from(
+    conn: Connection, d: Dialect, table: str, watermark: int, puller: str, have: Mapping[str, str] | None = None
+) -> tuple[int, str | None, int | None]:
     """:func:`waiting`, and the lowest position of those changes (None: none)."""
     o = d.obj(table)
     p = d.caps.placeholder
+    had, had_args = "", []
+    if have:
+        had = f" AND l.ver > CASE l.origin {' '.join(f'WHEN {p} THEN {p}' for _ in have)} ELSE '' END"
+        had_args = [x for org, v in sorted(have.items()) for x in (org, v)]
     r = conn.exec_driver_sql(
         f"SELECT count(*), min(l.ver), min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
-        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}",
-        (watermark, puller),
+        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}",
+        (watermark, puller, *had_args),
     ).first()
     if not r:
         return 0, None, None
