@@ -6,12 +6,13 @@
 
 A mesh of three sites (a, b, c), one latest/additive table; b's applications write `--changes`
 inserts and as many updates, in transactions of 10; a refreshes from b (pull + reconcile), timed.
-Two rules, run alternately, each round on a fresh cluster:
+Two settings, run alternately, each round on a fresh cluster:
 
-- `need`: the rule before: a mesh of latest/additive tables relays nothing (every puller pulls every
-  origin directly);
-- `mesh`: the rule now: a applies b's changes and writes each into its own change log too, for c
-  to get from a whichever of b's changes it lacks while b is away (engine/refresh.py relay_origins).
+- `need` (`refresh: {relay: needed}`, the rule before 2026-11-27): a mesh of latest/additive tables
+  relays nothing (every puller pulls every origin directly);
+- `mesh` (`relay: all`, the default): a applies b's changes and writes each into its own change
+  log too, for c to get from a whichever of b's changes it lacks while b is away
+  (engine/refresh.py relay_origins).
 
 Prints per server the changes/s applied under each rule and the ratio mesh ÷ need (median of
 rounds and the median of paired ratios), the log rows a holds afterwards, then a's pull by c:
@@ -36,23 +37,9 @@ import yaml  # noqa: E402
 from clusters import MySQLBackend, PostgresBackend, SQLiteBackend  # noqa: E402
 
 from multimaster import api  # noqa: E402
-from multimaster.config.topology import Topology, load_topology  # noqa: E402
-from multimaster.engine import refresh as refresh_mod  # noqa: E402
+from multimaster.config.topology import load_topology  # noqa: E402
 
 COLS = {"name": "text", "qty": "int"}
-MESH_RULE = refresh_mod.relay_origins
-
-
-def need_rule(topo: Topology, site: str, info: Any) -> list[str] | None:
-    """The rule before: relay an origin only where some puller does not pull it directly (a mesh of
-    latest/additive tables relays nothing; tables needing causal delivery relay all)."""
-    pullers = [ln.target for ln in topo.links if ln.source == site]
-    if not pullers:
-        return []
-    causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
-    if causal:
-        return None
-    return sorted(o for o in topo.sites if o != site and any(p != o and o not in topo.peers_of(p) for p in pullers))
 
 
 def _backends(names: list[str]) -> dict[str, Any]:
@@ -63,7 +50,6 @@ def _backends(names: list[str]) -> dict[str, Any]:
 
 
 def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
-    refresh_mod.relay_origins = MESH_RULE if rule == "mesh" else need_rule  # type: ignore[assignment]
     d = Path(tempfile.mkdtemp(dir=tmp))
     urls = {s: b.new_site(d, f"{d.name[-6:].lower()}_{s}") for s in ("a", "b", "c")}  # unique database names
     for u in urls.values():
@@ -72,6 +58,7 @@ def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
         "sites": {s: {"url": u} for s, u in urls.items()},
         "tables": {"items": {"key": "id", "columns": {"qty": "additive"}}},
         "links": "mesh",
+        "refresh": {"relay": "all" if rule == "mesh" else "needed"},
     }
     (d / "t.yaml").write_text(yaml.safe_dump(doc))
     topo = load_topology(d / "t.yaml")
@@ -101,7 +88,6 @@ def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
         with sc.read() as conn:
             snap = sc.dialect.obj("items", "a").snap
             bodies = int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE origin = 'b'").scalar() or 0)
-    refresh_mod.relay_origins = MESH_RULE  # type: ignore[assignment]
     return {"rate": 2 * n / dt, "logged_at_a": logged, "bodies_at_c": bodies}
 
 

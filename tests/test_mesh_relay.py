@@ -148,3 +148,35 @@ def test_status_does_not_count_relayed_changes_the_puller_has(
     assert link(api.status(cl.topo))["waiting"] == 5
     with running_agent(cl.topo, "s1") as url:
         assert link(api.status(_peer_file(tmp_path, url)))["waiting"] == 5
+
+
+def test_relay_needed_keeps_the_cheaper_rule_and_its_wait(sqlite_backend: Any, tmp_path: Path) -> None:
+    """`refresh: {relay: needed}`: a mesh of latest/additive tables relays nothing; while s3 is away
+    s1 waits for s3's insert (s2's update of it is parked, and status names what it waits for),
+    and gets everything once s3 is back."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], STOCK, settings={"refresh": {"relay": "needed"}})
+    cl.execute("s3", "INSERT INTO stock (name, qty) VALUES ('x', 10)")
+    cl.refresh("s2", "s3")
+    cl.execute("s2", "UPDATE stock SET qty = qty + 5 WHERE name = 'x'")
+    faults.site_down(cl, "s3", tmp_path / "away")
+    cl.refresh("s1", "s2")
+    assert _by_name(cl, "s1") == {} and _waiting(cl, "s1") == 1
+    (ln,) = [x for x in api.status(cl.topo)["links"] if (x["from"], x["to"]) == ("s2", "s1")]
+    assert ln["parked"] == 1 and "has not received" in ln["waits_for"]
+    faults.site_up(cl, "s3", tmp_path / "away")
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _by_name(cl, "s1") == {"x": 15}
+
+
+def test_relay_setting_is_checked(tmp_path: Path) -> None:
+    from multimaster.config.topology import load_topology
+    from multimaster.errors import ConfigError
+
+    p = tmp_path / "t.yaml"
+    p.write_text(
+        "sites: {a: {url: 'sqlite:///a.db'}, b: {url: 'sqlite:///b.db'}}\ntables: {t: {key: id}}\nrefresh: {relay: sometimes}\n"
+    )
+    with pytest.raises(ConfigError) as e:
+        load_topology(p)
+    assert "relay" in str(e.value) and "t.yaml" in str(e.value)

@@ -159,6 +159,12 @@ class RefreshConfig(_Strict):
     #: (over the retries of one batch) is named, with who holds the lock: `refresh` and the others
     #: on stderr, the daemon's log ('off': never; docs/cli.md "Progress and lock waits")
     lock_wait_warn: bool | float | str = "2s"
+    #: what a site of a mesh writes into its change log of the changes it applies (docs/topologies.md
+    #: "Relaying in a mesh"): 'all' (every one, so that a site can get any origin's changes from
+    #: any peer that has them, e.g. while the origin is away) or 'needed' (only what some site
+    #: pulling from it cannot get directly: cheaper applies and shorter delays, but while a site is
+    #: away its changes wait for it). Other shapes always relay what is needed.
+    relay: Literal["all", "needed"] = "all"
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""

@@ -70,8 +70,9 @@ def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | Non
     A change applied at X is pulled from X by every site that pulls from X (X's pullers); passing
     one back to its own origin is never needed. Which others X relays:
 
-    - in a mesh (every site pulls every writable site, Topology.pulls_every_writable): every applied
-      change, unless the only puller is the only other writable site (two sites). A puller that
+    - in a mesh (every site pulls every writable site, Topology.pulls_every_writable) with
+      refresh.relay 'all' (the default): every applied change, unless the only puller is the only
+      other writable site (two sites). A puller that
       has a change gets it as a position only (_have below), so the relay costs the log row at X
       and a position on the wire, and while an origin is away or slow, each of its pullers gets from any other
       site whatever of it that site has (docs/decisions.md "Relaying in a mesh");
@@ -83,7 +84,7 @@ def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | Non
     pullers = [ln.target for ln in topo.links if ln.source == site]
     if not pullers:
         return []
-    if topo.pulls_every_writable():
+    if topo.pulls_every_writable() and topo.refresh.relay == "all":
         origins = set(topo.sites) - topo.read_only - {site}
         return None if any(p != o for o in origins for p in pullers) else []
     causal = not info.spec.renumber or any(s.policy.kind not in ("latest", "additive") for s in info.spec.slots)
