@@ -76,10 +76,8 @@ def read_entries(
     cols += ["l." + q("n_" + c) for c in union] + ["l." + q("o_" + c) for c in union]
     cols += references.log_columns(d, info, "l.")  # identities of references (f_, fo_)
     cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL"]
-    had, had_args = "", []
-    if have:  # origins the target applied up to a version: their entries up to it travel as positions
-        had = f" AND l.ver > CASE l.origin {' '.join(f'WHEN {ph} THEN {ph}' for _ in have)} ELSE '' END"
-        had_args = [x for o, v in sorted(have.items()) for x in (o, v)]
+    # origins the target applied up to a version: their entries up to it travel as positions
+    had, had_args = store.origins.beyond(d, have)
     sql = (
         f"SELECT l2.seq2, l2.op, l2.seq, {', '.join(cols)} FROM {o.log2} l2 "
         f"LEFT JOIN {o.log} l ON l.seq = l2.seq AND l.origin <> {ph}{had} "

@@ -72,10 +72,10 @@ def relay_origins(topo: Topology, site: str, info: TableInfo) -> list[str] | Non
 
     - in a mesh (every site pulls every writable site, Topology.pulls_every_writable) with
       refresh.relay 'all' (the default): every applied change, unless the only puller is the only
-      other writable site (two sites). A puller that
-      has a change gets it as a position only (_have below), so the relay costs the log row at X
-      and a position on the wire, and while an origin is away or slow, each of its pullers gets from any other
-      site whatever of it that site has (docs/decisions.md "Relaying in a mesh");
+      other writable site (two sites). A puller that has a change gets it as a position only
+      (_have below), so the relay costs the log row at X and a position on the wire, and while an
+      origin is away or slow, each of its pullers gets from any other site whatever of it that
+      site has (docs/decisions.md "Relaying in a mesh");
     - elsewhere, a table that depends on causal delivery (policies other than latest/additive,
       natural keys) relays every applied change, so that no site sees a change before one it
       depends on; any other table relays what some puller does not pull from its origin directly.

@@ -227,7 +227,7 @@ class AgentSite(Site):
             "window": window,
         }
         if have:  # what the target applied: sent back as positions only (an older agent ignores it)
-            body["have"] = {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}
+            body["have"] = _have_out(have)
         body["trim"] = True  # rows without their trailing Nones, padded here (an older agent sends them whole)
         width = {i.name: wire.pulled_width(i) for i in infos}
         rows: dict[str, list[tuple[Any, ...]]] = {i.name: [] for i in infos}
@@ -288,7 +288,7 @@ class AgentSite(Site):
         """ops/status.py link_at_source, read by the agent at its site (the source)."""
         body: dict[str, Any] = {"target": target, "watermarks": dict(watermarks)}
         if have:  # an older agent ignores it and counts those too
-            body["have"] = {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}
+            body["have"] = _have_out(have)
         d = self._post("/waiting", body)
         return {k: (int(v[0]), v[1]) for k, v in d.items()}
 
@@ -383,3 +383,8 @@ class AgentSite(Site):
             yield piece
         if not ended:
             raise self._fail("the agent broke off its answer before its end; nothing of it was written", _AGAIN_COPY)
+
+
+def _have_out(have: Mapping[str, Mapping[str, str]]) -> dict[str, dict[str, str]]:
+    """What a target applied (table -> origin -> version) as a request body carries it."""
+    return {t: {str(o): str(v) for o, v in h.items()} for t, h in have.items()}

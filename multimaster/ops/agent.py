@@ -122,13 +122,13 @@ class _Handlers:
         if raw is None:
             return None
         if not isinstance(raw, dict) or not set(raw) <= set(tables):
-            raise ConfigError(["a pull's have names tables of the pull, each with origin: version"])
+            raise ConfigError(["a request's have names tables of the request, each with origin: version"])
         out: dict[str, dict[str, str]] = {}
         for t, h in raw.items():
             if not isinstance(h, dict) or not all(
                 isinstance(o, str) and isinstance(v, str) and len(o) <= 64 and len(v) <= 255 for o, v in h.items()
             ):
-                raise ConfigError([f"a pull's have of {t!r} maps origins to versions"])
+                raise ConfigError([f"a request's have of {t!r} maps origins to versions"])
             out[t] = dict(h)
         return out
 

@@ -9,7 +9,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster.core.waits import Wait
 from multimaster.dialects.base import Dialect
-from multimaster.store import watermarks
+from multimaster.store import origins, watermarks
 
 __all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting", "waiting_from", "parked"]
 
@@ -80,10 +80,7 @@ def waiting_from(
     """:func:`waiting`, and the lowest position of those changes (None: none)."""
     o = d.obj(table)
     p = d.caps.placeholder
-    had, had_args = "", []
-    if have:
-        had = f" AND l.ver > CASE l.origin {' '.join(f'WHEN {p} THEN {p}' for _ in have)} ELSE '' END"
-        had_args = [x for org, v in sorted(have.items()) for x in (org, v)]
+    had, had_args = origins.beyond(d, have)
     r = conn.exec_driver_sql(
         f"SELECT count(*), min(l.ver), min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
         f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}",

@@ -4,12 +4,26 @@ version order, so "version <= max_ver" identifies every duplicate."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in", "forget_table"]
+__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in", "forget_table", "beyond"]
+
+
+def beyond(d: Dialect, have: Mapping[str, str] | None, alias: str = "l") -> tuple[str, list[Any]]:
+    """A condition (starting with AND, or empty) and its parameters on change-log rows `alias`:
+    their version is past what `have` (origin -> the highest version of it some site applied, as
+    read from that site's ``_mm_origins``) holds for their origin; rows of other origins pass."""
+    if not have:
+        return "", []
+    p = d.caps.placeholder
+    sql = f" AND {alias}.ver > CASE {alias}.origin {' '.join(f'WHEN {p} THEN {p}' for _ in have)} ELSE '' END"
+    return sql, [x for o, v in sorted(have.items()) for x in (o, v)]
 
 
 def install(conn: Connection, d: Dialect) -> None:
