@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, TypeVar
+from typing import Any, Callable, Mapping, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -157,7 +157,8 @@ def refresh_link(
         if res.held_back and not res.pulled and not isinstance(src, AgentSite):
             with tgt.read() as conn:
                 wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in t.tables}
-            res.held_at_source = held_at_source(src, target, t, wms)
+                have = _have(conn, tables) if tables else None
+            res.held_at_source = held_at_source(src, target, t, wms, have)
             if res.held_at_source is not None and res.stalled is None:
                 res.stalled = held_stall(source, target, res.held_at_source, t.refresh.stall_after_seconds())
         if res.pulled and (skew or warned):
@@ -201,20 +202,29 @@ def apply_entries(
     return _apply_part(tgt, tables, {tb: rows.get(tb, []) for tb in tables}, wms, None)  # type: ignore[no-any-return]
 
 
-def held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
+def held_at_source(
+    src: Site,
+    target: str,
+    t: Topology,
+    watermarks: dict[str, int],
+    have: Mapping[str, Mapping[str, str]] | None = None,
+) -> dict[str, Any] | None:
     """Where writers capture concurrently at `src`: when every change waiting there for `target`
     lies at or past the source's horizon, the transaction still open that holds it there (what
     committed after it began is handed out only when it ends, docs/concepts.md "Many writers"):
     who, open how long, doing what, the statement that ends it, and the changes it holds back
     (`waiting`, `oldest` version). None otherwise, and when this login may not read the writers'
-    registrations (MariaDB's `_mm_slots`: a pull login)."""
+    registrations (MariaDB's `_mm_slots`: a pull login). `have`: what `target` applied per table
+    and origin (a mesh, _have): relayed changes it has are not waiting for it."""
     try:
-        return _held_at_source(src, target, t, watermarks)
+        return _held_at_source(src, target, t, watermarks, have)
     except DBAPIError:
         return None
 
 
-def _held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, int]) -> dict[str, Any] | None:
+def _held_at_source(
+    src: Site, target: str, t: Topology, watermarks: dict[str, int], have: Mapping[str, Mapping[str, str]] | None
+) -> dict[str, Any] | None:
     d = src.dialect
     if not d.caps.concurrent_capture:
         return None
@@ -225,7 +235,7 @@ def _held_at_source(src: Site, target: str, t: Topology, watermarks: dict[str, i
         horizon = min(h for h in hs if h is not None)
         waiting, oldest = 0, None
         for tb in t.tables:
-            n, ver, low = store.links.waiting_from(conn, d, tb, watermarks[tb], target)
+            n, ver, low = store.links.waiting_from(conn, d, tb, watermarks[tb], target, (have or {}).get(tb))
             if low is not None and low < horizon:
                 return None  # the next refresh can take it
             waiting += n

@@ -106,7 +106,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             entry["waiting"] = waiting_total
             entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
             if any(ahead[tb][0] for tb in t.tables) and not isinstance(src, AgentSite):
-                _held_at_source(entry, src, ln.target, t, wms, t.refresh.stall_after_seconds())
+                _held_at_source(entry, src, ln.target, t, wms, t.refresh.stall_after_seconds(), have)
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
@@ -205,12 +205,18 @@ def link_at_source(
 
 
 def _held_at_source(
-    entry: dict[str, Any], src: Site, target: str, t: Topology, wms: dict[str, int], after_s: float | None
+    entry: dict[str, Any],
+    src: Site,
+    target: str,
+    t: Topology,
+    wms: dict[str, int],
+    after_s: float | None,
+    have: Mapping[str, Mapping[str, str]] | None = None,
 ) -> None:
     """A link whose waiting changes all wait for a transaction still open at its source: named in
     `held_at_source`, and the link is stalled (with the statement that ends it) once the oldest
     has waited refresh.stall_after."""
-    held = held_at_source(src, target, t, wms)
+    held = held_at_source(src, target, t, wms, have)
     entry["held_at_source"] = held
     if held is None or entry.get("stalled"):
         return
