@@ -311,19 +311,25 @@ def test_version_is_the_installed_package_version():  # type: ignore[no-untyped-
     assert r.stdout.strip() == f"multimaster {version('multimaster')}"
 
 
-def test_a_site_removed_for_good_strands_nothing_in_a_mesh(sites):  # type: ignore[no-untyped-def]
-    """The issue's case: s3 inserts x; s2 pulls it and updates it, inserts y, and purges its
-    snapshot of s3; s3 dies before s1 got x and is removed with --force; s2 inserts z. s2 relayed
-    x (a mesh relays every applied change), so s1 gets x, y and z from s2."""
-    d, topo = sites
+def _x_from_s3_updated_at_s2(d: Path, topo: Path, also: tuple[str, int]) -> None:
+    """init; s3 inserts x; s2 pulls it, adds 4 to it and inserts `also` (name, qty), then purges
+    its snapshot of s3 (what it pulled of s3 is no longer there for another site)."""
     assert mm("init", "-t", str(topo)).returncode == 0
     with sqlite3.connect(d / "s3.db") as c:
         c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
     assert mm("refresh", "-t", str(topo), "--site", "s2", "--peer", "s3").returncode == 0
     with sqlite3.connect(d / "s2.db") as c:
         c.execute("UPDATE items SET qty = qty + 4 WHERE name = 'x'")
-        c.execute("INSERT INTO items (name, qty) VALUES ('y', 2)")
+        c.execute("INSERT INTO items (name, qty) VALUES (?, ?)", also)
     assert mm("purge", "-t", str(topo), "--site", "s2", "--min-age", "0s").returncode == 0
+
+
+def test_a_site_removed_for_good_strands_nothing_in_a_mesh(sites):  # type: ignore[no-untyped-def]
+    """The issue's case: s3 inserts x; s2 pulls it and updates it, inserts y, and purges its
+    snapshot of s3; s3 dies before s1 got x and is removed with --force; s2 inserts z. s2 relayed
+    x (a mesh relays every applied change), so s1 gets x, y and z from s2."""
+    d, topo = sites
+    _x_from_s3_updated_at_s2(d, topo, ("y", 2))
     (d / "s3.db").rename(d / "s3.lost")
     r = mm("remove-site", "-t", str(topo), "s3", "--force", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -356,14 +362,7 @@ def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  #
     again from s2) clears it."""
     d, topo = sites
     topo.write_text(topo.read_text().replace("links: mesh\n", NOT_A_MESH) + "refresh: {stall_after: 1s}\n")
-    assert mm("init", "-t", str(topo)).returncode == 0
-    with sqlite3.connect(d / "s3.db") as c:
-        c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
-    assert mm("refresh", "-t", str(topo), "--site", "s2", "--peer", "s3").returncode == 0
-    with sqlite3.connect(d / "s2.db") as c:
-        c.execute("UPDATE items SET qty = qty + 4 WHERE name = 'x'")
-        c.execute("INSERT INTO items (name, qty) VALUES ('z', 7)")
-    assert mm("purge", "-t", str(topo), "--site", "s2", "--min-age", "0s").returncode == 0
+    _x_from_s3_updated_at_s2(d, topo, ("z", 7))
     r = mm("remove-site", "-t", str(topo), "s3", "--force")
     assert r.returncode == 1, r.stdout + r.stderr
     out = " ".join(r.stdout.split())

@@ -15,7 +15,7 @@ import faults
 import pytest
 from clusters import TestCluster, cli, make_cluster
 
-from multimaster import api
+from multimaster import api, store
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
 
@@ -25,14 +25,10 @@ def _by_name(cl: TestCluster, site: str) -> dict[str, int]:
 
 
 def _waiting(cl: TestCluster, site: str) -> int:
-    """Changes parked at `site` (applied = 2 in its snapshots of every peer)."""
+    """Changes parked at `site`, in its snapshots of every peer (store.links.parked)."""
     with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
-        d = c.site(site).dialect
-        n = 0
-        for peer in cl.topo.peers_of(site):
-            snap = d.obj("stock", peer).snap
-            n += int(conn.exec_driver_sql(f"SELECT count(*) FROM {snap} WHERE applied = 2").scalar() or 0)
-        return n
+        waits = [store.links.parked(conn, c.site(site).dialect, "stock", peer) for peer in cl.topo.peers_of(site)]
+        return sum(w.count for w in waits if w is not None)
 
 
 def test_while_a_site_is_away_its_changes_reach_the_others_through_any_peer(backend: Any, tmp_path: Path) -> None:

@@ -910,8 +910,7 @@ def _have(conn: Connection, tables: dict[str, _LinkTable]) -> dict[str, dict[str
     first = next(iter(tables.values()))
     if not first.topo.pulls_every_writable():
         return None
-    d = first.tgt.dialect
-    return {tb: dict(store.origins.read(conn, d, tb)) for tb in tables}
+    return store.origins.have(conn, first.tgt.dialect, tables)
 
 
 def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None:

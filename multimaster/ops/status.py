@@ -184,9 +184,7 @@ def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
             "watermarks": {tb: store.watermarks.read(tconn, tgt.dialect, source, tb) for tb in t.tables},
             "unapplied": {tb: store.links.unapplied(tconn, tgt.dialect, tb, source) for tb in t.tables},
             "parked": [store.links.parked(tconn, tgt.dialect, tb, source) for tb in t.tables],
-            "have": {tb: dict(store.origins.read(tconn, tgt.dialect, tb)) for tb in t.tables}
-            if t.pulls_every_writable()
-            else None,
+            "have": store.origins.have(tconn, tgt.dialect, t.tables) if t.pulls_every_writable() else None,
         }
 
 

@@ -4,7 +4,7 @@ version order, so "version <= max_ver" identifies every duplicate."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from sqlalchemy.engine import Connection
@@ -12,7 +12,7 @@ from sqlalchemy.engine import Connection
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["install", "mark_applied", "not_applied", "read", "of_origin", "copy_in", "forget_table", "beyond"]
+__all__ = ["install", "mark_applied", "not_applied", "read", "have", "of_origin", "copy_in", "forget_table", "beyond"]
 
 
 def beyond(d: Dialect, have: Mapping[str, str] | None, alias: str = "l") -> tuple[str, list[Any]]:
@@ -62,6 +62,12 @@ def read(conn: Connection, d: Dialect, table: str) -> list[tuple[str, str]]:
             f"SELECT origin, max_ver FROM {d.mm_table('_mm_origins')} WHERE tbl = {d.caps.placeholder}", (table,)
         ).all()
     ]
+
+
+def have(conn: Connection, d: Dialect, tables: Iterable[str]) -> dict[str, dict[str, str]]:
+    """Per table of `tables`, origin -> max_ver: what this site applied, as a pull or a waiting
+    count sends it to the source (:func:`beyond`)."""
+    return {tb: dict(read(conn, d, tb)) for tb in tables}
 
 
 def of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, str]:
