@@ -15,7 +15,7 @@ import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 import yaml
@@ -430,6 +430,17 @@ def server_unavailable(name: str, reason: str) -> None:
     if REQUIRE_SERVERS:
         pytest.fail(msg + " — MM_REQUIRE_SERVERS=1 makes this a failure", pytrace=False)
     pytest.skip(msg)
+
+
+def opened(name: str) -> Iterator[Backend]:
+    """A fixture's body: the backend `name` (skipped, or failed under MM_REQUIRE_SERVERS, when its
+    server does not answer), its databases dropped after the test."""
+    try:
+        b = BACKENDS[name]()
+    except ConnectionError as e:
+        server_unavailable(name, str(e))
+    yield b
+    b.cleanup()
 
 
 #: the multimaster command of this interpreter's environment

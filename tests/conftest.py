@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from clusters import BACKENDS, DROPPER, Backend, server_unavailable
+from clusters import BACKENDS, DROPPER, Backend, opened, server_unavailable
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))
@@ -26,25 +26,16 @@ def sqlite_backend() -> Backend:
     return BACKENDS["sqlite"]()
 
 
-def _server(name: str) -> Iterator[Backend]:
-    try:
-        b = BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-    yield b
-    b.cleanup()
-
-
 @pytest.fixture
 def mysql_backend() -> Iterator[Backend]:
     """MariaDB alone (a test of what only MariaDB has)."""
-    yield from _server("mysql")
+    yield from opened("mysql")
 
 
 @pytest.fixture
 def pg_backend() -> Iterator[Backend]:
     """PostgreSQL alone."""
-    yield from _server("postgresql")
+    yield from opened("postgresql")
 
 
 @pytest.hookimpl(tryfirst=True)

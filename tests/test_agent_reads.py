@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, mm, server_unavailable
+from clusters import Backend, TestCluster, make_cluster, mm, opened
 from test_agent import _cli, running_agent
 from test_error_queue import reject_negative_qty
 
@@ -39,18 +39,9 @@ def _token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MM_READS_TOKEN", TOKEN)
 
 
-def _open(name: str) -> Iterator[Backend]:
-    try:
-        b = BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-    yield b
-    b.cleanup()
-
-
 @pytest.fixture(params=["sqlite", "postgresql"])
 def lite_or_pg(request: pytest.FixtureRequest) -> Iterator[Backend]:
-    yield from _open(request.param)
+    yield from opened(request.param)
 
 
 @contextlib.contextmanager
