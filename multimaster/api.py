@@ -23,6 +23,7 @@ from multimaster.ops.errors import list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
 from multimaster.ops.install import InitReport, init, uninstall, uninstall_table
 from multimaster.ops.keys import current_key, key_history
+from multimaster.ops.recapture import Recaptured, recapture
 from multimaster.ops.reresolve import re_resolve_conflicts
 from multimaster.ops.status import conflicts, status
 
@@ -44,6 +45,8 @@ __all__ = [
     "skip_error",
     "ddl",
     "DdlReport",
+    "recapture",
+    "Recaptured",
     "current_key",
     "key_history",
     "token",

@@ -63,6 +63,15 @@ class SiteUnreachable(MultimasterError):
         )
 
 
+class RecaptureRefused(MultimasterError):
+    """multimaster recapture cannot send a table's writes without changing rows the applications
+    depend on; nothing was changed (docs/schema-changes.md "A table made again")."""
+
+    def __init__(self, site: str, table: str, reason: str):
+        self.site, self.table = site, table
+        super().__init__(f"recapture of table '{table}' at site '{site}' refused, nothing changed: {reason}")
+
+
 class AgentError(MultimasterError):
     """A site reached through its agent (docs/agent.md) could not be read: the agent is down or
     unreachable, refused the token, serves another site, failed TLS, or broke off its answer."""

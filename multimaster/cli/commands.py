@@ -148,7 +148,8 @@ def refresh(
 
     Exit 1 if any link failed (the others still refresh), or is stalled: a change of it has waited
     longer than refresh.stall_after for something this site has not received (stderr says what,
-    and the fix). A site whose versions came ahead of this site's clock past refresh.clock_warn
+    and the fix), or a site's capture of a table was found missing (the table was made again)
+    and its writes of then are not recaptured yet (see `multimaster recapture`). A site whose versions came ahead of this site's clock past refresh.clock_warn
     (not past max_clock_offset: those are held) is named on stderr; that alone exits 0.
 
     Progress goes to stderr (bars on a terminal, else a line per link every MM_PROGRESS_EVERY
@@ -192,6 +193,7 @@ def refresh(
                                 "held_at_source": r.held_at_source,
                                 "clock_ahead": r.clock_ahead,
                                 "clock_warnings": r.clock_warnings,
+                                "capture_gaps": r.gaps,
                             }
                             for r in res
                         ],
@@ -208,7 +210,8 @@ def refresh(
             for w in r.clock_warnings:
                 err.print(w, markup=False, highlight=False, soft_wrap=True)
         stalled = _stalled_exit([r.stalled for r in last if r.stalled])
-        return 1 if any(r.error for r in last) else stalled
+        gaps = _gaps_exit(sorted({g for r in last for g in r.gaps}))
+        return 1 if any(r.error for r in last) else max(stalled, gaps)
 
     code = execute(go, traceback)
     raise typer.Exit(code)
@@ -322,6 +325,8 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         # docs/mysql.md "The transaction registry"
         ("transaction registry", "a record the server keeps of capturing transactions, and the fix", st.get("registry_warnings")),
         ("schema behind", "what waits, and the fix", behind),  # docs/schema-changes.md
+        # docs/schema-changes.md "A table made again"
+        ("capture gaps", "writes a site made while its capture was missing, and the fix", st.get("capture_gaps")),
     ):
         if lines:
             mt = Table(title=title)
@@ -360,14 +365,32 @@ def status(
             st = api.status(cl, since=since_at)
             if as_json:
                 dump(st)
-                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []), _untracked_exit(st))
+                return max(
+                    _held_exit(st, as_json),
+                    _stalled_exit(st.get("stalled") or []),
+                    _untracked_exit(st),
+                    _gaps_exit(st.get("capture_gaps") or []),
+                )
             if not watch:
                 for t in _status_tables(st):
                     console.print(t)
-                return max(_held_exit(st, as_json), _stalled_exit(st.get("stalled") or []), _untracked_exit(st))
+                return max(
+                    _held_exit(st, as_json),
+                    _stalled_exit(st.get("stalled") or []),
+                    _untracked_exit(st),
+                    _gaps_exit(st.get("capture_gaps") or []),
+                )
             redraw(lambda: _status_tables(api.status(cl, since=since_at)), interval)
 
     raise typer.Exit(execute(go, traceback) or 0)
+
+
+def _gaps_exit(gaps: list[str]) -> int:
+    """1 when a site's capture was found missing and its writes of then are not recaptured yet
+    (docs/schema-changes.md "A table made again"), each named on stderr with the fix; else 0."""
+    for m in gaps:
+        err.print(m, markup=False, highlight=False, soft_wrap=True)
+    return 1 if gaps else 0
 
 
 def _untracked_exit(st: dict[str, Any]) -> int:

@@ -11,7 +11,7 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute, redraw
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, err, execute, redraw
 from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology, parse_duration
 from multimaster.errors import ConfigError
@@ -481,9 +481,74 @@ def ddl(
     raise typer.Exit(execute(go, traceback))
 
 
+def recapture(
+    topology: Path = TOPOLOGY,
+    site: str = typer.Option(..., "--site", help="The site whose writes were not captured."),
+    table: Optional[List[str]] = typer.Option(
+        None, "--table", help="A table (repeatable); default: every table with an open capture gap at the site."
+    ),
+    peer: Optional[str] = typer.Option(None, "--from", help="The site to compare with (default: the first other site)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only show what would be sent."),
+    as_json: bool = typer.Option(False, "--json", help="Print the reports as JSON."),
+    traceback: bool = TRACEBACK,
+) -> None:
+    """Send the writes a site made while its capture of a table was missing (the table was made
+    again: a migration tool's copy, DROP and CREATE; `status` names it). Compares the site's rows
+    with a peer's and captures every difference no change on its way explains, as an insert, an
+    update or a delete at the site; rows a change on its way touches are left (run again once it
+    has landed). Closes the table's capture gap when nothing is left. Every site must be
+    reachable directly. Exit 1 when rows were left or refused (docs/schema-changes.md "A table
+    made again").
+
+    Examples:
+      multimaster recapture -t topo.yaml --site s2 --dry-run
+      multimaster recapture -t topo.yaml --site s2 --table items --from s1
+    """
+    from multimaster import api
+
+    def go() -> int:
+        reps = api.recapture(load_topology(topology), site, table, peer, dry_run)
+        if as_json:
+            dump([r.to_dict() for r in reps])
+        elif not reps:
+            console.print(f"site '{site}': no table has an open capture gap; nothing to recapture")
+        else:
+            t = Table(title="recapture" + (" (dry run)" if dry_run else ""))
+            for c in ("site", "table", "from", "inserts", "updates", "deletes", "left", "refused", "gap"):
+                t.add_column(c)
+            for r in reps:
+                t.add_row(
+                    r.site,
+                    r.table,
+                    r.peer,
+                    str(len(r.inserted)),
+                    str(len(r.updated)),
+                    str(len(r.deleted)),
+                    f"[yellow]{len(r.left)}[/]" if r.left else "0",
+                    f"[red]{len(r.failed)}[/]" if r.failed else "0",
+                    "closed" if r.closed else ("-" if r.dry_run or r.ok else "open"),
+                )
+            console.print(t)
+            for r in reps:
+                if r.left:
+                    err.print(
+                        f"{r.table}: {len(r.left)} row(s) differ but a change on its way touches them (keys "
+                        f"{', '.join(map(str, r.left[:10]))}{' ...' if len(r.left) > 10 else ''}): refresh, then run again",
+                        markup=False,
+                        highlight=False,
+                        soft_wrap=True,
+                    )
+                for k, e in r.failed:
+                    err.print(f"{r.table}: key {k}: not sent: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 0 if all(r.ok for r in reps) else 1
+
+    raise typer.Exit(execute(go, traceback))
+
+
 def register(app: typer.Typer) -> None:
     app.command("run")(run)
     app.command("ddl")(ddl)
+    app.command("recapture")(recapture)
     app.command("purge")(purge)
     app.command("add-site")(add_site)
     app.command("remove-site")(remove_site)

@@ -165,6 +165,12 @@ class RefreshConfig(_Strict):
     #: pulling from it cannot get directly: cheaper applies and shorter delays, but while a site is
     #: away its changes wait for it). Other shapes always relay what is needed.
     relay: Literal["all", "needed"] = "all"
+    #: how often `multimaster run` checks its sites' replicated tables for a schema change made
+    #: by hand (a column added or dropped, the table made again) and makes capture follow it,
+    #: besides every refresh doing so: a hand-run DROP COLUMN on MariaDB breaks inserts until
+    #: then, a table made again is not captured until then ('off': at refreshes only;
+    #: docs/schema-changes.md)
+    follow_every: bool | float | str = "1s"
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
@@ -184,6 +190,10 @@ class RefreshConfig(_Strict):
     def lock_wait_warn_seconds(self) -> float | None:
         """lock_wait_warn in seconds, None when 'off'."""
         return _duration_or_off(self.lock_wait_warn, "2s")
+
+    def follow_every_seconds(self) -> float | None:
+        """follow_every in seconds, None when 'off'."""
+        return _duration_or_off(self.follow_every, "1s")
 
 
 def _duration_or_off(v: bool | float | str, example: str) -> float | None:
@@ -521,6 +531,7 @@ def _refresh_problems(r: RefreshConfig, problems: list[str]) -> None:
         ("stall_after", r.stall_after_seconds),
         ("clock_warn", r.clock_warn_seconds),
         ("lock_wait_warn", r.lock_wait_warn_seconds),
+        ("follow_every", r.follow_every_seconds),
     ):
         try:
             v = get()

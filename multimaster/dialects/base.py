@@ -301,6 +301,12 @@ class Dialect:
         the bookkeeping its capture writes; init, taking them the other way round, would deadlock
         with it). Nothing where DDL cannot run inside a transaction anyway."""
 
+    def lock_table_writes(self, conn: Connection, table: str) -> None:
+        """Hold back every other writer of `table` until this transaction ends (multimaster
+        recapture compares and rewrites its rows). Default: as init (lock_for_install); SQLite's
+        BEGIN IMMEDIATE already holds every writer back."""
+        self.lock_for_install(conn, [table])
+
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         """Change log, second-order log view, shadow and tombstones of a replicated table."""
         raise NotImplementedError
@@ -429,6 +435,22 @@ class Dialect:
         defaults) as text: when it differs from the one recorded with the current schema version,
         the table changed (engine/evolve.py)."""
         raise NotImplementedError
+
+    def triggers_on(self, conn: Connection, table: str) -> set[str]:
+        """The names of the triggers on `table` (one cheap catalog read)."""
+        raise NotImplementedError
+
+    def table_signature(self, conn: Connection, table: str) -> str:
+        """`table`'s columns (column_signature) and which of its capture triggers exist: a table
+        made again (a migration tool's copy on SQLite, DROP and CREATE) or whose capture was
+        dropped reads differently from the signature recorded when its capture was made, even
+        with the same columns (engine/evolve.py, docs/schema-changes.md "A table made again")."""
+        return f"{self.column_signature(conn, table)} capture={','.join(self.capture_present(conn, table))}"
+
+    def capture_present(self, conn: Connection, table: str) -> list[str]:
+        """The capture triggers of `table` that exist (sorted; all three when capture works)."""
+        o = names(table)
+        return sorted({o.cap_i, o.cap_u, o.cap_d} & self.triggers_on(conn, table))
 
     def existing_columns(self, conn: Connection, obj: str) -> set[str]:
         """The columns of relation `obj` (as written in SQL)."""

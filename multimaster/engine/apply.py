@@ -93,17 +93,18 @@ def keys_unranked(conn: Connection, d: Dialect, info: TableInfo, base_max: int) 
     return top is not None and top > max(store.tables.keys_ranked(conn, d, info.name), base_max)
 
 
-def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> int:
+def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int, every: bool = False) -> int:
     """Under Dialect.lock_writers (no local insert in flight): give the identities inserted here
     since keys were last ranked — the shadow rows with keys above ``keys_ranked`` — the keys
     base + rank in identity order, in the table and the shadow. Their keys came from the key
     counter: a rolled-back insert leaves a gap, and two concurrent inserts may have drawn key and
     version in opposite orders. Every older identity sorts below them (a local insert draws its
     version after the reconciler that last ranked keys committed, past every version it had).
-    Returns how many rows moved."""
+    `every`: rank every identity (multimaster recapture, after taking out rows no capture saw,
+    which took keys that were ranks). Returns how many rows moved."""
     o = d.obj(info.name)
     ph = d.caps.placeholder
-    k0 = max(store.tables.keys_ranked(conn, d, info.name), base_max)
+    k0 = base_max if every else max(store.tables.keys_ranked(conn, d, info.name), base_max)
     rows = conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {o.shadow} WHERE {d.key_col} > {ph} ORDER BY rid", (k0,)).all()
     moves = [(int(key), k0 + i + 1) for i, (_rid, key) in enumerate(rows) if int(key) != k0 + i + 1]
     if moves:
@@ -123,7 +124,8 @@ def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int)
                 conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
             rid_of = {int(key_): rid for rid, key_ in rows}
             references.keys_moved(conn, d, info, [(rid_of[old], old, new) for old, new in moves], "rank")
-    store.tables.set_keys_ranked(conn, d, info.name, k0 + len(rows))
+    if d.caps.concurrent_capture:
+        store.tables.set_keys_ranked(conn, d, info.name, k0 + len(rows))
     return len(moves)
 
 

@@ -33,13 +33,25 @@ from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.core.schemas import Col, Evolution, decode_pending, encode_pending, evolution, remap_mask
 from multimaster.core.versions import now_iso
-from multimaster.dialects.schema import TableInfo
-from multimaster.engine import isolate, references
+from multimaster.dialects.schema import TableInfo, names
+from multimaster.engine import apply, isolate, references, uniques
 from multimaster.engine.schema import introspect
 from multimaster.engine.site import Site
 from multimaster.errors import SchemaError
 
-__all__ = ["Evolved", "changed_tables", "ensure_registered", "evolve_table", "follow", "release", "registered_columns"]
+__all__ = [
+    "Evolved",
+    "changed_tables",
+    "ensure_registered",
+    "evolve_table",
+    "follow",
+    "gap_message",
+    "gap_messages",
+    "capture_unseen_rows",
+    "unseen_rows",
+    "release",
+    "registered_columns",
+]
 
 #: the relay of a table at a site (engine/refresh.py relay_origins)
 RelayOf = Callable[[TableInfo], Sequence[str] | None]
@@ -55,6 +67,9 @@ class Evolved:
     change: Evolution | None = None
     released: int = 0  #: changes that waited for a column and were applied
     problems: list[str] = field(default_factory=list)
+    gap: list[str] = field(default_factory=list)  #: capture triggers found missing and made again
+    #: then, the keys of the rows of a renumbered table inserted while it was missing, captured
+    unseen: list[Any] = field(default_factory=list)
 
 
 def _cols(info: TableInfo) -> list[Col]:
@@ -66,7 +81,31 @@ def ensure_registered(conn: Connection, site: Site, info: TableInfo) -> None:
     an earlier multimaster): the columns its capture writes now."""
     d = site.dialect
     if store.schemas.current(conn, d, info.name) is None:
-        store.schemas.record(conn, d, info.name, 1, _cols(info), d.column_signature(conn, info.name))
+        store.schemas.record(conn, d, info.name, 1, _cols(info), d.table_signature(conn, info.name))
+
+
+def gap_message(site: str, gap: Mapping[str, Any]) -> str:
+    """What an open capture gap (store/gaps.py read_open) means, and the command that closes it."""
+    table = gap["tbl"]
+    unseen = int(gap.get("unseen") or 0)
+    sent = (
+        f" The {unseen} row(s) inserted meanwhile were captured then, each with the next key."
+        if unseen and not gap.get("refused")
+        else ""
+    )
+    refused = f" Its rows inserted meanwhile are not captured: {gap['refused']}." if gap.get("refused") else ""
+    return (
+        f"site '{site}': the capture of table '{table}' was found missing at {gap['found']} ({', '.join(gap['missing'])}): "
+        "the table was made again (a migration tool's copy, DROP and CREATE) or its triggers were dropped. Capture is "
+        f"back.{sent}{refused} The updates and deletes made there before were not captured, and no other site has "
+        f"them. Run 'multimaster recapture -t FILE --site {site} --table {table}' to send them (docs/schema-changes.md "
+        '"A table made again")'
+    )
+
+
+def gap_messages(conn: Connection, site: Site) -> list[str]:
+    """The open capture gaps of `site`, each named with its fix."""
+    return [gap_message(site.name, g) for g in store.gaps.read_open(conn, site.dialect)]
 
 
 def registered_columns(conn: Connection, site: Site, table: str) -> list[str] | None:
@@ -87,7 +126,7 @@ def changed_tables(conn: Connection, site: Site, tables: Sequence[str]) -> list[
     out = []
     for tb in tables:
         cur = store.schemas.current(conn, d, tb)
-        if cur is not None and d.column_signature(conn, tb) != cur[2]:
+        if cur is not None and d.table_signature(conn, tb) != cur[2]:
             out.append(tb)
     return out
 
@@ -99,15 +138,21 @@ def evolve_table(
     table: str,
     peers: Sequence[str],
     others: Mapping[str, set[str]] | None = None,
+    capture_dropped: bool = False,
 ) -> Evolved:
     """In a write transaction at `site`: make its replication objects of `table` follow the
     table's columns now (the steps in the module's description). Raises SchemaError, changing
-    nothing, for a change that cannot be made online."""
+    nothing, for a change that cannot be made online. Capture triggers found missing (the table
+    was made again, or they were dropped) are made again and a gap is recorded (store/gaps.py),
+    unless `capture_dropped`: the caller dropped them (multimaster ddl)."""
     d = site.dialect
     cur = store.schemas.current(conn, d, table)
     if cur is None:
         raise SchemaError([f"site '{site.name}': table '{table}' is not installed; run 'multimaster init'"])
     version, old_cols, _sig = cur
+    o = d.obj(table)
+    wanted = names(table)
+    missing = [] if capture_dropped else sorted({wanted.cap_i, wanted.cap_u, wanted.cap_d} - set(d.capture_present(conn, table)))
     site.forget(table)
     live = introspect(conn, site.name, table, topo.tables[table])
     new_cols = _cols(live)
@@ -122,7 +167,6 @@ def evolve_table(
         or [(c.nullable, c.has_default) for c in old_cols]
         != [(c.nullable, c.has_default) for c in new_cols if c.name in {o.name for o in old_cols}]
     )
-    o = d.obj(table)
     snaps = [d.obj(table, p).snapshot() for p in peers]
     # 1. the columns of the added columns; widened ones widened (idempotent)
     by = {c.name: c for c in live.columns}
@@ -154,16 +198,89 @@ def evolve_table(
         ready += store.errorqueue.ready_failed(conn, d, table, now_iso())
     # 3. capture in the new version (and the identities of references, a new column's too); not
     #    for a change replication does not see (an index), unless an earlier run was interrupted
-    if changed or not _sig:
+    if missing:  # the table was made again: every trigger of it is gone, not only capture's
+        d.install_table(conn, info)
+        uniques.install(conn, d, info)
+    if changed or not _sig or missing:
         references.install(conn, site, info, peers)
         d.drop_capture(conn, info)
         d.install_capture(conn, info)
+    unseen: list[Any] = []
+    if missing:
+        d.guard_writes(conn, info, site.name, site.name in topo.read_only)
+        unseen, refused = capture_unseen_rows(conn, site, info)
+        store.gaps.open_gap(conn, d, table, now_iso(), missing, 0 if refused else len(unseen), refused)
     # 3b. values written to an added column before its capture existed
     for c in ev.added:
         _capture_window(conn, site, info, c)
     # 4. followed
-    store.schemas.set_sig(conn, d, table, version, d.column_signature(conn, table))
-    return Evolved(site.name, table, version, ev, ready)
+    store.schemas.set_sig(conn, d, table, version, d.table_signature(conn, table))
+    return Evolved(site.name, table, version, ev, ready, gap=missing, unseen=unseen)
+
+
+def unseen_rows(conn: Connection, site: Site, info: TableInfo) -> list[Any]:
+    """Renumbered `info`: the keys of the rows no capture saw (no live identity in the shadow
+    holds their key): inserted while capture was missing. In a write transaction, key order."""
+    d = site.dialect
+    d.catch_up(conn, info)
+    q = d.quote
+    key, sh = q(info.key.name), d.obj(info.name).shadow
+    return [
+        r[0]
+        for r in conn.exec_driver_sql(
+            f"SELECT t.{key} FROM {q(info.name)} t WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {sh} s WHERE s.{d.key_col} = t.{key} AND s.deleted IS NULL) ORDER BY t.{key}"
+        )
+    ]
+
+
+def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[list[Any], str | None]:
+    """Renumbered `info`, its capture just made again: capture the rows inserted while it was
+    missing (unseen_rows). Their keys were drawn outside the ranks and collide with the next local
+    insert's or the next ranking's: each is taken out (not captured), every identity gets back its
+    rank, and the rows are inserted again under capture, whole, each taking the next rank (a new
+    key, as any local insert). Refused, changing nothing, when another row references one of them
+    (its new key would leave the reference behind). Returns (their keys before, the refusal)."""
+    if not info.spec.renumber:
+        return [], None
+    d = site.dialect
+    base = store.tables.base_max(conn, d, info.name)
+    if d.caps.concurrent_capture:
+        d.lock_for_apply(conn, info)
+        d.lock_writers(conn, info)
+        apply.keys_locked(conn, d, info, base)
+    keys = unseen_rows(conn, site, info)
+    if not keys:
+        return [], None
+    q, ph = d.quote, d.caps.placeholder
+    for r in references.referencing(conn, d, info.name, info.key.name, fresh=True):
+        for k in keys:
+            if conn.exec_driver_sql(f"SELECT 1 FROM {q(r.table)} WHERE {q(r.column)} = {ph} LIMIT 1", (k,)).first() is not None:
+                d.after_apply(conn, info)  # the next local insert draws a key past theirs
+                return keys, (
+                    f"row {k} (written while capture was missing) is referenced by {r.table}.{r.column}: sent as an "
+                    "insert it takes the next rank, a new key. Move those references, or insert the row anew by hand, "
+                    "then run recapture again"
+                )
+    tbl, key = q(info.name), q(info.key.name)
+    rows: list[dict[str, Any]] = []
+    for k in keys:
+        found = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}", (k,)).mappings().first()
+        rows.append({str(c): v for c, v in dict(found or {}).items() if c != info.key.name})
+    d.set_applying(conn, True)
+    conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", [(k,) for k in keys])
+    apply.normalize_keys(conn, d, info, base, every=True)
+    if d.caps.concurrent_capture:
+        apply.keys_ranked_now(conn, d, info, base)
+    else:
+        d.after_apply(conn, info)
+    d.set_applying(conn, False)
+    for row in rows:  # without its key: the capture gives it the next rank
+        names_ = [str(c) for c in row]
+        conn.exec_driver_sql(
+            f"INSERT INTO {tbl} ({', '.join(q(c) for c in names_)}) VALUES ({d.ph(len(names_))})", tuple(row.values())
+        )
+    return keys, None
 
 
 def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) -> int:
@@ -196,8 +313,6 @@ def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) 
 
 def _park_columns(conn: Connection, site: Site, info: TableInfo) -> None:
     """A table with a ``park`` UNIQUE set keeps parked rows' values per column (engine/uniques.py)."""
-    from multimaster.engine import uniques
-
     if any(u.policy == "park" for u in info.uniques) and site.dialect.table_kind(conn, f"_mm_parked_{info.name}") is not None:
         site.dialect.add_columns(
             conn, uniques.parked_table(site.dialect, info.name), [("c_" + c.name, c.type_sql) for c in info.columns]

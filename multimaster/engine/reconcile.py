@@ -72,6 +72,9 @@ class RefreshResult:
     #: then, when every one of them waits for a transaction still open at the source: who it is,
     #: open how long, doing what, the statement that ends it (engine/refresh.py held_at_source)
     held_at_source: dict[str, Any] | None = None
+    #: the target's tables whose capture was found missing and whose writes of then are not
+    #: recaptured yet, each named with the fix (store/gaps.py, engine/evolve.py gap_message)
+    gaps: list[str] = field(default_factory=list)
 
     @property
     def applied(self) -> int:

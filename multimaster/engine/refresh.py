@@ -136,6 +136,7 @@ def refresh_link(
             tgt.require_installed(conn, t)
             if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
                 raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
+            res.gaps = evolve.gap_messages(conn, tgt)
             tables = {}
             infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
             known = isolate.known_origins(conn, tgt, list(t.sites))

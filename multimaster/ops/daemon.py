@@ -42,9 +42,10 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Link, Topology
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.versions import started_at_now
+from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
-from multimaster.engine.refresh import refresh_link
+from multimaster.engine.refresh import refresh_link, relay_origins, schemas_elsewhere
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, MultimasterError
 from multimaster.ops import verifications
@@ -233,7 +234,7 @@ class Daemon:
             except MultimasterError:
                 pass  # an unreachable peer: its link fails and backs off
         sched = BackgroundScheduler(
-            executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 3)},
+            executors={"default": ThreadPoolExecutor(max_workers=len(self.links) + 4)},
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         for st in self.stats.links.values():
@@ -254,6 +255,11 @@ class Daemon:
             )
         if self.purge_every:
             sched.add_job(self._purge, IntervalTrigger(seconds=self.purge_every), id="purge", name="purge")
+        follow = self.topo.refresh.follow_every_seconds()
+        if follow:
+            sched.add_job(
+                self._follow, IntervalTrigger(seconds=follow), id="follow", name="follow schemas", next_run_time=_now_dt()
+            )
         if self.verify_site is not None:
             assert self.topo.verify is not None
             sched.add_job(
@@ -387,6 +393,30 @@ class Daemon:
                 blockers=[b.session for b in e.blockers if b.session] or None,
                 message=e.text,
             )
+
+    def _follow(self) -> None:
+        """Each site's capture follows its tables' schema (refresh.follow_every): a hand-run change
+        is followed within that time, not at the link's next refresh. Logs what it did: a table
+        followed (`schema`), a capture found missing and made again (`capture_gap`), a change
+        refused (`schema` with the problem)."""
+        for n in self.sites:
+            if self.stopping:
+                return
+            try:
+                site = self.cluster.site(n)
+                for ev in evolve.follow(
+                    site, self.topo, functools.partial(relay_origins, self.topo, n), schemas_elsewhere(self.cluster, n)
+                ):
+                    if ev.gap:
+                        with site.read() as conn:
+                            for m in evolve.gap_messages(conn, site):
+                                _emit("capture_gap", self.log_format, site=n, table=ev.table, message=m)
+                    elif ev.problems:
+                        _emit("schema", self.log_format, site=n, table=ev.table, error="; ".join(ev.problems))
+                    else:
+                        _emit("schema", self.log_format, site=n, table=ev.table, version=ev.version, released=ev.released or None)
+            except Exception as e:  # noqa: BLE001 - logged, tried again at the next run and by every refresh
+                _emit("schema", self.log_format, site=n, error=redact(f"{type(e).__name__}: {e}"))
 
     def _purge(self) -> None:
         for s in self.sites:

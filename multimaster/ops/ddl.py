@@ -104,7 +104,7 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
                 d.drop_capture(conn, info)  # made again below, in this transaction
             conn.exec_driver_sql(statement)
             try:
-                ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others)
+                ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=d.caps.transactional_ddl)
             except SchemaError:
                 if not d.caps.transactional_ddl:
                     s.forget(table)

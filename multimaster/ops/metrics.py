@@ -219,7 +219,17 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             )
         for state, n_ in (d.get("errors") or {}).items():
             o.add("multimaster_error_queue_changes", "gauge", "Changes in the error queue, per state.", n_, site=n, state=state)
+        gaps = {g["tbl"] for g in d.get("capture_gaps") or []}
         for tb, t in (d.get("tables") or {}).items():
+            o.add(
+                "multimaster_capture_gap",
+                "gauge",
+                "1 while the table's capture was found missing at the site (made again) and what the site wrote "
+                "meanwhile is not recaptured (status names it; multimaster recapture).",
+                1 if tb in gaps else 0,
+                site=n,
+                table=tb,
+            )
             o.add("multimaster_change_log_entries", "gauge", "Entries in the change log.", t.get("log"), site=n, table=tb)
             o.add(
                 "multimaster_second_order_log_entries",

@@ -12,6 +12,7 @@ from multimaster.config.topology import Topology
 from multimaster.core.versions import ver_ms, ver_origin
 from multimaster.core.waits import Wait, fix, reason, stalled
 from multimaster.dialects.base import Dialect
+from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
@@ -127,6 +128,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             for c in w["columns"]
         ]
         out["untracked"] = [untracked_message(tb, n) for n, d in site_data.items() for tb in d.get("untracked", [])]
+        out["capture_gaps"] = [evolve.gap_message(n, g) for n, d in site_data.items() for g in d.get("capture_gaps", [])]
         out["registry_warnings"] = [
             f"site '{n}': mysql.transaction_registry holds ~{d['registry_rows']:,} rows, one per transaction that "
             "captured a change; run 'multimaster purge' (it truncates it; docs/mysql.md \"The transaction registry\")"
@@ -245,7 +247,6 @@ def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
     columns the site does not have yet: how many, which columns, their types at the sites that
     have them (docs/schema-changes.md)."""
     from multimaster.core.schemas import decode_pending
-    from multimaster.engine import evolve
 
     d = s.dialect
     if not store.schemas.exists(conn, d):
@@ -255,6 +256,7 @@ def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
         cur = store.schemas.current(conn, d, tb)
         out["schema_versions"][tb] = cur[0] if cur else None
     out["schema_unfollowed"] = evolve.changed_tables(conn, s, list(t.tables))
+    out["capture_gaps"] = store.gaps.read_open(conn, d)
     waits = store.errorqueue.schema_waits(conn, d)
     for tb in sorted({str(w["tbl"]) for w in waits}):
         cols: set[str] = set()

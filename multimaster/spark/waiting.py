@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
+from multimaster.engine import inflight
 from multimaster.spark.jdbc import dialect_of
 from multimaster.spark.result import Waiting
 
@@ -67,33 +68,8 @@ def waiting_changes(topo: Topology, table: str, engines: dict[str, sa.Engine]) -
 
 
 def waiting_reads(topo: Topology, table: str, engines: dict[str, sa.Engine]) -> list[tuple[str, str]]:
-    """Where verify reads the identities (rids) that changes on their way touch: (site, query
-    selecting ``mm_rid``) pairs, per link between `engines`' sites. Their bounds are read now, the
-    rows later (by Spark, after the compare), so the queries name every change in flight at any
-    moment in between: at the source, every change-log entry past the target's watermark as it is
-    now (pulled since or not, captured since included); at the target, every snapshot row from
-    the oldest one not applied now (applied since or not). docs/verify.md, "Waiting changes"."""
-    out: list[tuple[str, str]] = []
-    for ln in topo.links:
-        if ln.source not in engines or ln.target not in engines:
-            continue
-        s_url, t_url = topo.sites[ln.source].url, topo.sites[ln.target].url
-        snap = mm_name(t_url, f"_mm_snap_{table}__{ln.source}")
-        with engines[ln.target].connect() as tc:
-            wm = int(_watermark(tc, t_url, ln.source, table))
-            try:
-                oldest = tc.execute(sa.text(f"SELECT min(pseq) FROM {snap} WHERE applied NOT IN (1, 3)")).scalar()
-            except sa.exc.DBAPIError:  # no snapshot yet: nothing pulled, nothing waiting there
-                tc.rollback()
-                oldest = None
-        if oldest is not None:
-            out.append((ln.target, f"SELECT DISTINCT rid AS mm_rid FROM {snap} WHERE pseq >= {int(oldest)}"))
-        log2, log = mm_name(s_url, f"_mm_log2_{table}"), mm_name(s_url, f"_mm_log_{table}")
-        out.append(
-            (
-                ln.source,
-                f"SELECT DISTINCT l.rid AS mm_rid FROM {log2} l2 JOIN {log} l ON l.seq = l2.seq "
-                f"WHERE l2.seq2 > {wm} AND l2.op = 'A' AND l.origin <> '{ln.target}'",
-            )
-        )
-    return out
+    """Where verify reads the identities (``mm_rid``) that changes on their way touch: (site,
+    query) pairs, per link between `engines`' sites (engine/inflight.py; docs/verify.md, "Waiting
+    changes"). A change held for a column its target lacks is not counted: verify reports it."""
+    dialects = {n: dialect_of(topo.sites[n].url) for n in engines}
+    return inflight.reads(topo, table, dialects, engines, held=False)

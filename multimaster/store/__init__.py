@@ -35,6 +35,7 @@ from multimaster.store import (
     conflicts,
     errorqueue,
     fences,
+    gaps,
     keymoves,
     links,
     origins,
@@ -51,6 +52,7 @@ __all__ = [
     "conflicts",
     "errorqueue",
     "fences",
+    "gaps",
     "keymoves",
     "links",
     "origins",
@@ -69,7 +71,7 @@ __all__ = [
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
     dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_snap_horizons``, ``_mm_fences``,
-    ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``; and the columns a later version added to ``_mm_conflicts``."""
+    ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``, ``_mm_gaps``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)
     fences.install(conn, d)
@@ -79,6 +81,7 @@ def install(conn: Connection, d: Dialect) -> None:
     schemas.install(conn, d)
     retired.install(conn, d)
     skew.install(conn, d)
+    gaps.install(conn, d)
 
 
 def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
@@ -89,6 +92,6 @@ def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:
     names it). Links (per peer), recorded verify runs and clock skew are not per table. Returns the
     rows deleted per bookkeeping table."""
     out: dict[str, int] = {}
-    for mod in (watermarks, origins, purges, fences, keymoves, schemas, errorqueue, conflicts, tables):
+    for mod in (watermarks, origins, purges, fences, keymoves, schemas, gaps, errorqueue, conflicts, tables):
         out.update(mod.forget_table(conn, d, table))
     return out

@@ -438,6 +438,20 @@ class MySQLDialect(Dialect):
         ).all()
         return repr([tuple(r) for r in rows])
 
+    def lock_table_writes(self, conn: Connection, table: str) -> None:
+        """Every row of `table` and the gaps between them (a locking read of the whole key index
+        takes next-key locks up to the supremum): updates, deletes and inserts wait."""
+        for _ in conn.exec_driver_sql(f"SELECT 1 FROM {self.quote(table)} FOR UPDATE"):
+            pass
+
+    def triggers_on(self, conn: Connection, table: str) -> set[str]:
+        rows = conn.exec_driver_sql(
+            "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS "
+            "WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = %s",
+            (table,),
+        )
+        return {str(r[0]) for r in rows}
+
     def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {obj} MODIFY COLUMN {self.quote(col)} {type_sql}")
 

@@ -345,6 +345,12 @@ class PostgreSQLDialect(Dialect):
         ).all()
         return repr([tuple(r) for r in rows])
 
+    def triggers_on(self, conn: Connection, table: str) -> set[str]:
+        rows = conn.exec_driver_sql(
+            "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal", (self.quote(table),)
+        )
+        return {str(r[0]) for r in rows}
+
     def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
         conn.exec_driver_sql(
             f"ALTER TABLE {obj} ALTER COLUMN {self.quote(col)} TYPE {type_sql} USING {self.quote(col)}::{type_sql}"

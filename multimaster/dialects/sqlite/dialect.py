@@ -314,6 +314,10 @@ class SQLiteDialect(Dialect):
     def column_signature(self, conn: Connection, table: str) -> str:
         return repr([tuple(r)[1:5] for r in conn.exec_driver_sql(f"PRAGMA table_info({self.quote(table)})")])
 
+    def triggers_on(self, conn: Connection, table: str) -> set[str]:
+        rows = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,))
+        return {str(r[0]) for r in rows}
+
     def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
         """Nothing: a SQLite column's type is an affinity, it holds values of any length."""
 

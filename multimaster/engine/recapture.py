@@ -1,0 +1,319 @@
+"""``multimaster recapture``: send the rows a site holds differently from a peer as changes captured
+at the site (docs/schema-changes.md "A table made again").
+
+A table made again at a site (a migration tool's copy into a new table, DROP and CREATE) loses its
+capture triggers; the site's next follow makes them again and opens a gap (store/gaps.py), but the
+writes made in between were never captured (a renumbered table's inserts excepted: the follow
+captured them, evolve.capture_unseen_rows). This reads the site's rows and a peer's, leaves out the
+rows a change on its way touches (engine/inflight.py: the same rule as verify's), and for every
+other difference (core/recapture.py plan) makes the site's capture write the change that turns the
+peer's row into the site's, in one write transaction at the site that holds its writers back:
+
+- an update: the row is set to the peer's values of the differing columns with the capture guard
+  set (not captured), then back to its own values under capture: an update from the peer's values
+  to the site's;
+- a delete: the peer's row is inserted with the guard set, then deleted under capture;
+- an insert (natural keys): the row is deleted with the guard set, then inserted again whole
+  under capture; a renumbered table's rows are matched by identity (its shadow), and its rows no
+  capture saw are captured as the follow does.
+
+Each change runs under a savepoint: one the database refuses (a UNIQUE value, a NOT NULL column
+the peer's row lacks, a row other rows reference with an ON DELETE action) is reported and left.
+When nothing is left, the table's open gap at the site is closed.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from multimaster import store
+from multimaster.config.secrets import redact
+from multimaster.core import recapture as rule
+from multimaster.core.versions import now_iso
+from multimaster.dialects.schema import TableInfo
+from multimaster.engine import evolve, inflight, references
+from multimaster.engine.cluster import Cluster
+from multimaster.engine.refresh import relay_origins, schemas_elsewhere
+from multimaster.engine.remote import AgentSite
+from multimaster.engine.site import Site
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError, RecaptureRefused
+
+__all__ = ["Recaptured", "recapture", "gap_tables"]
+
+_CHUNK = 500
+
+
+@dataclass
+class Recaptured:
+    """What recapture did (or, with dry_run, would do) for one table at one site."""
+
+    site: str
+    table: str
+    peer: str
+    dry_run: bool = False
+    inserted: list[Any] = field(default_factory=list)  #: keys the site sent as inserts
+    updated: list[Any] = field(default_factory=list)  #: keys the site sent as updates
+    deleted: list[Any] = field(default_factory=list)  #: keys the site sent as deletes
+    #: keys whose rows differ but a change on its way touches them: run again once it has landed
+    left: list[Any] = field(default_factory=list)
+    failed: list[tuple[Any, str]] = field(default_factory=list)  #: (key, the database's refusal)
+    closed: bool = False  #: the table's open capture gap at the site was closed
+
+    @property
+    def ok(self) -> bool:
+        return not self.left and not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "site": self.site,
+            "table": self.table,
+            "peer": self.peer,
+            "dry_run": self.dry_run,
+            "inserted": self.inserted,
+            "updated": self.updated,
+            "deleted": self.deleted,
+            "left": self.left,
+            "failed": [{"key": k, "error": e} for k, e in self.failed],
+            "closed": self.closed,
+        }
+
+
+def gap_tables(cl: Cluster, site: str) -> list[str]:
+    """The tables of the topology with an open capture gap at `site`."""
+    s = cl.site(site)
+    with s.read() as conn:
+        return [g["tbl"] for g in store.gaps.read_open(conn, s.dialect) if g["tbl"] in cl.topo.tables]
+
+
+def _direct(cl: Cluster, name: str, what: str) -> Site:
+    s = cl.site(name)
+    if isinstance(s, AgentSite):
+        raise AgentOnly(name, s.display_url, what)
+    return s
+
+
+def _rows(conn: Connection, s: Site, info: TableInfo, cols: list[str]) -> dict[Hashable, dict[str, Any]]:
+    """Every row of `info` at `s`: key -> {column: value in `s`'s form}."""
+    d = s.dialect
+    q = d.quote
+    adapt = dict(zip(info.column_names, d.value_adapters(info)))
+    sel = ", ".join(q(c) for c in [info.key.name, *cols])
+    out: dict[Hashable, dict[str, Any]] = {}
+    for r in conn.exec_driver_sql(f"SELECT {sel} FROM {q(info.name)}"):
+        out[r[0]] = {c: (v if adapt.get(c) is None or v is None else adapt[c](v)) for c, v in zip(cols, r[1:])}
+    return out
+
+
+def _in_flight(queries: list[tuple[str, str]], sites: dict[str, Site], table: str) -> tuple[set[str], set[Hashable]]:
+    """The identities the changes on their way touch, and their keys at every site: the keys the
+    entries carry, and those the shadows give the identities (a renumbered row's key may have moved)."""
+    rids: set[str] = set()
+    keys: set[Hashable] = set()
+    for n, sql in queries:
+        with sites[n].engine.connect() as c:
+            for rid, key in c.exec_driver_sql(sql):
+                if rid is not None:
+                    rids.add(str(rid))
+                if key is not None:
+                    keys.add(key)
+    ordered = sorted(rids)
+    for s in sites.values():
+        shadow, kc = s.dialect.obj(table).shadow, s.dialect.key_col
+        with s.engine.connect() as c:
+            for i in range(0, len(ordered), _CHUNK):
+                part = ordered[i : i + _CHUNK]
+                marks = ", ".join([s.dialect.caps.placeholder] * len(part))
+                keys |= {r[0] for r in c.exec_driver_sql(f"SELECT {kc} FROM {shadow} WHERE rid IN ({marks})", tuple(part))}
+    return rids, keys
+
+
+def _live(conn: Connection, s: Site, table: str) -> dict[Hashable, str]:
+    """key -> identity of the live identities in `s`'s shadow of `table`."""
+    d = s.dialect
+    return {
+        r[0]: str(r[1]) for r in conn.exec_driver_sql(f"SELECT {d.key_col}, rid FROM {d.obj(table).shadow} WHERE deleted IS NULL")
+    }
+
+
+def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_run: bool = False) -> Recaptured:
+    """Compare `table` at `site` with `peer` (default: the first other site of the topology) and
+    capture at `site` every difference no change on its way explains (the module's description).
+    Every site must be reached directly: changes on their way are read on every link."""
+    t = cl.topo
+    if table not in t.tables:
+        raise ConfigError([f"table '{table}' is not under tables in the topology file"])
+    if site not in t.sites:
+        raise ConfigError([f"site '{site}' is not defined under sites"])
+    others = [n for n in t.sites if n != site]
+    if peer is None:
+        if not others:
+            raise ConfigError([f"site '{site}' has no other site to compare with"])
+        peer = others[0]
+    elif peer not in others:
+        raise ConfigError([f"--from '{peer}': not another site of the topology (sites: {', '.join(others)})"])
+    sites = {n: _direct(cl, n, "recapture (it reads the changes on their way at every site)") for n in t.sites}
+    s, p = sites[site], sites[peer]
+    # capture exists and writes the table's current columns
+    evolve.follow(s, t, functools.partial(relay_origins, t, site), schemas_elsewhere(cl, site), [table])
+    out = Recaptured(site, table, peer, dry_run)
+    queries = inflight.reads(t, table, {n: x.dialect for n, x in sites.items()}, {n: x.engine for n, x in sites.items()})
+    with p.read() as pc:
+        p_info = p.info(pc, table, t)
+    with s.read() as sc:
+        info = s.info(sc, table, t)
+    cols = sorted(set(info.column_names) & set(p_info.column_names))
+    renumber = info.spec.renumber
+    with p.read() as pc:
+        there = _rows(pc, p, p_info, cols)
+        p_live = _live(pc, p, table) if renumber else {}
+    d = s.dialect
+    with s.write() as conn:
+        d.lock_table_writes(conn, table)
+        if renumber and d.caps.concurrent_capture:  # no local insert in flight: keys are ranks
+            d.lock_for_apply(conn, info)
+            d.lock_writers(conn, info)
+        d.catch_up(conn, info)
+        here = _rows(conn, s, info, cols)
+        adapt = dict(zip(info.column_names, d.value_adapters(info)))
+        there = {
+            k: {c: (v if adapt.get(c) is None or v is None else adapt[c](v)) for c, v in row.items()} for k, row in there.items()
+        }
+        rids, keys = _in_flight(queries, sites, table)
+        if renumber:
+            _renumbered(conn, s, info, cols, here, there, _live(conn, s, table), p_live, rids, out)
+        else:
+            plan = rule.plan(here, there, cols, keys)
+            out.left = list(plan.left)
+            refs = [
+                r
+                for r in references.referencing(conn, d, table, info.key.name, fresh=True)
+                if r.on_delete in ("CASCADE", "SET NULL", "SET DEFAULT")
+            ]
+            for op in plan.ops:
+                err = None if dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key), refs)
+                if err is None:
+                    _note(out, op.kind, op.key)
+                else:
+                    out.failed.append((op.key, err))
+        if not dry_run and out.ok:
+            out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
+    return out
+
+
+def _renumbered(
+    conn: Connection,
+    s: Site,
+    info: TableInfo,
+    cols: list[str],
+    here: dict[Hashable, dict[str, Any]],
+    there: dict[Hashable, dict[str, Any]],
+    live: dict[Hashable, str],
+    p_live: dict[Hashable, str],
+    flight: set[str],
+    out: Recaptured,
+) -> None:
+    """A renumbered table: rows are matched by identity (the shadows), since keys are ranks that
+    moved where a row no capture saw took one. A row of the site with no identity there was
+    inserted while capture was missing: it is captured as an insert taking the next rank
+    (evolve.capture_unseen_rows, which the follow that made capture again ran already, unless
+    another row references it). Identities the peer lacks with no change on their way, or the site
+    lacks without having deleted them, are left (verify tells what they are)."""
+    key_of = {rid: k for k, rid in live.items()}
+    p_key = {rid: k for k, rid in p_live.items()}
+    plan = rule.plan(
+        {live[k]: r for k, r in here.items() if k in live}, {p_live[k]: r for k, r in there.items() if k in p_live}, cols, flight
+    )
+    out.left = [key_of.get(str(r), r) for r in plan.left]
+    for op in plan.ops:
+        if not (op.kind == rule.UPDATE or (op.kind == rule.DELETE and op.key in key_of)):
+            out.left.append(key_of.get(str(op.key), op.key))  # not a write capture missed
+            continue
+        k = key_of[str(op.key)]
+        err = None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)]), [])
+        if err is None:
+            _note(out, op.kind, k)
+        else:
+            out.failed.append((k, err))
+    if out.dry_run:
+        out.inserted = evolve.unseen_rows(conn, s, info)
+        return
+    keys, refused = evolve.capture_unseen_rows(conn, s, info)
+    if refused is not None:
+        raise RecaptureRefused(s.name, info.name, refused)
+    out.inserted = keys
+
+
+def _note(out: Recaptured, kind: str, key: Hashable) -> None:
+    {rule.INSERT: out.inserted, rule.UPDATE: out.updated, rule.DELETE: out.deleted}[kind].append(key)
+
+
+def _summary(out: Recaptured) -> str:
+    return f"recaptured from '{out.peer}': {len(out.inserted)} inserted, {len(out.updated)} updated, {len(out.deleted)} deleted"
+
+
+def _send(
+    conn: Connection,
+    s: Site,
+    info: TableInfo,
+    op: rule.Op,
+    key_value: Hashable,
+    here: dict[str, Any] | None,
+    there: dict[str, Any] | None,
+    refs: list[references.Referencing],
+) -> str | None:
+    """Capture `op` at `s`, for the row of key `key_value` there, under a savepoint; None, or the
+    reason it was left."""
+    d = s.dialect
+    q, ph = d.quote, d.caps.placeholder
+    tbl, key = q(info.name), q(info.key.name)
+    try:
+        with conn.begin_nested():
+            if op.kind == rule.UPDATE:
+                assert here is not None and there is not None
+                sets = ", ".join(f"{q(c)} = {ph}" for c in op.columns)
+                d.set_applying(conn, True)
+                conn.exec_driver_sql(f"UPDATE {tbl} SET {sets} WHERE {key} = {ph}", (*[there[c] for c in op.columns], key_value))
+                d.set_applying(conn, False)
+                conn.exec_driver_sql(f"UPDATE {tbl} SET {sets} WHERE {key} = {ph}", (*[here[c] for c in op.columns], key_value))
+            elif op.kind == rule.INSERT:
+                for r in refs:  # deleting it would change them
+                    hit = conn.exec_driver_sql(
+                        f"SELECT 1 FROM {q(r.table)} WHERE {q(r.column)} = {ph} LIMIT 1", (key_value,)
+                    ).first()
+                    if hit is not None:
+                        return (
+                            f"rows of {r.table} reference it ({r.column}, ON DELETE {r.on_delete}): sending its insert "
+                            "would delete it and insert it again; insert it anew by hand"
+                        )
+                row = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}", (key_value,)).mappings().first()
+                if row is None:
+                    return "the row is gone"
+                names = list(row.keys())
+                d.set_applying(conn, True)
+                conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", (key_value,))
+                d.set_applying(conn, False)
+                conn.exec_driver_sql(
+                    f"INSERT INTO {tbl} ({', '.join(q(c) for c in names)}) VALUES ({', '.join([ph] * len(names))})",
+                    tuple(row[c] for c in names),
+                )
+            else:
+                assert there is not None
+                names = [info.key.name, *op.columns]
+                d.set_applying(conn, True)
+                conn.exec_driver_sql(
+                    f"INSERT INTO {tbl} ({', '.join(q(c) for c in names)}) VALUES ({', '.join([ph] * len(names))})",
+                    (key_value, *[there[c] for c in op.columns]),
+                )
+                d.set_applying(conn, False)
+                conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", (key_value,))
+    except sa.exc.DBAPIError as e:
+        d.set_applying(conn, False)
+        return redact(str(e.orig).splitlines()[0][:300])
+    except MultimasterError as e:
+        return str(e)
+    return None

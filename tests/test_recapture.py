@@ -1,0 +1,234 @@
+"""A table made again (docs/schema-changes.md "A table made again"): a migration tool's copy into a
+new table, DROP and CREATE, or a dropped trigger leaves a replicated table without capture. Before,
+the site's writes from then on were never replicated, silently (refresh and status exited 0). Now
+the next refresh makes capture again and opens a gap that `refresh` and `status` report (exit 1)
+with the fix, and `multimaster recapture` sends the writes made in between. Applications write
+through plain DB-API clients; every command runs through the CLI."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from clusters import Backend, TestCluster, make_cluster
+from typer.testing import CliRunner
+
+from multimaster import api
+from multimaster.cli import app
+
+
+def _items(auto: bool = True) -> dict[str, Any]:
+    return {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "auto": auto}}
+
+
+def _remake(cl: TestCluster, site: str) -> None:
+    """Make `items` again at `site` as a migration tool does, with a CHECK constraint added, in one
+    transaction where the database allows: a new table, the rows copied, the old one dropped, the
+    new one renamed (SQLite's documented way, alembic's batch mode, Django; pt-online-schema-change
+    swaps with RENAME TABLE on MariaDB)."""
+    b = cl.backend.name
+    auto = cl.tables["items"].get("auto", True)
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        if b == "sqlite":
+            c.isolation_level = None
+            key = '"id" INTEGER PRIMARY KEY' if auto else '"id" TEXT PRIMARY KEY'
+            cur.execute("BEGIN")
+            cur.execute(f'CREATE TABLE new__items ({key}, "name" TEXT, "qty" INTEGER CHECK (qty >= 0))')
+            cur.execute("INSERT INTO new__items (id, name, qty) SELECT id, name, qty FROM items")
+            cur.execute("DROP TABLE items")
+            cur.execute("ALTER TABLE new__items RENAME TO items")
+            cur.execute("COMMIT")
+        elif b == "postgresql":
+            key = '"id" SERIAL PRIMARY KEY' if auto else '"id" TEXT PRIMARY KEY'
+            cur.execute(f'CREATE TABLE items_new ({key}, "name" TEXT, "qty" INTEGER CHECK (qty >= 0))')
+            cur.execute("INSERT INTO items_new (id, name, qty) SELECT id, name, qty FROM items")
+            if auto:
+                cur.execute("SELECT setval(pg_get_serial_sequence('items_new', 'id'), coalesce(max(id), 1)) FROM items_new")
+            cur.execute("DROP TABLE items")
+            cur.execute("ALTER TABLE items_new RENAME TO items")
+            c.commit()
+        else:
+            cur.execute("CREATE TABLE items_new LIKE items")
+            cur.execute("ALTER TABLE items_new ADD CONSTRAINT qty_positive CHECK (qty >= 0)")
+            cur.execute("INSERT INTO items_new SELECT * FROM items")
+            cur.execute("RENAME TABLE items TO items_old, items_new TO items")
+            cur.execute("DROP TABLE items_old")
+            c.commit()
+    finally:
+        c.close()
+
+
+def _cli(cl: TestCluster, *args: str) -> Any:
+    return CliRunner().invoke(app, [*args, "-t", str(cl.topo.path)])
+
+
+def test_a_table_made_again_is_reported_and_its_writes_are_recaptured(backend: Backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(backend, tmp_path, ["a", "b"], _items())
+    for n in ("x", "y", "z", "w"):
+        cl.execute("a", "INSERT INTO items (name, qty) VALUES (?, 1)", (n,))
+    cl.refresh_until_quiet()
+    _remake(cl, "a")
+    # the applications go on writing at both sites: at 'a' with no capture
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('new at a', 2)")
+    cl.execute("a", "UPDATE items SET qty = 7 WHERE name = 'x'")
+    cl.execute("a", "DELETE FROM items WHERE name = 'y'")
+    cl.execute("b", "UPDATE items SET qty = 9 WHERE name = 'z'")
+    r = _cli(cl, "refresh")
+    assert r.exit_code == 1, r.output
+    assert "site 'a': the capture of table 'items' was found missing" in r.output
+    assert "multimaster recapture -t FILE --site a --table items" in r.output
+    # the insert no capture saw was captured when capture was made again (it needs a rank)
+    assert "The 1 row(s) inserted meanwhile were captured then" in r.output
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('later at a', 3)")  # captured again
+    api.refresh(cl.topo)
+    st = _cli(cl, "status", "--json")
+    assert st.exit_code == 1
+    assert any("the capture of table 'items' was found missing" in g for g in json.loads(st.stdout)["capture_gaps"])
+    assert cl.rows("a", "items") != cl.rows("b", "items")  # what capture missed is only at 'a'
+
+    dry = _cli(cl, "recapture", "--site", "a", "--dry-run", "--json")
+    assert dry.exit_code in (0, 1), dry.output  # 1: b's update of z not pulled yet, left
+    (rep,) = json.loads(dry.stdout)
+    assert (len(rep["inserted"]), len(rep["updated"]), len(rep["deleted"])) == (0, 1, 1)
+    assert not rep["closed"] and _cli(cl, "status").exit_code == 1  # a dry run sends nothing and closes nothing
+
+    run = _cli(cl, "recapture", "--site", "a", "--json")
+    (rep,) = json.loads(run.stdout)
+    assert rep["failed"] == [] and (len(rep["inserted"]), len(rep["updated"]), len(rep["deleted"])) == (0, 1, 1)
+    assert (run.exit_code, rep["closed"]) == ((0, True) if not rep["left"] else (1, False)), run.output
+    cl.refresh_until_quiet()
+    if rep["left"]:  # run again once what was on its way has landed
+        again = _cli(cl, "recapture", "--site", "a", "--json")
+        assert again.exit_code == 0 and json.loads(again.stdout)[0]["closed"], again.output
+        cl.refresh_until_quiet()
+    want = [("x", 7), ("z", 9), ("w", 1), ("new at a", 2), ("later at a", 3)]
+    for s in ("a", "b"):
+        rows = cl.rows(s, "items")
+        assert [(n, q) for _k, n, q in rows] == want, (s, rows)
+        assert [k for k, _n, _q in rows] == [1, 3, 4, 5, 6]  # ranks in insertion order, the same everywhere
+    ok = _cli(cl, "status")
+    assert ok.exit_code == 0, ok.output
+    assert _cli(cl, "recapture", "--site", "a").output.startswith("site 'a': no table has an open capture gap")
+    # and capture works as before: a plain insert at 'a' reaches 'b'
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('after', 4)")
+    cl.refresh_until_quiet()
+    assert cl.rows("a", "items") == cl.rows("b", "items")
+
+
+def test_natural_keys_and_a_change_on_its_way_left_for_the_next_run(sqlite_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b", "c"], _items(auto=False))
+    for k in ("k1", "k2", "k3"):
+        cl.execute("a", "INSERT INTO items (id, name, qty) VALUES (?, ?, 1)", (k, k))
+    cl.refresh_until_quiet()
+    _remake(cl, "a")
+    cl.execute("a", "INSERT INTO items (id, name, qty) VALUES ('k4', 'new at a', 2)")
+    cl.execute("a", "UPDATE items SET qty = 5 WHERE id = 'k1'")
+    cl.execute("a", "UPDATE items SET qty = 6 WHERE id = 'k2'")
+    cl.execute("c", "UPDATE items SET qty = 8 WHERE id = 'k2'")  # on its way: not pulled by anyone yet
+    cl.execute("a", "DELETE FROM items WHERE id = 'k3'")
+    cl.refresh("a", "b")  # a follows (the gap opens) and pulls b; c's change stays at c
+    run = _cli(cl, "recapture", "--site", "a", "--from", "b", "--json")
+    assert run.exit_code == 1, run.output  # k2 left: c's update of it is on its way
+    (rep,) = json.loads(run.stdout)
+    assert (rep["inserted"], rep["updated"], rep["deleted"], rep["left"], rep["closed"]) == (
+        ["k4"],
+        ["k1"],
+        ["k3"],
+        ["k2"],
+        False,
+    )
+    assert _cli(cl, "status").exit_code == 1  # the gap stays open
+    cl.refresh_until_quiet()  # c's update lands everywhere (the latest write of k2)
+    again = _cli(cl, "recapture", "--site", "a")
+    assert again.exit_code == 0, again.output
+    cl.refresh_until_quiet()
+    want = [("k1", "k1", 5), ("k2", "k2", 8), ("k4", "new at a", 2)]
+    assert cl.rows("a", "items") == cl.rows("b", "items") == cl.rows("c", "items") == want
+    assert _cli(cl, "status").exit_code == 0
+
+
+def test_a_dropped_capture_trigger_is_made_again_and_reported(sqlite_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    cl.refresh_until_quiet()
+    cl.execute("a", "DROP TRIGGER _mm_cap_u_items")
+    cl.execute("a", "UPDATE items SET qty = 2 WHERE name = 'x'")
+    st = _cli(cl, "status")  # before any refresh: the table changed and nothing followed it yet
+    assert "the columns of items changed and replication has not followed yet" in st.output
+    r = _cli(cl, "refresh", "--json")
+    assert r.exit_code == 1
+    gaps = [g for rnd in json.loads(r.stdout) for ln in rnd["links"] for g in ln["capture_gaps"]]
+    assert gaps and "(_mm_cap_u_items)" in gaps[0]
+    cl.execute("a", "UPDATE items SET qty = 3 WHERE name = 'x'")  # captured again
+    cl.refresh_until_quiet()
+    assert cl.rows("b", "items") == [(1, "x", 3)]
+    assert _cli(cl, "recapture", "--site", "a").exit_code == 0  # nothing differs any more: closes the gap
+    assert _cli(cl, "status").exit_code == 0
+
+
+def test_ddl_and_init_open_no_gap(sqlite_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b"], _items())
+    assert _cli(cl, "ddl", "ALTER TABLE items ADD COLUMN color TEXT").exit_code == 0
+    assert _cli(cl, "ddl", "ALTER TABLE items DROP COLUMN color").exit_code == 0
+    assert _cli(cl, "init").exit_code == 0
+    cl.refresh_until_quiet()
+    st = _cli(cl, "status", "--json")
+    assert st.exit_code == 0 and json.loads(st.stdout)["capture_gaps"] == []
+
+
+def test_a_row_other_rows_reference_is_refused_with_nothing_changed(sqlite_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    cl.refresh_until_quiet()
+    _remake(cl, "a")
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('new', 2)")
+    cl.execute("a", "CREATE TABLE notes (id INTEGER PRIMARY KEY, item INTEGER REFERENCES items (id), body TEXT)")
+    cl.execute("a", "INSERT INTO notes (item, body) VALUES (2, 'about new')")
+    cl.refresh_until_quiet()
+    before = cl.rows("a", "items")
+    r = _cli(cl, "recapture", "--site", "a")
+    assert r.exit_code != 0
+    assert "row 2 (written while capture was missing) is referenced by notes.item" in r.output
+    assert cl.rows("a", "items") == before
+    assert _cli(cl, "status").exit_code == 1
+
+
+def test_recapture_needs_every_site(sqlite_backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b", "c"], _items())
+    cl.urls["c"].removeprefix("sqlite:///")
+    (tmp_path / "c.db").rename(tmp_path / "c.gone")
+    r = _cli(cl, "recapture", "--site", "a", "--table", "items")
+    assert r.exit_code != 0
+    assert "site 'c'" in r.output and "cannot be reached" in r.output
+    with pytest.raises(Exception, match="not another site"):
+        api.recapture(cl.topo, "a", ["items"], "a")
+
+
+def test_the_daemon_finds_a_table_made_again_and_a_hand_run_drop_within_follow_every(backend: Backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from test_daemon import Proc, wait_for
+
+    tables = {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "note": "text"}}}
+    slow = [{"from": a, "to": b, "interval": "1h", "jitter": 0} for a, b in (("a", "b"), ("b", "a"))]
+    cl = make_cluster(backend, tmp_path, ["a", "b"], tables, links=slow, settings={"refresh": {"follow_every": "200ms"}})
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    d = Proc(tmp_path, cl.topo.path, "--site", "a", "-v")
+    try:
+        wait_for(lambda: d.has("started"), "the daemon to start")
+        wait_for(lambda: d.has("refresh", link="b->a"), "the first refresh")  # then none for an hour
+        if backend.name != "sqlite":  # (SQLite refuses a hand-run DROP COLUMN a trigger names)
+            cl.execute("a", "ALTER TABLE items DROP COLUMN note")
+            wait_for(lambda: d.has("schema", site="a", table="items"), "the daemon to follow the dropped column")
+            cl.execute("a", "INSERT INTO items (name, qty) VALUES ('after drop', 2)")  # capture names no dropped column
+        cl.tables["items"]["columns"].pop("note")  # made again without the column, if still there
+        _remake(cl, "a")
+        wait_for(lambda: d.has("capture_gap", site="a", table="items"), "the daemon to find the table made again")
+        gap = next(e for e in d.events() if e.get("event") == "capture_gap")
+        assert "multimaster recapture -t FILE --site a --table items" in gap["message"]
+        cl.execute("a", "INSERT INTO items (name, qty) VALUES ('captured', 3)")
+    finally:
+        assert d.stop() == 0
+    cl.refresh_until_quiet()
+    assert [n for _k, n, _q in cl.rows("b", "items")][-1] == "captured"
