@@ -112,6 +112,7 @@ def refresh_link(
     reconcile_: bool = True,
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
+    followed: dict[str, list[str]] | None = None,
 ) -> RefreshResult:
     """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch.
 
@@ -131,7 +132,7 @@ def refresh_link(
     tell = _Tell.of(progress, f"{source} -> {target}", t0, t.refresh.lock_wait_warn_seconds())
     peers = t.peers_of(target)
     try:
-        problems = _follow_schemas(cl, target, source)
+        problems = _follow_schemas(cl, target, source, followed)
         with tgt.read() as conn:
             tgt.require_installed(conn, t)
             if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
@@ -315,21 +316,35 @@ def clock_warning(target: str, source: str, origin: str, ahead: float, warn: flo
     )
 
 
-def _follow_schemas(cl: Cluster, target: str, source: str) -> list[str]:
+def _follow_schemas(cl: Cluster, target: str, source: str, followed: dict[str, list[str]] | None = None) -> list[str]:
     """The link's two sites capture in their tables' current schema (engine/evolve.py): a table
-    whose columns changed there is followed first. The source only where this refresher may
-    write there (a pull login may not: its own refresher follows it). Returns the changes refused
-    (named, with the fix)."""
+    whose columns changed there (or whose capture is gone) is followed first. The source only
+    where this refresher may write there (a pull login may not: its own refresher follows it).
+    `followed`: the sites a refresh of several links followed already in this round, with what
+    was refused there (each site is followed once per round). Returns the changes refused (named,
+    with the fix)."""
     problems: list[str] = []
     for n in (target, source):
         if n == source and isinstance(cl.site(n), AgentSite):
             continue  # read through its agent, which writes nothing: the site's own refresher follows it
+        if followed is not None and n in followed:
+            problems.extend(followed[n])
+            continue
         try:
-            for ev in evolve.follow(cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)):
-                problems.extend(ev.problems)
+            mine = [
+                p
+                for ev in evolve.follow(
+                    cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)
+                )
+                for p in ev.problems
+            ]
         except DBAPIError:
             if n == target:
                 raise
+            continue
+        problems.extend(mine)
+        if followed is not None:
+            followed[n] = mine
     return problems
 
 
@@ -821,8 +836,11 @@ def refresh(
             raise AgentOnly(site, t.sites[site].url, "refreshing it (its links write its database)")
         if not links:
             raise ConfigError([f"no link matches --site {site} --peer {peer} (see 'links' in the topology)"])
+        followed: dict[str, list[str]] = {}  # each site's schema is followed once in the round
         return [
-            refresh_link(cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress)
+            refresh_link(
+                cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress, followed=followed
+            )
             for ln in links
         ]
     finally:
