@@ -89,7 +89,7 @@ def gap_message(site: str, gap: Mapping[str, Any]) -> str:
     table = gap["tbl"]
     unseen = int(gap.get("unseen") or 0)
     sent = (
-        f" The {unseen} row(s) inserted meanwhile were captured then, each with the next key."
+        f" The {unseen} row(s) inserted meanwhile were captured then (in a renumbered table, with the next keys)."
         if unseen and not gap.get("refused")
         else ""
     )
@@ -208,7 +208,7 @@ def evolve_table(
     unseen: list[Any] = []
     if missing:
         d.guard_writes(conn, info, site.name, site.name in topo.read_only)
-        unseen, refused = capture_unseen_rows(conn, site, info)
+        unseen, _now, refused = capture_unseen_rows(conn, site, info)
         store.gaps.open_gap(conn, d, table, now_iso(), missing, 0 if refused else len(unseen), refused)
     # 3b. values written to an added column before its capture existed
     for c in ev.added:
@@ -218,69 +218,100 @@ def evolve_table(
     return Evolved(site.name, table, version, ev, ready, gap=missing, unseen=unseen)
 
 
+def held_inserts(conn: Connection, site: Site, info: TableInfo) -> dict[Any, str]:
+    """key -> identity of `info`'s identities whose insert is held in the error queue (they keep
+    their key, engine/held.py, but no row of the table is theirs)."""
+    d = site.dialect
+    rids = {str(q["rid"]) for q in store.errorqueue.rows(conn, d, info.name) if q["op"] == "I"}
+    if not rids:
+        return {}
+    sh = d.obj(info.name).shadow
+    return {
+        k: str(r) for k, r in conn.exec_driver_sql(f"SELECT {d.key_col}, rid FROM {sh} WHERE deleted IS NULL") if str(r) in rids
+    }
+
+
 def unseen_rows(conn: Connection, site: Site, info: TableInfo) -> list[Any]:
-    """Renumbered `info`: the keys of the rows no capture saw (no live identity in the shadow
-    holds their key): inserted while capture was missing. In a write transaction, key order."""
+    """The keys of `info`'s rows no capture saw, inserted while capture was missing:
+    no live identity in the shadow holds their key, or the one that does has its insert held (a
+    change from a peer that collided with such a row). In a write transaction, key order."""
     d = site.dialect
     d.catch_up(conn, info)
     q = d.quote
     key, sh = q(info.key.name), d.obj(info.name).shadow
-    return [
-        r[0]
-        for r in conn.exec_driver_sql(
-            f"SELECT t.{key} FROM {q(info.name)} t WHERE NOT EXISTS "
-            f"(SELECT 1 FROM {sh} s WHERE s.{d.key_col} = t.{key} AND s.deleted IS NULL) ORDER BY t.{key}"
-        )
-    ]
+    held = held_inserts(conn, site, info)
+    return sorted(
+        {
+            r[0]
+            for r in conn.exec_driver_sql(
+                f"SELECT t.{key} FROM {q(info.name)} t WHERE NOT EXISTS "
+                f"(SELECT 1 FROM {sh} s WHERE s.{d.key_col} = t.{key} AND s.deleted IS NULL)"
+            )
+        }
+        | {r[0] for r in conn.exec_driver_sql(f"SELECT {key} FROM {q(info.name)}") if r[0] in held}
+    )
 
 
-def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[list[Any], str | None]:
-    """Renumbered `info`, its capture just made again: capture the rows inserted while it was
-    missing (unseen_rows). Their keys were drawn outside the ranks and collide with the next local
-    insert's or the next ranking's: each is taken out (not captured), every identity gets back its
-    rank, and the rows are inserted again under capture, whole, each taking the next rank (a new
-    key, as any local insert). Refused, changing nothing, when another row references one of them
-    (its new key would leave the reference behind). Returns (their keys before, the refusal)."""
-    if not info.spec.renumber:
-        return [], None
+def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[list[Any], list[Any], str | None]:
+    """`info`'s capture just made again: capture the rows inserted while it was missing
+    (unseen_rows), each taken out (not captured) and inserted again whole under capture, so that
+    they replicate and the site's next update or delete of them is captured (the capture of a row
+    with no identity fails on PostgreSQL and MariaDB, and makes a change no peer can place on
+    SQLite). A renumbered table's rows took keys outside the ranks, which collide with the next
+    local insert's or the next ranking's: every identity gets back its rank first, and each row
+    takes the next rank (a new key, as any local insert); a natural key stays. Refused, changing
+    nothing, when another row references one of them (taking it out would touch that row; a new
+    key would leave it behind). Returns (their keys before, their keys now, the refusal)."""
     d = site.dialect
+    renumber = info.spec.renumber
     base = store.tables.base_max(conn, d, info.name)
-    if d.caps.concurrent_capture:
+    if renumber and d.caps.concurrent_capture:
         d.lock_for_apply(conn, info)
         d.lock_writers(conn, info)
         apply.keys_locked(conn, d, info, base)
     keys = unseen_rows(conn, site, info)
     if not keys:
-        return [], None
+        return [], [], None
     q, ph = d.quote, d.caps.placeholder
     for r in references.referencing(conn, d, info.name, info.key.name, fresh=True):
         for k in keys:
             if conn.exec_driver_sql(f"SELECT 1 FROM {q(r.table)} WHERE {q(r.column)} = {ph} LIMIT 1", (k,)).first() is not None:
-                d.after_apply(conn, info)  # the next local insert draws a key past theirs
-                return keys, (
-                    f"row {k} (written while capture was missing) is referenced by {r.table}.{r.column}: sent as an "
-                    "insert it takes the next rank, a new key. Move those references, or insert the row anew by hand, "
-                    "then run recapture again"
+                if renumber:
+                    d.after_apply(conn, info)  # the next local insert draws a key past theirs
+                return (
+                    keys,
+                    [],
+                    (
+                        f"row {k} (written while capture was missing) is referenced by {r.table}.{r.column}: capturing "
+                        "it takes it out and inserts it again"
+                        + (", with the next rank (a new key)" if renumber else "")
+                        + ". Move those references, or insert the row anew by hand, then run recapture again"
+                    ),
                 )
     tbl, key = q(info.name), q(info.key.name)
     rows: list[dict[str, Any]] = []
     for k in keys:
         found = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}", (k,)).mappings().first()
-        rows.append({str(c): v for c, v in dict(found or {}).items() if c != info.key.name})
+        rows.append({str(c): v for c, v in dict(found or {}).items() if not (renumber and c == info.key.name)})
     d.set_applying(conn, True)
     conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", [(k,) for k in keys])
-    apply.normalize_keys(conn, d, info, base, every=True)
-    if d.caps.concurrent_capture:
-        apply.keys_ranked_now(conn, d, info, base)
-    else:
-        d.after_apply(conn, info)
+    if renumber:
+        apply.normalize_keys(conn, d, info, base, every=True)
+        if d.caps.concurrent_capture:
+            apply.keys_ranked_now(conn, d, info, base)
+        else:
+            d.after_apply(conn, info)
     d.set_applying(conn, False)
-    for row in rows:  # without its key: the capture gives it the next rank
+    for row in rows:  # a renumbered row without its key: the capture gives it the next rank
         names_ = [str(c) for c in row]
         conn.exec_driver_sql(
             f"INSERT INTO {tbl} ({', '.join(q(c) for c in names_)}) VALUES ({d.ph(len(names_))})", tuple(row.values())
         )
-    return keys, None
+    if not renumber:
+        return keys, list(keys), None
+    # the highest keys now (the table's writers wait for this transaction)
+    top = [r[0] for r in conn.exec_driver_sql(f"SELECT {key} FROM {tbl} ORDER BY {key} DESC LIMIT {len(rows)}")]
+    return keys, sorted(top), None
 
 
 def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) -> int:
@@ -367,14 +398,19 @@ def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> i
 
 
 def release(
-    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None
+    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None, held: bool = False
 ) -> isolate.RetryResult:
     """In a write transaction at `site`: apply the changes of `info` that waited for columns the
     site has now, and the later changes of their rows that waited behind them (the error queue's
-    retry, engine/isolate.py)."""
+    retry, engine/isolate.py). `held`: also the held inserts of `info` (rows no capture saw took
+    their keys; capture_unseen_rows took those rows out)."""
     d = site.dialect
     out = isolate.RetryResult(site.name)
-    firsts = [q for q in store.errorqueue.rows(conn, d, info.name, states=("failed",)) if q["error"] is None and q["op"] in "IUD"]
+    firsts = [
+        q
+        for q in store.errorqueue.rows(conn, d, info.name, states=("failed",))
+        if (q["error"] is None or (held and q["op"] == "I")) and q["op"] in "IUD"
+    ]
     if not firsts:
         return out
     queued: dict[int, dict[str, Any]] = {}
@@ -426,9 +462,9 @@ def follow(
                 out.append(Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)))
                 continue
             out.append(ev)
-        if ev.released:
+        if ev.released or ev.unseen:
             with site.write() as conn:
                 info = site.info(conn, tb, topo)
-                r = release(conn, site, info, peers, relay_of(info))
+                r = release(conn, site, info, peers, relay_of(info), held=bool(ev.unseen))
                 ev.released = len(r.applied)
     return out

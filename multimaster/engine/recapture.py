@@ -178,15 +178,27 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
             d.lock_for_apply(conn, info)
             d.lock_writers(conn, info)
         d.catch_up(conn, info)
+        sent: list[Any] = []
+        if not dry_run:  # rows no capture saw, first (a renumbered table's hold keys that are ranks)
+            out.inserted, sent, refused = evolve.capture_unseen_rows(conn, s, info)
+            if refused is not None:
+                raise RecaptureRefused(site, table, refused)
+            if out.inserted:  # the changes of peers that collided with them apply now
+                evolve.release(conn, s, info, t.peers_of(site), relay_origins(t, site, info), held=True)
         here = _rows(conn, s, info, cols)
         adapt = dict(zip(info.column_names, d.value_adapters(info)))
         there = {
             k: {c: (v if adapt.get(c) is None or v is None else adapt[c](v)) for c, v in row.items()} for k, row in there.items()
         }
         rids, keys = _in_flight(queries, sites, table)
+        live = _live(conn, s, table)
         if renumber:
-            _renumbered(conn, s, info, cols, here, there, _live(conn, s, table), p_live, rids, out)
+            skip = {live[k] for k in sent if k in live}  # just captured, new identities: not compared
+            _renumbered(conn, s, info, cols, here, there, live, p_live, rids, skip, out)
         else:
+            for k in sent:  # just captured: not compared
+                here.pop(k, None)
+                there.pop(k, None)
             plan = rule.plan(here, there, cols, keys)
             out.left = list(plan.left)
             refs = [
@@ -215,18 +227,20 @@ def _renumbered(
     live: dict[Hashable, str],
     p_live: dict[Hashable, str],
     flight: set[str],
+    skip: set[str],
     out: Recaptured,
 ) -> None:
     """A renumbered table: rows are matched by identity (the shadows), since keys are ranks that
-    moved where a row no capture saw took one. A row of the site with no identity there was
-    inserted while capture was missing: it is captured as an insert taking the next rank
-    (evolve.capture_unseen_rows, which the follow that made capture again ran already, unless
-    another row references it). Identities the peer lacks with no change on their way, or the site
-    lacks without having deleted them, are left (verify tells what they are)."""
+    moved where a row no capture saw took one (those rows were captured first, as inserts taking
+    the next ranks: evolve.capture_unseen_rows). Identities the peer lacks with no change on their
+    way, or the site lacks without having deleted them, are left (verify tells what they are)."""
     key_of = {rid: k for k, rid in live.items()}
     p_key = {rid: k for k, rid in p_live.items()}
     plan = rule.plan(
-        {live[k]: r for k, r in here.items() if k in live}, {p_live[k]: r for k, r in there.items() if k in p_live}, cols, flight
+        {live[k]: r for k, r in here.items() if k in live and live[k] not in skip},
+        {p_live[k]: r for k, r in there.items() if k in p_live and p_live[k] not in skip},
+        cols,
+        flight,
     )
     out.left = [key_of.get(str(r), r) for r in plan.left]
     for op in plan.ops:
@@ -241,11 +255,6 @@ def _renumbered(
             out.failed.append((k, err))
     if out.dry_run:
         out.inserted = evolve.unseen_rows(conn, s, info)
-        return
-    keys, refused = evolve.capture_unseen_rows(conn, s, info)
-    if refused is not None:
-        raise RecaptureRefused(s.name, info.name, refused)
-    out.inserted = keys
 
 
 def _note(out: Recaptured, kind: str, key: Hashable) -> None:
