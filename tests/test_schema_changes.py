@@ -263,16 +263,31 @@ def _mixed(tmp: Path) -> tuple[dict[str, Backend], Any, dict[str, str]]:
     return backs, load_topology(tmp / "topology.yaml"), urls
 
 
-@pytest.mark.server
-def test_a_mixed_cluster_adds_and_drops_a_column_site_by_site(tmp_path):  # type: ignore[no-untyped-def]
-    backs, topo, urls = _mixed(tmp_path)
-    sites = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
+MIXED_SITES = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
+
+
+def mixed_cluster(tmp: Path) -> tuple[dict[str, Backend], Any, dict[str, TestCluster]]:
+    """A cluster of a SQLite, a PostgreSQL and a MariaDB site (items: name, qty, note), installed;
+    per site a TestCluster reading name and qty. The caller cleans up the backends."""
+    backs, topo, urls = _mixed(tmp)
     try:
         api.init(topo)
-        cls = {
-            s: TestCluster(backs[b], topo, urls, {"items": {"key": "id", "columns": {"name": 0, "qty": 0}}})
-            for s, b in sites.items()
-        }
+    except BaseException:
+        for b in backs.values():
+            b.cleanup()
+        raise
+    cls = {
+        s: TestCluster(backs[b], topo, urls, {"items": {"key": "id", "columns": {"name": 0, "qty": 0}}})
+        for s, b in MIXED_SITES.items()
+    }
+    return backs, topo, cls
+
+
+@pytest.mark.server
+def test_a_mixed_cluster_adds_and_drops_a_column_site_by_site(tmp_path):  # type: ignore[no-untyped-def]
+    backs, topo, cls = mixed_cluster(tmp_path)
+    sites = MIXED_SITES
+    try:
 
         def ex(s: str, sql: str) -> None:
             cls[s].execute(s, sql)
