@@ -13,12 +13,13 @@ peer's row into the site's, in one write transaction at the site that holds its 
   set (not captured), then back to its own values under capture: an update from the peer's values
   to the site's;
 - a delete: the peer's row is inserted with the guard set, then deleted under capture;
-- an insert (natural keys): the row is deleted with the guard set, then inserted again whole
-  under capture; a renumbered table's rows are matched by identity (its shadow), and its rows no
-  capture saw are captured as the follow does.
+- an insert: the rows no capture saw are captured first, as the follow does
+  (evolve.capture_unseen_rows); a renumbered table's rows are matched by identity (its shadow).
 
 Each change runs under a savepoint: one the database refuses (a UNIQUE value, a NOT NULL column
-the peer's row lacks, a row other rows reference with an ON DELETE action) is reported and left.
+the peer's row lacks) is reported and left. A row the site has with an identity the peer lacks (or
+the reverse, not deleted at the site), with no change on its way, is not a write capture missed:
+it is left, for verify to tell.
 When nothing is left, the table's open gap at the site is closed.
 """
 
@@ -36,12 +37,12 @@ from multimaster.config.secrets import redact
 from multimaster.core import recapture as rule
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import evolve, inflight, references
+from multimaster.engine import evolve, inflight
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.refresh import relay_origins, schemas_elsewhere
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, ConfigError, MultimasterError, RecaptureRefused
+from multimaster.errors import AgentOnly, ConfigError, RecaptureRefused
 
 __all__ = ["Recaptured", "recapture", "gap_tables"]
 
@@ -145,17 +146,7 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
     capture at `site` every difference no change on its way explains (the module's description).
     Every site must be reached directly: changes on their way are read on every link."""
     t = cl.topo
-    if table not in t.tables:
-        raise ConfigError([f"table '{table}' is not under tables in the topology file"])
-    if site not in t.sites:
-        raise ConfigError([f"site '{site}' is not defined under sites"])
-    others = [n for n in t.sites if n != site]
-    if peer is None:
-        if not others:
-            raise ConfigError([f"site '{site}' has no other site to compare with"])
-        peer = others[0]
-    elif peer not in others:
-        raise ConfigError([f"--from '{peer}': not another site of the topology (sites: {', '.join(others)})"])
+    peer = _peer(t, site, table, peer)
     sites = {n: _direct(cl, n, "recapture (it reads the changes on their way at every site)") for n in t.sites}
     s, p = sites[site], sites[peer]
     # capture exists and writes the table's current columns
@@ -199,22 +190,56 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
             for k in sent:  # just captured: not compared
                 here.pop(k, None)
                 there.pop(k, None)
-            plan = rule.plan(here, there, cols, keys)
-            out.left = list(plan.left)
-            refs = [
-                r
-                for r in references.referencing(conn, d, table, info.key.name, fresh=True)
-                if r.on_delete in ("CASCADE", "SET NULL", "SET DEFAULT")
-            ]
-            for op in plan.ops:
-                err = None if dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key), refs)
-                if err is None:
-                    _note(out, op.kind, op.key)
-                else:
-                    out.failed.append((op.key, err))
+            _natural(conn, s, info, cols, here, there, live, keys, out)
         if not dry_run and out.ok:
             out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
     return out
+
+
+def _peer(t: Any, site: str, table: str, peer: str | None) -> str:
+    """The site to compare with: `peer`, or the first other site of the topology."""
+    if table not in t.tables:
+        raise ConfigError([f"table '{table}' is not under tables in the topology file"])
+    if site not in t.sites:
+        raise ConfigError([f"site '{site}' is not defined under sites"])
+    others = [n for n in t.sites if n != site]
+    if peer is None:
+        if not others:
+            raise ConfigError([f"site '{site}' has no other site to compare with"])
+        return others[0]
+    if peer not in others:
+        raise ConfigError([f"--from '{peer}': not another site of the topology (sites: {', '.join(others)})"])
+    return peer
+
+
+def _natural(
+    conn: Connection,
+    s: Site,
+    info: TableInfo,
+    cols: list[str],
+    here: dict[Hashable, dict[str, Any]],
+    there: dict[Hashable, dict[str, Any]],
+    live: dict[Hashable, str],
+    flight: set[Hashable],
+    out: Recaptured,
+) -> None:
+    """A table with natural keys: rows are matched by key. An insert is a row no capture saw (a dry
+    run counts them; a run captured them first); a row the peer lacks otherwise, or one the site
+    lacks that its shadow does not hold alive, is left (verify tells what it is)."""
+    plan = rule.plan(here, there, cols, flight)
+    out.left = list(plan.left)
+    unseen = set(evolve.unseen_rows(conn, s, info)) if out.dry_run else set()
+    for op in plan.ops:
+        if op.kind == rule.INSERT and op.key in unseen:
+            _note(out, op.kind, op.key)
+        elif op.kind == rule.INSERT or (op.kind == rule.DELETE and op.key not in live):
+            out.left.append(op.key)
+        else:
+            err = None if out.dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key))
+            if err is None:
+                _note(out, op.kind, op.key)
+            else:
+                out.failed.append((op.key, err))
 
 
 def _renumbered(
@@ -248,7 +273,7 @@ def _renumbered(
             out.left.append(key_of.get(str(op.key), op.key))  # not a write capture missed
             continue
         k = key_of[str(op.key)]
-        err = None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)]), [])
+        err = None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)]))
         if err is None:
             _note(out, op.kind, k)
         else:
@@ -273,10 +298,9 @@ def _send(
     key_value: Hashable,
     here: dict[str, Any] | None,
     there: dict[str, Any] | None,
-    refs: list[references.Referencing],
 ) -> str | None:
-    """Capture `op` at `s`, for the row of key `key_value` there, under a savepoint; None, or the
-    reason it was left."""
+    """Capture the update or delete `op` at `s`, for the row of key `key_value` there, under a
+    savepoint; None, or the database's reason it was left."""
     d = s.dialect
     q, ph = d.quote, d.caps.placeholder
     tbl, key = q(info.name), q(info.key.name)
@@ -285,44 +309,21 @@ def _send(
             if op.kind == rule.UPDATE:
                 assert here is not None and there is not None
                 sets = ", ".join(f"{q(c)} = {ph}" for c in op.columns)
-                d.set_applying(conn, True)
+                d.set_applying(conn, True)  # the peer's values, not captured
                 conn.exec_driver_sql(f"UPDATE {tbl} SET {sets} WHERE {key} = {ph}", (*[there[c] for c in op.columns], key_value))
-                d.set_applying(conn, False)
+                d.set_applying(conn, False)  # back to the site's, captured
                 conn.exec_driver_sql(f"UPDATE {tbl} SET {sets} WHERE {key} = {ph}", (*[here[c] for c in op.columns], key_value))
-            elif op.kind == rule.INSERT:
-                for r in refs:  # deleting it would change them
-                    hit = conn.exec_driver_sql(
-                        f"SELECT 1 FROM {q(r.table)} WHERE {q(r.column)} = {ph} LIMIT 1", (key_value,)
-                    ).first()
-                    if hit is not None:
-                        return (
-                            f"rows of {r.table} reference it ({r.column}, ON DELETE {r.on_delete}): sending its insert "
-                            "would delete it and insert it again; insert it anew by hand"
-                        )
-                row = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}", (key_value,)).mappings().first()
-                if row is None:
-                    return "the row is gone"
-                names = list(row.keys())
-                d.set_applying(conn, True)
-                conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", (key_value,))
-                d.set_applying(conn, False)
-                conn.exec_driver_sql(
-                    f"INSERT INTO {tbl} ({', '.join(q(c) for c in names)}) VALUES ({', '.join([ph] * len(names))})",
-                    tuple(row[c] for c in names),
-                )
             else:
-                assert there is not None
+                assert op.kind == rule.DELETE and there is not None
                 names = [info.key.name, *op.columns]
-                d.set_applying(conn, True)
+                d.set_applying(conn, True)  # the peer's row, not captured
                 conn.exec_driver_sql(
-                    f"INSERT INTO {tbl} ({', '.join(q(c) for c in names)}) VALUES ({', '.join([ph] * len(names))})",
+                    f"INSERT INTO {tbl} ({', '.join(q(c) for c in names)}) VALUES ({d.ph(len(names))})",
                     (key_value, *[there[c] for c in op.columns]),
                 )
-                d.set_applying(conn, False)
+                d.set_applying(conn, False)  # deleted, captured
                 conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", (key_value,))
     except sa.exc.DBAPIError as e:
-        d.set_applying(conn, False)
+        d.set_applying(conn, False)  # (a session setting on some databases: not rolled back)
         return redact(str(e.orig).splitlines()[0][:300])
-    except MultimasterError as e:
-        return str(e)
     return None
