@@ -225,7 +225,7 @@ def _natural(
 ) -> None:
     """A table with natural keys: rows are matched by key. An insert is a row no capture saw (a dry
     run counts them; a run captured them first); a row the peer lacks otherwise, or one the site
-    lacks that its shadow does not hold alive, is left (verify tells what it is)."""
+    lacks that its shadow does not hold alive (`live`), is left (verify tells what it is)."""
     plan = rule.plan(here, there, cols, flight)
     out.left = list(plan.left)
     unseen = set(evolve.unseen_rows(conn, s, info)) if out.dry_run else set()
@@ -235,11 +235,7 @@ def _natural(
         elif op.kind == rule.INSERT or (op.kind == rule.DELETE and op.key not in live):
             out.left.append(op.key)
         else:
-            err = None if out.dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key))
-            if err is None:
-                _note(out, op.kind, op.key)
-            else:
-                out.failed.append((op.key, err))
+            _sent(out, op, op.key, None if out.dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key)))
 
 
 def _renumbered(
@@ -273,17 +269,21 @@ def _renumbered(
             out.left.append(key_of.get(str(op.key), op.key))  # not a write capture missed
             continue
         k = key_of[str(op.key)]
-        err = None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)]))
-        if err is None:
-            _note(out, op.kind, k)
-        else:
-            out.failed.append((k, err))
+        _sent(out, op, k, None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)])))
     if out.dry_run:
         out.inserted = evolve.unseen_rows(conn, s, info)
 
 
 def _note(out: Recaptured, kind: str, key: Hashable) -> None:
     {rule.INSERT: out.inserted, rule.UPDATE: out.updated, rule.DELETE: out.deleted}[kind].append(key)
+
+
+def _sent(out: Recaptured, op: rule.Op, key: Hashable, err: str | None) -> None:
+    """Report `op` of the row of `key` sent, or refused with `err`."""
+    if err is None:
+        _note(out, op.kind, key)
+    else:
+        out.failed.append((key, err))
 
 
 def _summary(out: Recaptured) -> str:
