@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -440,8 +441,13 @@ def test_colliding_changes_in_one_batch(backend: Backend, tmp_path: Any) -> None
     for s in cl.urls:
         cl.execute(s, "CREATE UNIQUE INDEX ux0 ON users (email)")
     api.init(cl.topo)
+    # in this order: a version is the wall clock's millisecond (and a counter within it), so two
+    # sites inserting in the same millisecond tie and the site name decides; the sleeps keep the
+    # three inserts in distinct milliseconds (a loaded machine ran s2's and s1's in one)
     cl.execute("s2", "INSERT INTO users (email, name) VALUES ('a@x', 'bob')")
+    time.sleep(0.005)
     cl.execute("s1", "INSERT INTO users (email, name) VALUES ('a@x', 'ann')")
+    time.sleep(0.005)
     cl.execute("s3", "INSERT INTO users (email, name) VALUES ('a@x', 'cid')")
     cl.refresh("s3", reconcile_=False)
     api.reconcile(cl.topo, "s3")
