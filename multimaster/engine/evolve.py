@@ -266,17 +266,18 @@ def unseen_rows(conn: Connection, site: Site, info: TableInfo) -> list[Any]:
     d.catch_up(conn, info)
     q = d.quote
     key, sh = q(info.key.name), d.obj(info.name).shadow
-    held = held_inserts(conn, site, info)
-    return sorted(
-        {
-            r[0]
-            for r in conn.exec_driver_sql(
-                f"SELECT t.{key} FROM {q(info.name)} t WHERE NOT EXISTS "
-                f"(SELECT 1 FROM {sh} s WHERE s.{d.key_col} = t.{key} AND s.deleted IS NULL)"
-            )
-        }
-        | {r[0] for r in conn.exec_driver_sql(f"SELECT {key} FROM {q(info.name)}") if r[0] in held}
-    )
+    out = {
+        r[0]
+        for r in conn.exec_driver_sql(
+            f"SELECT t.{key} FROM {q(info.name)} t WHERE NOT EXISTS "
+            f"(SELECT 1 FROM {sh} s WHERE s.{d.key_col} = t.{key} AND s.deleted IS NULL)"
+        )
+    }
+    held = list(held_inserts(conn, site, info))
+    if held:  # the table's rows at those keys
+        marks = ", ".join([d.caps.placeholder] * len(held))
+        out |= {r[0] for r in conn.exec_driver_sql(f"SELECT {key} FROM {q(info.name)} WHERE {key} IN ({marks})", tuple(held))}
+    return sorted(out)
 
 
 def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[list[Any], list[Any], str | None]:

@@ -25,9 +25,8 @@ When nothing is left, the table's open gap at the site is closed.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from typing import Any, Hashable
+from typing import AbstractSet, Any, Hashable, Mapping
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
@@ -39,7 +38,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, inflight
 from multimaster.engine.cluster import Cluster
-from multimaster.engine.refresh import relay_origins, schemas_elsewhere
+from multimaster.engine.refresh import follow_site, relay_origins
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, RecaptureRefused
@@ -98,11 +97,13 @@ def _direct(cl: Cluster, name: str, what: str) -> Site:
     return s
 
 
-def _rows(conn: Connection, s: Site, info: TableInfo, cols: list[str]) -> dict[Hashable, dict[str, Any]]:
-    """Every row of `info` at `s`: key -> {column: value in `s`'s form}."""
-    d = s.dialect
-    q = d.quote
-    adapt = dict(zip(info.column_names, d.value_adapters(info)))
+def _rows(
+    conn: Connection, s: Site, info: TableInfo, cols: list[str], form: TableInfo, at: Site
+) -> dict[Hashable, dict[str, Any]]:
+    """Every row of `info` at `s`: key -> {column: value}, the values in the form site `at`'s
+    driver stores for `form` (its table), so that equal means equal across databases."""
+    q = s.dialect.quote
+    adapt = dict(zip(form.column_names, at.dialect.value_adapters(form)))
     sel = ", ".join(q(c) for c in [info.key.name, *cols])
     out: dict[Hashable, dict[str, Any]] = {}
     for r in conn.exec_driver_sql(f"SELECT {sel} FROM {q(info.name)}"):
@@ -150,7 +151,7 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
     sites = {n: _direct(cl, n, "recapture (it reads the changes on their way at every site)") for n in t.sites}
     s, p = sites[site], sites[peer]
     # capture exists and writes the table's current columns
-    evolve.follow(s, t, functools.partial(relay_origins, t, site), schemas_elsewhere(cl, site), [table])
+    follow_site(cl, site, [table])
     out = Recaptured(site, table, peer, dry_run)
     queries = inflight.reads(t, table, {n: x.dialect for n, x in sites.items()}, {n: x.engine for n, x in sites.items()})
     with p.read() as pc:
@@ -160,8 +161,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
     cols = sorted(set(info.column_names) & set(p_info.column_names))
     renumber = info.spec.renumber
     with p.read() as pc:
-        there = _rows(pc, p, p_info, cols)
-        p_live = _live(pc, p, table) if renumber else {}
+        there = _rows(pc, p, p_info, cols, info, s)
+        p_live = _live(pc, p, table)
     d = s.dialect
     with s.write() as conn:
         d.lock_table_writes(conn, table)
@@ -176,21 +177,18 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
                 raise RecaptureRefused(site, table, refused)
             if out.inserted:  # the changes of peers that collided with them apply now
                 evolve.release(conn, s, info, t.peers_of(site), relay_origins(t, site, info), held=True)
-        here = _rows(conn, s, info, cols)
-        adapt = dict(zip(info.column_names, d.value_adapters(info)))
-        there = {
-            k: {c: (v if adapt.get(c) is None or v is None else adapt[c](v)) for c, v in row.items()} for k, row in there.items()
-        }
+        here = _rows(conn, s, info, cols, info, s)
         rids, keys = _in_flight(queries, sites, table)
         live = _live(conn, s, table)
-        if renumber:
-            skip = {live[k] for k in sent if k in live}  # just captured, new identities: not compared
-            _renumbered(conn, s, info, cols, here, there, live, p_live, rids, skip, out)
-        else:
-            for k in sent:  # just captured: not compared
-                here.pop(k, None)
-                there.pop(k, None)
-            _natural(conn, s, info, cols, here, there, live, keys, out)
+        ident: Mapping[Hashable, Hashable]
+        p_ident: Mapping[Hashable, Hashable]
+        flight: AbstractSet[Hashable]
+        if renumber:  # by identity: keys are ranks, and moved where a row no capture saw took one
+            ident, p_ident, flight = live, p_live, rids
+        else:  # by key, the identity of a row (its incarnations share it)
+            ident, p_ident, flight = {k: k for k in live}, {k: k for k in p_live}, keys
+        skip = {ident[k] for k in sent if k in ident}  # just captured: on its way, not compared
+        _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, out)
         if not dry_run and out.ok:
             out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
     return out
@@ -212,65 +210,40 @@ def _peer(t: Any, site: str, table: str, peer: str | None) -> str:
     return peer
 
 
-def _natural(
+def _compare(
     conn: Connection,
     s: Site,
     info: TableInfo,
     cols: list[str],
     here: dict[Hashable, dict[str, Any]],
     there: dict[Hashable, dict[str, Any]],
-    live: dict[Hashable, str],
-    flight: set[Hashable],
+    ident: Mapping[Hashable, Hashable],
+    p_ident: Mapping[Hashable, Hashable],
+    flight: AbstractSet[Hashable],
+    skip: AbstractSet[Hashable],
     out: Recaptured,
 ) -> None:
-    """A table with natural keys: rows are matched by key. An insert is a row no capture saw (a dry
-    run counts them; a run captured them first); a row the peer lacks otherwise, or one the site
-    lacks that its shadow does not hold alive (`live`), is left (verify tells what it is)."""
-    plan = rule.plan(here, there, cols, flight)
-    out.left = list(plan.left)
-    unseen = set(evolve.unseen_rows(conn, s, info)) if out.dry_run else set()
-    for op in plan.ops:
-        if op.kind == rule.INSERT and op.key in unseen:
-            _note(out, op.kind, op.key)
-        elif op.kind == rule.INSERT or (op.kind == rule.DELETE and op.key not in live):
-            out.left.append(op.key)
-        else:
-            _sent(out, op, op.key, None if out.dry_run else _send(conn, s, info, op, op.key, here.get(op.key), there.get(op.key)))
-
-
-def _renumbered(
-    conn: Connection,
-    s: Site,
-    info: TableInfo,
-    cols: list[str],
-    here: dict[Hashable, dict[str, Any]],
-    there: dict[Hashable, dict[str, Any]],
-    live: dict[Hashable, str],
-    p_live: dict[Hashable, str],
-    flight: set[str],
-    skip: set[str],
-    out: Recaptured,
-) -> None:
-    """A renumbered table: rows are matched by identity (the shadows), since keys are ranks that
-    moved where a row no capture saw took one (those rows were captured first, as inserts taking
-    the next ranks: evolve.capture_unseen_rows). Identities the peer lacks with no change on their
-    way, or the site lacks without having deleted them, are left (verify tells what they are)."""
-    key_of = {rid: k for k, rid in live.items()}
-    p_key = {rid: k for k, rid in p_live.items()}
+    """Match the rows by identity (`ident`, `p_ident`: key -> identity at the site and the peer,
+    from the shadows: a row without one is a row no capture saw, captured first, or, at the peer,
+    not the site's business) and capture the updates and deletes `rule.plan` gives. An identity
+    the peer lacks, or the site lacks without having deleted it, with no change on its way, is not
+    a write capture missed: it is left (verify tells what it is)."""
+    key_of = {i: k for k, i in ident.items()}
+    p_key = {i: k for k, i in p_ident.items()}
     plan = rule.plan(
-        {live[k]: r for k, r in here.items() if k in live and live[k] not in skip},
-        {p_live[k]: r for k, r in there.items() if k in p_live and p_live[k] not in skip},
+        {ident[k]: r for k, r in here.items() if k in ident and ident[k] not in skip},
+        {p_ident[k]: r for k, r in there.items() if k in p_ident and p_ident[k] not in skip},
         cols,
         flight,
     )
-    out.left = [key_of.get(str(r), r) for r in plan.left]
+    out.left = [key_of.get(i, i) for i in plan.left]
     for op in plan.ops:
-        if not (op.kind == rule.UPDATE or (op.kind == rule.DELETE and op.key in key_of)):
-            out.left.append(key_of.get(str(op.key), op.key))  # not a write capture missed
+        if op.kind == rule.INSERT or op.key not in key_of:
+            out.left.append(key_of.get(op.key, op.key))
             continue
-        k = key_of[str(op.key)]
-        _sent(out, op, k, None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[str(op.key)])))
-    if out.dry_run:
+        k = key_of[op.key]
+        _sent(out, op, k, None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[op.key])))
+    if out.dry_run:  # a run captures them first
         out.inserted = evolve.unseen_rows(conn, s, info)
 
 

@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, TypeVar
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -331,13 +331,7 @@ def _follow_schemas(cl: Cluster, target: str, source: str, followed: dict[str, l
             problems.extend(followed[n])
             continue
         try:
-            mine = [
-                p
-                for ev in evolve.follow(
-                    cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)
-                )
-                for p in ev.problems
-            ]
+            mine = [p for ev in follow_site(cl, n) for p in ev.problems]
         except DBAPIError:
             if n == target:
                 raise
@@ -346,6 +340,14 @@ def _follow_schemas(cl: Cluster, target: str, source: str, followed: dict[str, l
         if followed is not None:
             followed[n] = mine
     return problems
+
+
+def follow_site(cl: Cluster, site: str, tables: Sequence[str] | None = None) -> list[evolve.Evolved]:
+    """Site `site`'s capture follows its tables' schema (of `tables`, default all; engine/evolve.py
+    follow), with what the site relays and the other sites' columns."""
+    return evolve.follow(
+        cl.site(site), cl.topo, functools.partial(relay_origins, cl.topo, site), schemas_elsewhere(cl, site), tables
+    )
 
 
 def schemas_elsewhere(cl: Cluster, site: str) -> Callable[[str], dict[str, set[str]]]:

@@ -45,7 +45,7 @@ from multimaster.core.versions import started_at_now
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
-from multimaster.engine.refresh import refresh_link, relay_origins, schemas_elsewhere
+from multimaster.engine.refresh import follow_site, refresh_link
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, MultimasterError
 from multimaster.ops import verifications
@@ -404,9 +404,7 @@ class Daemon:
                 return
             try:
                 site = self.cluster.site(n)
-                for ev in evolve.follow(
-                    site, self.topo, functools.partial(relay_origins, self.topo, n), schemas_elsewhere(self.cluster, n)
-                ):
+                for ev in follow_site(self.cluster, n):
                     if ev.gap:
                         with site.read() as conn:
                             for m in evolve.gap_messages(conn, site):

@@ -12,7 +12,6 @@ that waited for a column the site now has are applied.
 
 from __future__ import annotations
 
-import functools
 import re
 from dataclasses import dataclass, field
 
@@ -20,7 +19,7 @@ from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
-from multimaster.engine.refresh import relay_origins, schemas_elsewhere
+from multimaster.engine.refresh import follow_site, relay_origins, schemas_elsewhere
 from multimaster.errors import ConfigError, SchemaError
 
 __all__ = ["DdlReport", "ddl", "table_of"]
@@ -87,7 +86,7 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
     d = s.dialect
     rep = DdlReport(n, "applied")
     # the site follows any change made by hand before
-    evolve.follow(s, t, functools.partial(relay_origins, t, n), schemas_elsewhere(cl, n), [table])
+    follow_site(cl, n, [table])
     if dry_run and not d.caps.transactional_ddl:
         with s.read() as conn:
             s.require_installed(conn, t)

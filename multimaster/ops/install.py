@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -16,7 +15,7 @@ from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.lockwatch import Watch, watching
-from multimaster.engine.refresh import relay_origins, schemas_elsewhere
+from multimaster.engine.refresh import follow_site
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
@@ -249,7 +248,7 @@ def _follow_all(cl: Cluster, rep: InitReport) -> None:
     cannot be made online is refused, naming the column and the fix."""
     problems: list[str] = []
     for n in cl.topo.sites:
-        for ev in evolve.follow(cl.site(n), cl.topo, functools.partial(relay_origins, cl.topo, n), schemas_elsewhere(cl, n)):
+        for ev in follow_site(cl, n):
             if ev.problems:
                 problems.extend(ev.problems)
             elif ev.change is not None:
