@@ -8,6 +8,13 @@ from collections.abc import Iterator
 
 import pytest
 from clusters import BACKENDS, DROPPER, Backend, opened, server_unavailable
+from hypothesis import HealthCheck, settings
+
+# The suite shares 2 noisy cores with the servers and other runs: how fast hypothesis generates
+# inputs is not what a property test checks (a stalled first draw of 2 s failed a CI-like run).
+# Tests with their own @settings inherit this.
+settings.register_profile("multimaster", suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("multimaster")
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))

@@ -272,6 +272,7 @@ def test_mixed_cluster(tmp_path: Any) -> None:
 
         for site in ("pg", "lite", "maria"):  # pg's insert is the earliest claim
             run(site, f"INSERT INTO users (email, name) VALUES ('a@x', '{site}')")
+            time.sleep(0.005)  # distinct milliseconds: in one, the site with the lower sub-millisecond count wins
         cl.refresh_until_quiet()
         got = {s: table(s) for s in urls}
         assert got["lite"] == got["pg"] == got["maria"]
@@ -653,6 +654,7 @@ def test_park_mixed_cluster(tmp_path: Any) -> None:
 
         for site in ("pg", "lite", "maria"):  # pg's insert is the earliest claim
             run(site, f"INSERT INTO stock (sku, name) VALUES (7, '{site}')")
+            time.sleep(0.005)  # distinct milliseconds (as above)
         cl.refresh_until_quiet()
         assert {s: table(s) for s in urls} == {s: {"pg": 7} for s in urls}
         parked = _parked(str(topo))

@@ -1,0 +1,191 @@
+"""What each part of a captured row costs on MariaDB, one connection, no think time.
+
+    .venv/bin/python benchmarks/bench_mysql_capture_parts.py [--rounds 25] [--rows 400] [--natural]
+
+Issue #10's single-connection floor for MariaDB (0.75 of plain) is not met; this script says where
+the time goes. One plain database and one multimaster site per variant (each the first site of a
+2-site cluster nobody pulls from); every variant takes multimaster as installed and removes one
+part, by replacing the site's own objects after `init`:
+
+- ``installed``: multimaster as `init` leaves it;
+- ``no transaction id``: the clock `_mm_tick` not system-versioned and the draw not reading the row's
+  transaction id back (no `mysql.transaction_registry` row at COMMIT);
+- ``no clock draw``: the slot's UPDATE takes a `UUID_SHORT()` instead of calling `_mm_draw` (no
+  row in the clock, no transaction id);
+- ``no slot``: the key trigger calls `_mm_draw` without locking its connection's slot;
+- ``log row only``: one AFTER INSERT trigger writing the change-log row with a `UUID_SHORT()`
+  position, nothing else (the floor of any trigger that logs a row);
+- ``no triggers``: the site with multimaster's triggers on the table dropped (should read ~1.0).
+
+Each round runs every variant once, `--rows` single-row INSERT transactions (COMMIT after each,
+as an application with autocommit off does), in a shuffled order. Printed per variant: the median
+rate, the median of the paired ratios to plain in the same round, and the median extra server
+and client time per transaction against plain (µs). The variants are measurements, not designs:
+each one drops a guarantee (docs/performance.md "MariaDB: where a captured row's time goes").
+Databases are created with unique names and dropped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from clusters import ITEMS, MySQLBackend, make_cluster  # noqa: E402
+
+DRAW = """CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE p BIGINT;
+  DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
+  INSERT INTO _mm_tick (t) VALUES (NULL);
+  SET p = LAST_INSERT_ID();
+  IF p < w THEN
+    INSERT IGNORE INTO _mm_tick (t) VALUES (w + 32768 + MOD(CONNECTION_ID() * 40503, 32768));
+    INSERT INTO _mm_tick (t) VALUES (NULL);
+    SET p = LAST_INSERT_ID();
+  END IF;
+  SET @mm_trx = 0;
+  RETURN p;
+END"""
+
+
+def _retrigger(cur: Any, name: str, edit: Callable[[str], str]) -> None:
+    """Create trigger `name` again with its body passed through `edit`."""
+    cur.execute(
+        "SELECT ACTION_TIMING, EVENT_MANIPULATION, EVENT_OBJECT_TABLE, ACTION_STATEMENT FROM information_schema.TRIGGERS "
+        "WHERE TRIGGER_SCHEMA = DATABASE() AND TRIGGER_NAME = %s",
+        (name,),
+    )
+    timing, event, table, body = cur.fetchone()
+    new = edit(body)
+    if new == body:
+        raise SystemExit(f"variant did not change trigger {name}: multimaster's trigger text moved on; update this script")
+    cur.execute(f"DROP TRIGGER {name}")
+    cur.execute(f"CREATE TRIGGER {name} {timing} {event} ON `{table}` FOR EACH ROW {new}")
+
+
+def _no_txn_id(cur: Any, natural: bool) -> None:
+    cur.execute("SELECT coalesce(max(t), 0) + 1 FROM _mm_tick")
+    top = int(cur.fetchone()[0])
+    cur.execute("DROP TABLE _mm_tick")
+    cur.execute(f"CREATE TABLE _mm_tick (t BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB AUTO_INCREMENT={top}")
+    cur.execute(DRAW)
+
+
+def _no_draw(cur: Any, natural: bool) -> None:
+    name = "_mm_cap_i_items" if natural else "_mm_rank_items"
+    _retrigger(cur, name, lambda b: b.replace("_mm_draw()", "UUID_SHORT()"))
+
+
+def _no_slot(cur: Any, natural: bool) -> None:
+    name = "_mm_cap_i_items" if natural else "_mm_rank_items"
+    pattern = r"SET @mm_p = NULL;\s*IF @mm_s_\w+ .*?SET @mm_s_\w+ = \d;\s*END IF;"
+    _retrigger(cur, name, lambda b: re.sub(pattern, "SET @mm_p = _mm_draw();", b, count=1, flags=re.S))
+
+
+def _log_only(cur: Any, natural: bool) -> None:
+    cur.execute("DROP TRIGGER IF EXISTS _mm_rank_items")
+    cur.execute("DROP TRIGGER _mm_cap_i_items")
+    cur.execute(
+        """CREATE TRIGGER _mm_cap_i_items AFTER INSERT ON items FOR EACH ROW BEGIN
+  DECLARE mm_v VARCHAR(255);
+  IF coalesce(@mm_applying, 0) = 0 THEN
+    SET @mm_p = UUID_SHORT();
+    SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', 'v');
+    INSERT INTO _mm_log_items (seq, ver, origin, op, rid, `key`, mask, txn, sv, n_name, n_price, n_qty)
+      VALUES (@mm_p, mm_v, 'v', 'I', mm_v, NEW.id, 7, CONCAT(CONNECTION_ID(), ':0.0'), 1, NEW.name, NEW.price, NEW.qty);
+  END IF;
+END"""
+    )
+
+
+def _no_triggers(cur: Any, natural: bool) -> None:
+    for name in ("_mm_rank_items", "_mm_cap_i_items"):
+        cur.execute(f"DROP TRIGGER IF EXISTS {name}")
+
+
+VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
+    "installed": None,
+    "no transaction id": _no_txn_id,
+    "no clock draw": _no_draw,
+    "no slot": _no_slot,
+    "log row only": _log_only,
+    "no triggers": _no_triggers,
+}
+
+
+def rate(backend: MySQLBackend, url: str, n: int, natural: bool, counter: list[int]) -> float:
+    """Single-row INSERT transactions per second by one connection."""
+    c = backend.connect(url)
+    cur = c.cursor()
+    t0 = time.perf_counter()
+    for i in range(n):
+        counter[0] += 1
+        if natural:
+            cur.execute("INSERT INTO items (id, name, qty, price) VALUES (%s, %s, %s, 0)", (f"k{counter[0]}", f"r{i}", i))
+        else:
+            cur.execute("INSERT INTO items (name, qty, price) VALUES (%s, %s, 0)", (f"r{i}", i))
+        c.commit()
+    dt = time.perf_counter() - t0
+    c.close()
+    return n / dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=25)
+    ap.add_argument("--rows", type=int, default=400, help="transactions per variant per round")
+    ap.add_argument("--natural", action="store_true", help="a natural (VARCHAR) key instead of an AUTO_INCREMENT one")
+    args = ap.parse_args()
+    backend = MySQLBackend()
+    tables = {"items": {**ITEMS["items"], "auto": not args.natural}}
+    urls: dict[str, str] = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = backend.new_site(Path(tmp), "plain")
+            backend.create_table(plain, "items", "id", tables["items"]["columns"], not args.natural)
+            urls["plain"] = plain
+            for i, (name, change) in enumerate(VARIANTS.items()):
+                d = Path(tmp) / f"variant{i}"  # make_cluster writes its topology file there
+                d.mkdir()
+                site = f"v{i}"
+                cl = make_cluster(backend, d, [site, f"v{i}peer"], tables)
+                urls[name] = cl.urls[site]
+                if change is not None:
+                    c = backend.connect(urls[name])
+                    change(c.cursor(), args.natural)
+                    c.commit()
+                    c.close()
+            counter = [0]
+            names = list(urls)
+            for name in names:  # warm up
+                rate(backend, urls[name], 100, args.natural, counter)
+            res: dict[str, list[float]] = {n: [] for n in names}
+            for _ in range(args.rounds):
+                order = names[:]
+                random.shuffle(order)
+                for name in order:
+                    res[name].append(rate(backend, urls[name], args.rows, args.natural, counter))
+            key = "natural (VARCHAR) key" if args.natural else "AUTO_INCREMENT key (renumbered)"
+            print(f"MariaDB, one connection, single-row INSERT transactions, {key}; {args.rounds} rounds of {args.rows}")
+            print(f"{'variant':20} {'rows/s':>8} {'÷ plain (paired)':>17} {'extra µs/txn':>13}")
+            for name in names:
+                paired = statistics.median(x / p for x, p in zip(res[name], res["plain"]))
+                extra = statistics.median(1e6 / x - 1e6 / p for x, p in zip(res[name], res["plain"]))
+                print(f"{name:20} {statistics.median(res[name]):8.0f} {paired:17.3f} {extra:13.0f}")
+    finally:
+        backend.cleanup()
+
+
+if __name__ == "__main__":
+    main()
