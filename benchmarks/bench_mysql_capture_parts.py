@@ -1,6 +1,7 @@
 """What each part of a captured row costs on MariaDB, one connection, no think time.
 
     .venv/bin/python benchmarks/bench_mysql_capture_parts.py [--rounds 25] [--rows 400] [--natural]
+    .venv/bin/python benchmarks/bench_mysql_capture_parts.py --clients 16 --think-ms 2 --rows 8000 --rounds 6
 
 Issue #10's single-connection floor for MariaDB (0.75 of plain) is not met; this script says where
 the time goes. One plain database and one multimaster site per variant (each the first site of a
@@ -18,7 +19,8 @@ part, by replacing the site's own objects after `init`:
 - ``no triggers``: the site with multimaster's triggers on the table dropped (should read ~1.0).
 
 Each round runs every variant once, `--rows` single-row INSERT transactions (COMMIT after each,
-as an application with autocommit off does), in a shuffled order. Printed per variant: the median
+as an application with autocommit off does) shared by `--clients` connections, each with
+`--think-ms` of application work inside its transaction, in a shuffled order. Printed per variant: the median
 rate, the median of the paired ratios to plain in the same round, and the median extra server
 and client time per transaction against plain (µs). The variants are measurements, not designs:
 each one drops a guarantee (docs/performance.md "MariaDB: where a captured row's time goes").
@@ -33,6 +35,7 @@ import re
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -124,21 +127,37 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
 }
 
 
-def rate(backend: MySQLBackend, url: str, n: int, natural: bool, counter: list[int]) -> float:
-    """Single-row INSERT transactions per second by one connection."""
-    c = backend.connect(url)
-    cur = c.cursor()
+def rate(
+    backend: MySQLBackend, url: str, n: int, natural: bool, counter: list[int], clients: int = 1, think: float = 0.0
+) -> float:
+    """Single-row INSERT transactions per second: `clients` connections, `n` transactions in all,
+    each sleeping `think` seconds inside its transaction (application work) before COMMIT."""
+    lock = threading.Lock()
+
+    def work(count: int) -> None:
+        c = backend.connect(url)
+        cur = c.cursor()
+        for i in range(count):
+            if natural:
+                with lock:
+                    counter[0] += 1
+                    k = counter[0]
+                cur.execute("INSERT INTO items (id, name, qty, price) VALUES (%s, %s, %s, 0)", (f"k{k}", f"r{i}", i))
+            else:
+                cur.execute("INSERT INTO items (name, qty, price) VALUES (%s, %s, 0)", (f"r{i}", i))
+            if think:
+                time.sleep(think)
+            c.commit()
+        c.close()
+
+    per = max(1, n // clients)
+    threads = [threading.Thread(target=work, args=(per,)) for _ in range(clients)]
     t0 = time.perf_counter()
-    for i in range(n):
-        counter[0] += 1
-        if natural:
-            cur.execute("INSERT INTO items (id, name, qty, price) VALUES (%s, %s, %s, 0)", (f"k{counter[0]}", f"r{i}", i))
-        else:
-            cur.execute("INSERT INTO items (name, qty, price) VALUES (%s, %s, 0)", (f"r{i}", i))
-        c.commit()
-    dt = time.perf_counter() - t0
-    c.close()
-    return n / dt
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return per * clients / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -146,6 +165,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=25)
     ap.add_argument("--rows", type=int, default=400, help="transactions per variant per round")
     ap.add_argument("--natural", action="store_true", help="a natural (VARCHAR) key instead of an AUTO_INCREMENT one")
+    ap.add_argument("--clients", type=int, default=1, help="connections inserting at once (the rows are shared out)")
+    ap.add_argument("--think-ms", type=float, default=0.0, help="application work inside each transaction")
     args = ap.parse_args()
     backend = MySQLBackend()
     tables = {"items": {**ITEMS["items"], "auto": not args.natural}}
@@ -169,15 +190,18 @@ def main() -> None:
             counter = [0]
             names = list(urls)
             for name in names:  # warm up
-                rate(backend, urls[name], 100, args.natural, counter)
+                rate(backend, urls[name], 100, args.natural, counter, args.clients, args.think_ms / 1000)
             res: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(args.rounds):
                 order = names[:]
                 random.shuffle(order)
                 for name in order:
-                    res[name].append(rate(backend, urls[name], args.rows, args.natural, counter))
+                    res[name].append(
+                        rate(backend, urls[name], args.rows, args.natural, counter, args.clients, args.think_ms / 1000)
+                    )
             key = "natural (VARCHAR) key" if args.natural else "AUTO_INCREMENT key (renumbered)"
-            print(f"MariaDB, one connection, single-row INSERT transactions, {key}; {args.rounds} rounds of {args.rows}")
+            who = f"{args.clients} connection(s), {args.think_ms:g} ms of think time"
+            print(f"MariaDB, {who}, single-row INSERT transactions, {key}; {args.rounds} rounds of {args.rows}")
             print(f"{'variant':20} {'rows/s':>8} {'÷ plain (paired)':>17} {'extra µs/txn':>13}")
             for name in names:
                 paired = statistics.median(x / p for x, p in zip(res[name], res["plain"]))
