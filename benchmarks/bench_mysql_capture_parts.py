@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_mysql_capture_parts.py [--rounds 25] [--rows 400] [--natural]
     .venv/bin/python benchmarks/bench_mysql_capture_parts.py --clients 16 --think-ms 2 --rows 8000 --rounds 6
+    .venv/bin/python benchmarks/bench_mysql_capture_parts.py --rows-per-txn 10 [--one-statement] --rows 2000
 
 Issue #10's single-connection floor for MariaDB (0.75 of plain) is not met; this script says where
 the time goes. One plain database and one multimaster site per variant (each the first site of a
@@ -18,12 +19,13 @@ part, by replacing the site's own objects after `init`:
   position, nothing else (the floor of any trigger that logs a row);
 - ``no triggers``: the site with multimaster's triggers on the table dropped (should read ~1.0).
 
-Each round runs every variant once, `--rows` single-row INSERT transactions (COMMIT after each,
-as an application with autocommit off does) shared by `--clients` connections, each with
-`--think-ms` of application work inside its transaction, in a shuffled order. Printed per variant: the median
-rate, the median of the paired ratios to plain in the same round, and the median extra server
-and client time per transaction against plain (µs). The variants are measurements, not designs:
-each one drops a guarantee (docs/performance.md "MariaDB: where a captured row's time goes").
+Each round runs every variant once, in a shuffled order: `--rows` rows inserted by `--clients`
+connections, in transactions of `--rows-per-txn` INSERTs (or one multi-row INSERT,
+`--one-statement`), each with `--think-ms` of application work before its COMMIT (autocommit off,
+as applications run). The default is one row per transaction, one connection, no think time.
+Printed per variant: the median rate, the median of the paired ratios to plain in the same round,
+and the median extra time per row against plain (µs). The variants are measurements, not designs:
+each one drops a guarantee (docs/performance.md, "On another host: MariaDB below the floors").
 Databases are created with unique names and dropped at the end.
 """
 
@@ -37,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -127,37 +130,57 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
 }
 
 
-def rate(
-    backend: MySQLBackend, url: str, n: int, natural: bool, counter: list[int], clients: int = 1, think: float = 0.0
-) -> float:
-    """Single-row INSERT transactions per second: `clients` connections, `n` transactions in all,
-    each sleeping `think` seconds inside its transaction (application work) before COMMIT."""
+@dataclass(frozen=True)
+class Load:
+    """How the rows are written: `clients` connections, `rows` rows in a transaction (one INSERT
+    each, or one multi-row INSERT with `one_statement`), `think` seconds of application work
+    inside each transaction before COMMIT."""
+
+    natural: bool
+    clients: int = 1
+    rows: int = 1
+    one_statement: bool = False
+    think: float = 0.0
+
+
+def rate(backend: MySQLBackend, url: str, n: int, load: Load, counter: list[int]) -> float:
+    """Rows inserted per second, `n` rows in all."""
     lock = threading.Lock()
 
-    def work(count: int) -> None:
+    def row(i: int) -> tuple[Any, ...]:
+        if not load.natural:
+            return (f"r{i}", i, 0)
+        with lock:
+            counter[0] += 1
+            return (f"k{counter[0]}", f"r{i}", i, 0)
+
+    cols = "id, name, qty, price" if load.natural else "name, qty, price"
+    # placeholders only: PyMySQL's executemany makes one multi-row INSERT of nothing else
+    sql = f"INSERT INTO items ({cols}) VALUES ({', '.join(['%s'] * (4 if load.natural else 3))})"
+
+    def work(txns: int) -> None:
         c = backend.connect(url)
         cur = c.cursor()
-        for i in range(count):
-            if natural:
-                with lock:
-                    counter[0] += 1
-                    k = counter[0]
-                cur.execute("INSERT INTO items (id, name, qty, price) VALUES (%s, %s, %s, 0)", (f"k{k}", f"r{i}", i))
+        for t in range(txns):
+            rows = [row(t * load.rows + j) for j in range(load.rows)]
+            if load.one_statement:
+                cur.executemany(sql, rows)  # PyMySQL sends one multi-row INSERT
             else:
-                cur.execute("INSERT INTO items (name, qty, price) VALUES (%s, %s, 0)", (f"r{i}", i))
-            if think:
-                time.sleep(think)
+                for r in rows:
+                    cur.execute(sql, r)
+            if load.think:
+                time.sleep(load.think)
             c.commit()
         c.close()
 
-    per = max(1, n // clients)
-    threads = [threading.Thread(target=work, args=(per,)) for _ in range(clients)]
+    txns = max(1, n // (load.clients * load.rows))
+    threads = [threading.Thread(target=work, args=(txns,)) for _ in range(load.clients)]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    return per * clients / (time.perf_counter() - t0)
+    return txns * load.clients * load.rows / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -167,7 +190,10 @@ def main() -> None:
     ap.add_argument("--natural", action="store_true", help="a natural (VARCHAR) key instead of an AUTO_INCREMENT one")
     ap.add_argument("--clients", type=int, default=1, help="connections inserting at once (the rows are shared out)")
     ap.add_argument("--think-ms", type=float, default=0.0, help="application work inside each transaction")
+    ap.add_argument("--rows-per-txn", type=int, default=1, help="rows in a transaction, one INSERT each")
+    ap.add_argument("--one-statement", action="store_true", help="a transaction's rows in one multi-row INSERT")
     args = ap.parse_args()
+    load = Load(args.natural, args.clients, args.rows_per_txn, args.one_statement, args.think_ms / 1000)
     backend = MySQLBackend()
     tables = {"items": {**ITEMS["items"], "auto": not args.natural}}
     urls: dict[str, str] = {}
@@ -190,19 +216,18 @@ def main() -> None:
             counter = [0]
             names = list(urls)
             for name in names:  # warm up
-                rate(backend, urls[name], 100, args.natural, counter, args.clients, args.think_ms / 1000)
+                rate(backend, urls[name], 100, load, counter)
             res: dict[str, list[float]] = {n: [] for n in names}
             for _ in range(args.rounds):
                 order = names[:]
                 random.shuffle(order)
                 for name in order:
-                    res[name].append(
-                        rate(backend, urls[name], args.rows, args.natural, counter, args.clients, args.think_ms / 1000)
-                    )
+                    res[name].append(rate(backend, urls[name], args.rows, load, counter))
             key = "natural (VARCHAR) key" if args.natural else "AUTO_INCREMENT key (renumbered)"
-            who = f"{args.clients} connection(s), {args.think_ms:g} ms of think time"
-            print(f"MariaDB, {who}, single-row INSERT transactions, {key}; {args.rounds} rounds of {args.rows}")
-            print(f"{'variant':20} {'rows/s':>8} {'÷ plain (paired)':>17} {'extra µs/txn':>13}")
+            how = "one multi-row INSERT" if args.one_statement else f"{args.rows_per_txn} INSERT(s)"
+            who = f"{args.clients} connection(s), transactions of {how}, {args.think_ms:g} ms of think time"
+            print(f"MariaDB, {who}, {key}; {args.rounds} rounds of {args.rows} rows")
+            print(f"{'variant':20} {'rows/s':>8} {'÷ plain (paired)':>17} {'extra µs/row':>13}")
             for name in names:
                 paired = statistics.median(x / p for x, p in zip(res[name], res["plain"]))
                 extra = statistics.median(1e6 / x - 1e6 / p for x, p in zip(res[name], res["plain"]))
