@@ -1,12 +1,24 @@
--- multimaster: capture triggers (PostgreSQL) on $table. Statement-level AFTER triggers read the
--- transition tables, so a multi-row statement is captured with a few set-based statements.
+-- multimaster: capture triggers (PostgreSQL) on $table.
+-- Inserts and deletes are captured per statement: AFTER ... FOR EACH STATEMENT triggers read the
+-- transition tables, so a multi-row statement is captured with a few set-based statements. A
+-- plpgsql function plans such a statement once per session and keeps the plan, made for the size
+-- of the transition table it first saw: made for 20,000 rows, every later single-row insert or
+-- delete of the session scanned the whole shadow (docs/postgresql.md "Capture and plans"). So a
+-- statement of at most $few rows runs the cached statement, whose plan is always made for a few
+-- rows (index lookups), and a larger one runs the same text through EXECUTE, planned for its size.
+-- Updates are captured per row (AFTER UPDATE ... FOR EACH ROW): pairing a statement's old and new
+-- rows is a join of two transition tables, which have no index, so a cached plan made for one row
+-- was quadratic for a bulk update (1.4 s for 5,000 rows) and one made for a bulk update cost every
+-- later single-row update of the session a scan of the shadow; per row, a single-row update costs
+-- less than the statement did and a bulk one as much.
 -- Writers of the table never wait for each other (docs/concepts.md "Many writers"): each function
 -- registers its transaction once (_mm._mm_register, site.sql), then every captured row
 -- draws one tick of the clock, which is both its change-log position (seq) and, formatted, its
 -- version. The tick is drawn in a subquery kept apart by OFFSET 0, so it is computed once per row.
--- Updates and deletes draw it after the row lock (AFTER trigger): a change that overwrote another's
--- committed write has a later version. Writers of a renumbered table also take the table's
--- writers' lock in shared mode (renumber.sql).
+-- Updates and deletes draw it after the row lock (AFTER trigger; a row trigger's AFTER event runs
+-- at the end of the statement): a change that overwrote another's committed write has a later
+-- version. Writers of a renumbered table also take the table's writers' lock in shared mode
+-- (renumber.sql).
 -- Each entry records its source transaction (txn, pg_current_xact_id(): 64 bits, never wraps), so
 -- a peer applies the transaction whole (docs/transactions.md).
 -- The echo guard skips changes the reconciler applies: it runs SET LOCAL mm.applying = 'on' in its
@@ -17,38 +29,42 @@
 -- operators (a citext column as text: a change of letter case is captured).
 -- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates
 -- and deletes to the live one (deleted IS NULL); $replaced ends one an insert supersedes.
+-- ($ins_stmt / $del_stmt are capture_rows.sql's statements, $ins_lit / $del_lit the same text as
+-- a string literal for EXECUTE.)
 CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
     PERFORM _mm._mm_register();
   END IF;
-  WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols)
-      SELECT n.mm_t, n.mm_v, $site_lit, 'I', $insrid, n.$key, $allmask, pg_current_xact_id()::text, $sv$newvals
-      FROM (SELECT lpad(m.mm_t::text, 19, '0') || ':' || $site_lit AS mm_v, m.*
-            FROM (SELECT _mm._mm_tick() AS mm_t, r.* FROM (SELECT * FROM mm_new ORDER BY $key OFFSET 0) r OFFSET 0) m) n
-      RETURNING rid, key, ver)$replaced
-  INSERT INTO $shadow (rid, key$slotnames)
-    SELECT rid, key$slotinit FROM l;
+  IF (SELECT count(*) FROM (SELECT FROM mm_new LIMIT $few + 1) c) <= $few THEN
+    $ins_stmt;
+  ELSE
+    EXECUTE $ins_lit;
+  END IF;
   RETURN NULL;
 END
 $$;
 --
 CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  mm_m bigint := $rowmask;
+  mm_t bigint;
+  mm_v text;
+  mm_rid text;
 BEGIN
+  IF mm_m = 0 THEN
+    RETURN NULL;
+  END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
     PERFORM _mm._mm_register();
   END IF;
-  WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'U', x.mm_rid, x.mm_k, x.mm_m, pg_current_xact_id()::text, $sv$xupd
-      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, n.$key AS mm_k, $updmask AS mm_m$updvals
-            FROM mm_new n JOIN mm_old o ON o.$key = n.$key LEFT JOIN $shadow s ON s.key = n.$key$live
-            WHERE $anychanged OFFSET 0) x
-      RETURNING key, ver, mask)
-  UPDATE $shadow s SET $slotstamp FROM l WHERE s.key = l.key$live;
+  mm_t := _mm._mm_tick();
+  mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
+  UPDATE $shadow s SET $rowslotstamp WHERE s.key = NEW.$key$live RETURNING s.rid INTO mm_rid;
+  INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols$ocols)
+    VALUES (mm_t, mm_v, $site_lit, 'U', mm_rid, NEW.$key, mm_m, pg_current_xact_id()::text, $sv$rowupdnew$rowupdold);
   RETURN NULL;
 END
 $$;
@@ -59,13 +75,11 @@ BEGIN
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
     PERFORM _mm._mm_register();
   END IF;
-  WITH l AS (
-    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ocols)
-      SELECT x.mm_t, lpad(x.mm_t::text, 19, '0') || ':' || $site_lit, $site_lit, 'D', x.mm_rid, x.mm_k, $allmask, pg_current_xact_id()::text, $sv$xdel
-      FROM (SELECT _mm._mm_tick() AS mm_t, s.rid AS mm_rid, o.$key AS mm_k$delvals
-            FROM mm_old o LEFT JOIN $shadow s ON s.key = o.$key$live OFFSET 0) x
-      RETURNING key, ver)
-  UPDATE $shadow s SET deleted = l.ver FROM l WHERE s.key = l.key$live;
+  IF (SELECT count(*) FROM (SELECT FROM mm_old LIMIT $few + 1) c) <= $few THEN
+    $del_stmt;
+  ELSE
+    EXECUTE $del_lit;
+  END IF;
   RETURN NULL;
 END
 $$;
@@ -84,7 +98,7 @@ CREATE TRIGGER $cap_i AFTER INSERT ON $table REFERENCING NEW TABLE AS mm_new FOR
 --
 DROP TRIGGER IF EXISTS $cap_u ON $table;
 --
-CREATE TRIGGER $cap_u AFTER UPDATE ON $table REFERENCING OLD TABLE AS mm_old NEW TABLE AS mm_new FOR EACH STATEMENT
+CREATE TRIGGER $cap_u AFTER UPDATE ON $table FOR EACH ROW
   WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_cap_u();
 --
 DROP TRIGGER IF EXISTS $cap_d ON $table;

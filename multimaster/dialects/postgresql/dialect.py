@@ -38,6 +38,12 @@ APPLY_LOCK_TIMEOUT = "500ms"
 _RETRY_STATES = {"40001", "40P01", "55P03"}
 
 
+#: a captured INSERT or DELETE of at most this many rows runs its capture function's cached
+#: statement (a plan made for a few rows); a larger one runs the same text planned for its size
+#: (capture.sql, docs/postgresql.md "Capture and plans")
+FEW_ROWS = 16
+
+
 def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
 
@@ -220,25 +226,19 @@ class PostgreSQLDialect(Dialect):
         spec = info.spec
         cols = info.columns
         site = _lit(self._site_name(conn))
-        own = [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols]
-        anychanged = " OR ".join(own) if own else "false"
-        fr = capture_fragments(q, cols, spec, "n", "o", own)
-        diff = fr["diff"]
-        updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(diff)) if diff else "0"
+        fr = capture_fragments(q, cols, spec, "n", "o", [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols])
+        # an update is captured per row (capture.sql): its mask, values and slot stamps from NEW / OLD
+        own = [f"OLD.{q(c.name)} IS DISTINCT FROM NEW.{q(c.name)}" for c in cols]
+        row = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        rowmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(row["diff"])) or "0"
         stamps = []
         for s in spec.slots:
             smask = sum(1 << i for i in s.columns)
             vcol = q("v_" + s.name)
-            stamps.append(f"{vcol} = CASE WHEN l.mask & {smask} <> 0 THEN l.ver ELSE s.{vcol} END")
-        slotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
-        # the update and delete functions compute every value in a subquery that draws one tick per
-        # row (OFFSET 0 keeps it apart), under the names mm_k, mm_m, mm_n<i>, mm_o<i>; the outer
-        # SELECT adds the version made of the tick
-        updvals = "".join(
-            f", CASE WHEN {d} THEN n.{q(c.name)} END AS mm_n{i}, CASE WHEN {d} THEN o.{q(c.name)} END AS mm_o{i}"
-            for i, (d, c) in enumerate(zip(diff, cols))
-        )
-        xupd = "".join(f", x.mm_n{i}" for i in range(len(cols))) + "".join(f", x.mm_o{i}" for i in range(len(cols)))
+            stamps.append(f"{vcol} = CASE WHEN mm_m & {smask} <> 0 THEN mm_v ELSE s.{vcol} END")
+        rowslotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
+        # the delete statement computes every value in a subquery that draws one tick per row (OFFSET
+        # 0 keeps it apart), under the names mm_k, mm_o<i>; the outer SELECT adds the version
         delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))
         xdel = "".join(f", x.mm_o{i}" for i in range(len(cols)))
         fns = self._fn(info.name)
@@ -260,8 +260,7 @@ class PostgreSQLDialect(Dialect):
             )
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
-        stmts = self.render(
-            "capture",
+        values = dict(
             **fr,
             sv=str(int(info.version)),
             table=q(info.name),
@@ -270,19 +269,25 @@ class PostgreSQLDialect(Dialect):
             site_lit=site,
             insrid=insrid,
             allmask=str(spec.all_mask),
-            updvals=updvals,
-            xupd=xupd,
             delvals=delvals,
             xdel=xdel,
-            anychanged=anychanged,
-            updmask=updmask,
-            slotstamp=slotstamp,
             slotnames=slotnames,
             slotinit=slotinit,
             replaced=replaced,
             live=live,
+            rowmask=rowmask,
+            rowslotstamp=rowslotstamp,
+            rowupdnew=row["updnew"],
+            rowupdold=row["updold"],
+            few=str(FEW_ROWS),
             **o.mapping(),
             **fns,
+        )
+        # the set-based statements, each spliced twice (capture.sql): render doubles a literal %
+        # for the driver, which the outer render does again, so it is undone here
+        ins_stmt, del_stmt = (x.replace("%%", "%") for x in self.render("capture_rows", **values))
+        stmts = self.render(
+            "capture", **values, ins_stmt=ins_stmt, del_stmt=del_stmt, ins_lit=_lit(ins_stmt), del_lit=_lit(del_stmt)
         )
         if spec.renumber:
             stmts += self.render("renumber", table=q(info.name), key=key, keyseq=o.keyseq, keyseq_lit=_lit(o.keyseq), **fns)

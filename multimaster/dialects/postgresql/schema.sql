@@ -1,7 +1,9 @@
 -- multimaster: the schema guard (PostgreSQL), docs/schema-changes.md. An event trigger at the end
 -- of every ALTER TABLE, in its transaction: for a replicated table (in _mm._mm_tables),
 --  * a column the capture functions name and the table no longer has (DROP COLUMN) is replaced in
---    their bodies by a NULL of its type, so the application's next INSERT, UPDATE or DELETE is
+--    their bodies by a NULL of its type (as n."c" / o."c" in the statements on the transition tables,
+--    also inside the string the insert and delete functions EXECUTE, and as NEW."c" / OLD."c" in
+--    the update's row function, capture.sql), so the application's next INSERT, UPDATE or DELETE is
 --    captured (the entries carry NULL there, as a site without the column reads them) instead of
 --    failing; the next refresh makes the functions again for the new schema version (engine/evolve.py);
 --  * a column whose type changed gets the new type in the change log too, where its values fit
@@ -21,6 +23,7 @@ DECLARE
   fdef text;
   fname text;
   qc text;
+  ref text;
 BEGIN
   FOR r IN SELECT DISTINCT objid FROM pg_event_trigger_ddl_commands() WHERE object_type = 'table' LOOP
     SELECT relname INTO tname FROM pg_class WHERE oid = r.objid;
@@ -41,8 +44,13 @@ BEGIN
           fdef := NULL;
           SELECT pg_get_functiondef(p.oid) INTO fdef FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = '_mm' AND p.proname = fname || tname;
-          CONTINUE WHEN fdef IS NULL OR position(('n.' || qc) IN fdef) + position(('o.' || qc) IN fdef) = 0;
-          EXECUTE replace(replace(fdef, 'n.' || qc, 'NULL::' || ltyp), 'o.' || qc, 'NULL::' || ltyp);
+          CONTINUE WHEN fdef IS NULL OR position(('n.' || qc) IN fdef) + position(('o.' || qc) IN fdef)
+            + position(('NEW.' || qc) IN fdef) + position(('OLD.' || qc) IN fdef) = 0;
+          FOREACH ref IN ARRAY ARRAY['n.' || qc, 'o.' || qc, 'NEW.' || qc, 'OLD.' || qc,
+                                     'n.' || replace(qc, '''', ''''''), 'o.' || replace(qc, '''', '''''')] LOOP
+            fdef := replace(fdef, ref, 'NULL::' || ltyp);
+          END LOOP;
+          EXECUTE fdef;
         END LOOP;
       ELSIF typ IS DISTINCT FROM ltyp AND ltyp NOT IN ('text', 'bigint') THEN
         BEGIN
