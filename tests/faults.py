@@ -278,7 +278,9 @@ class Writers:
             elif kind == 2:
                 lb = f"{t.site}-{t.writer}-{t.n}"
                 cur.execute(f"UPDATE items SET label = {p} WHERE name = {p}", (lb, name))
-                if cur.rowcount:
+                if cur.rowcount and t.labels.get(name) != lb:
+                    # (the same row relabelled twice in one transaction: the second UPDATE changes
+                    # nothing, and capture records no entry for an update that changes nothing)
                     t.labels[name] = lb
                     t.changes += cur.rowcount
             else:
