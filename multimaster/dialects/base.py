@@ -223,16 +223,22 @@ class Dialect:
         raise NotImplementedError
 
     def render(self, template: str, **values: Any) -> list[str]:
-        """Render <dialect>/<template>.sql: statements are separated by a line '--', lines starting
-        with '--' are comments, ``$name`` is a placeholder and ``$$`` passes through unchanged
-        (PL/pgSQL dollar quoting). With a "%s" paramstyle a literal % comes out as %%."""
+        """Render <dialect>/<template>.sql for the driver (render_text): with a "%s" paramstyle a
+        literal % comes out as %%."""
+        stmts = self.render_text(template, **values)
+        return [sql.replace("%", "%%") for sql in stmts] if self.caps.placeholder == "%s" else stmts
+
+    def render_text(self, template: str, **values: Any) -> list[str]:
+        """The statements of <dialect>/<template>.sql as SQL text (to splice into another template):
+        statements are separated by a line '--', lines starting with '--' are comments, ``$name``
+        is a placeholder and ``$$`` passes through unchanged (PL/pgSQL dollar quoting)."""
         text = (templates_dir(self.name) / f"{template}.sql").read_text().replace("$$", "\x00")
         stmts = []
         for chunk in text.split("\n--\n"):
             lines = [ln for ln in chunk.splitlines() if not ln.lstrip().startswith("--")]
             sql = Template("\n".join(lines)).substitute(**values).strip().replace("\x00", "$$")
             if sql:
-                stmts.append(sql.replace("%", "%%") if self.caps.placeholder == "%s" else sql)
+                stmts.append(sql)
         return stmts
 
     # ---- connections -------------------------------------------------------------------------

@@ -283,9 +283,8 @@ class PostgreSQLDialect(Dialect):
             **o.mapping(),
             **fns,
         )
-        # the set-based statements, each spliced twice (capture.sql): render doubles a literal %
-        # for the driver, which the outer render does again, so it is undone here
-        ins_stmt, del_stmt = (x.replace("%%", "%") for x in self.render("capture_rows", **values))
+        # the set-based statements, each spliced twice into capture.sql (its render escapes them)
+        ins_stmt, del_stmt = self.render_text("capture_rows", **values)
         stmts = self.render(
             "capture", **values, ins_stmt=ins_stmt, del_stmt=del_stmt, ins_lit=_lit(ins_stmt), del_lit=_lit(del_stmt)
         )

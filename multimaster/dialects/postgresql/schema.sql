@@ -24,6 +24,7 @@ DECLARE
   fname text;
   qc text;
   ref text;
+  nulled text;
 BEGIN
   FOR r IN SELECT DISTINCT objid FROM pg_event_trigger_ddl_commands() WHERE object_type = 'table' LOOP
     SELECT relname INTO tname FROM pg_class WHERE oid = r.objid;
@@ -44,13 +45,14 @@ BEGIN
           fdef := NULL;
           SELECT pg_get_functiondef(p.oid) INTO fdef FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
             WHERE n.nspname = '_mm' AND p.proname = fname || tname;
-          CONTINUE WHEN fdef IS NULL OR position(('n.' || qc) IN fdef) + position(('o.' || qc) IN fdef)
-            + position(('NEW.' || qc) IN fdef) + position(('OLD.' || qc) IN fdef) = 0;
+          CONTINUE WHEN fdef IS NULL;
+          nulled := fdef;
           FOREACH ref IN ARRAY ARRAY['n.' || qc, 'o.' || qc, 'NEW.' || qc, 'OLD.' || qc,
                                      'n.' || replace(qc, '''', ''''''), 'o.' || replace(qc, '''', '''''')] LOOP
-            fdef := replace(fdef, ref, 'NULL::' || ltyp);
+            nulled := replace(nulled, ref, 'NULL::' || ltyp);
           END LOOP;
-          EXECUTE fdef;
+          CONTINUE WHEN nulled = fdef;  -- this function does not name the column
+          EXECUTE nulled;
         END LOOP;
       ELSIF typ IS DISTINCT FROM ltyp AND ltyp NOT IN ('text', 'bigint') THEN
         BEGIN
