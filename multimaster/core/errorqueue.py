@@ -16,6 +16,8 @@ import heapq
 import re
 from typing import Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
+from multimaster.core.planner import parse_sup
+
 __all__ = [
     "is_version",
     "malformed",
@@ -62,15 +64,22 @@ MALFORMED = "malformed"
 UNKNOWN_ORIGIN = "origin"
 
 
-def refusal(ver: Any, origin: Any, op: Any, rid: Any, mask: Any, known: Collection[str]) -> tuple[str, str] | None:
+def refusal(
+    ver: Any, origin: Any, op: Any, rid: Any, mask: Any, known: Collection[str], sup: Any = None
+) -> tuple[str, str] | None:
     """Whether a change-log entry pulled from a peer may be applied here, and why not: None when
-    it may; (:data:`MALFORMED`, why) when it never can (:func:`malformed`, or a version naming
-    another site than its origin: every version is made by its origin, docs/clock.md);
-    (:data:`UNKNOWN_ORIGIN`, why) when its origin is not in `known` (the sites of the topology,
-    the sites removed from it, the origins this site applied changes from)."""
+    it may; (:data:`MALFORMED`, why) when it never can (:func:`malformed`, a `sup` that is not a
+    list of versions, or a version naming another site than its origin: every version is made by
+    its origin, docs/clock.md); (:data:`UNKNOWN_ORIGIN`, why) when its origin is not in `known`
+    (the sites of the topology, the sites removed from it, the origins this site applied changes
+    from)."""
     why = malformed(ver, origin, op, rid, mask)
     if why is not None:
         return MALFORMED, why
+    try:
+        parse_sup(sup)
+    except ValueError as e:
+        return MALFORMED, f"malformed change ({e})"
     named = ver[20:]
     if named != origin:
         return MALFORMED, f"malformed change (its version {ver!r} names site '{named}', its origin is '{origin}')"

@@ -20,12 +20,14 @@ executes the plan with set-based SQL through the site's dialect. The same plan r
 
 from __future__ import annotations
 
+import json
 import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from multimaster.core.policies import Candidate, Conflict, Policy
+from multimaster.core.schemas import decode_value, encode_value
 from multimaster.core.versions import BASE_VER
 
 __all__ = [
@@ -39,6 +41,9 @@ __all__ = [
     "assign_keys",
     "KeyAssignment",
     "incarnation_of",
+    "parse_sup",
+    "heads_text",
+    "heads_of",
 ]
 
 #: the suffix of a natural key's later incarnation: '@' and a version (site names are identifiers)
@@ -98,6 +103,11 @@ class Change:
     mask: int
     new: tuple[Any, ...]
     old: tuple[Any, ...]
+    #: the versions the change superseded in the slots it set whose policy chooses among heads
+    #: (capture writes the writer's heads of those slots: docs/conflicts.md "Concurrent heads");
+    #: "=" stands for the row's default version (a renumbered row's insert, a natural key's base).
+    #: None: not recorded (an entry captured before heads were kept): its old values decide.
+    sup: frozenset[str] | None = None
 
 
 @dataclass
@@ -110,11 +120,15 @@ class RowState:
     versions: dict[str, str | None]
     values: list[Any] | None
     existed: bool = True
+    #: per slot whose policy chooses among heads, its concurrent heads other than the one the row
+    #: holds: version -> the slot's values (in the slot's column order)
+    heads: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)
     # filled in by plan()
     alive_before: bool = field(default=False)
     changed: set[int] = field(default_factory=set)
     changed_slots: set[str] = field(default_factory=set)
     deleted_changed: bool = False
+    heads_changed: set[str] = field(default_factory=set)  # slots whose other heads changed
 
     def __post_init__(self) -> None:
         self.alive_before = self.existed and self.values is not None
@@ -149,6 +163,41 @@ class Plan:
     @property
     def new_rids(self) -> list[str]:
         return sorted(r for r, s in self.rows.items() if not s.existed)
+
+
+#: a token of `sup` / `h_<slot>`: a version, or "=" (the row's default version)
+_HEAD = re.compile(r"=|\d{19}:[A-Za-z_0-9]*(#.*)?\Z")
+
+
+def parse_sup(text: Any) -> frozenset[str] | None:
+    """A change-log entry's ``sup`` (space-separated versions, "=" for the row's default version)
+    as the Change field; None stays None. Raises ValueError naming a token that is not a version."""
+    if text is None:
+        return None
+    toks = str(text).split()
+    for t in toks:
+        if not _HEAD.match(t):
+            raise ValueError(f"sup holds {t!r}, which is not a version")
+    return frozenset(toks)
+
+
+def heads_text(heads: dict[str, tuple[Any, ...]] | None) -> tuple[str | None, str | None]:
+    """A slot's other heads as the shadow keeps them: (``h_<slot>``, the versions space-separated
+    in order; ``x_<slot>``, JSON of version -> the values), (None, None) when there are none."""
+    if not heads:
+        return None, None
+    vers = sorted(heads)
+    return " ".join(vers), json.dumps({v: [encode_value(x) for x in heads[v]] for v in vers}, separators=(",", ":"))
+
+
+def heads_of(h: Any, x: Any) -> dict[str, tuple[Any, ...]]:
+    """The shadow's ``h_<slot>`` and ``x_<slot>`` as heads_text made them: version -> values. The
+    versions of ``h_`` are the heads (capture clears both columns when a local write supersedes
+    them); a version whose values ``x_`` lacks is not kept."""
+    if not h or not x:
+        return {}
+    vals = json.loads(x)
+    return {v: tuple(decode_value(e) for e in vals[v]) for v in str(h).split() if v in vals}
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -418,6 +467,8 @@ def _merge(
             clash = not all(_same(ch.old[i], st.values[i]) for i in idx)
         if slot.policy.is_additive:
             _merge_additive(spec, st, ch, slot, idx[0], local_ver, clash, kind, conflicts, images)
+        elif slot.policy.chooses and (kind == "insert_insert" or ch.sup is not None):
+            _merge_heads(spec, st, ch, slot, idx, local_ver, kind, conflicts, images)
         else:
             _merge_by_policy(spec, st, ch, slot, idx, local_ver, clash, kind, conflicts, images)
 
@@ -530,6 +581,92 @@ def _merge_by_policy(
                 st.changed.add(i)
         st.versions[slot.name] = ch.ver
         st.changed_slots.add(slot.name)
+
+
+def _merge_heads(
+    spec: TableSpec,
+    st: RowState,
+    ch: Change,
+    slot: Slot,
+    idx: list[int],
+    local_ver: str,
+    kind: str,
+    conflicts: list[ConflictRecord],
+    images: tuple[dict[str, Any], dict[str, Any]],
+) -> None:
+    """A slot under a policy that chooses among concurrent heads (earliest, maximum, minimum,
+    priority, custom): the slot's heads are the writes of it no other write had seen. The change
+    supersedes the heads its writer held (`ch.sup`; none for an insert of an incarnation another
+    site inserted too) and becomes a head itself; the row holds the policy's pick of the heads and
+    the shadow keeps the others. With causal delivery every site holding the same changes holds
+    the same heads, so the pick is the same whatever order they arrived in (docs/conflicts.md
+    "Concurrent heads")."""
+    assert st.values is not None
+    cols = spec.columns
+    pol = slot.policy
+    names = tuple(cols[i] for i in idx)
+    cur = tuple(st.values[i] for i in idx)
+    new = tuple(ch.new[i] for i in idx)
+    before = st.heads.get(slot.name, {})
+    held = {**before, local_ver: cur}
+    gone: set[str] = set()
+    if kind != "insert_insert" and ch.sup is not None:
+        default = _default_ver(spec, st)
+        gone = {default if v == "=" else v for v in ch.sup}
+    heads = {v: vals for v, vals in held.items() if v not in gone}
+    heads[ch.ver] = new
+    cands = [Candidate(dict(zip(names, vals)), v, v[20:]) for v, vals in sorted(heads.items())]
+    won = _pick(spec, st, names, pol, cands)
+    if len(cands) > 1:
+        remote_c = next(c for c in cands if c.ver == ch.ver)
+        rivals = [c for c in cands if c.ver != ch.ver]
+        if won is not remote_c:
+            local_c = won
+        elif local_ver in heads:
+            local_c = next(c for c in rivals if c.ver == local_ver)
+        else:
+            local_c = _pick(spec, st, names, pol, rivals)
+        conflicts.append(
+            ConflictRecord(
+                spec.name,
+                st.rid,
+                kind,
+                slot.name,
+                names,
+                local_c.ver,
+                local_c.values,
+                ch.ver,
+                remote_c.values,
+                pol.name,
+                "remote" if won is remote_c else "local",
+                *images,
+            )
+        )
+    if won.ver != local_ver:
+        for i, c in zip(idx, names):
+            v = won.values[c]
+            if not _same(st.values[i], v):
+                st.values[i] = v
+                st.changed.add(i)
+        st.versions[slot.name] = won.ver
+        st.changed_slots.add(slot.name)
+    others = {v: vals for v, vals in heads.items() if v != won.ver}
+    if others.keys() != before.keys():
+        if others:
+            st.heads[slot.name] = others
+        else:
+            st.heads.pop(slot.name, None)
+        st.heads_changed.add(slot.name)
+
+
+def _pick(spec: TableSpec, st: RowState, names: tuple[str, ...], pol: Policy, cands: list[Candidate]) -> Candidate:
+    """The policy's pick of `cands` (sorted by version): pairwise, in version order (the built-in
+    policies are total orders, so any order gives the same; a custom resolver gets the same pairs
+    at every site)."""
+    won = cands[0]
+    for c in cands[1:]:
+        won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, won, c))
+    return won
 
 
 @dataclass(frozen=True)

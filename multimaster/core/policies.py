@@ -115,6 +115,13 @@ class Policy:
     def is_additive(self) -> bool:
         return self.kind == "additive"
 
+    @property
+    def chooses(self) -> bool:
+        """Whether the policy picks among a slot's concurrent heads by its own order (earliest,
+        maximum, minimum, priority, custom): the heads must then be kept (docs/conflicts.md
+        "Concurrent heads"). `latest` (the greatest version) and `additive` (deltas) need no heads."""
+        return self.kind not in ("latest", "additive")
+
     def resolve(self, conflict: Conflict) -> Candidate:
         if self.custom is not None:
             won = self.custom(conflict)

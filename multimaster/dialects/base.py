@@ -329,8 +329,20 @@ class Dialect:
             **self.obj(info.name, peer).mapping(),
         ):
             conn.exec_driver_sql(sql)
-        # (a snapshot made by an earlier multimaster has no `pending` column yet)
-        self.add_columns(conn, self.obj(info.name, peer).snapshot(), [("pending", self.long_text)])
+        # (a snapshot made by an earlier multimaster has no `pending` or `sup` column yet)
+        self.add_columns(conn, self.obj(info.name, peer).snapshot(), [("pending", self.long_text), ("sup", self.long_text)])
+
+    def install_heads(self, conn: Connection, info: TableInfo) -> None:
+        """The columns of concurrent heads (docs/conflicts.md "Concurrent heads"): the change log's
+        ``sup`` (the versions an update superseded, written by capture for the slots whose policy
+        chooses among heads) and, in the shadow, per such slot ``h_<slot>`` (the versions of the
+        slot's heads other than the one the row holds, space-separated) and ``x_<slot>`` (their
+        values, JSON; only the reconciler reads it). Idempotent; `init` and a schema change add
+        what a table made earlier lacks."""
+        o = self.obj(info.name)
+        self.add_columns(conn, o.log, [("sup", self.long_text)])
+        picks = [s for s in info.spec.slots if s.policy.chooses]
+        self.add_columns(conn, o.shadow, [(p + s.name, self.long_text) for s in picks for p in ("h_", "x_")])
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""

@@ -16,7 +16,7 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.engine import Connection, RootTransaction
 
 from multimaster import store
-from multimaster.core.planner import KeyAssignment, Plan, assign_keys
+from multimaster.core.planner import KeyAssignment, Plan, assign_keys, heads_text
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
@@ -246,28 +246,45 @@ def _update_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> int:
 
 
 def _insert_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> None:
-    """Add a shadow row for every identity new to this site (live or deleted)."""
+    """Add a shadow row for every identity new to this site (live or deleted), with the other
+    heads of its slots whose policy chooses among heads (two inserts of one natural key)."""
     q = d.quote
     slots = [s.name for s in info.spec.slots]
-    new_rows = [(st.rid, st.key, st.deleted, *(st.versions.get(s) for s in slots)) for st in p.rows.values() if not st.existed]
+    picks = [s.name for s in info.spec.slots if s.policy.chooses]
+    new_rows = [
+        (
+            st.rid,
+            st.key,
+            st.deleted,
+            *(st.versions.get(s) for s in slots),
+            *(x for s in picks for x in heads_text(st.heads.get(s))),
+        )
+        for st in p.rows.values()
+        if not st.existed
+    ]
     if new_rows:
-        collist = ", ".join(["rid", d.key_col, "deleted"] + [q("v_" + s) for s in slots])
-        conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name).shadow} ({collist}) VALUES ({d.ph(3 + len(slots))})", new_rows)
+        cols = ["rid", d.key_col, "deleted"] + [q("v_" + s) for s in slots] + [q(p_ + s) for s in picks for p_ in ("h_", "x_")]
+        conn.exec_driver_sql(f"INSERT INTO {d.obj(info.name).shadow} ({', '.join(cols)}) VALUES ({d.ph(len(cols))})", new_rows)
 
 
 def _update_shadow_rows(conn: Connection, d: Dialect, info: TableInfo, p: Plan) -> None:
-    """Write the new slot versions and delete versions of known identities to the shadow, one
-    statement per set of changed fields."""
+    """Write the new slot versions, other heads (docs/conflicts.md "Concurrent heads") and delete
+    versions of known identities to the shadow, one statement per set of changed fields."""
     q = d.quote
-    sgroups: dict[tuple[bool, tuple[str, ...]], list[tuple[Any, ...]]] = {}
+    sgroups: dict[tuple[bool, tuple[str, ...], tuple[str, ...]], list[tuple[Any, ...]]] = {}
     for st in p.rows.values():
-        if st.existed and (st.changed_slots or st.deleted_changed):
+        if st.existed and (st.changed_slots or st.deleted_changed or st.heads_changed):
             sl = tuple(sorted(st.changed_slots))
-            sgroups.setdefault((st.deleted_changed, sl), []).append(
-                ((st.deleted,) if st.deleted_changed else ()) + tuple(st.versions[s] for s in sl) + (st.rid,)
+            hl = tuple(sorted(st.heads_changed))
+            sgroups.setdefault((st.deleted_changed, sl, hl), []).append(
+                ((st.deleted,) if st.deleted_changed else ())
+                + tuple(st.versions[s] for s in sl)
+                + tuple(x for s in hl for x in heads_text(st.heads.get(s)))
+                + (st.rid,)
             )
-    for (delc, sl), params in sgroups.items():
-        d.bulk_update(conn, d.obj(info.name).shadow, (["deleted"] if delc else []) + [q("v_" + s) for s in sl], "rid", params)
+    for (delc, sl, hl), params in sgroups.items():
+        cols = (["deleted"] if delc else []) + [q("v_" + s) for s in sl] + [q(p_ + s) for s in hl for p_ in ("h_", "x_")]
+        d.bulk_update(conn, d.obj(info.name).shadow, cols, "rid", params)
 
 
 def _record_conflicts(conn: Connection, d: Dialect, p: Plan) -> None:

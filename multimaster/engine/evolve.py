@@ -179,6 +179,7 @@ def evolve_table(
             for p in ("n_", "o_"):
                 d.retype_column(conn, rel, p + c, d.wide_type(by[c].type_sql))
     d.add_columns(conn, o.shadow, [("v_" + s.name, d.version_type) for s in live.spec.slots])
+    d.install_heads(conn, live)
     _park_columns(conn, site, live)
     # 2. the new version; snapshot rows carried to it; waiting changes get their columns
     if changed:

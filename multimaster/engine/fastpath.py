@@ -2,7 +2,8 @@
 
 Most changes in a batch are plain: an insert of a new identity that sorts after every identity
 this site knows, an update whose old values are what this site holds and whose version is newer
-than every version of the columns it touches, a delete of a row this site holds unchanged. For those
+than every version of the columns it touches (and sets no slot whose policy chooses among heads),
+a delete of a row this site holds unchanged. For those
 the planner (multimaster.core.planner) would decide exactly "apply it": no conflict, no renumbering. This
 module applies them with a handful of INSERT ... SELECT / UPDATE ... FROM statements over a
 candidate table, so the cost per change is SQL's, not Python's. Every other change — an identity
@@ -159,7 +160,10 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
         conds.append(f"((c.mask & {1 << i}) = 0 OR {d.null_safe_eq('t.' + q(c), 'c.' + q('o_' + c))})")
     for s in spec.slots:
         smask = sum(1 << i for i in s.columns)
-        conds.append(f"((c.mask & {smask}) = 0 OR c.ver > coalesce(s.{q('v_' + s.name)}, {default_ver}))")
+        if s.policy.chooses:  # the planner decides among the slot's heads (docs/conflicts.md "Concurrent heads")
+            conds.append(f"(c.mask & {smask}) = 0")
+        else:
+            conds.append(f"((c.mask & {smask}) = 0 OR c.ver > coalesce(s.{q('v_' + s.name)}, {default_ver}))")
     ok = f"t.{keyc} IS NOT NULL AND s.deleted IS NULL AND {single} AND {' AND '.join(conds)}"
     upd = d.temp_name("_mm_tmp_fu")
     d.create_temp(

@@ -85,7 +85,7 @@ def _split(
         if r[3] is None:  # a second-order record without its entry: nothing to hold
             good.append(r)
             continue
-        got = refusal(r[3], r[4], r[5], r[6], r[8], known if known is not None else (r[4],))
+        got = refusal(r[3], r[4], r[5], r[6], r[8], known if known is not None else (r[4],), r[-1])  # sup: last
         if got is None:
             good.append(r)
         elif got[0] == MALFORMED:

@@ -30,7 +30,8 @@ __all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull
 def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
     """The change log's columns in the order the engine reads them: ver, origin, op, rid, key, mask,
     then n_<column> and o_<column> for every replicated column (quoted; `prefix` is an alias, 'l.'),
-    then txn where the dialect records source transactions (docs/transactions.md)."""
+    then txn where the dialect records source transactions (docs/transactions.md), then sup (the
+    heads the change superseded, docs/conflicts.md "Concurrent heads"), always last."""
     q = site.dialect.quote
     cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
@@ -38,6 +39,7 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     cols += references.log_columns(site.dialect, info, prefix)  # identities of references (f_, fo_)
     if site.dialect.caps.txn_column:
         cols.append(f"{prefix}txn")
+    cols.append(f"{prefix}sup")  # last: engine/reconcile.py reads it there
     return cols
 
 
@@ -53,7 +55,7 @@ def read_entries(
 ) -> list[tuple[Any, ...]]:
     """On a connection to `source`: its second-order log entries past `watermark` (and below
     `below`), joined with the change-log rows they reference, in order, as rows (seq2, op2, seq,
-    ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending) in the layout of `info`
+    ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending, sup) in the layout of `info`
     (the target's columns); entries of changes that originated at `target` come with change
     columns None, and so do those of an origin in `have` (origin -> the highest version of it the
     target applied, _mm_origins) at or below that version: the target would drop them as
@@ -62,7 +64,8 @@ def read_entries(
 
     Each entry is carried by column name from the schema version it was written in
     (core/schemas.py translate, the source's ``_mm_schemas``): `pending` is None, or the values of
-    columns the entry needs and the target does not have yet (the change waits for them)."""
+    columns the entry needs and the target does not have yet (the change waits for them). `sup`
+    (the heads the change superseded) comes last, after `pending`, as the source's log holds it."""
     d = source.dialect
     o = d.obj(info.name)
     ph = d.caps.placeholder
@@ -75,7 +78,7 @@ def read_entries(
     cols = ["l.ver", "l.origin", "l.op", "l.rid", "l." + d.key_col, "l.mask"]
     cols += ["l." + q("n_" + c) for c in union] + ["l." + q("o_" + c) for c in union]
     cols += references.log_columns(d, info, "l.")  # identities of references (f_, fo_)
-    cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL"]
+    cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL", "l.sup"]
     # origins the target applied up to a version: their entries up to it travel as positions
     had, had_args = store.origins.beyond(d, have)
     sql = (
@@ -102,10 +105,10 @@ def _in_layout(
     for r in raw:
         head, body = r[:3], r[3:]
         if body[0] is None:  # the target's own change: nothing to carry
-            out.append((*head, *([None] * (6 + 2 * nd + nr)), None, None))
+            out.append((*head, *([None] * (6 + 2 * nd + nr)), None, None, None))
             continue
         n_all, o_all = body[6 : 6 + nu], body[6 + nu : 6 + 2 * nu]
-        refs, txn, sv = body[6 + 2 * nu : 6 + 2 * nu + nr], body[-2], body[-1]
+        refs, txn, sv, sup = body[6 + 2 * nu : 6 + 2 * nu + nr], body[-3], body[-2], body[-1]
         v = first if sv is None else int(sv)
         if v not in picks:
             raise CorruptChange(info.name, "?", r[2], f"written in schema version {v}, which the source does not record")
@@ -122,7 +125,7 @@ def _in_layout(
             t = translate(op, int(mask), new, old, layouts[v], dst, info.dropped, defaults)
             m, nv, ov = t.mask, t.new, t.old
             pending = encode_pending(t.pending) if t.pending else None
-        out.append((*head, *body[:5], m, *nv, *ov, *refs, txn, pending))
+        out.append((*head, *body[:5], m, *nv, *ov, *refs, txn, pending, sup))
     return out
 
 
@@ -345,6 +348,7 @@ def store_batch(
                 t = r[3 + width] if len(r) > 3 + width else None
                 vals = (*vals, txn if t is None else str(t))
             pending = r[4 + width] if len(r) > 4 + width else None
+            vals = (*vals, r[5 + width] if len(r) > 5 + width else None)  # sup, the snapshot's last column (cols_of)
             if pending is not None:  # needs a column this site does not have yet: waits for it
                 waiting.append((seq, *vals, pending))
             else:
@@ -368,6 +372,7 @@ def cols_of(d: Any, info: TableInfo, keep_txn: bool) -> list[str]:
         + [d.quote("o_" + c) for c in info.column_names]
         + references.log_columns(d, info)
         + (["txn"] if keep_txn else [])
+        + ["sup"]  # last, as log_select_columns reads it
     )
 
 

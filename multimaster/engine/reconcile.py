@@ -17,7 +17,7 @@ from typing import Any, Sequence
 from sqlalchemy.engine import Connection
 
 from multimaster import store
-from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, plan
+from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, heads_of, parse_sup, plan
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
@@ -431,7 +431,11 @@ def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:
     ver, origin, op, rid, key, mask = r[0], r[1], r[2], r[3], r[4], r[5]
     if op not in ("I", "U", "D") or not isinstance(ver, str) or mask is None or rid is None:
         raise CorruptChange(info.name, peer, ver, f"malformed change (op={op!r}, mask={mask!r}, rid={rid!r})")
-    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6 : 6 + n]), tuple(r[6 + n : 6 + 2 * n]))
+    try:
+        sup = parse_sup(r[-1])  # the last column (pull.log_select_columns)
+    except ValueError as e:
+        raise CorruptChange(info.name, peer, ver, f"malformed change: {e}") from None
+    return Change(ver, origin, op, rid, key, int(mask), tuple(r[6 : 6 + n]), tuple(r[6 + n : 6 + 2 * n]), sup)
 
 
 def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], keys: Sequence[Any] = ()) -> dict[str, RowState]:
@@ -457,7 +461,8 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
         d.drop_temp(conn, kt)
     d.lock_rows(conn, info, tmp)
     slots = [s.name for s in info.spec.slots]
-    vcols = "".join(f", s.{q('v_' + s)}" for s in slots)
+    picks = [s.name for s in info.spec.slots if s.policy.chooses]  # their other heads (install_heads)
+    vcols = "".join(f", s.{q('v_' + s)}" for s in slots) + "".join(f", s.{q(p_ + s)}" for s in picks for p_ in ("h_", "x_"))
     ucols = "".join(f", t.{q(c)}" for c in info.column_names)
     # a natural key's table row belongs to its live incarnation only
     live = " AND s.deleted IS NULL" if natural else ""
@@ -466,11 +471,13 @@ def _load_states(conn: Connection, site: Site, info: TableInfo, rids: set[str], 
         f"JOIN {o.shadow} s ON s.rid = r.rid LEFT JOIN {q(info.name)} t ON t.{q(info.key.name)} = s.{d.key_col}{live}"
     )
     out: dict[str, RowState] = {}
-    ns = len(slots)
+    ns = len(slots) + 2 * len(picks)
     for r in conn.exec_driver_sql(sql):
         present = bool(r[3])
         versions = {s: r[4 + i] for i, s in enumerate(slots)}
+        at = 4 + len(slots)
+        heads = {s: h for i, s in enumerate(picks) if (h := heads_of(r[at + 2 * i], r[at + 2 * i + 1]))}
         values = list(r[4 + ns :]) if present else None
-        out[r[0]] = RowState(r[0], r[1], r[2], versions, values)
+        out[r[0]] = RowState(r[0], r[1], r[2], versions, values, heads=heads)
     conn.exec_driver_sql(f"DELETE FROM {tmp}")
     return out

@@ -94,7 +94,7 @@ def _snapshot_columns(d: Any, info: TableInfo) -> list[str]:
     cols = ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
     cols += [q("n_" + c) for c in info.column_names] + [q("o_" + c) for c in info.column_names]
     cols += references.log_columns(d, info)
-    cols += ["txn" if d.caps.txn_column else "NULL", "pending"]
+    cols += ["txn" if d.caps.txn_column else "NULL", "pending", "sup"]
     return cols
 
 
@@ -102,7 +102,7 @@ def read_held(conn: Connection, giver: Site, info: TableInfo, source: str, targe
     """On a connection to `giver`: the entries of `source`'s change log its snapshot holds at the
     positions in (copy.after, copy.upto], as engine/pull.py read_entries returns a read of
     `source` for `target` (`info`: the giver's layout, which is the target's): rows (seq2, op2,
-    seq, ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending); an entry of
+    seq, ver, origin, op, rid, key, mask, n..., o..., f..., fo..., txn, pending, sup); an entry of
     `target`'s own change comes with its change columns None, and the last position, when the
     snapshot holds no entry there (the giver's own change), as such a row too, so the target's
     watermark moves to it."""

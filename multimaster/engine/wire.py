@@ -49,8 +49,10 @@ __all__ = [
 ]
 
 #: the version of the agent's protocol: a client and an agent of different versions refuse each other
-#: (2: add-site's endpoints, the copy and the reads it makes at its sources)
-PROTOCOL = 2
+#: (2: add-site's endpoints, the copy and the reads it makes at its sources; 3: change-log entries
+#: carry ``sup``, the heads a change superseded, last in a pulled row and in the copy's log and
+#: snapshot rows)
+PROTOCOL = 3
 
 
 def encode(v: Any) -> Any:
@@ -156,9 +158,9 @@ def row_in(r: list[Any] | int, width: int | None = None) -> tuple[Any, ...]:
 
 def pulled_width(info: TableInfo) -> int:
     """The number of values in each row engine/pull.py read_entries returns for `info`: seq2, op2,
-    seq, ver, origin, op, rid, key, mask, the new and old values, the references' identities, txn
-    and pending."""
-    return 9 + 2 * len(info.columns) + 2 * len(info.refs) + 2
+    seq, ver, origin, op, rid, key, mask, the new and old values, the references' identities, txn,
+    pending and sup."""
+    return 9 + 2 * len(info.columns) + 2 * len(info.refs) + 3
 
 
 def layout_of(info: TableInfo) -> dict[str, Any]:

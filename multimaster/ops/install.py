@@ -221,6 +221,7 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
         for tb in t.tables:
             info = chk.infos[tb][n]
             s.dialect.install_table(conn, info)
+            s.dialect.install_heads(conn, info)
             uniques.install(conn, s.dialect, info)
             for peer in t.peers_of(n):
                 s.dialect.install_snapshot(conn, info, peer)

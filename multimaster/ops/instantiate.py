@@ -588,12 +588,15 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
     )
     cols = [pi.key.name, *pi.column_names]
     scols = ["rid", "key", "deleted"] + ["v_" + s.name for s in pi.spec.slots]
+    # a slot's other concurrent heads (docs/conflicts.md "Concurrent heads", Dialect.install_heads)
+    scols += [p_ + s.name for s in pi.spec.slots if s.policy.chooses for p_ in ("h_", "x_")]
     lcols = (
         ["ver", "origin", "op", "rid", "key", "mask"]
         + ["n_" + c for c in pi.column_names]
         + ["o_" + c for c in pi.column_names]
         + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
         + (["txn"] if pd.caps.txn_column and ask.txn else [])  # docs/transactions.md
+        + ["sup"]  # the heads the change superseded (docs/conflicts.md "Concurrent heads")
     )
     total = int(pconn.exec_driver_sql(f"SELECT count(*) FROM {pd.quote(tb)}").scalar() or 0)
     yield {"kind": "table", "table": tb, "position": pos, "rows_total": total, "columns": cols, "shadow": scols, "log": lcols}
@@ -649,12 +652,8 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
         wms[q] = store.watermarks.read(pconn, pd, q, tb)
         # the peer's snapshot rows of q not yet applied there: pulled by the peer (below its
         # watermark), not in the copy, so the new site takes them over
-        wcols = (
-            ["pseq", "ver", "origin", "op", "rid", "key", "mask"]
-            + ["n_" + c for c in pi.column_names]
-            + ["o_" + c for c in pi.column_names]
-            + ["applied"]
-        )
+        # (every column of an entry: the references' identities and the source transaction too)
+        wcols = ["pseq", *lcols, "applied"]
         wsel = ", ".join(pd.quote(c) for c in wcols)
         for part in _stream(pconn, f"SELECT {wsel} FROM {pd.obj(tb, q).snap} WHERE applied <> 1", size=size):
             yield piece("waiting", part, peer=q, columns=wcols)
@@ -808,6 +807,7 @@ def _start_table(nconn: Connection, nsite: Site, ni: TableInfo, sources: list[st
     if replace:
         nconn.exec_driver_sql(f"DELETE FROM {nd.quote(ni.name)}")
     nd.install_table(nconn, ni)
+    nd.install_heads(nconn, ni)  # the change log's sup, the shadow's heads (as init installs them)
     uniques.install(nconn, nd, ni)
     for q in sources:
         nd.install_snapshot(nconn, ni, q)

@@ -249,21 +249,3 @@ def next_life(state: dict[str, Row], key: str) -> str:
     stamps = [r.deleted for r in state.values() if r.key == key]
     assert None not in stamps, f"{key!r} is live"
     return later_life(key, max(stamps)) if stamps else first_life(key)  # type: ignore[type-var]
-
-
-def pick_unsafe(writes_of_slot: list[Event], seen: frozenset[str]) -> bool:
-    """True when a new change of a slot, made by a site that had seen `seen`, would form the
-    pattern A || B, A -> C, C || B among the slot's changes (`writes_of_slot`: inserts and updates
-    carrying the slot), as A, B or C. On that pattern the planner's policies other than latest and
-    additive depend on the arrival order (see test_planner.py); the history generator avoids it
-    for those slots."""
-    ws = writes_of_slot
-
-    def conc(a: Event, b: Event) -> bool:
-        return a.ver not in b.seen and b.ver not in a.seen
-
-    known = [w for w in ws if w.ver in seen]
-    unknown = [w for w in ws if w.ver not in seen]
-    if any(conc(a, b) for a in known for b in unknown):  # the new change is C
-        return True
-    return any(a.ver in c.seen for a in unknown for c in unknown)  # the new change is B

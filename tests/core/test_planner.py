@@ -12,9 +12,8 @@ shadow in dicts changed only the way `engine._execute` changes the database. Eve
 end in the same state (a), and that state must be the reference model's (b).
 
 Slots whose policy picks among concurrent writes (earliest, maximum, minimum, priority, custom)
-diverge when a site continues a write that was concurrent with another site's
-(test_pick_policies_when_a_concurrent_write_is_continued, a strict xfail): the histories avoid
-that pattern for those slots (`safe`, model.pick_unsafe) and test everything else.
+pick among the slot's concurrent heads: an update carries the heads its writer held (`sup`,
+sup_of), and the site keeps the heads it does not show (docs/conflicts.md "Concurrent heads").
 
 `pytest --hypothesis-show-statistics` shows how many examples met conflicts of each kind, waiting
 changes and key shifts.
@@ -115,8 +114,8 @@ class Writer:
 
 
 class History:
-    def __init__(self, table: m.Table, base: dict[Any, dict[str, Any]], n_sites: int, safe: bool):
-        self.table, self.base, self.safe = table, base, safe
+    def __init__(self, table: m.Table, base: dict[Any, dict[str, Any]], n_sites: int):
+        self.table, self.base = table, base
         self.writers = [Writer(s) for s in SITES[:n_sites]]
         self.events: list[m.Event] = []
 
@@ -137,14 +136,6 @@ class History:
             return v if old is None else old + v - 1  # an update adds v - 1
         return None if v < 0 else v
 
-    def unsafe(self, rid: str, slot: m.Slot, seen: frozenset[str]) -> bool:
-        """Would a change of `slot` of `rid` made now form the pattern the planner gets wrong
-        (model.pick_unsafe)? Only avoided for slots whose policy picks among concurrent writes."""
-        if not self.safe or m.policy_name(slot.policy) not in PICK:
-            return False
-        writes = [e for e in self.events if e.rid == rid and (e.op == "I" or any(c in e.new for c in slot.columns))]
-        return m.pick_unsafe(writes, seen)
-
     def live(self, w: Writer, view: dict[str, m.Row], key: Any = None, pick: int = 0) -> m.Row | None:
         """One live row of `w`'s view, with its values: of `key` (natural keys), else the
         `pick`-th by key."""
@@ -161,8 +152,6 @@ class History:
             key = max(self.base, default=0) + 1 + sum(1 for e in w.known.values() if e.op == "I")
         v = self.stamp(w, jitter)
         rid = v if self.table.renumber else rid_of(v)
-        if not self.table.renumber and any(self.unsafe(rid, s, seen) for s in self.table.slots):
-            return
         self.add(w, m.Event(v, w.name, "I", rid, key, {c: self.value(c, x) for c, x in zip(COLS, vals)}, {}, seen))
 
     def update(self, w: Writer, row: m.Row, bits: int, vals: tuple[int, ...], jitter: int) -> None:
@@ -176,12 +165,8 @@ class History:
                     new[c] = x
         for s in self.table.slots:  # a change of any column of a group carries the whole group
             if any(c in new for c in s.columns):
-                if self.unsafe(row.rid, s, seen):
-                    for c in s.columns:
-                        new.pop(c, None)
-                else:
-                    for c in s.columns:
-                        new.setdefault(c, row.values[c])
+                for c in s.columns:
+                    new.setdefault(c, row.values[c])
         if not new:
             return  # nothing changed: the capture logs nothing
         v = self.stamp(w, jitter)
@@ -266,17 +251,49 @@ def base_rows(table: m.Table, n: int) -> dict[Any, dict[str, Any]]:
 # the receiving site: table and shadow in dicts, changed as engine._execute changes them
 
 
-def to_change(e: m.Event, cols: tuple[str, ...] = COLS) -> planner.Change:
-    """A model change as the change log holds it: a mask, new and old values by column index."""
+def to_change(
+    e: m.Event,
+    cols: tuple[str, ...] = COLS,
+    table: m.Table | None = None,
+    known: dict[str, m.Event] | None = None,
+    base: Any = (),
+) -> planner.Change:
+    """A model change as the change log holds it: a mask, new and old values by column index, and
+    for an update of a slot whose policy chooses among heads what capture records (`sup`, see
+    sup_of; needs `table`, every event by version in `known`, and the base keys)."""
     n = len(cols)
     if e.op == "I":
         return planner.Change(e.ver, e.origin, "I", e.rid, e.key, (1 << n) - 1, tuple(e.new[c] for c in cols), (None,) * n)
     if e.op == "D":
         return planner.Change(e.ver, e.origin, "D", e.rid, e.key, (1 << n) - 1, (None,) * n, tuple(e.old[c] for c in cols))
     mask = sum(1 << i for i, c in enumerate(cols) if c in e.new)
+    sup = sup_of(table, known or {}, base, e) if table is not None else None
     return planner.Change(
-        e.ver, e.origin, "U", e.rid, e.key, mask, tuple(e.new.get(c) for c in cols), tuple(e.old.get(c) for c in cols)
+        e.ver, e.origin, "U", e.rid, e.key, mask, tuple(e.new.get(c) for c in cols), tuple(e.old.get(c) for c in cols), sup
     )
+
+
+def sup_of(table: m.Table, known: dict[str, m.Event], base: Any, e: m.Event) -> frozenset[str] | None:
+    """What the capture of update `e` records as superseded: for every slot it sets whose policy
+    chooses among heads, the heads of that slot its writer held (the model's heads of the writes
+    it had seen; the row's default version, the base row's, as "="). None when it sets no such slot."""
+    out: set[str] = set()
+    hit = False
+    for slot in table.slots:
+        if m.policy_name(slot.policy) not in PICK or not any(c in e.new for c in slot.columns):
+            continue
+        hit = True
+        writes = []
+        in_base = e.rid in {m.base_rid(k) if table.renumber else m.first_life(k) for k in base}
+        if in_base:
+            writes.append(m.Write((), e.rid if table.renumber else m.BASE_VER, "", frozenset(), True))
+        for v in e.seen:
+            x = known[v]
+            if x.rid == e.rid and (x.op == "I" or (x.op == "U" and any(c in x.new for c in slot.columns))):
+                writes.append(m.Write((), x.ver, x.origin, x.seen))
+        for w in m.heads(writes):
+            out.add("=" if w.base or (table.renumber and w.ver == e.rid) else w.ver)
+    return frozenset(out) if hit else None
 
 
 @dataclass
@@ -284,6 +301,7 @@ class ShadowRow:
     key: Any
     deleted: str | None
     versions: dict[str, str | None]
+    heads: dict[str, dict[str, tuple[Any, ...]]] = field(default_factory=dict)  # h_<slot> / x_<slot>
 
 
 KINDS = {"update_update", "insert_insert", "update_delete", "delete_update", "insert_replaces"}
@@ -328,7 +346,9 @@ class Site:
         for rid in rids:
             s = self.shadow[rid]
             present = s.key in self.table and (self.spec.renumber or s.deleted is None)
-            out[rid] = planner.RowState(rid, s.key, s.deleted, dict(s.versions), list(self.table[s.key]) if present else None)
+            out[rid] = planner.RowState(
+                rid, s.key, s.deleted, dict(s.versions), list(self.table[s.key]) if present else None, heads=dict(s.heads)
+            )
         return out
 
     def execute(self, p: planner.Plan) -> None:
@@ -379,13 +399,18 @@ class Site:
         for rid, st_ in p.rows.items():  # shadow
             if not st_.existed:
                 assert rid not in self.shadow, ("duplicate rid", rid)
-                self.shadow[rid] = ShadowRow(st_.key, st_.deleted, {s: st_.versions.get(s) for s in slots})
-            elif st_.changed_slots or st_.deleted_changed:
+                self.shadow[rid] = ShadowRow(st_.key, st_.deleted, {s: st_.versions.get(s) for s in slots}, dict(st_.heads))
+            elif st_.changed_slots or st_.deleted_changed or st_.heads_changed:
                 sh = self.shadow[rid]
                 if st_.deleted_changed:
                     sh.deleted = st_.deleted
                 for s in st_.changed_slots:
                     sh.versions[s] = st_.versions[s]
+                for s in st_.heads_changed:
+                    if s in st_.heads:
+                        sh.heads[s] = st_.heads[s]
+                    else:
+                        sh.heads.pop(s, None)
         if self.spec.renumber:
             keys = [s.key for s in self.shadow.values()]
             assert len(keys) == len(set(keys)), "two identities with one key"
@@ -473,7 +498,8 @@ def check(table: m.Table, base: dict[Any, dict[str, Any]], events: list[m.Event]
         "one by one, newest allowed first": batches(events, b"", causal, newest_first=True),
         **{f"random order {i}": batches(events, o, causal) for i, o in enumerate((orders[::2], orders[1::2]))},
     }
-    change = {e.ver: to_change(e) for e in events}
+    known = {e.ver: e for e in events}
+    change = {e.ver: to_change(e, COLS, table, known, base) for e in events}
     seen: set[str] = set()
     got = {name: replay(spec, base, [[change[e.ver] for e in b] for b in d], seen) for name, d in deliveries.items()}
     first = next(iter(got))
@@ -510,7 +536,7 @@ def test_renumbered_latest_additive_any_per_origin_order(
     """latest/additive tables are delivered in per-origin order only (no relaying in a mesh):
     updates and deletes arrive before their row's insert, wait or leave tombstones."""
     base = base_rows(table, base_n)
-    events = History(table, base, n_sites, safe=False).run(script)
+    events = History(table, base, n_sites).run(script)
     check(table, base, events, orders, causal=False)
 
 
@@ -524,7 +550,7 @@ def test_renumbered_latest_additive_any_per_origin_order(
 )
 def test_renumbered_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int, script: bytes, orders: bytes) -> None:
     base = base_rows(table, base_n)
-    events = History(table, base, n_sites, safe=True).run(script)
+    events = History(table, base, n_sites).run(script)
     check(table, base, events, orders, causal=True)
 
 
@@ -538,26 +564,22 @@ def test_renumbered_every_policy_causal_order(table: m.Table, n_sites: int, base
 )
 def test_natural_keys_every_policy_causal_order(table: m.Table, n_sites: int, base_n: int, script: bytes, orders: bytes) -> None:
     base = base_rows(table, base_n)
-    events = History(table, base, n_sites, safe=True).run(script)
+    events = History(table, base, n_sites).run(script)
     check(table, base, events, orders, causal=True)
 
 
 # ---------------------------------------------------------------------------------------------
-# A known bug, kept as a strict xfail (it fails the day it is fixed: then drop the marker and the
-# `safe` restriction of the histories above).
-#
-# Two sites change the same column twice each while apart: s1 makes U1 then U3 (having seen U1),
-# s2 makes U2 then U4 (having seen U2). The slot's concurrent last writes are U3 and U4, and the
-# policy must pick between them. The planner compares each arriving change with the value the
-# site holds, and a change whose old value equals it wins unconditionally as a plain successor:
-# a site applying U1, U2, U3, U4 ends with the policy's pick of U3 and U4, but a site applying
-# U2, U4, U1, U3 lets U1 beat U4 and then U3 follow U1 with no conflict, and ends with U3. Both
-# orders are causal (each origin's changes in order, nothing before a change its author had
-# seen), so relaying does not prevent it. latest (the greatest version always wins) and additive
-# (deltas commute) are not affected.
+# Concurrent heads (docs/conflicts.md): two sites change the same column twice each while apart:
+# s1 makes U1 then U3 (having seen U1), s2 makes U2 then U4 (having seen U2). The slot's heads
+# are U3 and U4, and the policy picks between them. Before heads were kept, the planner compared
+# each arriving change with the value the site held only, and a change whose old value equalled it
+# won as a plain successor: a site applying U2, U4, U1, U3 let U1 beat U4 and then U3 follow U1,
+# and ended with U3 where a site applying U1, U2, U3, U4 ended with the pick of U3 and U4. Both
+# orders are causal. latest (the greatest version always wins) and additive (deltas commute) were
+# never affected.
 
 # policy, values (base, U1, U2, U3, U4), the origin of U3
-DIVERGING = [
+CONTINUED = [
     pytest.param("earliest", (0, 1, 2, 3, 4), "s1", id="earliest"),  # versions U1 < U2 < U4 < U3
     pytest.param("maximum", (1, 5, 3, 2, 4), "s1", id="maximum"),
     pytest.param("minimum", (9, 1, 3, 4, 2), "s1", id="minimum"),
@@ -566,13 +588,7 @@ DIVERGING = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="planner bug: policies other than latest/additive depend on the arrival "
-    "order when a concurrent write is continued by its site (see the comment)",
-)
-@pytest.mark.parametrize("policy, vals, u3_origin", DIVERGING)
+@pytest.mark.parametrize("policy, vals, u3_origin", CONTINUED)
 def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: tuple[int, ...], u3_origin: str) -> None:
     table = m.Table(True, ("a",), (m.Slot("a", ("a",), policy),))
     base = {1: {"a": vals[0]}}
@@ -584,13 +600,46 @@ def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: t
     want = m.table_rows(table, m.final_state(table, base, [u1, u2, u3, u4]))
     assert want == {1: (vals[4],)}  # the policy's pick of the last writes U3 and U4
     spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy(policy)),))
+    known = {e.ver: e for e in (u1, u2, u3, u4)}
+    ch = {e.ver: to_change(e, ("a",), table, known, base) for e in (u1, u2, u3, u4)}
+    assert ch[u1.ver].sup == ch[u2.ver].sup == {"="} and ch[u3.ver].sup == {u1.ver} and ch[u4.ver].sup == {u2.ver}
     got = {}
-    for order in ((u1, u2, u3, u4), (u2, u4, u1, u3)):
+    for order in ((u1, u2, u3, u4), (u2, u4, u1, u3), (u1, u3, u2, u4), (u2, u1, u4, u3)):
         site = Site(spec, base)
         for e in order:
-            site.reconcile([to_change(e, ("a",))])
+            site.reconcile([ch[e.ver]])
         got["".join("U" + str([u1, u2, u3, u4].index(e) + 1) for e in order)] = site.state()[1]
     assert got == {k: want for k in got}
+
+
+def test_a_change_without_recorded_heads_is_decided_by_its_old_values() -> None:
+    """An entry captured before heads were kept (`sup` None) is decided as before: by its old
+    values against the row's, a plain successor when they match."""
+    spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy("earliest")),))
+    base = {1: {"a": 0}}
+    b = m.base_rid(1)
+    site = Site(spec, base)
+    site.reconcile([planner.Change(m.ver(11, "s2"), "s2", "U", b, 1, 1, (5,), (0,))])
+    p = site.reconcile([planner.Change(m.ver(12, "s3"), "s3", "U", b, 1, 1, (7,), (5,))])
+    assert site.state()[1] == {1: (7,)} and not p.conflicts
+    p = site.reconcile([planner.Change(m.ver(13, "s4"), "s4", "U", b, 1, 1, (9,), (0,))])
+    assert site.state()[1] == {1: (7,)} and [c.decision for c in p.conflicts] == ["local"]
+
+
+def test_heads_are_kept_and_dropped() -> None:
+    """The shadow keeps the heads a site does not show, and forgets a head once a change that
+    superseded it arrives; a change superseding every head wins without a conflict."""
+    spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy("maximum")),))
+    b = m.base_rid(1)
+    site = Site(spec, {1: {"a": 0}})
+    v1, v2, v3 = m.ver(11, "s1"), m.ver(12, "s2"), m.ver(13, "s3")
+    site.reconcile([planner.Change(v1, "s1", "U", b, 1, 1, (5,), (0,), frozenset({"="}))])
+    p = site.reconcile([planner.Change(v2, "s2", "U", b, 1, 1, (3,), (0,), frozenset({"="}))])
+    assert site.state()[1] == {1: (5,)} and site.shadow[b].heads == {"a": {v2: (3,)}}
+    assert [(c.local_ver, c.remote_ver, c.decision) for c in p.conflicts] == [(v1, v2, "local")]
+    # s3 had both: it supersedes both, and wins although its value is the smallest
+    p = site.reconcile([planner.Change(v3, "s3", "U", b, 1, 1, (1,), (5,), frozenset({v1, v2}))])
+    assert site.state()[1] == {1: (1,)} and site.shadow[b].heads == {} and not p.conflicts
 
 
 # ---------------------------------------------------------------------------------------------

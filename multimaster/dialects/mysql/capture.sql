@@ -18,6 +18,10 @@
 -- first incarnation goes into the shadow without reading it first (a read inside a trigger is a
 -- locking read, and under REPEATABLE READ its gap lock would make concurrent inserts of
 -- neighbouring keys wait for each other): only when that row exists already is the shadow read.
+-- On a table with a slot whose policy chooses among concurrent heads (docs/conflicts.md
+-- "Concurrent heads"), an update records in sup the heads it supersedes, for each such slot it
+-- sets: the version the shadow holds ('=' for the row's default) and the slot's other heads
+-- (h_<slot>); it then clears them ($supcol / $supval, $slotstamp). Elsewhere both are empty.
 DROP TRIGGER IF EXISTS $cap_i;
 --
 CREATE TRIGGER $cap_i AFTER INSERT ON $table FOR EACH ROW
@@ -43,8 +47,8 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 AND ($anychanged) THEN
     $draw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
-    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold);
+    INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols$supcol)
+      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold$supval);
     UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
   END IF;
 END;

@@ -53,6 +53,7 @@ DECLARE
   mm_t bigint;
   mm_v text;
   mm_rid text;
+  mm_sup text;
 BEGIN
   IF mm_m = 0 THEN
     RETURN NULL;
@@ -62,9 +63,10 @@ BEGIN
   END IF;
   mm_t := _mm._mm_tick();
   mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
+  $rowsup
   UPDATE $shadow s SET $rowslotstamp WHERE s.key = NEW.$key$live RETURNING s.rid INTO mm_rid;
-  INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols$ocols)
-    VALUES (mm_t, mm_v, $site_lit, 'U', mm_rid, NEW.$key, mm_m, pg_current_xact_id()::text, $sv$rowupdnew$rowupdold);
+  INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv, sup$ncols$ocols)
+    VALUES (mm_t, mm_v, $site_lit, 'U', mm_rid, NEW.$key, mm_m, pg_current_xact_id()::text, $sv, mm_sup$rowupdnew$rowupdold);
   RETURN NULL;
 END
 $$;

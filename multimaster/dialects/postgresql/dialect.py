@@ -236,7 +236,21 @@ class PostgreSQLDialect(Dialect):
             smask = sum(1 << i for i in s.columns)
             vcol = q("v_" + s.name)
             stamps.append(f"{vcol} = CASE WHEN mm_m & {smask} <> 0 THEN mm_v ELSE s.{vcol} END")
+        # the heads an update supersedes (docs/conflicts.md "Concurrent heads"): read before the
+        # shadow row's update clears them, for each slot it sets whose policy chooses among heads
+        picks = [(s, sum(1 << i for i in s.columns)) for s in spec.slots if s.policy.chooses]
+        for s, smask in picks:
+            stamps += [
+                f"{q(p_ + s.name)} = CASE WHEN mm_m & {smask} <> 0 THEN NULL ELSE s.{q(p_ + s.name)} END" for p_ in ("h_", "x_")
+            ]
         rowslotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
+        rowsup = ""
+        if picks:
+            pieces = ", ".join(
+                f"CASE WHEN mm_m & {smask} <> 0 THEN coalesce(s.{q('v_' + s.name)}, '=') || coalesce(' ' || s.{q('h_' + s.name)}, '') END"
+                for s, smask in picks
+            )
+            rowsup = f"SELECT nullif(concat_ws(' ', {pieces}), '') INTO mm_sup FROM {o.shadow} s WHERE s.key = NEW.{key}$live;"
         # the delete statement computes every value in a subquery that draws one tick per row (OFFSET
         # 0 keeps it apart), under the names mm_k, mm_o<i>; the outer SELECT adds the version
         delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))
@@ -277,6 +291,7 @@ class PostgreSQLDialect(Dialect):
             live=live,
             rowmask=rowmask,
             rowslotstamp=rowslotstamp,
+            rowsup=rowsup.replace("$live", live),
             rowupdnew=row["updnew"],
             rowupdold=row["updold"],
             few=str(FEW_ROWS),

@@ -8,6 +8,10 @@
 -- Renumbered tables keep the shadow row of a new local row for later (catchup.sql): an insert then
 -- writes only the change log and its second-order record. A natural-key table's shadow holds one
 -- row per incarnation of a key ($live: updates and deletes act on the live one, deleted IS NULL).
+-- On a table with a slot whose policy chooses among concurrent heads (docs/conflicts.md
+-- "Concurrent heads"), an update records in sup the heads it supersedes, for each such slot it
+-- sets (the version the shadow holds, '=' for the row's default, and the slot's other heads
+-- h_<slot>), and $slotstamp clears them. Elsewhere $supcol / $supval are empty.
 CREATE TRIGGER IF NOT EXISTS $cap_i AFTER INSERT ON $table
 WHEN (SELECT applying FROM _mm_state) = 0
 BEGIN
@@ -20,8 +24,8 @@ END;
 CREATE TRIGGER IF NOT EXISTS $cap_u AFTER UPDATE ON $table
 WHEN (SELECT applying FROM _mm_state) = 0 AND ($anychanged)
 BEGIN
-  INSERT INTO $log (ver, origin, op, xrid, key, sv, mask$ncols$ocols)
-    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key$live), NEW.$key, $sv, $updmask$updnew$updold);
+  INSERT INTO $log (ver, origin, op, xrid, key, sv, mask$ncols$ocols$supcol)
+    VALUES ($ver, (SELECT site FROM _mm_state), 'U', (SELECT rid FROM $shadow WHERE key = NEW.$key$live), NEW.$key, $sv, $updmask$updnew$updold$supval);
   UPDATE $shadow SET $slotstamp WHERE key = NEW.$key$live;
 END;
 --

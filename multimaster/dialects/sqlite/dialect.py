@@ -191,6 +191,11 @@ class SQLiteDialect(Dialect):
             cond = diff[s.columns[0]]
             vcol = q("v_" + s.name)
             stamps.append(f"{vcol} = CASE WHEN {cond} THEN {now_ver} ELSE {vcol} END")
+        # the heads an update supersedes (docs/conflicts.md "Concurrent heads"): for each slot it
+        # sets whose policy chooses among heads, read from the shadow row before its update clears them
+        picks = [(s, diff[s.columns[0]]) for s in spec.slots if s.policy.chooses]
+        for s, cond in picks:
+            stamps += [f"{q(p_ + s.name)} = CASE WHEN {cond} THEN NULL ELSE {q(p_ + s.name)} END" for p_ in ("h_", "x_")]
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
@@ -216,10 +221,20 @@ class SQLiteDialect(Dialect):
             )
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
+        supcol = supval = ""
+        if picks:
+            pieces = " || ' ' || ".join(
+                f"coalesce(CASE WHEN {cond} THEN coalesce({q('v_' + s.name)}, '=') || coalesce(' ' || {q('h_' + s.name)}, '') END, '')"
+                for s, cond in picks
+            )
+            supcol = ", sup"
+            supval = f", (SELECT nullif(trim({pieces}), '') FROM {o.shadow} WHERE {self.key_col} = NEW.{key}{live})"
         stmts = self.render(
             "capture",
             **fr,
             sv=str(int(info.version)),
+            supcol=supcol,
+            supval=supval,
             table=q(info.name),
             tablename=info.name.replace("'", ""),
             keyname=info.key.name.replace("'", ""),
@@ -237,8 +252,9 @@ class SQLiteDialect(Dialect):
             live=live,
             **o.mapping(),
         )
-        if not spec.renumber:  # init recreates them: an earlier layout's bodies differ
-            stmts = [f"DROP TRIGGER IF EXISTS {t}" for t in (o.cap_i, o.cap_u, o.cap_d)] + stmts
+        # init recreates them: an earlier layout's bodies differ (natural keys' incarnations; the
+        # heads of a slot whose policy became one that chooses among them)
+        stmts = [f"DROP TRIGGER IF EXISTS {t}" for t in (o.cap_i, o.cap_u, o.cap_d)] + stmts
         if spec.renumber:
             stmts += self.render(
                 "catchup",
