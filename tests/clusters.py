@@ -161,6 +161,25 @@ class TestCluster:
                 assert self.rows(s, tb) == ref, f"{tb} differs at {s}"
 
 
+def apply_path(fast: bool) -> Any:
+    """Make every refresh from now on apply its changes through the fast path (`fast`:
+    MM_FASTPATH_MIN=0, whatever the batch's size) or through the planner alone (MM_FASTPATH=0),
+    so a property test covers both (engine/fastpath.py is a special case of the planner's rules).
+    Returns the function that puts the environment back."""
+    keys = ("MM_FASTPATH", "MM_FASTPATH_MIN")
+    saved = {k: os.environ.get(k) for k in keys}
+    os.environ.update({"MM_FASTPATH_MIN": "0"} if fast else {"MM_FASTPATH": "0"})
+
+    def restore() -> None:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+    return restore
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     """`python -m multimaster.cli ARGS`, as a user runs it (wide output: no line breaks in messages)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "COLUMNS": "250"}

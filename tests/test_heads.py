@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from clusters import ITEMS, make_cluster
+from clusters import ITEMS, apply_path, make_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -218,6 +218,7 @@ def _model(cl, sites: list[str], base_n: int) -> list[tuple]:  # type: ignore[no
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    fast=st.booleans(),
     n_sites=st.integers(2, 4),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
     base_n=st.integers(0, 2),
@@ -241,10 +242,11 @@ def _model(cl, sites: list[str], base_n: int) -> list[tuple]:  # type: ignore[no
         max_size=30,
     ),
 )
-def test_random_histories_end_with_the_pick_of_the_heads(sqlite_backend, n_sites, links, base_n, ops):  # type: ignore[no-untyped-def]
+def test_random_histories_end_with_the_pick_of_the_heads(sqlite_backend, n_sites, links, base_n, ops, fast):  # type: ignore[no-untyped-def]
     sites = SITE_NAMES[:n_sites]
     link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
     tmp = Path(tempfile.mkdtemp(prefix="mm-heads-"))
+    restore = apply_path(fast)  # the fast path or the planner alone: both are tested
     try:
         base = [("items", k, f"base{k}", k, float(k)) for k in range(1, base_n + 1)]
         cl = make_cluster(sqlite_backend, tmp, sites, PICKS, link_doc, base={s: base for s in sites})
@@ -275,4 +277,5 @@ def test_random_histories_end_with_the_pick_of_the_heads(sqlite_backend, n_sites
         for s in sites:
             assert cl.rows(s, "items") == expected, f"site {s}"
     finally:
+        restore()
         shutil.rmtree(tmp, ignore_errors=True)

@@ -17,7 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from clusters import make_cluster
+from clusters import apply_path, make_cluster
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -94,6 +94,7 @@ def reference(cl, sites: list[str], base: list[tuple], additive: bool) -> list[t
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    fast=st.booleans(),
     n_sites=st.integers(2, 5),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
     base_n=st.integers(0, 3),
@@ -101,10 +102,11 @@ def reference(cl, sites: list[str], base: list[tuple], additive: bool) -> list[t
     grouped=st.booleans(),
     ops=st.lists(op, min_size=1, max_size=30),
 )
-def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, additive, grouped, ops):  # type: ignore[no-untyped-def]
+def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, additive, grouped, ops, fast):  # type: ignore[no-untyped-def]
     sites = SITE_NAMES[:n_sites]
     link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
     tmp = Path(tempfile.mkdtemp(prefix="mm-prop-"))
+    restore = apply_path(fast)  # the fast path or the planner alone: both are tested
     try:
         base = [("items", k, f"base{k}", k, float(k)) for k in range(1, base_n + 1)]
         cl = make_cluster(sqlite_backend, tmp, sites, table(additive, grouped), link_doc, base={s: base for s in sites})
@@ -143,6 +145,7 @@ def test_random_histories_converge_to_the_reference(sqlite_backend, n_sites, lin
         for s in sites:
             assert cl.rows(s, "items") == expected, f"site {s}"
     finally:
+        restore()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -222,15 +225,17 @@ def natural_reference(cl, sites: list[str], base: list[tuple]) -> tuple[list[tup
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    fast=st.booleans(),
     n_sites=st.sampled_from([2, 2, 3, 3, 4]),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
     base_n=st.integers(0, 2),
     ops=st.lists(nat_op, min_size=1, max_size=40),
 )
-def test_natural_key_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, ops):  # type: ignore[no-untyped-def]
+def test_natural_key_histories_converge_to_the_reference(sqlite_backend, n_sites, links, base_n, ops, fast):  # type: ignore[no-untyped-def]
     sites = SITE_NAMES[:n_sites]
     link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
     tmp = Path(tempfile.mkdtemp(prefix="mm-nat-"))
+    restore = apply_path(fast)  # the fast path or the planner alone: both are tested
     try:
         base = [("tags", k, f"base-{k}", i) for i, k in enumerate(NKEYS[:base_n])]
         cl = make_cluster(sqlite_backend, tmp, sites, TAGS, link_doc, base={s: base for s in sites})
@@ -272,6 +277,7 @@ def test_natural_key_histories_converge_to_the_reference(sqlite_backend, n_sites
         # and their tombstones alike (the next life of a key is then named alike everywhere)
         assert all(sh == shadows[0] for sh in shadows), "tombstones differ"
     finally:
+        restore()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -333,14 +339,16 @@ def fk_reference(cl, sites: list[str]) -> tuple[set[str], dict[str, str]]:  # ty
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 @given(
+    fast=st.booleans(),
     n_sites=st.sampled_from([2, 3, 3, 4]),
     links=st.sampled_from(["mesh", "ring", "star", "chain"]),
     ops=st.lists(fk_op, min_size=1, max_size=30),
 )
-def test_foreign_key_histories_keep_every_child_with_its_parent(sqlite_backend, n_sites, links, ops):  # type: ignore[no-untyped-def]
+def test_foreign_key_histories_keep_every_child_with_its_parent(sqlite_backend, n_sites, links, ops, fast):  # type: ignore[no-untyped-def]
     sites = SITE_NAMES[:n_sites]
     link_doc = {"star": "s1"} if links == "star" else {"chain": sites} if links == "chain" else links
     tmp = Path(tempfile.mkdtemp(prefix="mm-fk-"))
+    restore = apply_path(fast)  # the fast path or the planner alone: both are tested
     try:
         cl = make_cluster(sqlite_backend, tmp, sites, FK_TABLES, link_doc)
         link_list = list(cl.topo.links)
@@ -385,4 +393,5 @@ def test_foreign_key_histories_keep_every_child_with_its_parent(sqlite_backend, 
             assert got == kids_expected, f"children at {s}"
         cl.assert_converged()
     finally:
+        restore()
         shutil.rmtree(tmp, ignore_errors=True)

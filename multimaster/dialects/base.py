@@ -79,6 +79,10 @@ class Capabilities:
     #: the schema holding every object multimaster creates, apart from the user's tables (None: the
     #: connection's own schema; bookkeeping tables are then named unqualified)
     bookkeeping_schema: str | None
+    #: where set_based_apply: the fewest candidate changes worth the fast path's scratch tables
+    #: (fewer go through the planner, which costs less for them: docs/performance.md "The fast
+    #: path's threshold"); MM_FASTPATH_MIN overrides it
+    fastpath_min: int = 0
 
 
 def templates_dir(dialect: str) -> Path:

@@ -12,7 +12,10 @@ with an incarnation known here or changed twice in the batch — is left in the 
 the planner.
 
 The fast path is a special case of the planner's rules, not a second set of rules: the property
-tests run with it on and off (MM_FASTPATH=0) against the same reference model.
+tests run with it for every batch (MM_FASTPATH_MIN=0) and off (MM_FASTPATH=0) against the same
+reference model. Its scratch tables cost more than the planner for a few changes (2-3 ms each on
+PostgreSQL), so a batch takes it from Capabilities.fastpath_min changes on (docs/performance.md
+"The fast path's threshold").
 """
 
 from __future__ import annotations
@@ -26,11 +29,20 @@ from multimaster.core.versions import BASE_VER
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.site import Site
 
-__all__ = ["FastResult", "apply_fast", "enabled"]
+__all__ = ["FastResult", "apply_fast", "enabled", "wanted"]
 
 
 def enabled() -> bool:
     return os.environ.get("MM_FASTPATH", "1") != "0"
+
+
+def wanted(site: Site, total: int) -> bool:
+    """Whether `total` candidate changes go through the fast path at `site`: where the dialect
+    applies set-based, and when there are at least Capabilities.fastpath_min of them (its scratch
+    tables cost more than the planner for a few changes; MM_FASTPATH_MIN overrides the threshold)."""
+    caps = site.dialect.caps
+    low = int(os.environ.get("MM_FASTPATH_MIN", caps.fastpath_min))
+    return enabled() and caps.set_based_apply and total >= low
 
 
 @dataclass

@@ -333,7 +333,7 @@ def _apply_plain(
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows: where applications write the table meanwhile
     # (not single_writer), after locking every row the candidates touch (Capabilities.set_based_apply)
-    if fastpath.enabled() and d.caps.set_based_apply and not isolating:
+    if fastpath.wanted(site, cands.total) and not isolating:
         if not d.caps.single_writer:
             _lock_candidate_rows(conn, d, info, cand)
         fr = fastpath.apply_fast(conn, site, info, cand, base_max, cands.total)

@@ -60,6 +60,7 @@ class PostgreSQLDialect(Dialect):
         #: after the candidate rows are locked (engine/fastpath.py); new identities of a renumbered
         #: table are keyed under the writers' lock (lock_writers)
         set_based_apply=True,
+        fastpath_min=256,  # a temporary table costs ~3 ms of catalog writes (docs/performance.md "The fast path's threshold")
         concurrent_capture=True,  # positions below _mm._mm_horizon(); keys from a counter
         txn_column=True,  # txn: pg_current_xact_id() (capture.sql)
         daemon_lock_sql="SELECT pg_try_advisory_lock(hashtext(%s))",

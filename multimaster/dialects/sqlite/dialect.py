@@ -34,6 +34,7 @@ class SQLiteDialect(Dialect):
         placeholder="?",
         single_writer=True,  # one writer per file: BEGIN IMMEDIATE before applying
         set_based_apply=True,  # BEGIN IMMEDIATE: the apply transaction is the only writer
+        fastpath_min=64,  # below it the planner is faster (docs/performance.md "The fast path's threshold")
         concurrent_capture=False,  # positions and keys are given in commit order
         txn_column=False,  # no transaction id in triggers: a batch is one whole read
         daemon_lock_sql=None,  # no server: the daemon locks a file next to the database
