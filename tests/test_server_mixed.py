@@ -115,7 +115,9 @@ def _q(backend: str, ident: str) -> str:
     return f"`{ident}`" if backend == "mysql" else f'"{ident}"'
 
 
-def _build(backends: dict[str, Backend], tmp: Path, ddl: dict[str, list[str]] = DDL) -> tuple[Any, dict[str, str]]:
+def _build(
+    backends: dict[str, Backend], tmp: Path, ddl: dict[str, list[str]] = DDL, config: dict[str, Any] | None = None
+) -> tuple[Any, dict[str, str]]:
     urls = {}
     for site, name in (("lite", "sqlite"), ("pg", "postgresql"), ("maria", "mysql")):
         url = backends[name].new_site(tmp, site)
@@ -125,7 +127,11 @@ def _build(backends: dict[str, Backend], tmp: Path, ddl: dict[str, list[str]] = 
         c.commit()
         c.close()
         urls[site] = url
-    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"vals": {"key": "id"}}, "links": "mesh"}
+    doc = {
+        "sites": {s: {"url": u} for s, u in urls.items()},
+        "tables": {"vals": {"key": "id", **(config or {})}},
+        "links": "mesh",
+    }
     (tmp / "topology.yaml").write_text(yaml.safe_dump(doc))
     return load_topology(tmp / "topology.yaml"), urls
 
@@ -197,6 +203,57 @@ def _rows(backends: dict[str, Backend], site: str, url: str) -> list[tuple[Any, 
     out = [_canon(name, tuple(r)) for r in cur.fetchall()]
     c.close()
     return out
+
+
+def _write(backends: dict[str, Backend], site: str, url: str, sql: str, params: tuple[Any, ...]) -> None:
+    c = backends[BACKEND_OF[site]].connect(url)
+    c.cursor().execute(sql.replace("?", backends[BACKEND_OF[site]].param()), params)
+    c.commit()
+    c.close()
+
+
+def test_concurrent_heads_cross_the_three_databases(mixed, tmp_path):  # type: ignore[no-untyped-def]
+    """docs/conflicts.md "Concurrent heads" across SQLite, PostgreSQL and MariaDB: a group (i, d,
+    day) under `maximum`, continued at two sites while apart, ends with the pick of the two last
+    writes at every site, whichever it heard first; the other head's values (a decimal, a date)
+    wait in the shadow as JSON and win exactly when a site's last write loses."""
+    cfg = {"groups": {"g": {"columns": ["i", "d", "day"], "policy": "maximum"}}}
+    topo, urls = _build(mixed, tmp_path, config=cfg)
+    api.init(topo)
+    _insert(mixed, "lite", urls["lite"], ROWS[2])
+    api.refresh(topo)
+    api.refresh(topo)
+    upd = "UPDATE vals SET i = ?, d = ?, day = ? WHERE id = 1"
+
+    def day(n: int) -> str:  # SQLite: a date as an application stores it, ISO-8601 text
+        return f"2020-01-0{n}"
+
+    _write(mixed, "lite", urls["lite"], upd, (5, "5.5", day(5)))  # U1
+    _write(mixed, "pg", urls["pg"], upd, (3, Decimal("3.25"), dt.date(2020, 1, 3)))  # U2
+    _write(mixed, "pg", urls["pg"], upd, (4, Decimal("4.125"), dt.date(2020, 1, 4)))  # U4, after U2
+    _write(mixed, "lite", urls["lite"], upd, (2, "2.5", day(2)))  # U3, after U1
+    with api.Cluster(topo) as cl:  # maria hears pg's two writes first: U1 beats U4 there, then U3
+        assert not [r.error for r in api.refresh(cl, "maria", "pg") if r.error]
+        assert not [r.error for r in api.refresh(cl, "maria", "lite") if r.error]
+        for _ in range(6):
+            res = api.refresh(cl)
+            assert not [r.error for r in res if r.error], [r.error for r in res if r.error]
+            if all(r.pulled == 0 for r in res):
+                break
+    for site, url in urls.items():
+        row = _rows(mixed, site, url)[0]
+        assert (row[1], row[3], row[7]) == (4, Decimal("4.125"), dt.date(2020, 1, 4)), (site, row)
+    # pg held U4 and U3: its next write supersedes both, although maximum prefers 4
+    _write(mixed, "pg", urls["pg"], upd, (1, Decimal("1"), dt.date(2020, 1, 1)))
+    with api.Cluster(topo) as cl:
+        for _ in range(6):
+            res = api.refresh(cl)
+            assert not [r.error for r in res if r.error]
+            if all(r.pulled == 0 for r in res):
+                break
+    for site, url in urls.items():
+        row = _rows(mixed, site, url)[0]
+        assert (row[1], row[3], row[7]) == (1, Decimal("1"), dt.date(2020, 1, 1)), (site, row)
 
 
 @pytest.mark.server
