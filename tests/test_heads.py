@@ -65,6 +65,34 @@ def test_two_sites_that_each_continue_their_write_end_alike(backend, tmp_path): 
     assert shadow(cl, "s2", "qty")[1][1:] == (None, None)
 
 
+def test_a_policy_changed_to_latest_forgets_the_heads(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """init after `qty: maximum` became `latest`: the shadow forgets the heads, and the table goes
+    on converging under latest."""
+    import yaml
+
+    from multimaster.config.topology import load_topology
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], MAXIMUM)
+    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE items SET qty = 5 WHERE id = 1")
+    cl.execute("s2", "UPDATE items SET qty = 3 WHERE id = 1")
+    cl.refresh_until_quiet()
+    assert all(shadow(cl, s, "qty")[1][1] is not None for s in ("s1", "s2"))  # 3 kept beside 5
+    path = tmp_path / "topology.yaml"
+    doc = yaml.safe_load(path.read_text())
+    doc["tables"]["items"]["columns"] = {"qty": "latest"}
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cl.topo = load_topology(path)
+    api.init(cl.topo)
+    assert all(shadow(cl, s, "qty")[1][1:] == (None, None) for s in ("s1", "s2"))
+    cl.execute("s2", "UPDATE items SET qty = 2 WHERE id = 1")
+    time.sleep(0.003)
+    cl.execute("s1", "UPDATE items SET qty = 7 WHERE id = 1")
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items") == cl.rows("s2", "items") == [(1, "a", 7, 1.0)]
+
+
 def test_a_third_site_hearing_either_side_first_ends_alike(backend, tmp_path):  # type: ignore[no-untyped-def]
     """s3 hears s2's two writes before s1's (U2, U4, U1, U3: U1 beats U4 there, and U3 then follows
     U1 without a clash), s4 the other way round: both end with earliest's pick of the heads U3, U4."""

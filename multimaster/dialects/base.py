@@ -347,6 +347,13 @@ class Dialect:
         self.add_columns(conn, o.log, [("sup", self.long_text)])
         picks = [s for s in info.spec.slots if s.policy.chooses]
         self.add_columns(conn, o.shadow, [(p + s.name, self.long_text) for s in picks for p in ("h_", "x_")])
+        # a slot whose policy no longer chooses forgets its heads: its capture stops clearing them,
+        # and heads kept from before would come back, stale, were the policy to choose again
+        have = self.existing_columns(conn, o.shadow)
+        for s in info.spec.slots:
+            h, x = self.quote("h_" + s.name), self.quote("x_" + s.name)
+            if not s.policy.chooses and "h_" + s.name in have:
+                conn.exec_driver_sql(f"UPDATE {o.shadow} SET {h} = NULL, {x} = NULL WHERE {h} IS NOT NULL")
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
