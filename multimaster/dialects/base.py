@@ -604,6 +604,11 @@ class Dialect:
         sequence, a counter) past the highest key (forward only: local inserts may be in flight)."""
         raise NotImplementedError
 
+    def before_capture_again(self, conn: Connection, info: TableInfo) -> None:
+        """Just before the capture of a table made again is installed (engine/evolve.py): where
+        DDL commits at once, applications keep inserting between the statements that make the
+        triggers. Default: nothing (DDL in the same transaction as the rest)."""
+
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         """Under lock_writers, after normalize_keys: the next local insert into `info` (renumbered)
         takes key top + 1 where the counter can be moved back. A counter that a rollback does not

@@ -205,9 +205,7 @@ def evolve_table(
         d.install_table(conn, info)
         uniques.install(conn, d, info)
     if changed or not _sig or missing:
-        references.install(conn, site, info, peers)
-        d.drop_capture(conn, info)
-        d.install_capture(conn, info)
+        _make_capture(conn, site, info, peers, again=bool(missing))
     unseen: list[Any] = []
     if missing:
         d.guard_writes(conn, info, site.name, site.name in topo.read_only)
@@ -219,6 +217,18 @@ def evolve_table(
     # 4. followed
     store.schemas.set_sig(conn, d, table, version, d.table_signature(conn, table))
     return Evolved(site.name, table, version, ev, ready, gap=missing, unseen=unseen)
+
+
+def _make_capture(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], again: bool) -> None:
+    """The capture of `info` made (again): the identities of references, then the triggers;
+    `again`: the table was made again (MariaDB first moves its key counter far past the keys its
+    rows took meanwhile, Dialect.before_capture_again)."""
+    d = site.dialect
+    references.install(conn, site, info, peers)
+    d.drop_capture(conn, info)
+    if again:
+        d.before_capture_again(conn, info)
+    d.install_capture(conn, info)
 
 
 def held_inserts(conn: Connection, site: Site, info: TableInfo) -> dict[Any, str]:

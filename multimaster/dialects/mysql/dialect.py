@@ -899,7 +899,41 @@ class MySQLDialect(Dialect):
         insert may have drawn a value). AUTO_INCREMENT needs no move: InnoDB moves it past every key
         inserted."""
         if info.spec.renumber:
-            conn.exec_driver_sql(f"SELECT SETVAL({self.obj(info.name).keyseq}, {self._key_top(conn, info)})").all()
+            self._counter_forward(conn, info, self._key_top(conn, info))
+
+    def _counter_forward(self, conn: Connection, info: TableInfo, top: int) -> None:
+        """The key counter of `info` at `top` or past it (forward only). SETVAL ignores a value
+        given for an earlier round of a CYCLE sequence, and reset_key_counter starts a new round
+        at every reset: a SETVAL without the current round was a no-op from the first reset on,
+        which left the counter below keys taken meanwhile (a local insert then failed with
+        `Duplicate entry` until the next reconcile ranked the keys)."""
+        seq = self.obj(info.name).keyseq
+        rnd = int(conn.exec_driver_sql(f"SELECT cycle_count FROM {seq}").scalar() or 0)
+        conn.exec_driver_sql(f"SELECT SETVAL({seq}, {int(top)}, 1, {rnd})").all()
+
+    #: how far past every key the counter of a table made again starts (before_capture_again)
+    RECAPTURE_KEY_MARGIN = 1_000_000
+
+    def before_capture_again(self, conn: Connection, info: TableInfo) -> None:
+        """The key counter of a renumbered table made again, far past every key its rows took
+        while no trigger drew keys (AUTO_INCREMENT, which may be past the highest key) before the
+        key trigger exists: an application insert that draws from it in the moment the capture is
+        made again cannot take a key an uncaptured row holds (`Duplicate entry`), unless a million
+        rows went in within that moment. The keys it draws meanwhile are ranked at the next
+        reconcile, as every local key is (engine/apply.py normalize_keys)."""
+        seq = names(info.name).keyseq
+        if (
+            not info.spec.renumber
+            or not conn.exec_driver_sql(
+                "SELECT 1 FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s", (seq,)
+            ).first()
+        ):
+            return  # (no counter yet: install_capture makes it past every key)
+        ai = conn.exec_driver_sql(
+            "SELECT coalesce(AUTO_INCREMENT, 1) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (info.name,),
+        ).scalar()
+        self._counter_forward(conn, info, max(self._key_top(conn, info), int(ai or 1) - 1) + self.RECAPTURE_KEY_MARGIN)
 
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         """Back to the highest key: SETVAL moves a sequence back only into a later round (the key
