@@ -42,6 +42,9 @@ _RETRY_STATES = {"40001", "40P01", "55P03"}
 #: statement (a plan made for a few rows); a larger one runs the same text planned for its size
 #: (capture.sql, docs/postgresql.md "Capture and plans")
 FEW_ROWS = 16
+#: pulled rows stored in a snapshot by a plain INSERT ... VALUES (executemany) rather than COPY
+#: through a scratch table (store_snapshot_rows): below it the scratch table costs more
+FEW_SNAPSHOT_ROWS = 64
 
 
 def _lit(s: str) -> str:
@@ -477,7 +480,10 @@ class PostgreSQLDialect(Dialect):
         self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool
     ) -> None:
         # COPY into a scratch table, then one INSERT ... ON CONFLICT DO NOTHING: several times the
-        # rate of a row-by-row executemany, in the same transaction
+        # rate of a row-by-row executemany, in the same transaction. Not for a few rows: the scratch
+        # table's CREATE and DROP write the catalogs (~4 ms), more than a few INSERTs cost
+        if len(rows) <= FEW_SNAPSHOT_ROWS:
+            return super().store_snapshot_rows(conn, snap, cols, rows, applied)
         collist = ", ".join(cols)
         conn.exec_driver_sql("DROP TABLE IF EXISTS pg_temp._mm_tmp_copy")
         conn.exec_driver_sql(f"CREATE TEMPORARY TABLE _mm_tmp_copy AS SELECT {collist} FROM {snap} WHERE false")
