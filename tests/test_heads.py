@@ -39,9 +39,9 @@ def shadow(cl, site: str, col: str):  # type: ignore[no-untyped-def]
         c.close()
 
 
-def test_two_sites_that_each_continue_their_write_end_alike(backend, tmp_path):  # type: ignore[no-untyped-def]
-    """The documented divergence: both sites end with the maximum of the two last writes (4), and
-    a later write at a site that held both heads supersedes both (1, smaller than either)."""
+def continued_writes(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Two sites under `qty: maximum`, each continuing its own concurrent write (s1 sets 5 then 2,
+    s2 sets 3 then 4), refreshed until quiet: the cluster."""
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], MAXIMUM)
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
     cl.refresh_until_quiet()
@@ -50,6 +50,13 @@ def test_two_sites_that_each_continue_their_write_end_alike(backend, tmp_path): 
     cl.execute("s2", "UPDATE items SET qty = 4 WHERE id = 1")
     cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
     cl.refresh_until_quiet()
+    return cl
+
+
+def test_two_sites_that_each_continue_their_write_end_alike(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The documented divergence: both sites end with the maximum of the two last writes (4), and
+    a later write at a site that held both heads supersedes both (1, smaller than either)."""
+    cl = continued_writes(backend, tmp_path)
     assert cl.rows("s1", "items") == cl.rows("s2", "items") == [(1, "a", 4, 1.0)]
     # each site shows s2's 4 and keeps s1's 2 as the other head
     for s in ("s1", "s2"):

@@ -205,6 +205,16 @@ def _rows(backends: dict[str, Backend], site: str, url: str) -> list[tuple[Any, 
     return out
 
 
+def _quiet(topo: Any) -> None:
+    """Refresh every link until a round pulls nothing (at most 6 rounds); no link may fail."""
+    with api.Cluster(topo) as cl:
+        for _ in range(6):
+            res = api.refresh(cl)
+            assert not [r.error for r in res if r.error], [r.error for r in res if r.error]
+            if all(r.pulled == 0 for r in res):
+                return
+
+
 def _write(backends: dict[str, Backend], site: str, url: str, sql: str, params: tuple[Any, ...]) -> None:
     c = backends[BACKEND_OF[site]].connect(url)
     c.cursor().execute(sql.replace("?", backends[BACKEND_OF[site]].param()), params)
@@ -235,22 +245,13 @@ def test_concurrent_heads_cross_the_three_databases(mixed, tmp_path):  # type: i
     with api.Cluster(topo) as cl:  # maria hears pg's two writes first: U1 beats U4 there, then U3
         assert not [r.error for r in api.refresh(cl, "maria", "pg") if r.error]
         assert not [r.error for r in api.refresh(cl, "maria", "lite") if r.error]
-        for _ in range(6):
-            res = api.refresh(cl)
-            assert not [r.error for r in res if r.error], [r.error for r in res if r.error]
-            if all(r.pulled == 0 for r in res):
-                break
+    _quiet(topo)
     for site, url in urls.items():
         row = _rows(mixed, site, url)[0]
         assert (row[1], row[3], row[7]) == (4, Decimal("4.125"), dt.date(2020, 1, 4)), (site, row)
     # pg held U4 and U3: its next write supersedes both, although maximum prefers 4
     _write(mixed, "pg", urls["pg"], upd, (1, Decimal("1"), dt.date(2020, 1, 1)))
-    with api.Cluster(topo) as cl:
-        for _ in range(6):
-            res = api.refresh(cl)
-            assert not [r.error for r in res if r.error]
-            if all(r.pulled == 0 for r in res):
-                break
+    _quiet(topo)
     for site, url in urls.items():
         row = _rows(mixed, site, url)[0]
         assert (row[1], row[3], row[7]) == (1, Decimal("1"), dt.date(2020, 1, 1)), (site, row)
@@ -264,12 +265,7 @@ def test_three_databases_converge_with_exact_values(mixed, tmp_path):  # type: i
     for site in urls:
         for row in ROWS:
             _insert(mixed, site, urls[site], row)
-    with api.Cluster(topo) as cl:
-        for _ in range(6):
-            res = api.refresh(cl)
-            assert not [r.error for r in res if r.error], [r.error for r in res if r.error]
-            if all(r.pulled == 0 for r in res):
-                break
+    _quiet(topo)
     ref = _rows(mixed, "pg", urls["pg"])
     assert len(ref) == 3 * len(ROWS)
     expected = sorted((tuple(map(str, r)) for r in ROWS * 3))
@@ -298,12 +294,7 @@ def test_three_databases_converge_with_exact_values(mixed, tmp_path):  # type: i
     c.cursor().execute("DELETE FROM vals WHERE id = 4")
     c.commit()
     c.close()
-    with api.Cluster(topo) as cl:
-        for _ in range(6):
-            res = api.refresh(cl)
-            assert not [r.error for r in res if r.error]
-            if all(r.pulled == 0 for r in res):
-                break
+    _quiet(topo)
     ref = _rows(mixed, "pg", urls["pg"])
     by_key = {r[0]: r for r in ref}
     assert 4 not in by_key

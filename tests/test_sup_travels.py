@@ -19,7 +19,7 @@ import yaml
 from clusters import ITEMS, TestCluster, make_cluster
 from test_add_site_agent import grow, host_file
 from test_agent import TOKEN, running_agent
-from test_heads import MAXIMUM, shadow
+from test_heads import continued_writes, shadow
 
 from multimaster import api, store
 from multimaster.config.topology import load_topology
@@ -142,14 +142,7 @@ def test_an_added_site_keeps_the_heads_and_its_sup_supersedes_them(backend: Any,
     """add-site copies the shadow's other heads of a slot whose policy chooses among them
     (docs/conflicts.md "Concurrent heads"): the new site's next write supersedes both heads (capture
     writes them into its sup), and every site ends with it, although `maximum` prefers either head."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], MAXIMUM)
-    cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
-    cl.refresh_until_quiet()
-    cl.execute("s1", "UPDATE items SET qty = 5 WHERE id = 1")
-    cl.execute("s2", "UPDATE items SET qty = 3 WHERE id = 1")
-    cl.execute("s2", "UPDATE items SET qty = 4 WHERE id = 1")
-    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
-    cl.refresh_until_quiet()
+    cl = continued_writes(backend, tmp_path)
     big = grow(cl, tmp_path, ["s3"], cl.backend)
     add_site(big.topo, "s3", "s1")
     held = shadow(big, "s1", "qty")

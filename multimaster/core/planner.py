@@ -24,7 +24,7 @@ import json
 import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from multimaster.core.policies import Candidate, Conflict, Policy
 from multimaster.core.schemas import decode_value, encode_value
@@ -558,29 +558,9 @@ def _merge_by_policy(
         won = pol.resolve(Conflict(spec.name, st.key, st.rid, names, local_c, remote_c))
         winner_remote = won is remote_c
         if clash or not winner_remote:
-            conflicts.append(
-                ConflictRecord(
-                    spec.name,
-                    st.rid,
-                    kind,
-                    slot.name,
-                    names,
-                    local_ver,
-                    local_c.values,
-                    ch.ver,
-                    remote_c.values,
-                    pol.name,
-                    "remote" if winner_remote else "local",
-                    *images,
-                )
-            )
+            conflicts.append(_slot_conflict(spec, st, kind, slot, local_c, remote_c, winner_remote, images))
     if winner_remote:
-        for i, v in zip(idx, new):
-            if not _same(st.values[i], v):
-                st.values[i] = v
-                st.changed.add(i)
-        st.versions[slot.name] = ch.ver
-        st.changed_slots.add(slot.name)
+        _take(st, slot, idx, new, ch.ver)
 
 
 def _merge_heads(
@@ -626,30 +606,9 @@ def _merge_heads(
             local_c = next(c for c in rivals if c.ver == local_ver)
         else:
             local_c = _pick(spec, st, names, pol, rivals)
-        conflicts.append(
-            ConflictRecord(
-                spec.name,
-                st.rid,
-                kind,
-                slot.name,
-                names,
-                local_c.ver,
-                local_c.values,
-                ch.ver,
-                remote_c.values,
-                pol.name,
-                "remote" if won is remote_c else "local",
-                *images,
-            )
-        )
+        conflicts.append(_slot_conflict(spec, st, kind, slot, local_c, remote_c, won is remote_c, images))
     if won.ver != local_ver:
-        for i, c in zip(idx, names):
-            v = won.values[c]
-            if not _same(st.values[i], v):
-                st.values[i] = v
-                st.changed.add(i)
-        st.versions[slot.name] = won.ver
-        st.changed_slots.add(slot.name)
+        _take(st, slot, idx, tuple(won.values[c] for c in names), won.ver)
     others = {v: vals for v, vals in heads.items() if v != won.ver}
     if others.keys() != before.keys():
         if others:
@@ -657,6 +616,45 @@ def _merge_heads(
         else:
             st.heads.pop(slot.name, None)
         st.heads_changed.add(slot.name)
+
+
+def _slot_conflict(
+    spec: TableSpec,
+    st: RowState,
+    kind: str,
+    slot: Slot,
+    local_c: Candidate,
+    remote_c: Candidate,
+    remote_won: bool,
+    images: tuple[dict[str, Any], dict[str, Any]],
+) -> ConflictRecord:
+    """The record of a slot's conflict decided by its policy, between `local_c` (what this site
+    held) and `remote_c` (the arriving change)."""
+    return ConflictRecord(
+        spec.name,
+        st.rid,
+        kind,
+        slot.name,
+        tuple(local_c.values),
+        local_c.ver,
+        local_c.values,
+        remote_c.ver,
+        remote_c.values,
+        slot.policy.name,
+        "remote" if remote_won else "local",
+        *images,
+    )
+
+
+def _take(st: RowState, slot: Slot, idx: list[int], values: Sequence[Any], ver: str) -> None:
+    """The row holds `values` (of the slot's columns `idx`) at version `ver`."""
+    assert st.values is not None
+    for i, v in zip(idx, values):
+        if not _same(st.values[i], v):
+            st.values[i] = v
+            st.changed.add(i)
+    st.versions[slot.name] = ver
+    st.changed_slots.add(slot.name)
 
 
 def _pick(spec: TableSpec, st: RowState, names: tuple[str, ...], pol: Policy, cands: list[Candidate]) -> Candidate:

@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -608,6 +608,30 @@ class Dialect:
         """Just before the capture of a table made again is installed (engine/evolve.py): where
         DDL commits at once, applications keep inserting between the statements that make the
         triggers. Default: nothing (DDL in the same transaction as the rest)."""
+
+    def heads_capture(self, spec: Any, cond: Callable[[Any], str], old: str = "") -> tuple[list[str], str | None]:
+        """What an update trigger adds for the slots whose policy chooses among concurrent heads
+        (docs/conflicts.md "Concurrent heads"), `cond(slot)` being the SQL condition that the
+        update sets the slot and `old` the shadow row's alias (with its dot) where the dialect
+        needs one: the SET items that clear each such slot's other heads (``h_``, ``x_``) when it
+        is set, and the expression of ``sup`` over the shadow row before the update (for each such
+        slot set: its ``v_``, ``=`` when NULL, and its ``h_``, space-separated; NULL when none is
+        set), None when the table has no such slot."""
+        q = self.quote
+        picks = [(s, cond(s)) for s in spec.slots if s.policy.chooses]
+        clear = [
+            f"{q(p + s.name)} = CASE WHEN {c} THEN NULL ELSE {old}{q(p + s.name)} END" for s, c in picks for p in ("h_", "x_")
+        ]
+        if not picks:
+            return clear, None
+        space = "' '"
+        pieces = []
+        for s, c in picks:
+            ver = f"coalesce({old}{q('v_' + s.name)}, '=')"
+            others = f"coalesce({self.concat(space, old + q('h_' + s.name))}, '')"
+            pieces.append(f"coalesce(CASE WHEN {c} THEN {self.concat(ver, others)} END, '')")
+        joined = self.concat(*[x for piece in pieces for x in (piece, space)][:-1])
+        return clear, f"nullif(trim({joined}), '')"
 
     def reset_key_counter(self, conn: Connection, info: TableInfo, top: int) -> None:
         """Under lock_writers, after normalize_keys: the next local insert into `info` (renumbered)

@@ -519,9 +519,8 @@ class MySQLDialect(Dialect):
             vcol = q("v_" + s.name)
             stamps.append(f"{vcol} = CASE WHEN {diff[s.columns[0]]} THEN mm_v ELSE {vcol} END")
         # the heads an update supersedes (docs/conflicts.md "Concurrent heads"), read below
-        picks = [(s, diff[s.columns[0]]) for s in spec.slots if s.policy.chooses]
-        for s, cond in picks:
-            stamps += [f"{q(p_ + s.name)} = CASE WHEN {cond} THEN NULL ELSE {q(p_ + s.name)} END" for p_ in ("h_", "x_")]
+        clear, sup = self.heads_capture(spec, lambda s: diff[s.columns[0]])
+        stamps += clear
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             insrid, ridvar, ridinit, live = "mm_v", "", "", ""
@@ -554,13 +553,8 @@ class MySQLDialect(Dialect):
             "updated; delete and insert the row instead"
         )
         supcol = supval = ""
-        if picks:
-            pieces = ", ".join(
-                f"CASE WHEN {cond} THEN CONCAT(coalesce({q('v_' + s.name)}, '='), coalesce(CONCAT(' ', {q('h_' + s.name)}), '')) END"
-                for s, cond in picks
-            )
-            supcol = ", sup"
-            supval = f", (SELECT NULLIF(CONCAT_WS(' ', {pieces}), '') FROM {o.shadow} WHERE `key` = NEW.{key}{live})"
+        if sup is not None:
+            supcol, supval = ", sup", f", (SELECT {sup} FROM {o.shadow} WHERE `key` = NEW.{key}{live})"
         rank = self.quote("_mm_rank_" + info.name)
         draw = self._draw(info.name)
         # the position the key trigger drew for this very row (renumbered tables; renumber.sql)

@@ -242,19 +242,10 @@ class PostgreSQLDialect(Dialect):
             stamps.append(f"{vcol} = CASE WHEN mm_m & {smask} <> 0 THEN mm_v ELSE s.{vcol} END")
         # the heads an update supersedes (docs/conflicts.md "Concurrent heads"): read before the
         # shadow row's update clears them, for each slot it sets whose policy chooses among heads
-        picks = [(s, sum(1 << i for i in s.columns)) for s in spec.slots if s.policy.chooses]
-        for s, smask in picks:
-            stamps += [
-                f"{q(p_ + s.name)} = CASE WHEN mm_m & {smask} <> 0 THEN NULL ELSE s.{q(p_ + s.name)} END" for p_ in ("h_", "x_")
-            ]
+        clear, sup = self.heads_capture(spec, lambda s: f"mm_m & {sum(1 << i for i in s.columns)} <> 0", old="s.")
+        stamps += clear
         rowslotstamp = ", ".join(stamps) if stamps else "rid = s.rid"
-        rowsup = ""
-        if picks:
-            pieces = ", ".join(
-                f"CASE WHEN mm_m & {smask} <> 0 THEN coalesce(s.{q('v_' + s.name)}, '=') || coalesce(' ' || s.{q('h_' + s.name)}, '') END"
-                for s, smask in picks
-            )
-            rowsup = f"SELECT nullif(concat_ws(' ', {pieces}), '') INTO mm_sup FROM {o.shadow} s WHERE s.key = NEW.{key}$live;"
+        rowsup = "" if sup is None else f"SELECT {sup} INTO mm_sup FROM {o.shadow} s WHERE s.key = NEW.{key}$live;"
         # the delete statement computes every value in a subquery that draws one tick per row (OFFSET
         # 0 keeps it apart), under the names mm_k, mm_o<i>; the outer SELECT adds the version
         delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))

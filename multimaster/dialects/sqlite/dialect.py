@@ -194,9 +194,8 @@ class SQLiteDialect(Dialect):
             stamps.append(f"{vcol} = CASE WHEN {cond} THEN {now_ver} ELSE {vcol} END")
         # the heads an update supersedes (docs/conflicts.md "Concurrent heads"): for each slot it
         # sets whose policy chooses among heads, read from the shadow row before its update clears them
-        picks = [(s, diff[s.columns[0]]) for s in spec.slots if s.policy.chooses]
-        for s, cond in picks:
-            stamps += [f"{q(p_ + s.name)} = CASE WHEN {cond} THEN NULL ELSE {q(p_ + s.name)} END" for p_ in ("h_", "x_")]
+        clear, sup = self.heads_capture(spec, lambda s: diff[s.columns[0]])
+        stamps += clear
         slotstamp = ", ".join(stamps) if stamps else "rid = rid"
         if spec.renumber:
             renumber = self._join_renumber(info)
@@ -223,13 +222,8 @@ class SQLiteDialect(Dialect):
             # updates and deletes act on the live incarnation
             live = " AND deleted IS NULL"
         supcol = supval = ""
-        if picks:
-            pieces = " || ' ' || ".join(
-                f"coalesce(CASE WHEN {cond} THEN coalesce({q('v_' + s.name)}, '=') || coalesce(' ' || {q('h_' + s.name)}, '') END, '')"
-                for s, cond in picks
-            )
-            supcol = ", sup"
-            supval = f", (SELECT nullif(trim({pieces}), '') FROM {o.shadow} WHERE {self.key_col} = NEW.{key}{live})"
+        if sup is not None:
+            supcol, supval = ", sup", f", (SELECT {sup} FROM {o.shadow} WHERE {self.key_col} = NEW.{key}{live})"
         stmts = self.render(
             "capture",
             **fr,
