@@ -70,3 +70,29 @@ def test_re_resolve_refuses_what_it_cannot_do(sqlite_backend: Backend, tmp_path:
     assert mm("conflicts", "-t", topo, "--apply").returncode == 2
     r = mm("conflicts", "-t", topo, "--re-resolve", "--policy", "latest", "--kind", "orphan")
     assert r.returncode == 2 and "decided by a column policy" in r.stderr
+
+
+def test_a_write_continued_at_each_site_is_re_resolved_among_the_last_heads(backend: Backend, tmp_path: Path) -> None:
+    """`qty: maximum`, s1 sets 5 then 2, s2 sets 3 then 4 (tests/test_heads.py): the heads are 4
+    and 2, and 5 and 3 were written over at their own sites. Re-resolved to `minimum`, the logged
+    winner is 4 (what both sites hold) and the new one 2, never 3 (which lost nothing but is no
+    head any more); each record names the heads it chose among."""
+    from test_heads import continued_writes
+
+    cl = continued_writes(backend, tmp_path)
+    topo = str(tmp_path / "topology.yaml")
+    logged = [c for c in json.loads(mm("conflicts", "-t", topo, "--json").stdout) if c["kind"] == "update_update"]
+    assert logged and all(len(c["heads"]) >= 2 for c in logged), logged
+    r = mm("conflicts", "-t", topo, "--re-resolve", "--policy", "minimum", "--json")
+    assert r.returncode == 0, r.stderr
+    [o] = json.loads(r.stdout)["outcomes"]
+    assert o["status"] == "change", o
+    assert sorted(c["values"]["qty"] for c in o["candidates"]) == [2, 4]
+    assert sorted(c["values"]["qty"] for c in o["superseded"]) == [3, 5]
+    assert o["logged"]["values"] == {"qty": 4} and o["new"]["values"] == {"qty": 2}
+    table = mm("conflicts", "-t", topo, "--re-resolve", "--policy", "minimum")
+    assert table.returncode == 0 and "written over" in table.stdout, table.stdout
+    r = mm("conflicts", "-t", topo, "--re-resolve", "--policy", "minimum", "--apply", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cl.refresh_until_quiet()
+    assert cl.rows("s1", "items") == cl.rows("s2", "items") == [(1, "a", 2, 1.0)]

@@ -548,7 +548,10 @@ def _re_resolve(
                 o["table"],
                 str(o["key"]),
                 ",".join(o["columns"]),
-                "; ".join(f"{c['values']} @{c['origin']}" for c in o["candidates"]),
+                "; ".join(
+                    [f"{c['values']} @{c['origin']}" for c in o["candidates"]]
+                    + [f"({c['values']} @{c['origin']}, written over)" for c in o.get("superseded") or ()]
+                ),
                 o["logged_rule"],
                 "-" if not o["logged"] else f"{o['logged']['values']} @{o['logged']['origin']}",
                 "-" if not o["new"] else f"{o['new']['values']} @{o['new']['origin']}",

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Sequence
 
 from multimaster.core.policies import Candidate, Conflict, Policy
@@ -151,6 +151,9 @@ class ConflictRecord:
     local_row: dict[str, Any] | None = None
     #: what the incoming change carried (every column of an insert, the changed ones of an update)
     remote_row: dict[str, Any] | None = None
+    #: a slot under a policy that chooses among concurrent heads: every head the policy chose
+    #: among, version -> the slot's values (the record names two of them; re-resolve needs all)
+    heads: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -606,7 +609,8 @@ def _merge_heads(
             local_c = next(c for c in rivals if c.ver == local_ver)
         else:
             local_c = _pick(spec, st, names, pol, rivals)
-        conflicts.append(_slot_conflict(spec, st, kind, slot, local_c, remote_c, won is remote_c, images))
+        rec = _slot_conflict(spec, st, kind, slot, local_c, remote_c, won is remote_c, images)
+        conflicts.append(replace(rec, heads={c.ver: c.values for c in cands}))
     if won.ver != local_ver:
         _take(st, slot, idx, tuple(won.values[c] for c in names), won.ver)
     others = {v: vals for v, vals in heads.items() if v != won.ver}

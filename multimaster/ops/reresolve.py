@@ -40,7 +40,8 @@ def re_resolve_conflicts(
     """Re-resolve the logged conflicts (of `site`'s log, `table`, `kind`, recorded since `since`,
     when given) with `policy` (core.reresolve.parse_policy). Returns ``{"policy", "applied":
     bool, "outcomes": [...], "counts": {...}}``; each outcome: table, rid, key, slot, columns,
-    records ([site, id] of its log rows), candidates, logged_rule, logged, new (each candidate
+    records ([site, id] of its log rows), candidates, superseded (versions a later one of the
+    same origin followed: no candidates), logged_rule, logged, new (each candidate
     ``{values, ver, origin}``), status (``same`` / ``change`` / ``skip``), why, and with `apply`,
     for a ``change``: ``action`` (``applied`` or ``skipped``), ``at`` (the site written) and
     ``why``. `at`: the site the new values are written at (default: the first site, in the
@@ -101,6 +102,7 @@ def _as_dict(o: Outcome) -> dict[str, Any]:
         "records": [list(r) for r in o.records],
         "detected_at": o.detected_at,
         "candidates": [_cand(c) for c in o.candidates],
+        "superseded": [_cand(c) for c in o.superseded],
         "logged_rule": o.logged_policy,
         "logged": _cand(o.logged),
         "new": _cand(o.new),

@@ -351,7 +351,7 @@ def describe(row: dict[str, Any], site: str) -> dict[str, Any]:
     d["site"] = site
     if "key" not in d:  # MySQL names the column `key` too; SQLAlchemy gives it bare
         d["key"] = next((v for k, v in row.items() if k.strip('`"') == "key"), None)
-    for k in ("columns", "local_values", "remote_values", "local_row", "remote_row"):
+    for k in ("columns", "local_values", "remote_values", "local_row", "remote_row", "heads"):
         if d.get(k):
             d[k] = json.loads(d[k])
     for side in ("local", "remote"):

@@ -1,6 +1,7 @@
 """``_mm_conflicts``: every conflict the planner resolved, with both versions, the values of the
 slot, both row images (``local_row``: the row here before the change; ``remote_row``: the
-columns the incoming change carried), the policy and the decision (docs/conflicts.md).
+columns the incoming change carried), the policy and the decision, and for a slot whose policy
+chooses among concurrent heads every head it chose among (``heads``, version -> values) (docs/conflicts.md).
 
 The table is created by each dialect's site template; :func:`install` adds the columns later
 versions brought to a table created before them (``multimaster init`` runs it on every site)."""
@@ -33,10 +34,11 @@ _COLS = (
     "decision",
     "local_row",
     "remote_row",
+    "heads",
 )
 
 #: columns added after the first release, each with the column whose type it takes
-_ADDED = (("local_row", "local_values"), ("remote_row", "remote_values"))
+_ADDED = (("local_row", "local_values"), ("remote_row", "remote_values"), ("heads", "remote_values"))
 
 
 def install(conn: Connection, d: Dialect) -> list[str]:
@@ -94,6 +96,7 @@ def record(conn: Connection, d: Dialect, conflicts: Sequence[ConflictRecord], ke
                 c.decision,
                 _values(c.local_row),
                 _values(c.remote_row),
+                None if c.heads is None else json.dumps({v: {k: _json(x) for k, x in h.items()} for v, h in c.heads.items()}),
             )
             for c in conflicts
         ],
@@ -145,7 +148,7 @@ def rows(
         r._mapping
         for r in conn.exec_driver_sql(
             f"SELECT id, detected_at, tbl, rid, {d.key_col}, kind, slot, columns, local_ver, local_values, remote_ver, "
-            f"remote_values, policy, decision, local_row, remote_row FROM {d.mm_table('_mm_conflicts')} {where} "
+            f"remote_values, policy, decision, local_row, remote_row, heads FROM {d.mm_table('_mm_conflicts')} {where} "
             f"ORDER BY id DESC{lim}",
             tuple(params),
         )

@@ -1,7 +1,8 @@
 """core/reresolve.py against a reference model: the conflict records a slot leaves when its
 concurrent versions meet (in any arrival order, at one or several sites, each side logged by the
 site that saw it) give back the logged rule's winner, and the new rule's pick is the one an
-independent order on the candidates names."""
+independent order on the candidates names. A write continued at its site after the meeting
+(docs/conflicts.md "Concurrent heads") is checked with the records the planner itself leaves."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from hypothesis import strategies as st
 from multimaster.core.policies import Candidate
 from multimaster.core.reresolve import parse_policy, re_resolve, same_values
 
-SITES = ["s1", "s2", "s3"]
+SITES = ["s1", "s2", "s3", "s4"]
 RULES = ["latest", "earliest", "maximum", "minimum", "priority:s2,s1"]
 
 
-def reference(rule: str, cands: list[Candidate]) -> Candidate:
+def reference(rule: str, cands: list[Candidate], col: str = "qty") -> Candidate:
     """The winner among `cands` by an order written independently of core/policies.py."""
     if rule == "latest":
         return max(cands, key=lambda c: c.ver)
@@ -29,12 +30,12 @@ def reference(rule: str, cands: list[Candidate]) -> Candidate:
         rank = {s: i for i, s in enumerate(order)}
         best = min(rank.get(c.origin, len(order)) for c in cands)
         return max((c for c in cands if rank.get(c.origin, len(order)) == best), key=lambda c: c.ver)
-    v = [c for c in cands if c.values["qty"] is not None]
+    v = [c for c in cands if c.values[col] is not None]
     if not v:
         return max(cands, key=lambda c: c.ver)
     pick = max if rule == "maximum" else min
-    best = pick(c.values["qty"] for c in v)
-    return max((c for c in v if c.values["qty"] == best), key=lambda c: c.ver)
+    best = pick(c.values[col] for c in v)
+    return max((c for c in v if c.values[col] == best), key=lambda c: c.ver)
 
 
 def records_for(rule: str, order: list[Candidate], site: str, first_id: int) -> list[dict[str, Any]]:
@@ -72,7 +73,7 @@ candidates = st.lists(
     st.tuples(st.integers(1, 50), st.sampled_from(SITES), st.one_of(st.none(), st.integers(0, 4))),
     min_size=2,
     max_size=4,
-    unique_by=lambda t: (t[0], t[1]),
+    unique_by=lambda t: t[1],  # concurrent versions: a site writes a slot in order, so one origin each
 ).map(lambda ts: [Candidate({"qty": v}, "%019d:%s" % (h, s), s) for h, s, v in ts])
 
 
@@ -117,3 +118,88 @@ def test_same_values_compares_as_the_log_stores() -> None:
     assert not same_values({"qty": 6}, {"qty": 5})
     assert same_values({"b": b"\x01"}, {"b": {"$hex": "01"}})
     assert same_values({"f": True}, {"f": 1})
+
+
+# A concurrent write continued at its sites (tests/core/test_planner.py CONTINUED): s1 writes U1 and
+# then U3, s2 writes U2 and then U4, each having seen only its own (priority: U3 is written at s3,
+# having seen U1: the version it goes over is of another origin). Four sites record the meetings,
+# each hearing the four in another causal order. The heads at the end are U3 and U4; U1 and U2
+# are written over: no rule may pick them, and the logged winner is the logged rule's pick of U3
+# and U4, what every site holds.
+
+
+def _continued_records(policy: Any, vals: tuple[int, ...], u3_origin: str) -> tuple[list[dict[str, Any]], list[Any], Any]:
+    import model as m
+    from test_planner import Site, planner_policy, to_change
+
+    from multimaster.core import planner
+
+    table = m.Table(True, ("a",), (m.Slot("a", ("a",), policy),))
+    base = {1: {"a": vals[0]}}
+    b = m.base_rid(1)
+    u1 = m.Event(m.ver(11, "s1"), "s1", "U", b, 1, {"a": vals[1]}, {"a": vals[0]}, frozenset())
+    u2 = m.Event(m.ver(12, "s2"), "s2", "U", b, 1, {"a": vals[2]}, {"a": vals[0]}, frozenset())
+    u4 = m.Event(m.ver(13, "s2"), "s2", "U", b, 1, {"a": vals[4]}, {"a": vals[2]}, frozenset({u2.ver}))
+    u3 = m.Event(m.ver(14, u3_origin), u3_origin, "U", b, 1, {"a": vals[3]}, {"a": vals[1]}, frozenset({u1.ver}))
+    spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy(policy)),))
+    known = {e.ver: e for e in (u1, u2, u3, u4)}
+    ch = {e.ver: to_change(e, ("a",), table, known, base) for e in (u1, u2, u3, u4)}
+    records: list[dict[str, Any]] = []
+    ends = set()
+    for k, order in enumerate(((u1, u2, u3, u4), (u2, u4, u1, u3), (u1, u3, u2, u4), (u2, u1, u4, u3))):
+        site = Site(spec, base)
+        for e in order:
+            for c in site.reconcile([ch[e.ver]]).conflicts:
+                r = {f: getattr(c, f) for f in ("rid", "kind", "slot", "local_ver", "local_values", "remote_ver")}
+                r.update(remote_values=c.remote_values, policy=c.policy, decision=c.decision, heads=c.heads)
+                r.update(site=f"r{k}", id=len(records), detected_at="", tbl="t", key=1, columns=list(c.columns))
+                records.append(r)
+        ends.add(site.state()[1][1])
+    assert ends == {(vals[4],)}  # every site holds the pick of U3 and U4
+    return records, [u1, u2, u3, u4], m
+
+
+CONTINUED = [
+    pytest.param("earliest", (0, 1, 2, 3, 4), "s1", id="earliest"),
+    pytest.param("maximum", (1, 5, 3, 2, 4), "s1", id="maximum"),
+    pytest.param("minimum", (9, 1, 3, 4, 2), "s1", id="minimum"),
+    pytest.param(("priority", ("s1", "s2", "s3")), (0, 1, 2, 3, 4), "s3", id="priority, U3 at s3"),
+]
+
+
+@pytest.mark.parametrize("new", RULES)
+@pytest.mark.parametrize(
+    "policy, vals, u3_origin, with_heads",
+    [pytest.param(*p.values, True, id=f"{p.id}, heads recorded") for p in CONTINUED]
+    # a conflict log written before heads were recorded: the versions of one origin still tell
+    # (not when U3 goes over a version of another origin: only the recorded heads tell that)
+    + [pytest.param(*p.values, False, id=f"{p.id}, no heads recorded") for p in CONTINUED if p.values[2] == "s1"],
+)
+def test_a_write_continued_after_the_meeting_is_what_the_rules_choose_among(
+    policy: Any, vals: tuple[int, ...], u3_origin: str, with_heads: bool, new: str
+) -> None:
+    records, (u1, u2, u3, u4), _ = _continued_records(policy, vals, u3_origin)
+    if not with_heads:
+        for r in records:
+            r["heads"] = None
+    [o] = re_resolve(records, parse_policy(new))
+    assert o.status in ("same", "change"), o.why
+    assert {c.ver for c in o.candidates} == {u3.ver, u4.ver}
+    assert {c.ver for c in o.superseded} == {u1.ver, u2.ver}
+    assert o.logged is not None and o.logged.values == {"a": vals[4]} and o.logged.ver == u4.ver
+    heads = [Candidate({"a": e.new["a"]}, e.ver, e.origin) for e in (u3, u4)]
+    assert o.new is not None and o.new.ver == reference(new, heads, "a").ver
+
+
+def test_a_winner_written_over_at_its_own_site_is_no_candidate() -> None:
+    """s1's version beat s2's, then s1 wrote the slot again (no meeting: it had seen both): the
+    records name two versions of s1, and the earlier one is set aside."""
+    base = {"tbl": "items", "rid": "r1", "key": 1, "slot": "qty", "columns": ["qty"], "kind": "update_update"}
+    a, b, a2, c = "%019d:s1" % 1, "%019d:s2" % 2, "%019d:s1" % 3, "%019d:s3" % 4
+    first = dict(base, site="s1", id=1, detected_at="1", local_ver=a, local_values={"qty": 9}, remote_ver=b)
+    first.update(remote_values={"qty": 3}, policy="maximum", decision="local", heads=None)
+    second = dict(base, site="s3", id=1, detected_at="2", local_ver=c, local_values={"qty": 1}, remote_ver=a2)
+    second.update(remote_values={"qty": 2}, policy="maximum", decision="remote", heads=None)
+    [o] = re_resolve([first, second], parse_policy("earliest"))
+    assert [c_.ver for c_ in o.superseded] == [a] and {c_.ver for c_ in o.candidates} == {b, a2, c}
+    assert o.logged is not None and o.logged.ver == a2
