@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from clusters import BACKENDS, DROPPER, Backend, opened, server_unavailable
+from clusters import BACKENDS, DROPPER, SPARES, Backend, opened, server_unavailable
 from hypothesis import HealthCheck, settings
 
 # The suite shares 2 noisy cores with the servers and other runs: how fast hypothesis generates
@@ -59,8 +59,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """The tests' server databases are dropped in the background (clusters.py DROPPER): wait for
-    the last before the process ends, and say which could not be dropped."""
+    """The tests' server databases are dropped in the background (clusters.py DROPPER), and
+    PostgreSQL's are created ahead (SPARES): drop the spares left, wait for the last drop before the
+    process ends, and say which could not be dropped."""
+    SPARES.drain()
     failed = DROPPER.drain()
     if failed:
         print(f"\n{len(failed)} test database(s) not dropped: " + "; ".join(failed[:5]))
