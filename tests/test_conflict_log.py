@@ -20,9 +20,10 @@ TABLES = {
 
 
 def _drop_image_columns(cl, site):  # type: ignore[no-untyped-def]
-    """Make `site`'s conflict log look like one created before the row images existed."""
+    """Make `site`'s conflict log look like one created before the row images (and the heads)
+    existed."""
     t = "_mm._mm_conflicts" if cl.backend.name == "postgresql" else "_mm_conflicts"
-    for col in ("local_row", "remote_row"):
+    for col in ("local_row", "remote_row", "heads"):
         cl.execute(site, f"ALTER TABLE {t} DROP COLUMN {col}")
 
 
@@ -79,7 +80,7 @@ def test_init_adds_the_image_columns_once(sqlite_backend, tmp_path):  # type: ig
     s = Site("s1", cl.urls["s1"])
     try:
         with s.write() as conn:
-            assert store.conflicts.install(conn, s.dialect) == ["local_row", "remote_row"]
+            assert store.conflicts.install(conn, s.dialect) == ["local_row", "remote_row", "heads"]
         with s.write() as conn:
             assert store.conflicts.install(conn, s.dialect) == []
     finally:

@@ -46,6 +46,8 @@ def install(conn: Connection, d: Dialect) -> list[str]:
     the column it mirrors (idempotent). Returns the columns added."""
     from sqlalchemy import inspect
 
+    if {c for c, _ in _ADDED} <= d.existing_columns(conn, d.mm_table("_mm_conflicts")):
+        return []  # (the site templates create them; the inspector costs init ~30 ms a site)
     name = d.mm_table("_mm_conflicts").rsplit(".", 1)[-1]
     cols = {c["name"]: c for c in inspect(conn).get_columns(name, schema=d.caps.bookkeeping_schema)}
     added = []

@@ -292,8 +292,7 @@ class MySQLDialect(Dialect):
                 )
             finally:
                 conn.exec_driver_sql("SET autocommit = 0")
-        for sql in self.render("site"):
-            conn.exec_driver_sql(sql)
+        self.run_install(conn, self.render("site"))
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
         # the clock starts past every version an earlier layout gave (capture keeps it at or past
         # the wall clock itself)
@@ -468,7 +467,7 @@ class MySQLDialect(Dialect):
         # a natural key has one shadow row per incarnation (docs/conflicts.md): indexed, not unique
         keyindex = f"KEY {q(shadow_key_index(info.name))} (`key`)" if natural else "UNIQUE KEY (`key`)"
         o = self.obj(info.name)
-        for sql in self.render(
+        stmts = self.render(
             "table",
             table=q(info.name),
             tbl_lit=_lit(info.name),
@@ -477,8 +476,8 @@ class MySQLDialect(Dialect):
             slotcols=slotcols,
             keyindex=keyindex,
             **o.mapping(),
-        ):
-            conn.exec_driver_sql(sql)
+        )
+        self.run_install(conn, stmts)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): replace that index
             idx = conn.exec_driver_sql(

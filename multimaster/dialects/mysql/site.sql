@@ -64,7 +64,10 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   remote_ver VARCHAR(255) NOT NULL,
   remote_values LONGTEXT,
   policy VARCHAR(255) NOT NULL,
-  decision VARCHAR(32) NOT NULL
+  decision VARCHAR(32) NOT NULL,
+  local_row LONGTEXT,  -- (added by store/conflicts.py install to a log created before them)
+  remote_row LONGTEXT,
+  heads LONGTEXT
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
 -- The error queue (docs/errors.md): changes this site rejected (failed), and later changes of the
@@ -160,6 +163,7 @@ CREATE TABLE IF NOT EXISTS _mm_slots (
   conn BIGINT UNSIGNED NOT NULL,
   lo BIGINT NOT NULL,
   cur BIGINT NOT NULL,
+  epoch BIGINT NOT NULL DEFAULT 0,
   PRIMARY KEY (tbl, conn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --

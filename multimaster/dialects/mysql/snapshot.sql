@@ -8,6 +8,9 @@ CREATE TABLE IF NOT EXISTS $snap (
   `key` $keytype,
   mask BIGINT NOT NULL$logcols,
   applied SMALLINT NOT NULL DEFAULT 0,
+  txn VARCHAR(64),  -- (the ALTERs below and install_snapshot add these to a snapshot created before them)
+  pending LONGTEXT,
+  sup LONGTEXT,
   KEY $snap_idx (applied)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --

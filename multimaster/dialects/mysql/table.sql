@@ -8,6 +8,9 @@ CREATE TABLE IF NOT EXISTS $log (
   rid VARCHAR(255) NOT NULL,
   `key` $keytype,
   mask BIGINT NOT NULL$logcols,
+  txn VARCHAR(64),  -- (the ALTERs below add these to a log created before them)
+  sv INT,
+  sup LONGTEXT,
   UNIQUE KEY (ver)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --

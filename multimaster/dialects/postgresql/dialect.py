@@ -162,8 +162,7 @@ class PostgreSQLDialect(Dialect):
         return str(conn.exec_driver_sql(f"SELECT site FROM {SCHEMA}._mm_state").scalar())
 
     def install_site(self, conn: Connection, site: str) -> None:
-        for sql in self.render("site", site_lit=_lit(site)):
-            conn.exec_driver_sql(sql)
+        self.run_install(conn, self.render("site", site_lit=_lit(site)))
         conn.exec_driver_sql(f"INSERT INTO {SCHEMA}._mm_state (id, site) VALUES (1, %s) ON CONFLICT (id) DO NOTHING", (site,))
         self._install_schema_guard(conn)
 
@@ -201,7 +200,7 @@ class PostgreSQLDialect(Dialect):
         shadowindex = (
             f"CREATE INDEX IF NOT EXISTS {q(shadow_key_index(info.name))} ON {o.shadow} ({self.key_col})" if natural else ""
         )
-        for sql in self.render(
+        stmts = self.render(
             "table",
             table=q(info.name),
             keytype=info.key.type_sql,
@@ -212,8 +211,8 @@ class PostgreSQLDialect(Dialect):
             shadowindex=shadowindex,
             **o.mapping(),
             **self._fn(info.name),
-        ):
-            conn.exec_driver_sql(sql)
+        )
+        self.run_install(conn, stmts)
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
             for (con,) in conn.exec_driver_sql(

@@ -54,7 +54,10 @@ CREATE TABLE IF NOT EXISTS _mm._mm_conflicts (
   remote_ver text COLLATE "C" NOT NULL,
   remote_values text,
   policy text NOT NULL,
-  decision text NOT NULL
+  decision text NOT NULL,
+  local_row text,  -- (added by store/conflicts.py install to a log created before them)
+  remote_row text,
+  heads text
 );
 --
 -- The error queue (docs/errors.md): changes this site rejected (failed), and later changes of the

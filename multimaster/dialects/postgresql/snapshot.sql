@@ -7,7 +7,10 @@ CREATE TABLE IF NOT EXISTS $snap (
   rid text COLLATE "C" NOT NULL,
   key $keytype,
   mask bigint NOT NULL$logcols,
-  applied smallint NOT NULL DEFAULT 0
+  applied smallint NOT NULL DEFAULT 0,
+  txn text,  -- (the ALTERs below and install_snapshot add these to a snapshot created before them)
+  pending text,
+  sup text
 );
 --
 ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn text;  -- the entry's source transaction (relays copy it)

@@ -7,7 +7,10 @@ CREATE TABLE IF NOT EXISTS $log (
   op char(1) NOT NULL CHECK (op IN ('I', 'U', 'D')),
   rid text COLLATE "C" NOT NULL,
   key $keytype,
-  mask bigint NOT NULL$logcols
+  mask bigint NOT NULL$logcols,
+  txn text,  -- (the ALTERs below and install_heads add these to a log created before them)
+  sv integer,
+  sup text
 );
 --
 -- the source transaction of the entry (capture: pg_current_xact_id(); a relayed entry keeps its

@@ -49,7 +49,10 @@ CREATE TABLE IF NOT EXISTS _mm_conflicts (
   remote_ver TEXT NOT NULL,
   remote_values TEXT,
   policy TEXT NOT NULL,
-  decision TEXT NOT NULL
+  decision TEXT NOT NULL,
+  local_row TEXT,  -- (added by store/conflicts.py install to a log created before them)
+  remote_row TEXT,
+  heads TEXT
 );
 --
 -- The error queue (docs/errors.md): changes this site rejected (failed), and later changes of the
