@@ -28,6 +28,14 @@ reported: changes/s written at r1, changes/s applied at r2, and commit -> visibl
 p50 / p95 of the inserted rows (visible = seen by a SELECT at r2 right after a refresh); then the
 cluster is refreshed until quiet and both sites' rows are compared (`converged`).
 
+CPU per transaction (when the server runs on this machine and its processes can be read in
+/proc): the server's CPU time (MariaDB's one process; PostgreSQL's postmaster, its live children
+and the backends it reaped) and the load generator's (pgbench, or this process's threads), per
+committed transaction, medians over the rounds; `cpu` = plain's ÷ multimaster's, server and client
+together. Where plain saturates the cores (16 clients on 2 cores) that is what bounds the tps
+ratio, and it moves less than the tps when other tenants of a shared host take the cores (their
+time is counted to no process here).
+
 Databases get unique names (tests/clusters.py) and are dropped at the end. Other modules can
 reuse the harness: :func:`run_load` (one database, one configuration) and :func:`compare`
 (several databases interleaved).
@@ -41,6 +49,7 @@ import json
 import os
 import random
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -272,6 +281,57 @@ def _threads(
     return {"tps": sum(done) / (window["end"] - t0), "retries": sum(retries)}
 
 
+def _proc_times(pid: int) -> tuple[float, float]:
+    """(own user + system, reaped children's user + system) CPU seconds of process `pid`."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return (int(f[11]) + int(f[12])) / tick, (int(f[13]) + int(f[14])) / tick
+
+
+def _server_pid(b, url: str) -> int | None:  # type: ignore[no-untyped-def]
+    """The server's process whose CPU time covers its work: PostgreSQL's postmaster (a backend's
+    parent), MariaDB's one process; None when it is not on this machine or not readable."""
+    try:
+        c = b.connect(url)
+        cur = c.cursor()
+        cur.execute("SELECT pg_backend_pid()" if b.name == "postgresql" else "SELECT @@pid_file")
+        v = cur.fetchone()[0]
+        c.close()
+        if b.name == "postgresql":
+            stat = Path(f"/proc/{int(v)}/stat").read_text().rsplit(")", 1)[1].split()
+            pid = int(stat[1])  # its parent
+        else:
+            pid = int(Path(str(v)).read_text().split()[0])
+        _proc_times(pid)
+        return pid
+    except Exception:  # noqa: BLE001 - a remote server, or /proc not readable: no CPU figures
+        return None
+
+
+def _server_cpu(pid: int | None) -> float | None:
+    """CPU seconds the server has used so far: the process, its live children (PostgreSQL's
+    backends and background workers) and the children it reaped."""
+    if pid is None:
+        return None
+    own, reaped = _proc_times(pid)
+    total = own + reaped
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                st = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(st[1]) == pid:
+                    total += sum(_proc_times(int(d.name)))
+            except (OSError, ValueError, IndexError):
+                continue
+    return total
+
+
+def _client_cpu() -> float:
+    """CPU seconds of this process (its threads) and of its reaped children (pgbench)."""
+    a, b = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return a.ru_utime + a.ru_stime + b.ru_utime + b.ru_stime
+
+
 def run_load(
     b,
     url: str,
@@ -281,10 +341,20 @@ def run_load(
     think_ms: float = 2.0,  # type: ignore[no-untyped-def]
     pg_driver: str = "pgbench",
 ) -> dict[str, Any]:
-    """One configuration against one database: {'tps': ..., 'retries': ...}."""
+    """One configuration against one database: {'tps': ..., 'retries': ..., 'server_us': ...,
+    'client_us': ...} (CPU per committed transaction; server_us None when it cannot be read)."""
+    pid = _server_pid(b, url)
+    s0, c0 = _server_cpu(pid), _client_cpu()
     if b.name == "postgresql" and pg_driver == "pgbench":
-        return _pgbench(url, workload, clients, seconds, think_ms)
-    return _threads(b, url, workload, clients, seconds, think_ms)
+        r = _pgbench(url, workload, clients, seconds, think_ms)
+    else:
+        r = _threads(b, url, workload, clients, seconds, think_ms)
+    time.sleep(0.2)  # the backends of the run's connections exit and are reaped
+    s1, c1 = _server_cpu(pid), _client_cpu()
+    txns = max(1.0, r["tps"] * seconds)
+    r["server_us"] = None if s0 is None or s1 is None else (s1 - s0) / txns * 1e6
+    r["client_us"] = (c1 - c0) / txns * 1e6
+    return r
 
 
 def compare(
@@ -303,12 +373,15 @@ def compare(
     out = []
     for workload, clients, think in configs:
         runs: dict[str, list[float]] = {n: [] for n in urls}
+        cpu: dict[str, list[tuple[float, float]]] = {n: [] for n in urls}
         retries: dict[str, int] = {n: 0 for n in urls}
         for _ in range(rounds):
             for n, u in urls.items():
                 r = run_load(b, u, workload, clients, seconds, think, pg_driver)
                 runs[n].append(r["tps"])
                 retries[n] += r["retries"]
+                if r["server_us"] is not None:
+                    cpu[n].append((r["server_us"], r["client_us"]))
         med = {n: statistics.median(v) for n, v in runs.items()}
         row: dict[str, Any] = {
             "workload": workload if think else f"{workload} (no think)",
@@ -323,6 +396,10 @@ def compare(
                 n: round(statistics.median(a / b for a, b in zip(runs[n], runs[baseline]) if b), 3) for n in urls if n != baseline
             },
         }
+        if all(cpu.values()):
+            per = {n: (statistics.median(x for x, _ in v), statistics.median(y for _, y in v)) for n, v in cpu.items()}
+            row["cpu_us_per_txn"] = {n: {"server": round(sv), "client": round(cl)} for n, (sv, cl) in per.items()}
+            row["cpu"] = {n: round(sum(per[baseline]) / sum(per[n]), 3) for n in urls if n != baseline and sum(per[n])}
         if any(retries.values()):
             row["retries"] = retries
         say(
@@ -332,6 +409,14 @@ def compare(
             + " ".join(f"{n} {v:.3f}" for n, v in row["ratio"].items())
             + "   paired "
             + " ".join(f"{n} {v:.3f}" for n, v in row["paired"].items())
+            + (
+                "   cpu µs/txn (server+client) "
+                + " ".join(f"{n} {c['server']}+{c['client']}" for n, c in row["cpu_us_per_txn"].items())
+                + "   cpu "
+                + " ".join(f"{n} {v:.3f}" for n, v in row["cpu"].items())
+                if "cpu" in row
+                else ""
+            )
         )
         out.append(row)
     return out
