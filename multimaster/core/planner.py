@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_left
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from multimaster.core.policies import Candidate, Conflict, Policy
@@ -609,8 +609,8 @@ def _merge_heads(
             local_c = next(c for c in rivals if c.ver == local_ver)
         else:
             local_c = _pick(spec, st, names, pol, rivals)
-        rec = _slot_conflict(spec, st, kind, slot, local_c, remote_c, won is remote_c, images)
-        conflicts.append(replace(rec, heads={c.ver: c.values for c in cands}))
+        chose = {c.ver: c.values for c in cands}
+        conflicts.append(_slot_conflict(spec, st, kind, slot, local_c, remote_c, won is remote_c, images, chose))
     if won.ver != local_ver:
         _take(st, slot, idx, tuple(won.values[c] for c in names), won.ver)
     others = {v: vals for v, vals in heads.items() if v != won.ver}
@@ -631,9 +631,10 @@ def _slot_conflict(
     remote_c: Candidate,
     remote_won: bool,
     images: tuple[dict[str, Any], dict[str, Any]],
+    heads: dict[str, dict[str, Any]] | None = None,
 ) -> ConflictRecord:
     """The record of a slot's conflict decided by its policy, between `local_c` (what this site
-    held) and `remote_c` (the arriving change)."""
+    held) and `remote_c` (the arriving change); `heads`: every head the policy chose among."""
     return ConflictRecord(
         spec.name,
         st.rid,
@@ -647,6 +648,7 @@ def _slot_conflict(
         slot.policy.name,
         "remote" if remote_won else "local",
         *images,
+        heads,
     )
 
 

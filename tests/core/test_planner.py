@@ -588,8 +588,26 @@ CONTINUED = [
 ]
 
 
-@pytest.mark.parametrize("policy, vals, u3_origin", CONTINUED)
-def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: tuple[int, ...], u3_origin: str) -> None:
+@dataclass
+class Continued:
+    """The scenario above for one policy: the table, its base row, U1..U4, the planner's spec and
+    each event as the change it arrives as (by version)."""
+
+    table: m.Table
+    base: dict[Any, dict[str, Any]]
+    events: tuple[m.Event, m.Event, m.Event, m.Event]
+    spec: planner.TableSpec
+    change: dict[str, planner.Change]
+
+    #: four causal orders a site may hear U1..U4 in (as indexes into events)
+    ORDERS = ((0, 1, 2, 3), (1, 3, 0, 2), (0, 2, 1, 3), (1, 0, 3, 2))
+
+    def orders(self) -> list[tuple[m.Event, ...]]:
+        return [tuple(self.events[i] for i in o) for o in self.ORDERS]
+
+
+def continued(policy: Any, vals: tuple[int, ...], u3_origin: str) -> Continued:
+    """U1..U4 of CONTINUED's `policy`, `vals` (base, U1..U4) and U3's origin."""
     table = m.Table(True, ("a",), (m.Slot("a", ("a",), policy),))
     base = {1: {"a": vals[0]}}
     b = m.base_rid(1)
@@ -597,14 +615,22 @@ def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: t
     u2 = m.Event(m.ver(12, "s2"), "s2", "U", b, 1, {"a": vals[2]}, {"a": vals[0]}, frozenset())
     u4 = m.Event(m.ver(13, "s2"), "s2", "U", b, 1, {"a": vals[4]}, {"a": vals[2]}, frozenset({u2.ver}))
     u3 = m.Event(m.ver(14, u3_origin), u3_origin, "U", b, 1, {"a": vals[3]}, {"a": vals[1]}, frozenset({u1.ver}))
-    want = m.table_rows(table, m.final_state(table, base, [u1, u2, u3, u4]))
-    assert want == {1: (vals[4],)}  # the policy's pick of the last writes U3 and U4
     spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy(policy)),))
     known = {e.ver: e for e in (u1, u2, u3, u4)}
     ch = {e.ver: to_change(e, ("a",), table, known, base) for e in (u1, u2, u3, u4)}
+    return Continued(table, base, (u1, u2, u3, u4), spec, ch)
+
+
+@pytest.mark.parametrize("policy, vals, u3_origin", CONTINUED)
+def test_pick_policies_when_a_concurrent_write_is_continued(policy: Any, vals: tuple[int, ...], u3_origin: str) -> None:
+    sc = continued(policy, vals, u3_origin)
+    table, base, spec, ch = sc.table, sc.base, sc.spec, sc.change
+    u1, u2, u3, u4 = sc.events
+    want = m.table_rows(table, m.final_state(table, base, [u1, u2, u3, u4]))
+    assert want == {1: (vals[4],)}  # the policy's pick of the last writes U3 and U4
     assert ch[u1.ver].sup == ch[u2.ver].sup == {"="} and ch[u3.ver].sup == {u1.ver} and ch[u4.ver].sup == {u2.ver}
     got = {}
-    for order in ((u1, u2, u3, u4), (u2, u4, u1, u3), (u1, u3, u2, u4), (u2, u1, u4, u3)):
+    for order in sc.orders():
         site = Site(spec, base)
         for e in order:
             site.reconcile([ch[e.ver]])

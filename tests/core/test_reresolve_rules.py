@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_planner import CONTINUED, Site, continued
 
 from multimaster.core.policies import Candidate
 from multimaster.core.reresolve import parse_policy, re_resolve, same_values
@@ -128,57 +129,39 @@ def test_same_values_compares_as_the_log_stores() -> None:
 # and U4, what every site holds.
 
 
-def _continued_records(policy: Any, vals: tuple[int, ...], u3_origin: str) -> tuple[list[dict[str, Any]], list[Any], Any]:
-    import model as m
-    from test_planner import Site, planner_policy, to_change
-
-    from multimaster.core import planner
-
-    table = m.Table(True, ("a",), (m.Slot("a", ("a",), policy),))
-    base = {1: {"a": vals[0]}}
-    b = m.base_rid(1)
-    u1 = m.Event(m.ver(11, "s1"), "s1", "U", b, 1, {"a": vals[1]}, {"a": vals[0]}, frozenset())
-    u2 = m.Event(m.ver(12, "s2"), "s2", "U", b, 1, {"a": vals[2]}, {"a": vals[0]}, frozenset())
-    u4 = m.Event(m.ver(13, "s2"), "s2", "U", b, 1, {"a": vals[4]}, {"a": vals[2]}, frozenset({u2.ver}))
-    u3 = m.Event(m.ver(14, u3_origin), u3_origin, "U", b, 1, {"a": vals[3]}, {"a": vals[1]}, frozenset({u1.ver}))
-    spec = planner.TableSpec("t", "id", True, ("a",), (planner.Slot("a", (0,), planner_policy(policy)),))
-    known = {e.ver: e for e in (u1, u2, u3, u4)}
-    ch = {e.ver: to_change(e, ("a",), table, known, base) for e in (u1, u2, u3, u4)}
+def _continued_records(policy: Any, vals: tuple[int, ...], u3_origin: str) -> tuple[list[dict[str, Any]], Any]:
+    sc = continued(policy, vals, u3_origin)
     records: list[dict[str, Any]] = []
     ends = set()
-    for k, order in enumerate(((u1, u2, u3, u4), (u2, u4, u1, u3), (u1, u3, u2, u4), (u2, u1, u4, u3))):
-        site = Site(spec, base)
+    for k, order in enumerate(sc.orders()):
+        site = Site(sc.spec, sc.base)
         for e in order:
-            for c in site.reconcile([ch[e.ver]]).conflicts:
+            for c in site.reconcile([sc.change[e.ver]]).conflicts:
                 r = {f: getattr(c, f) for f in ("rid", "kind", "slot", "local_ver", "local_values", "remote_ver")}
                 r.update(remote_values=c.remote_values, policy=c.policy, decision=c.decision, heads=c.heads)
                 r.update(site=f"r{k}", id=len(records), detected_at="", tbl="t", key=1, columns=list(c.columns))
                 records.append(r)
         ends.add(site.state()[1][1])
     assert ends == {(vals[4],)}  # every site holds the pick of U3 and U4
-    return records, [u1, u2, u3, u4], m
+    return records, sc.events
 
 
-CONTINUED = [
-    pytest.param("earliest", (0, 1, 2, 3, 4), "s1", id="earliest"),
-    pytest.param("maximum", (1, 5, 3, 2, 4), "s1", id="maximum"),
-    pytest.param("minimum", (9, 1, 3, 4, 2), "s1", id="minimum"),
-    pytest.param(("priority", ("s1", "s2", "s3")), (0, 1, 2, 3, 4), "s3", id="priority, U3 at s3"),
-]
+# (a custom resolver given as a function has no name --policy could take: the others)
+NAMED = [p for p in CONTINUED if p.id != "custom"]
 
 
 @pytest.mark.parametrize("new", RULES)
 @pytest.mark.parametrize(
     "policy, vals, u3_origin, with_heads",
-    [pytest.param(*p.values, True, id=f"{p.id}, heads recorded") for p in CONTINUED]
+    [pytest.param(*p.values, True, id=f"{p.id}, heads recorded") for p in NAMED]
     # a conflict log written before heads were recorded: the versions of one origin still tell
     # (not when U3 goes over a version of another origin: only the recorded heads tell that)
-    + [pytest.param(*p.values, False, id=f"{p.id}, no heads recorded") for p in CONTINUED if p.values[2] == "s1"],
+    + [pytest.param(*p.values, False, id=f"{p.id}, no heads recorded") for p in NAMED if p.values[2] == "s1"],
 )
 def test_a_write_continued_after_the_meeting_is_what_the_rules_choose_among(
     policy: Any, vals: tuple[int, ...], u3_origin: str, with_heads: bool, new: str
 ) -> None:
-    records, (u1, u2, u3, u4), _ = _continued_records(policy, vals, u3_origin)
+    records, (u1, u2, u3, u4) = _continued_records(policy, vals, u3_origin)
     if not with_heads:
         for r in records:
             r["heads"] = None
