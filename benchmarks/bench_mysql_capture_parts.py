@@ -10,6 +10,8 @@ the time goes. One plain database and one multimaster site per variant (each the
 part, by replacing the site's own objects after `init`:
 
 - ``installed``: multimaster as `init` leaves it;
+- ``no id read``: the draw not reading its row's transaction id back (the clock still
+  system-versioned, the registry's row still written at COMMIT): what the read itself costs;
 - ``no transaction id``: the clock `_mm_tick` not system-versioned and the draw not reading the row's
   transaction id back (no `mysql.transaction_registry` row at COMMIT);
 - ``no clock draw``: the slot's UPDATE takes a `UUID_SHORT()` instead of calling `_mm_draw` (no
@@ -79,6 +81,10 @@ def _redraw(cur: Any, edit: Callable[[str], str]) -> None:
     )
 
 
+def _no_id_read(cur: Any, natural: bool) -> None:
+    _redraw(cur, lambda b: re.sub(r"SET @mm_trx = \(SELECT trx FROM _mm_tick WHERE t = p\);", "SET @mm_trx = 0;", b))
+
+
 def _no_txn_id(cur: Any, natural: bool) -> None:
     cur.execute("SELECT coalesce(max(t), 0) + 1 FROM _mm_tick")
     top = int(cur.fetchone()[0])
@@ -122,6 +128,7 @@ def _no_triggers(cur: Any, natural: bool) -> None:
 
 VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "installed": None,
+    "no id read": _no_id_read,
     "no transaction id": _no_txn_id,
     "no clock draw": _no_draw,
     "no slot": _no_slot,
