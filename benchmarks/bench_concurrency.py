@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/bench_concurrency.py --servers postgresql --clients 1,16 --seconds 5
     .venv/bin/python benchmarks/bench_concurrency.py --quick --json
     .venv/bin/python benchmarks/bench_concurrency.py --quick --pg-driver psycopg   # PostgreSQL through Python threads
+    .venv/bin/python benchmarks/bench_concurrency.py --quick --against d4c2b13 --no-replication   # and the issue's day
 
 The workload of issue #10: every client connection runs transactions of one write — an INSERT
 (`insert`), an UPDATE of a random existing row (`update`), or either at random (`mixed`) — plus
@@ -16,6 +17,15 @@ multimaster site (one of a 2-site cluster, nobody pulling) *interleaved*: plain,
 median(mm tps) / median(plain tps), and `paired` = the median over rounds of mm tps / plain tps of
 the same round (steadier on a busy host). One more row, `insert (no think)`, is one connection
 inserting without think time: the single-connection capture floor (`--no-capture` skips it).
+
+Issue #10's floors are printed after each server's rows: 0.7 of plain at 16 clients for insert and
+update, and for one connection without think time "not below today's". `--against REV` measures
+that one in the same run: a third database, the first site of a 2-site cluster made by the
+`tests/clusters.py` and `init` of revision REV of this repository (checked out in a temporary git
+worktree, run in a subprocess; d4c2b13 is the commit that added this script, the day the issue was
+filed), interleaved with the other two; its base rows go in through its triggers after its
+`init`. Without `--against`, the floor is the figure the issue quotes (PostgreSQL 0.69, MariaDB
+0.75), measured on another machine.
 
 PostgreSQL load comes from pgbench (`-c N -j 2`, `\\sleep`; `--pg-driver psycopg` uses Python
 threads instead), MariaDB load from PyMySQL threads, one connection each. A transaction that fails
@@ -516,6 +526,64 @@ def replication(
 # ---------------------------------------------------------------------------------------------
 
 
+#: issue #10: tps at 16 clients, and one connection without think time as the issue quotes it
+FLOOR_16 = 0.7
+FLOOR_ONE = {"postgresql": 0.69, "mysql": 0.75}
+AGAINST = "against"
+
+
+def against_site(b, rev: str, tmp: Path) -> str:  # type: ignore[no-untyped-def]
+    """The first site of a 2-site cluster replicating `items`, made by the test harness and `init`
+    of revision `rev` of this repository (a temporary git worktree, a subprocess), filled with the
+    base rows through its triggers. Its databases join `b`'s, dropped by `b.cleanup()`."""
+    wt = tmp / "against-tree"
+    git = ["git", "-C", str(ROOT)]
+    made = subprocess.run([*git, "worktree", "add", "--detach", "-f", str(wt), rev], capture_output=True, text=True)
+    if made.returncode != 0:
+        raise SystemExit(f"--against {rev}: git worktree add failed: {made.stderr.strip()}")
+    code = (
+        "import json, sys, tempfile\n"
+        "from pathlib import Path\n"
+        f"sys.path[:0] = [{str(wt)!r}, {str(wt / 'tests')!r}]\n"
+        "import clusters\n"
+        f"b = clusters.{type(b).__name__}()\n"
+        f"cl = clusters.make_cluster(b, Path(tempfile.mkdtemp()), ['a1', 'a2'], {{'items': {{'key': 'id', 'columns': {COLS!r}}}}})\n"
+        "print(json.dumps([cl.urls['a1'], list(b.databases)]))\n"
+    )
+    try:
+        out = subprocess.run([sys.executable, "-c", code], cwd=wt, capture_output=True, text=True, timeout=900)
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(wt)], capture_output=True)
+    if out.returncode != 0:
+        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise SystemExit(f"--against {rev}: making a site with that revision failed: {tail}")
+    url, dbs = json.loads(out.stdout.strip().splitlines()[-1])
+    b.databases.extend(dbs)
+    fill_base(b, url)
+    return str(url)
+
+
+def floors(server: str, rows: list[dict[str, Any]], rev: str | None) -> list[dict[str, Any]]:
+    """Issue #10's floors against the rows of `compare`: per row, what mm's paired ratio is held to
+    and whether it holds. Rows the issue sets no floor for are left out."""
+    out = []
+    for r in rows:
+        mm = r["paired"].get("mm")
+        if mm is None:
+            continue
+        if r["clients"] == 16 and r["think_ms"] and r["workload"] in ("insert", "update"):
+            want, against = FLOOR_16, "0.7 of plain"
+        elif r["clients"] == 1 and not r["think_ms"]:
+            if rev is not None and AGAINST in r["paired"]:
+                want, against = r["paired"][AGAINST], f"{rev} in this run"
+            else:
+                want, against = FLOOR_ONE[server], f"the issue's {FLOOR_ONE[server]}"
+        else:
+            continue
+        out.append({"row": f"{r['workload']} x{r['clients']}", "mm": mm, "floor": want, "against": against, "met": mm >= want})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 s runs, 2 rounds, 1 and 16 clients (< 3 minutes)")
@@ -535,6 +603,11 @@ def main() -> None:
         help="the replication run's workload; order: an INSERT, the think time, an UPDATE (transactions overlap)",
     )
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--against",
+        metavar="REV",
+        help="also measure a site made by revision REV's init, interleaved (e.g. d4c2b13: the day issue #10 was filed)",
+    )
     args = ap.parse_args()
     clients = [int(x) for x in (args.clients or ("1,16" if args.quick else "1,4,16,64")).split(",")]
     seconds = args.seconds or (2.0 if args.quick else 5.0)
@@ -566,7 +639,13 @@ def main() -> None:
             urls = {"plain": plain_site(b, tmp)}
             mm_urls, _ = mm_cluster(b, tmp)
             urls["mm"] = mm_urls["c1"]
-            out[name] = {"load": compare(b, urls, configs, seconds, rounds, args.pg_driver, say=say)}
+            if args.against:
+                urls[AGAINST] = against_site(b, args.against, tmp)
+            rows = compare(b, urls, configs, seconds, rounds, args.pg_driver, say=say)
+            out[name] = {"load": rows, "floors": floors(name, rows, args.against)}
+            for f in out[name]["floors"]:
+                verdict = "met" if f["met"] else f"NOT met ({f['mm'] - f['floor']:+.3f})"
+                say(f"  floor {f['row']:>18}: mm {f['mm']:.3f}, floor {f['floor']:.3f} ({f['against']}): {verdict}")
             if not args.no_replication:
                 rep = replication(b, tmp, seconds * 3, workload=args.replication_workload)
                 out[name]["replication"] = rep
