@@ -11,7 +11,10 @@ bulk load. One plain database and one multimaster site per variant (each the fir
 takes multimaster as `init` leaves it and replaces the insert capture of `items` after `init`:
 
 - ``installed``: multimaster as `init` leaves it (an AFTER INSERT ... FOR EACH STATEMENT trigger
-  over the transition table, capture.sql);
+  over the transition table, capture.sql: a one-row statement through two plain INSERTs, a larger
+  one set-based);
+- ``set-based``: the same trigger with every statement captured set-based (what `init` installed
+  before session 19);
 - ``per row``: an AFTER INSERT ... FOR EACH ROW trigger doing the same work for NEW: registration,
   one tick, the change-log row and the shadow row (what docs/decisions.md weighed);
 - ``hybrid``: a row trigger that also sees the statement's transition table: a statement of one
@@ -61,7 +64,7 @@ def _installed(cur: Any) -> tuple[str, str, str, str]:
     text = cur.fetchone()[0]
     log = re.search(r"(INSERT INTO _mm\.\"_mm_log_items\" \([^)]*\))\s*SELECT (.*?)\n\s*FROM \(SELECT lpad", text, re.S)
     shadow = re.search(r"(INSERT INTO _mm\.\"_mm_shadow_items\" \(rid, key[^)]*\))\s*SELECT rid, key", text)
-    if not log or not shadow or "<= 16 THEN" not in text:
+    if not log or not shadow or "ELSIF (SELECT count(*)" not in text or "IF mm_n = 1 THEN" not in text:
         raise SystemExit("the installed insert capture of items changed shape: update this script")
     return log.group(1), log.group(2), shadow.group(1), text
 
@@ -87,6 +90,20 @@ def _function(cur: Any, site: str, body: str) -> None:
     )
 
 
+def _set_based(cur: Any) -> str:
+    """The installed function's registration and set-based statement (sized), without its
+    one-row path."""
+    text = _installed(cur)[3]
+    register = "IF coalesce(current_setting('mm.lo', true), '') = '' THEN PERFORM _mm._mm_register(); END IF;\n"
+    tail = text.split("ELSIF (SELECT count(*)", 1)[1].rsplit("RETURN NULL;", 1)[0]
+    return register + "  IF (SELECT count(*)" + tail
+
+
+def set_based(cur: Any, site: str) -> None:
+    body = _set_based(cur)
+    _function(cur, site, body)
+
+
 def per_row(cur: Any, site: str) -> None:
     body = _row_body(cur)
     cur.execute("DROP TRIGGER _mm_cap_i_items ON items")
@@ -99,16 +116,15 @@ def per_row(cur: Any, site: str) -> None:
 
 def hybrid(cur: Any, site: str) -> None:
     body = _row_body(cur)
-    text = _installed(cur)[3]
-    set_based = text.split("BEGIN\n", 1)[1].rsplit("RETURN NULL;", 1)[0]  # registration + the statement
+    whole = _set_based(cur)
     cur.execute("DROP TRIGGER _mm_cap_i_items ON items")
     _function(
         cur,
         site,
         "IF NOT EXISTS (SELECT FROM mm_new OFFSET 1) THEN\n  "
         + body
-        + '\n  ELSIF NEW."id" = (SELECT "id" FROM mm_new LIMIT 1) THEN\n'
-        + set_based
+        + '\n  ELSIF NEW."id" = (SELECT "id" FROM mm_new LIMIT 1) THEN\n  '
+        + whole
         + "  END IF;",
     )
     cur.execute(
@@ -147,6 +163,7 @@ def key_only(cur: Any, site: str) -> None:
 
 VARIANTS: dict[str, Callable[[Any, str], None] | None] = {
     "installed": None,
+    "set-based": set_based,
     "per row": per_row,
     "hybrid": hybrid,
     "lean": lean,

@@ -1,6 +1,12 @@
 -- multimaster: capture triggers (PostgreSQL) on $table.
 -- Inserts and deletes are captured per statement: AFTER ... FOR EACH STATEMENT triggers read the
 -- transition tables, so a multi-row statement is captured with a few set-based statements. A
+-- statement of one row (an application's usual write) takes its row from the transition table and
+-- writes the change-log row and the shadow's with two plain statements, as an update's row trigger
+-- does: a set-based statement costs more to start than it saves on one row (docs/decisions.md,
+-- "PostgreSQL capture"; benchmarks/bench_pg_insert_capture.py). A natural key's new incarnation
+-- first ends the live one ($rowreplaced), then goes into the shadow, as the set-based CTE does. A
+-- statement of no row captures nothing and does not register. A
 -- plpgsql function plans such a statement once per session and keeps the plan, made for the size
 -- of the transition table it first saw: made for 20,000 rows, every later single-row insert or
 -- delete of the session scanned the whole shadow (docs/postgresql.md "Capture and plans"). So a
@@ -33,11 +39,30 @@
 -- a string literal for EXECUTE.)
 CREATE OR REPLACE FUNCTION $fn_cap_i() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  mm_r record;
+  mm_n int := 0;
+  mm_t bigint;
+  mm_v text;
+  mm_rid text;
 BEGIN
+  FOR mm_r IN SELECT * FROM mm_new LIMIT 2 LOOP
+    mm_n := mm_n + 1;
+  END LOOP;
+  IF mm_n = 0 THEN
+    RETURN NULL;
+  END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
     PERFORM _mm._mm_register();
   END IF;
-  IF (SELECT count(*) FROM (SELECT FROM mm_new LIMIT $few + 1) c) <= $few THEN
+  IF mm_n = 1 THEN
+    mm_t := _mm._mm_tick();
+    mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
+    mm_rid := $rowinsrid;
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols)
+      VALUES (mm_t, mm_v, $site_lit, 'I', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rownewvals);$rowreplaced
+    INSERT INTO $shadow (rid, key$slotnames) VALUES (mm_rid, mm_r.$key$rowslotinit);
+  ELSIF (SELECT count(*) FROM (SELECT FROM mm_new LIMIT $few + 1) c) <= $few THEN
     $ins_stmt;
   ELSE
     EXECUTE $ins_lit;
@@ -73,11 +98,30 @@ $$;
 --
 CREATE OR REPLACE FUNCTION $fn_cap_d() RETURNS trigger LANGUAGE plpgsql
   SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  mm_r record;
+  mm_n int := 0;
+  mm_t bigint;
+  mm_v text;
+  mm_rid text;
 BEGIN
+  FOR mm_r IN SELECT * FROM mm_old LIMIT 2 LOOP
+    mm_n := mm_n + 1;
+  END LOOP;
+  IF mm_n = 0 THEN
+    RETURN NULL;
+  END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
     PERFORM _mm._mm_register();
   END IF;
-  IF (SELECT count(*) FROM (SELECT FROM mm_old LIMIT $few + 1) c) <= $few THEN
+  IF mm_n = 1 THEN
+    mm_t := _mm._mm_tick();
+    mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
+    mm_rid := (SELECT s.rid FROM $shadow s WHERE s.key = mm_r.$key$live);
+    INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ocols)
+      VALUES (mm_t, mm_v, $site_lit, 'D', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rowoldvals);
+    UPDATE $shadow s SET deleted = mm_v WHERE s.key = mm_r.$key$live;
+  ELSIF (SELECT count(*) FROM (SELECT FROM mm_old LIMIT $few + 1) c) <= $few THEN
     $del_stmt;
   ELSE
     EXECUTE $del_lit;

@@ -250,8 +250,11 @@ class PostgreSQLDialect(Dialect):
         delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))
         xdel = "".join(f", x.mm_o{i}" for i in range(len(cols)))
         fns = self._fn(info.name)
+        # a one-row insert: its values from the transition table's row mm_r (capture.sql)
+        rownewvals = "".join(f", mm_r.{q(c.name)}" for c in cols)  # (mm_r: NEW's or OLD's row)
         if spec.renumber:
             insrid, slotnames, slotinit, replaced, live = "n.mm_v", "", "", "", ""
+            rowinsrid, rowreplaced, rowslotinit = "mm_v", "", ""
         else:
             # a natural key's incarnation (docs/conflicts.md): its first life is 'k:' || key, a later
             # one 'k:' || key || '@' || the highest delete version held for its earlier lives; one
@@ -262,9 +265,17 @@ class PostgreSQLDialect(Dialect):
             )
             slotnames = "".join(f", {q('v_' + s.name)}" for s in spec.slots)
             slotinit = "".join(", ver" for _ in spec.slots)
+            rowslotinit = "".join(", mm_v" for _ in spec.slots)
             replaced = (
                 f",\n  x AS (UPDATE {o.shadow} s SET deleted = l.ver FROM l "
                 f"WHERE s.{self.key_col} = l.{self.key_col} AND s.deleted IS NULL)"
+            )
+            rowinsrid = (
+                f"'k:' || CAST(mm_r.{key} AS text) || coalesce('@' || (SELECT CASE WHEN bool_or(s.deleted IS NULL) "
+                f"THEN mm_v ELSE max(s.deleted) END FROM {o.shadow} s WHERE s.{self.key_col} = mm_r.{key}), '')"
+            )
+            rowreplaced = (
+                f"\n    UPDATE {o.shadow} s SET deleted = mm_v WHERE s.{self.key_col} = mm_r.{key} AND s.deleted IS NULL;"
             )
             # updates and deletes act on the live incarnation
             live = " AND s.deleted IS NULL"
@@ -288,6 +299,11 @@ class PostgreSQLDialect(Dialect):
             rowsup=rowsup.replace("$live", live),
             rowupdnew=row["updnew"],
             rowupdold=row["updold"],
+            rownewvals=rownewvals,
+            rowoldvals=rownewvals,
+            rowinsrid=rowinsrid,
+            rowreplaced=rowreplaced,
+            rowslotinit=rowslotinit,
             few=str(FEW_ROWS),
             **o.mapping(),
             **fns,

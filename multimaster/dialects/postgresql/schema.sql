@@ -2,8 +2,9 @@
 -- of every ALTER TABLE, in its transaction: for a replicated table (in _mm._mm_tables),
 --  * a column the capture functions name and the table no longer has (DROP COLUMN) is replaced in
 --    their bodies by a NULL of its type (as n."c" / o."c" in the statements on the transition tables,
---    also inside the string the insert and delete functions EXECUTE, and as NEW."c" / OLD."c" in
---    the update's row function, capture.sql), so the application's next INSERT, UPDATE or DELETE is
+--    also inside the string the insert and delete functions EXECUTE, as mm_r."c" in their one-row
+--    path, and as NEW."c" / OLD."c" in the update's row function, capture.sql), so the
+--    application's next INSERT, UPDATE or DELETE is
 --    captured (the entries carry NULL there, as a site without the column reads them) instead of
 --    failing; the next refresh makes the functions again for the new schema version (engine/evolve.py);
 --  * a column whose type changed gets the new type in the change log too, where its values fit
@@ -47,7 +48,7 @@ BEGIN
             WHERE n.nspname = '_mm' AND p.proname = fname || tname;
           CONTINUE WHEN fdef IS NULL;
           nulled := fdef;
-          FOREACH ref IN ARRAY ARRAY['n.' || qc, 'o.' || qc, 'NEW.' || qc, 'OLD.' || qc,
+          FOREACH ref IN ARRAY ARRAY['n.' || qc, 'o.' || qc, 'NEW.' || qc, 'OLD.' || qc, 'mm_r.' || qc,
                                      'n.' || replace(qc, '''', ''''''), 'o.' || replace(qc, '''', '''''')] LOOP
             nulled := replace(nulled, ref, 'NULL::' || ltyp);
           END LOOP;
