@@ -60,7 +60,7 @@ BEGIN
     mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
     mm_rid := $rowinsrid;
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols)
-      VALUES (mm_t, mm_v, $site_lit, 'I', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rownewvals);$rowreplaced
+      VALUES (mm_t, mm_v, $site_lit, 'I', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rowvals);$rowreplaced
     INSERT INTO $shadow (rid, key$slotnames) VALUES (mm_rid, mm_r.$key$rowslotinit);
   ELSIF (SELECT count(*) FROM (SELECT FROM mm_new LIMIT $few + 1) c) <= $few THEN
     $ins_stmt;
@@ -119,7 +119,7 @@ BEGIN
     mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
     mm_rid := (SELECT s.rid FROM $shadow s WHERE s.key = mm_r.$key$live);
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ocols)
-      VALUES (mm_t, mm_v, $site_lit, 'D', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rowoldvals);
+      VALUES (mm_t, mm_v, $site_lit, 'D', mm_rid, mm_r.$key, $allmask, pg_current_xact_id()::text, $sv$rowvals);
     UPDATE $shadow s SET deleted = mm_v WHERE s.key = mm_r.$key$live;
   ELSIF (SELECT count(*) FROM (SELECT FROM mm_old LIMIT $few + 1) c) <= $few THEN
     $del_stmt;

@@ -250,8 +250,8 @@ class PostgreSQLDialect(Dialect):
         delvals = "".join(f", o.{q(c.name)} AS mm_o{i}" for i, c in enumerate(cols))
         xdel = "".join(f", x.mm_o{i}" for i in range(len(cols)))
         fns = self._fn(info.name)
-        # a one-row insert: its values from the transition table's row mm_r (capture.sql)
-        rownewvals = "".join(f", mm_r.{q(c.name)}" for c in cols)  # (mm_r: NEW's or OLD's row)
+        # a one-row insert or delete: its values from the transition table's one row, mm_r (capture.sql)
+        rowvals = "".join(f", mm_r.{q(c.name)}" for c in cols)
         if spec.renumber:
             insrid, slotnames, slotinit, replaced, live = "n.mm_v", "", "", "", ""
             rowinsrid, rowreplaced, rowslotinit = "mm_v", "", ""
@@ -299,8 +299,7 @@ class PostgreSQLDialect(Dialect):
             rowsup=rowsup.replace("$live", live),
             rowupdnew=row["updnew"],
             rowupdold=row["updold"],
-            rownewvals=rownewvals,
-            rowoldvals=rownewvals,
+            rowvals=rowvals,
             rowinsrid=rowinsrid,
             rowreplaced=rowreplaced,
             rowslotinit=rowslotinit,
