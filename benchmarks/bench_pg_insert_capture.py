@@ -58,21 +58,22 @@ APPLYING = "current_setting('mm.applying', true) IS DISTINCT FROM 'on'"
 
 def _installed(cur: Any) -> tuple[str, str, str, str]:
     """The installed insert capture of `items`, taken apart: the change log's INSERT head, its
-    SELECT list, the shadow's INSERT head, and the whole function text. Stops the run when the
-    text moved on (this script then needs updating, not silently measuring something else)."""
+    set-based SELECT list rewritten for one row (NEW's values, the tick mm_t, the version mm_v),
+    the shadow's INSERT head, and the whole function text. Stops the run when the text moved on
+    (this script then needs updating, not silently measuring something else)."""
     cur.execute("SELECT pg_get_functiondef('_mm._mm_cap_i_items'::regproc)")
     text = cur.fetchone()[0]
     log = re.search(r"(INSERT INTO _mm\.\"_mm_log_items\" \([^)]*\))\s*SELECT (.*?)\n\s*FROM \(SELECT lpad", text, re.S)
     shadow = re.search(r"(INSERT INTO _mm\.\"_mm_shadow_items\" \(rid, key[^)]*\))\s*SELECT rid, key", text)
     if not log or not shadow or "ELSIF (SELECT count(*)" not in text or "IF mm_n = 1 THEN" not in text:
         raise SystemExit("the installed insert capture of items changed shape: update this script")
-    return log.group(1), log.group(2), shadow.group(1), text
+    values = log.group(2).replace("n.mm_t", "mm_t").replace("n.mm_v", "mm_v").replace("n.", "NEW.")
+    return log.group(1), values, shadow.group(1), text
 
 
 def _row_body(cur: Any) -> str:
     """PL/pgSQL capturing NEW the way the installed statement captures each row of mm_new."""
-    log_head, select, shadow_head, _ = _installed(cur)
-    values = select.replace("n.mm_t", "mm_t").replace("n.mm_v", "mm_v").replace("n.", "NEW.")
+    log_head, values, shadow_head, _ = _installed(cur)
     return (
         "IF coalesce(current_setting('mm.lo', true), '') = '' THEN PERFORM _mm._mm_register(); END IF;\n"
         "  mm_t := _mm._mm_tick();\n"
@@ -134,8 +135,7 @@ def hybrid(cur: Any, site: str) -> None:
 
 
 def lean(cur: Any, site: str) -> None:
-    log_head, select, shadow_head, _ = _installed(cur)
-    values = select.replace("n.mm_t", "mm_t").replace("n.mm_v", "mm_v").replace("n.", "NEW.")
+    log_head, values, shadow_head, _ = _installed(cur)
     for t in ("_mm_cap_i_items", "_mm_lock_items", "_mm_rank_items"):
         cur.execute(f"DROP TRIGGER {t} ON items")
     _function(
