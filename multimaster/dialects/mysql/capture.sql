@@ -22,6 +22,10 @@
 -- "Concurrent heads"), an update records in sup the heads it supersedes, for each such slot it
 -- sets: the version the shadow holds ('=' for the row's default) and the slot's other heads
 -- (h_<slot>); it then clears them ($supcol / $supval, $slotstamp). Elsewhere both are empty.
+-- Updates and deletes read the row's rid in the UPDATE that stamps its shadow row, `rid = (@mm_rid :=
+-- rid)`, before the entry goes in: one access to the shadow instead of a read and an UPDATE (every
+-- table a statement touches costs 30-40 us on MariaDB; 16 clients updating: 0.61 -> 0.63 of plain).
+-- The heads are read first ($supread), before that UPDATE clears them.
 DROP TRIGGER IF EXISTS $cap_i;
 --
 CREATE TRIGGER $cap_i AFTER INSERT ON $table FOR EACH ROW
@@ -46,10 +50,10 @@ BEGIN
   DECLARE mm_v VARCHAR(255);
   IF coalesce(@mm_applying, 0) = 0 AND ($anychanged) THEN
     $draw
-    SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
+    SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;$supread
+    UPDATE $shadow SET rid = (@mm_rid := rid)$slotstamp WHERE `key` = NEW.$key$live;
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols$supcol)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', (SELECT rid FROM $shadow WHERE `key` = NEW.$key$live), NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold$supval);
-    UPDATE $shadow SET $slotstamp WHERE `key` = NEW.$key$live;
+      VALUES (@mm_p, mm_v, $site_lit, 'U', @mm_rid, NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold$supval);
   END IF;
 END;
 --
@@ -60,10 +64,10 @@ BEGIN
   DECLARE mm_v VARCHAR(255);
   IF coalesce(@mm_applying, 0) = 0 THEN
     $draw
-    SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);
+    SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;
+    UPDATE $shadow SET rid = (@mm_rid := rid), deleted = mm_v WHERE `key` = OLD.$key$live;
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', (SELECT rid FROM $shadow WHERE `key` = OLD.$key$live), OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$oldvals);
-    UPDATE $shadow SET deleted = mm_v WHERE `key` = OLD.$key$live;
+      VALUES (@mm_p, mm_v, $site_lit, 'D', @mm_rid, OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$oldvals);
   END IF;
 END;
 --

@@ -520,7 +520,7 @@ class MySQLDialect(Dialect):
         # the heads an update supersedes (docs/conflicts.md "Concurrent heads"), read below
         clear, sup = self.heads_capture(spec, lambda s: diff[s.columns[0]])
         stamps += clear
-        slotstamp = ", ".join(stamps) if stamps else "rid = rid"
+        slotstamp = "".join(", " + s for s in stamps)
         if spec.renumber:
             insrid, ridvar, ridinit, live = "mm_v", "", "", ""
             shadowins = f"\n    INSERT INTO {o.shadow} (rid, `key`) VALUES (mm_v, NEW.{key});"
@@ -551,9 +551,10 @@ class MySQLDialect(Dialect):
             f"multimaster: the key column {info.key.name} of {info.name} is managed by replication and cannot be "
             "updated; delete and insert the row instead"
         )
-        supcol = supval = ""
-        if sup is not None:
-            supcol, supval = ", sup", f", (SELECT {sup} FROM {o.shadow} WHERE `key` = NEW.{key}{live})"
+        supcol = supval = supread = ""
+        if sup is not None:  # read before the shadow's UPDATE clears the heads it supersedes
+            supread = f"\n    SET @mm_sup = (SELECT {sup} FROM {o.shadow} WHERE `key` = NEW.{key}{live});"
+            supcol, supval = ", sup", ", @mm_sup"
         rank = self.quote("_mm_rank_" + info.name)
         draw = self._draw(info.name)
         # the position the key trigger drew for this very row (renumbered tables; renumber.sql)
@@ -574,6 +575,7 @@ class MySQLDialect(Dialect):
             slotstamp=slotstamp,
             supcol=supcol,
             supval=supval,
+            supread=supread,
             ridvar=ridvar,
             ridinit=ridinit,
             shadowins=shadowins,
