@@ -1,6 +1,7 @@
 """MariaDB names each capturing transaction by its InnoDB id (docs/transactions.md "MariaDB's
 transaction id"): the clock `_mm_tick` is system-versioned, transaction-precise, so the row a
-capture draws carries its transaction's id. MariaDB records each such transaction in
+capture draws carries its transaction's id, which a reader adds to the entries (`_mm_stamp`)
+before it reads them. MariaDB records each such transaction in
 mysql.transaction_registry, which no DELETE may touch: `purge` truncates it, unless another table
 keeps transaction-precise history, and `status` warns when it grows (docs/mysql.md "The
 transaction registry")."""
@@ -24,6 +25,22 @@ def _one(conn: Any, sql: str) -> Any:
     return cur.fetchall()
 
 
+def _stamp(conn: Any, *tables: str) -> None:
+    """What a pulling peer runs before it reads (Dialect.read_horizons): every table's horizon,
+    then its entries stamped with their transactions' ids (site.sql _mm_stamp)."""
+    cur = conn.cursor()
+    hs = {}
+    for tb in tables:
+        cur.execute("CALL _mm_horizon(%s)", (tb,))
+        hs[tb] = int(cur.fetchall()[0][0])
+        while cur.nextset():
+            pass
+    for tb in tables:
+        cur.execute("CALL _mm_stamp(%s, %s)", (tb, hs[tb]))
+        while cur.nextset():
+            pass
+
+
 def test_each_transaction_is_named_by_its_innodb_id_even_with_a_fixed_timestamp(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
     """Three transactions of one connection back to back, no horizon between them, the session's
     clock fixed (SET timestamp: NOW() never changes), then two autocommitted statements: every
@@ -41,6 +58,9 @@ def test_each_transaction_is_named_by_its_innodb_id_even_with_a_fixed_timestamp(
         c.autocommit(True)
         cur.execute("INSERT INTO stock (name, qty) VALUES ('auto1', 1)")
         cur.execute("INSERT INTO stock (name, qty) VALUES ('auto2', 1)")
+        # capture leaves the id to the reader: every entry ends in '.' until a reader stamps it
+        assert {str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")} == {""}
+        _stamp(c, "stock")
         txns = [str(r[0]) for r in _one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq")]
         drew = {int(r[0]) for r in _one(c, "SELECT trx FROM _mm_tick FOR SYSTEM_TIME ALL")}
     finally:
@@ -71,6 +91,7 @@ def test_purge_truncates_the_registry_unless_another_table_keeps_history(mysql_b
         c.autocommit(True)
         for i in range(5):
             cur.execute("INSERT INTO stock (name, qty) VALUES (%s, %s)", (f"n{i}", i))
+        _stamp(c, "stock")
         ours = sorted({str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")})
         assert len(ours) == 5
         kept = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s")
@@ -130,6 +151,7 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
             c, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tick'"
         )
         seqs = [int(x[0]) for x in _one(c, "SELECT seq FROM _mm_log_stock ORDER BY seq")]
+        _stamp(c, "stock")
         last = str(_one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq DESC LIMIT 1")[0][0])
     finally:
         c.close()
@@ -175,3 +197,40 @@ def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, 
         assert [row[1] for row in cl.rows("s2", "stock")] == ["x"]
     finally:
         mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")
+
+
+TWO = {**STOCK, "notes": {"key": "id", "columns": {"body": "text"}}}
+
+
+def test_a_tables_entries_keep_their_clock_rows_until_a_reader_stamps_them(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """One transaction writes two tables. A reader that stamps (and trims the clock for) one of
+    them leaves the other's clock rows: when the other table is stamped later, its entries get the
+    same transaction id as the first table's, the id of the transaction that drew them."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], TWO)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        for i in range(3):
+            cur.execute("INSERT INTO stock (name, qty) VALUES (%s, 1)", (f"s{i}",))
+            cur.execute("INSERT INTO notes (body) VALUES (%s)", (f"n{i}",))
+            c.commit()
+        drew = {int(r[0]) for r in _one(c, "SELECT trx FROM _mm_tick FOR SYSTEM_TIME ALL")}
+    finally:
+        c.close()
+    r = cl.db("s1")  # a reader's own session: its first stamping trims the clock
+    try:
+        _stamp(r, "stock")
+        _one(r, "SET @mm_trimmed = NULL")  # a second trim at once: it empties the clock's history too
+        _stamp(r, "stock")
+        stock = [str(x[0]) for x in _one(r, "SELECT txn FROM _mm_log_stock ORDER BY seq")]
+        assert all(t.rsplit(".", 1)[1] for t in stock), stock
+        left = _one(r, "SELECT count(*) FROM _mm_tick FOR SYSTEM_TIME ALL WHERE t IN (SELECT seq FROM _mm_log_notes)")[0][0]
+        assert left == 3, "the clock rows of entries not stamped yet stay"
+        _stamp(r, "notes")
+        notes = [str(x[0]) for x in _one(r, "SELECT txn FROM _mm_log_notes ORDER BY seq")]
+    finally:
+        r.close()
+    assert notes == stock and len(set(stock)) == 3, (stock, notes)
+    assert {int(t.rsplit(".", 1)[1]) for t in stock} <= drew
+    cl.refresh_until_quiet()
+    cl.assert_converged()

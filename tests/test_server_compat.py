@@ -113,16 +113,19 @@ def test_mysql_sql_avoids_mysql8_deprecations(mysql_backend, tmp_path):  # type:
         assert not any(re.search(r"\bVALUES\s*\(", part, re.I) for part in odku), sql
     # the one deprecated form used on purpose (docs/mysql.md): `@v := expr` in the triggers' draw of a
     # position through the slot (an UPDATE of _mm_slots, or the ON DUPLICATE KEY UPDATE of the
-    # slot's INSERT) and in the ON DUPLICATE KEY UPDATE telling a natural key's first shadow row was there
+    # slot's INSERT), in the ON DUPLICATE KEY UPDATE telling a natural key's first shadow row was there,
+    # and in the UPDATE of an updated or deleted row's shadow row, which reads its rid (capture.sql)
     for sql in sent:
         assert ":=" not in sql or sql.lstrip().upper().startswith("CREATE TRIGGER"), sql
     for body in bodies:
         # (the slot's UPDATE also reads the connection's epoch into @mm_x: docs/transactions.md)
         uses = re.findall(r"(\w+) = \(@(\w+) :=", body)
         assert body.count(":=") == len(uses), body
-        assert set(uses) <= {("cur", "mm_p"), ("epoch", "mm_x"), ("rid", "mm_dup")}, body
+        assert set(uses) <= {("cur", "mm_p"), ("epoch", "mm_x"), ("rid", "mm_dup"), ("rid", "mm_rid")}, body
         assert all(
-            re.search(r"(UPDATE _mm_slots SET|ON DUPLICATE KEY UPDATE)[^;]*:=", stmt) for stmt in body.split(";") if ":=" in stmt
+            re.search(r"(UPDATE _mm_slots SET|ON DUPLICATE KEY UPDATE|UPDATE `_mm_shadow_\w+` SET rid = \(@mm_rid)[^;]*:=", stmt)
+            for stmt in body.split(";")
+            if ":=" in stmt
         ), body
 
 

@@ -450,6 +450,11 @@ def test_a_transactions_entries_share_one_txn_and_autocommitted_statements_do_no
         a.run("INSERT INTO stock (name, qty) VALUES ('s1', 1)")
         a.run("INSERT INTO stock (name, qty) VALUES ('s2', 1)")
         cur = a.conn.cursor()
+        cur.execute("CALL _mm_horizon('stock')")
+        h = int(cur.fetchall()[0][0])
+        while cur.nextset():
+            pass
+        cur.execute("CALL _mm_stamp('stock', %s)", (h,))  # a reader stamps the ids in before it reads (site.sql)
         cur.execute("SELECT txn FROM _mm_log_stock ORDER BY seq")
         txns = [r[0] for r in cur.fetchall()]
     finally:

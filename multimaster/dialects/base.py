@@ -555,6 +555,12 @@ class Dialect:
         the entries. None: every committed entry is final (positions are given in commit order)."""
         return None
 
+    def read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
+        """read_horizon of each of `tables`, then what the dialect settles before entries below
+        them are read (MariaDB stamps the entries' transaction ids). A reader of several tables
+        reads all their horizons through this one call."""
+        return {tb: self.read_horizon(conn, tb) for tb in tables}
+
     def txn_bounds(self, conn: Connection, lo: int, hi: int) -> dict[str, list[int]] | None:
         """Where a change-log entry's ``txn`` may name several transactions of one connection (the
         connection and an epoch, MariaDB): per connection, in increasing order, the recorded bounds

@@ -138,7 +138,7 @@ def pull_batch(
     first, in a statement of its own): below it every entry is final, so none can appear later
     below the new watermark (docs/concepts.md "Many writers")."""
     with source.read() as sconn:
-        horizon = source.dialect.read_horizon(sconn, info.name)
+        horizon = source.dialect.read_horizons(sconn, [info.name])[info.name]
         return read_entries(sconn, source, target.name, info, watermark, horizon, limit)
 
 
@@ -188,7 +188,7 @@ def pull_link(
     `have` (table -> origin -> version, read at the target): entries the target has applied travel
     as positions only (read_entries)."""
     with source.read() as sconn:
-        hs = [source.dialect.read_horizon(sconn, i.name) for i in infos]
+        hs = list(source.dialect.read_horizons(sconn, [i.name for i in infos]).values())
         horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
         rows = {
             i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window, have=(have or {}).get(i.name))

@@ -226,7 +226,7 @@ def max_seq2(conn: Connection, site: Site, table: str) -> int:
     `conn`, or below the horizon where writers capture concurrently (read first, in a statement of
     its own: entries may commit out of position order there)."""
     d = site.dialect
-    h = d.read_horizon(conn, table)
+    h = d.read_horizons(conn, [table])[table]
     below = "" if h is None else f" WHERE seq2 < {int(h)}"
     return int(conn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {d.obj(table).log2}{below}").scalar() or 0)
 
@@ -566,7 +566,7 @@ def read_copy(psite: Site, infos: Mapping[str, TableInfo], ask: CopyRequest) -> 
     some the snapshot holds). Close the iterator to end the read early."""
     pd = psite.dialect
     with psite.read() as hconn:
-        horizons = {tb: pd.read_horizon(hconn, tb) for tb in ask.tables}
+        horizons = pd.read_horizons(hconn, list(ask.tables))
     with psite.engine.connect() as pconn:
         _consistent_read(pconn)
         with pconn.begin():

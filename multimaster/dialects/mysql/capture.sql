@@ -10,9 +10,10 @@
 -- table and this row (always false on natural-key tables), so a user trigger that writes another
 -- replicated table in between cannot hand it a foreign value. (`@v := expr` inside an expression is
 -- deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
--- Each entry records its source transaction: txn = the connection, its epoch (@mm_x, read by
--- $draw from _mm_conns and held until the transaction ends) and the InnoDB id of the transaction
--- (@mm_trx, set by the draw: site.sql _mm_draw, docs/transactions.md).
+-- Each entry records its source transaction: txn = the connection and its epoch (@mm_x, read by
+-- $draw from _mm_conns and held until the transaction ends), then '.'; a reader appends the InnoDB
+-- id of the transaction, the ROW START of the clock row the draw inserted, before it reads the
+-- entry (site.sql _mm_stamp, docs/transactions.md): reading it back here cost 25-50 us a row.
 -- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates and
 -- deletes to the live one (deleted IS NULL); mm_r is a new row's incarnation ($ridinit). A key's
 -- first incarnation goes into the shadow without reading it first (a read inside a trigger is a
@@ -39,7 +40,7 @@ BEGIN
     END IF;
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$newvals);$shadowins
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$newvals);$shadowins
   END IF;
 END;
 --
@@ -53,7 +54,7 @@ BEGIN
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;$supread
     UPDATE $shadow SET rid = (@mm_rid := rid)$slotstamp WHERE `key` = NEW.$key$live;
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols$supcol)
-      VALUES (@mm_p, mm_v, $site_lit, 'U', @mm_rid, NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$updnew$updold$supval);
+      VALUES (@mm_p, mm_v, $site_lit, 'U', @mm_rid, NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$updnew$updold$supval);
   END IF;
 END;
 --
@@ -67,7 +68,7 @@ BEGIN
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;
     UPDATE $shadow SET rid = (@mm_rid := rid), deleted = mm_v WHERE `key` = OLD.$key$live;
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', @mm_rid, OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.', @mm_trx), $sv$oldvals);
+      VALUES (@mm_p, mm_v, $site_lit, 'D', @mm_rid, OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$oldvals);
   END IF;
 END;
 --

@@ -35,6 +35,7 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.schema import TableInfo, names
+from multimaster.errors import MultimasterError
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
@@ -597,6 +598,10 @@ class MySQLDialect(Dialect):
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
         _run_keeping_unchanged(conn, stmts)
+        # where _mm_stamp completes the entries' txn (site.sql); a table made again keeps its upto
+        conn.exec_driver_sql(
+            "INSERT INTO _mm_stamps (tbl, log) VALUES (%s, %s) ON DUPLICATE KEY UPDATE log = %s", (info.name, o.log, o.log)
+        )
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
 
@@ -732,6 +737,29 @@ class MySQLDialect(Dialect):
 
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
+
+    def read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
+        """The horizons, then each table's entries stamped with their transaction's id (site.sql
+        _mm_stamp: capture leaves it to the reader), after every horizon was read: a transaction
+        with an entry below one of them had ended before, so all its entries, in every table, are
+        stamped alike. A site whose `init` predates the stamps has no _mm_stamp; its capture names
+        transactions itself."""
+        hs = super().read_horizons(conn, tables)
+        for tb, h in hs.items():
+            try:
+                conn.exec_driver_sql("CALL _mm_stamp(%s, %s)", (tb, int(h or 0)))
+            except DBAPIError as e:
+                code = getattr(e.orig, "args", (None,))[0]
+                if code == 1305:  # no such procedure: an earlier layout
+                    conn.rollback()
+                    break
+                if code == 1370:  # no EXECUTE on it
+                    raise MultimasterError(
+                        f"this login may not run _mm_stamp at the source ({e.orig}); run `multimaster grants` and apply "
+                        'what it prints (docs/mysql.md "Requirements and privileges")'
+                    ) from e
+                raise
+        return hs
 
     def txn_bounds(self, conn: Connection, lo: int, hi: int) -> dict[str, list[int]] | None:
         """The bounds _mm_horizon recorded (site.sql _mm_bounds): those in `lo`..`hi` and, per
@@ -996,6 +1024,8 @@ class MySQLDialect(Dialect):
             + [f"GRANT SELECT ON {self.quote(database)}.{self.quote(o)} TO {user}" for o in objects]
             # the horizon a puller reads below (site.sql); it runs as its definer
             + [f"GRANT EXECUTE ON PROCEDURE {self.quote(database)}.`_mm_horizon` TO {user}"]
+            # the stamping of the entries' transactions a puller runs before it reads them (site.sql)
+            + [f"GRANT EXECUTE ON PROCEDURE {self.quote(database)}.`_mm_stamp` TO {user}"]
             # the bounds between a connection's transactions the horizon records (site.sql)
             + [f"GRANT SELECT ON {self.quote(database)}.`_mm_bounds` TO {user}"]
         )

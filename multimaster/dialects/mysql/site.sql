@@ -103,11 +103,11 @@ ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site inst
 -- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
 -- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
 -- The table is system-versioned, transaction-precise: each row's trx (ROW START) is the InnoDB id
--- of the transaction that drew it, which is how a capture learns its transaction's id
--- (docs/transactions.md "MariaDB's transaction id"). MariaDB records each such transaction in
+-- of the transaction that drew it, which is how a reader learns a captured entry's transaction
+-- (_mm_stamp below; docs/transactions.md "MariaDB's transaction id"). MariaDB records each such transaction in
 -- mysql.transaction_registry at COMMIT, a table no DELETE may touch: purge truncates it where that
 -- is allowed and safe (Dialect.trim_registry, docs/mysql.md "The transaction registry"); the
--- clock's own history goes at the horizon's trim (_mm_horizon below). (Dialect.install_site adds
+-- clock's own history goes at the stamping's trim (_mm_stamp below). (Dialect.install_site adds
 -- the versioning to the table of a site installed before it.)
 CREATE TABLE IF NOT EXISTS _mm_tick (
   t BIGINT AUTO_INCREMENT PRIMARY KEY,
@@ -126,8 +126,9 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 -- and a value already passed by the counter is IGNOREd without a wait unless a transaction still
 -- open drew exactly it in the microseconds between the two inserts (docs/mysql.md, Limits).
 -- Called by the capture triggers inside the UPDATE that locks their slot (capture.sql), so the
--- slot is locked first. Sets @mm_trx, the id of the drawing transaction (the row's ROW START): the
--- captured entry's txn (capture.sql). It reads a row this transaction inserted: no wait.
+-- slot is locked first. It does not read its row's transaction id back: _mm_stamp adds it to the
+-- entries later, for the readers (that read cost 25-50 us a captured row; docs/decisions.md). @mm_trx
+-- stays empty for triggers installed before (their txn then ends in '.' as the new ones' does).
 -- LAST_INSERT_ID() is restored when the function returns: an application's own insert id is kept.
 CREATE OR REPLACE FUNCTION _mm_draw() RETURNS BIGINT NOT DETERMINISTIC MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
@@ -140,7 +141,7 @@ BEGIN
     INSERT INTO _mm_tick (t) VALUES (NULL);
     SET p = LAST_INSERT_ID();
   END IF;
-  SET @mm_trx = (SELECT trx FROM _mm_tick WHERE t = p);
+  SET @mm_trx = '';
   RETURN p;
 END
 --
@@ -208,6 +209,71 @@ CREATE TABLE IF NOT EXISTS _mm_gates (
   tbl VARCHAR(64) PRIMARY KEY
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
+-- Stamps: a captured entry's txn is written as '<connection>:<epoch>.' (capture.sql), and a reader
+-- completes it with the id of the transaction that drew its position, the ROW START of the clock's
+-- row at t = seq (_mm_stamp), before it reads the entries. upto: every entry of the table's change
+-- log (log) below it is stamped or was rolled back. The clock's rows stay (as rows or as history)
+-- until every replicated table's upto has passed them (_mm_stamp's trim).
+CREATE TABLE IF NOT EXISTS _mm_stamps (
+  tbl VARCHAR(64) PRIMARY KEY,
+  log VARCHAR(192) NOT NULL,
+  upto BIGINT NOT NULL DEFAULT 0
+) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
+--
+-- Stamp the entries of tname's change log from its upto on: each committed one whose txn ends in
+-- '.' gets the ROW START of its clock row, and upto moves to hz, tname's horizon read before.
+-- A reader calls it for every table it reads after it has read the horizons of all of them
+-- (Dialect.read_horizons): an entry below a horizon belongs to a transaction that had ended when
+-- that horizon was read, so every entry of that transaction, in any table, past a horizon or not,
+-- is committed and stamped here. An entry of a transaction still open is skipped without a wait
+-- (READ COMMITTED: a single-table UPDATE passes over a row whose insert is not committed) and is
+-- stamped by a later call (it lies at or past hz, from where the next call starts again). A
+-- transaction that commits while this runs may be stamped in part; it is open at every horizon
+-- read before, so all its entries lie at or past them and no batch takes any of it
+-- (core/batches.py "Held back whole"); the next call stamps the rest. The log's name is the one
+-- install_capture recorded, never the caller's. SQL SECURITY DEFINER: pull roles need EXECUTE.
+CREATE OR REPLACE PROCEDURE _mm_stamp(IN tname VARCHAR(64), IN hz BIGINT)
+  MODIFIES SQL DATA SQL SECURITY DEFINER
+BEGIN
+  DECLARE s, top BIGINT;
+  DECLARE lg VARCHAR(192);
+  DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
+  COMMIT;
+  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
+  SELECT upto, log INTO s, lg FROM _mm_stamps WHERE tbl = tname FOR UPDATE;
+  IF lg IS NOT NULL THEN
+    -- this site's own entries only (a relayed one keeps its origin's txn)
+    SET @mm_stamp_sql = CONCAT('UPDATE ', lg, ' SET txn = CONCAT(txn, (SELECT k.trx FROM _mm_tick FOR SYSTEM_TIME ALL k ',
+      'WHERE k.t = seq)) WHERE seq >= ', s, ' AND txn LIKE ''%.'' AND origin = (SELECT site FROM _mm_state WHERE id = 1)');
+    PREPARE mm_stamp FROM @mm_stamp_sql;
+    EXECUTE mm_stamp;
+    DEALLOCATE PREPARE mm_stamp;
+    UPDATE _mm_stamps SET upto = hz WHERE tbl = tname AND upto < hz;
+  END IF;
+  COMMIT;
+  SET SESSION tx_isolation = iso;
+  -- at most once a second per reading session: the clock's rows below every replicated table's
+  -- upto (their entries are stamped; hz <= its table's horizon, below which transactions ended) go,
+  -- the newest row stays (read_clock); a row still locked (an explicit value the reconciler
+  -- inserted and deletes again) makes the trim give up at once. The table is system-versioned:
+  -- what the previous trims deleted is its history, which goes first (DELETE HISTORY records
+  -- nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
+  IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
+    BEGIN
+      DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
+      SELECT LEAST(max(t), (SELECT coalesce(min(coalesce(s.upto, 0)), max(t)) FROM _mm_tables r LEFT JOIN _mm_stamps s ON s.tbl = r.tbl))
+        INTO top FROM _mm_tick;
+      SET @mm_lwt = @@session.innodb_lock_wait_timeout;
+      SET SESSION innodb_lock_wait_timeout = 0;
+      DELETE HISTORY FROM _mm_tick;
+      DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
+      COMMIT;
+      SET SESSION innodb_lock_wait_timeout = @mm_lwt;
+      SET @mm_trimmed = hz;
+    END;
+  END IF;
+END
+--
 -- The horizon of table tname: every position below it is final (its transaction committed, and a
 -- statement started after this call sees it, or rolled back). Returns it as a one-row result.
 -- (a) c0 := a value drawn from _mm_tick (the insert rolled back: the value is never reused);
@@ -225,7 +291,7 @@ CREATE TABLE IF NOT EXISTS _mm_gates (
 CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
   MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
-  DECLARE c0, g, hz, top BIGINT;
+  DECLARE c0, g, hz BIGINT;
   DECLARE free, seen, idle, held, busy LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
@@ -269,23 +335,5 @@ BEGIN
   SET SESSION group_concat_max_len = @mm_gcl;
   SET SESSION tx_isolation = iso;
   SET hz = LEAST(c0, coalesce(g, c0));
-  -- at most once a second per reading session: the clock's rows below the horizon (their
-  -- transactions ended) go, the newest row stays (read_clock); a row still locked (an explicit
-  -- value the reconciler inserted and deletes again) makes the trim give up at once. The table is
-  -- system-versioned: what the previous trims deleted is its history, which goes first (DELETE
-  -- HISTORY records nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
-  IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
-    BEGIN
-      DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
-      SELECT max(t) INTO top FROM _mm_tick;
-      SET @mm_lwt = @@session.innodb_lock_wait_timeout;
-      SET SESSION innodb_lock_wait_timeout = 0;
-      DELETE HISTORY FROM _mm_tick;
-      DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
-      COMMIT;
-      SET SESSION innodb_lock_wait_timeout = @mm_lwt;
-      SET @mm_trimmed = hz;
-    END;
-  END IF;
   SELECT hz AS h;
 END
