@@ -40,7 +40,7 @@ _BOOKKEEPING = (
     "_mm_conflicts",
     "_mm_keymoves",
 )
-_MYSQL_BOOKKEEPING = ("_mm_gates", "_mm_clock", "_mm_slots")
+_MYSQL_BOOKKEEPING = ("_mm_gates", "_mm_clock", "_mm_slots", "_mm_stamps")
 
 
 def _kind(cl: TestCluster, site: str) -> str:

@@ -682,9 +682,10 @@ class MySQLDialect(Dialect):
         return dropped
 
     def forget_table(self, conn: Connection, table: str) -> dict[str, int]:
-        """The table's reconcilers' lock row (_mm_clock), its writers' gate and slots (site.sql)."""
+        """The table's reconcilers' lock row (_mm_clock), its writers' gate and slots, its stamp
+        mark (site.sql)."""
         out = {}
-        for obj in ("_mm_slots", "_mm_gates", "_mm_clock"):
+        for obj in ("_mm_slots", "_mm_gates", "_mm_clock", "_mm_stamps"):
             if self.table_kind(conn, obj) is not None:
                 n = conn.exec_driver_sql(f"DELETE FROM {obj} WHERE tbl = %s", (table,)).rowcount
                 if n:
