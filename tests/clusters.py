@@ -519,6 +519,23 @@ class MySQLBackend(_ServerBackend):
 
         return pymysql.connect(**self._kw(make_url(url).database))
 
+    @staticmethod
+    def stamp(conn: Any, *tables: str) -> None:
+        """What a pulling peer runs at a site before it reads (Dialect.read_horizons), on a plain
+        connection `conn`: every table's horizon, then its entries stamped with their
+        transactions' ids (site.sql _mm_stamp)."""
+        cur = conn.cursor()
+        hs = {}
+        for tb in tables:
+            cur.execute("CALL _mm_horizon(%s)", (tb,))
+            hs[tb] = int(cur.fetchall()[0][0])
+            while cur.nextset():
+                pass
+        for tb in tables:
+            cur.execute("CALL _mm_stamp(%s, %s)", (tb, hs[tb]))
+            while cur.nextset():
+                pass
+
 
 #: name -> factory. Server backends register here (their factories raise ConnectionError when the
 #: server does not answer, and conftest turns that into a skip, or a failure under CI).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from clusters import cli, make_cluster
+from clusters import MySQLBackend, cli, make_cluster
 
 from multimaster import api
 from multimaster.dialects.base import Dialect
@@ -23,22 +23,6 @@ def _one(conn: Any, sql: str) -> Any:
     cur = conn.cursor()
     cur.execute(sql)
     return cur.fetchall()
-
-
-def _stamp(conn: Any, *tables: str) -> None:
-    """What a pulling peer runs before it reads (Dialect.read_horizons): every table's horizon,
-    then its entries stamped with their transactions' ids (site.sql _mm_stamp)."""
-    cur = conn.cursor()
-    hs = {}
-    for tb in tables:
-        cur.execute("CALL _mm_horizon(%s)", (tb,))
-        hs[tb] = int(cur.fetchall()[0][0])
-        while cur.nextset():
-            pass
-    for tb in tables:
-        cur.execute("CALL _mm_stamp(%s, %s)", (tb, hs[tb]))
-        while cur.nextset():
-            pass
 
 
 def test_each_transaction_is_named_by_its_innodb_id_even_with_a_fixed_timestamp(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
@@ -60,7 +44,7 @@ def test_each_transaction_is_named_by_its_innodb_id_even_with_a_fixed_timestamp(
         cur.execute("INSERT INTO stock (name, qty) VALUES ('auto2', 1)")
         # capture leaves the id to the reader: every entry ends in '.' until a reader stamps it
         assert {str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")} == {""}
-        _stamp(c, "stock")
+        MySQLBackend.stamp(c, "stock")
         txns = [str(r[0]) for r in _one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq")]
         drew = {int(r[0]) for r in _one(c, "SELECT trx FROM _mm_tick FOR SYSTEM_TIME ALL")}
     finally:
@@ -91,7 +75,7 @@ def test_purge_truncates_the_registry_unless_another_table_keeps_history(mysql_b
         c.autocommit(True)
         for i in range(5):
             cur.execute("INSERT INTO stock (name, qty) VALUES (%s, %s)", (f"n{i}", i))
-        _stamp(c, "stock")
+        MySQLBackend.stamp(c, "stock")
         ours = sorted({str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")})
         assert len(ours) == 5
         kept = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s")
@@ -151,7 +135,7 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
             c, "SELECT TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = '_mm_tick'"
         )
         seqs = [int(x[0]) for x in _one(c, "SELECT seq FROM _mm_log_stock ORDER BY seq")]
-        _stamp(c, "stock")
+        MySQLBackend.stamp(c, "stock")
         last = str(_one(c, "SELECT txn FROM _mm_log_stock ORDER BY seq DESC LIMIT 1")[0][0])
     finally:
         c.close()
@@ -219,14 +203,14 @@ def test_a_tables_entries_keep_their_clock_rows_until_a_reader_stamps_them(mysql
         c.close()
     r = cl.db("s1")  # a reader's own session: its first stamping trims the clock
     try:
-        _stamp(r, "stock")
+        MySQLBackend.stamp(r, "stock")
         _one(r, "SET @mm_trimmed = NULL")  # a second trim at once: it empties the clock's history too
-        _stamp(r, "stock")
+        MySQLBackend.stamp(r, "stock")
         stock = [str(x[0]) for x in _one(r, "SELECT txn FROM _mm_log_stock ORDER BY seq")]
         assert all(t.rsplit(".", 1)[1] for t in stock), stock
         left = _one(r, "SELECT count(*) FROM _mm_tick FOR SYSTEM_TIME ALL WHERE t IN (SELECT seq FROM _mm_log_notes)")[0][0]
         assert left == 3, "the clock rows of entries not stamped yet stay"
-        _stamp(r, "notes")
+        MySQLBackend.stamp(r, "notes")
         notes = [str(x[0]) for x in _one(r, "SELECT txn FROM _mm_log_notes ORDER BY seq")]
     finally:
         r.close()
