@@ -10,10 +10,11 @@ the time goes. One plain database and one multimaster site per variant (each the
 part, by replacing the site's own objects after `init`:
 
 - ``installed``: multimaster as `init` leaves it;
-- ``no id read``: the draw not reading its row's transaction id back (the clock still
-  system-versioned, the registry's row still written at COMMIT): what the read itself costs;
-- ``no transaction id``: the clock `_mm_tick` not system-versioned and the draw not reading the row's
-  transaction id back (no `mysql.transaction_registry` row at COMMIT);
+- ``no transaction id``: the clock `_mm_tick` not system-versioned (no `mysql.transaction_registry`
+  row at COMMIT; readers could no longer stamp the entries' transaction ids, site.sql `_mm_stamp`);
+- ``clock lagging 4 ms``: the draw moves the clock to the wall clock only once it is 4 ms behind
+  (fewer catch-up rows; versions up to 4 ms behind the wall clock in every latest-timestamp
+  decision, docs/decisions.md);
 - ``no clock draw``: the slot's UPDATE takes a `UUID_SHORT()` instead of calling `_mm_draw` (no
   row in the clock, no transaction id);
 - ``no slot``: the key trigger calls `_mm_draw` without locking its connection's slot;
@@ -81,17 +82,15 @@ def _redraw(cur: Any, edit: Callable[[str], str]) -> None:
     )
 
 
-def _no_id_read(cur: Any, natural: bool) -> None:
-    _redraw(cur, lambda b: re.sub(r"SET @mm_trx = \(SELECT trx FROM _mm_tick WHERE t = p\);", "SET @mm_trx = 0;", b))
-
-
 def _no_txn_id(cur: Any, natural: bool) -> None:
     cur.execute("SELECT coalesce(max(t), 0) + 1 FROM _mm_tick")
     top = int(cur.fetchone()[0])
     cur.execute("DROP TABLE _mm_tick")
     cur.execute(f"CREATE TABLE _mm_tick (t BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB AUTO_INCREMENT={top}")
-    # the installed draw without reading its row's transaction id back (the clock has none now)
-    _redraw(cur, lambda b: re.sub(r"SET @mm_trx = \(SELECT trx FROM _mm_tick WHERE t = p\);", "SET @mm_trx = 0;", b))
+
+
+def _lagging(cur: Any, natural: bool) -> None:
+    _redraw(cur, lambda b: b.replace("IF p < w THEN", f"IF p + {4 * 65536} < w THEN"))
 
 
 def _no_draw(cur: Any, natural: bool) -> None:
@@ -128,8 +127,8 @@ def _no_triggers(cur: Any, natural: bool) -> None:
 
 VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "installed": None,
-    "no id read": _no_id_read,
     "no transaction id": _no_txn_id,
+    "clock lagging 4 ms": _lagging,
     "no clock draw": _no_draw,
     "no slot": _no_slot,
     "log row only": _log_only,

@@ -458,6 +458,54 @@ def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path): 
         admin.close()
 
 
+def test_postgresql_a_callers_search_path_cannot_reach_into_the_key_function(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The key function of a renumbered table runs as its owner (SECURITY DEFINER) without a fixed
+    search_path (renumber.sql): every name in it is schema-qualified. An application role that puts
+    a schema of its own first in its search_path, holding look-alikes of every function and the
+    operator the function uses (each records who ran it), inserts a row: none of them runs, the row
+    takes its key from the counter, and the insert is captured."""
+    import psycopg
+    from sqlalchemy.engine import make_url
+
+    cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], {"items": {"key": "id", "columns": {"name": "text"}}})
+    role = "mm_app_" + uuid.uuid4().hex[:10]
+    db = make_url(cl.urls["s1"]).database
+    admin = pg_backend.connect(cl.urls["s1"])
+    admin.autocommit = True
+    try:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f"GRANT SELECT, INSERT ON items TO {role}")
+        admin.execute(f"GRANT USAGE ON SEQUENCE items_id_seq TO {role}")
+        admin.execute(f"CREATE SCHEMA evil AUTHORIZATION {role}")
+        with psycopg.connect(**{**pg_backend._dsn(db), "user": role, "password": None}, autocommit=True) as app:
+            app.execute("CREATE TABLE evil.ran (who text)")
+            app.execute("GRANT INSERT ON evil.ran TO PUBLIC")
+            app.execute("GRANT USAGE ON SCHEMA evil TO PUBLIC")
+            app.execute(
+                "CREATE FUNCTION evil.nextval(regclass) RETURNS bigint LANGUAGE sql AS "
+                "$$ INSERT INTO evil.ran VALUES (current_user); SELECT 4242::bigint $$"
+            )
+            app.execute(
+                "CREATE FUNCTION evil.current_setting(text, boolean) RETURNS text LANGUAGE sql AS "
+                "$$ INSERT INTO evil.ran VALUES (current_user); SELECT 'on'::text $$"
+            )
+            app.execute(
+                "CREATE FUNCTION evil.eq(text, text) RETURNS boolean LANGUAGE sql AS "
+                "$$ INSERT INTO evil.ran VALUES (current_user); SELECT true $$"
+            )
+            app.execute("CREATE OPERATOR evil.= (LEFTARG = text, RIGHTARG = text, FUNCTION = evil.eq)")
+            app.execute("SET search_path = evil, public, pg_catalog")
+            app.execute("INSERT INTO items (name) VALUES ('a')")
+            assert app.execute("SELECT who FROM evil.ran").fetchall() == []
+        assert cl.rows("s1", "items") == [(1, "a")]  # the counter's key, not the look-alike's 4242
+        assert _log_count(cl, "s1", "items") == 1
+    finally:
+        admin.execute("DROP SCHEMA IF EXISTS evil CASCADE")
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
+
+
 def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
     """Triggers run with their definer's rights (the user who ran init): a user holding privileges
     on its own tables only writes replicated tables, and every change is captured (docs/mysql.md)."""

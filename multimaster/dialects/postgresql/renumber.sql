@@ -10,13 +10,23 @@
 -- always before any row lock of the table: a writer holding one of the table's rows holds the
 -- shared lock already, so the reconciler, once it holds the lock, never waits for a row of a writer
 -- that waits for it (no deadlock whose victim would be an application).
--- SECURITY DEFINER with a fixed search_path, like the capture functions (capture.sql).
+-- The key function lets the reconciler's own inserts pass itself (mm.applying), without a WHEN
+-- clause, which PostgreSQL prepares again for every statement (capture.sql): for each row the
+-- reconciler inserts it runs and returns at once. It is SECURITY DEFINER (applications need no
+-- right on the counter) without the fixed search_path of the capture functions: every name in it
+-- is schema-qualified, operators included, so a caller's search_path cannot reach into it, and a
+-- function without a SET clause is entered without saving and restoring settings (~12,000
+-- instructions a call, paid for every row inserted). Figures: docs/decisions.md "PostgreSQL: the
+-- echo guard inside the functions".
 CREATE SEQUENCE IF NOT EXISTS $keyseq AS bigint MINVALUE 0 START WITH 1;
 --
 CREATE OR REPLACE FUNCTION $fn_rank() RETURNS trigger LANGUAGE plpgsql
-  SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+  SECURITY DEFINER AS $$
 BEGIN
-  NEW.$key := nextval($keyseq_lit);
+  IF pg_catalog.current_setting('mm.applying', true) OPERATOR(pg_catalog.=) 'on' THEN
+    RETURN NEW;  -- a row the reconciler writes keeps its key
+  END IF;
+  NEW.$key := pg_catalog.nextval($keyseq_lit);
   RETURN NEW;
 END
 $$;
@@ -26,7 +36,7 @@ REVOKE ALL ON FUNCTION $fn_rank() FROM PUBLIC;
 DROP TRIGGER IF EXISTS $rank ON $table;
 --
 CREATE TRIGGER $rank BEFORE INSERT ON $table FOR EACH ROW
-  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION $fn_rank();
+  EXECUTE FUNCTION $fn_rank();
 --
 CREATE TRIGGER $lock BEFORE INSERT OR UPDATE OR DELETE ON $table FOR EACH STATEMENT
-  WHEN (current_setting('mm.applying', true) IS DISTINCT FROM 'on') EXECUTE FUNCTION _mm._mm_lock();
+  EXECUTE FUNCTION _mm._mm_lock();

@@ -194,7 +194,12 @@ $$;
 -- (renumber.sql).
 CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-  PERFORM pg_advisory_xact_lock_shared(28013, TG_RELID::int);
+  -- the reconciler's own writes pass (the trigger has no WHEN clause: capture.sql); every name is
+  -- schema-qualified, as in the key function (renumber.sql), whatever the writer's search_path
+  IF pg_catalog.current_setting('mm.applying', true) OPERATOR(pg_catalog.=) 'on' THEN
+    RETURN NULL;
+  END IF;
+  PERFORM pg_catalog.pg_advisory_xact_lock_shared(28013, TG_RELID::int);
   RETURN NULL;
 END
 $$;

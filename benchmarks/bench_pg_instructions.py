@@ -1,0 +1,186 @@
+"""Instructions a PostgreSQL backend runs per single-row transaction: plain, this tree, and the code
+of another revision, counted (not timed) so two runs give the same figures on a noisy host.
+
+    .venv/bin/python benchmarks/bench_pg_instructions.py [--against d4c2b13] [--txns 500]
+
+Issue #10's single-connection floor asks capture to cost no more than on the day the issue was
+filed (d4c2b13). On a 2-core shared host, tps ratios of one connection move by ±0.04 between
+runs, more than a change of 20,000 instructions (3 % of a captured insert) moves them, so such
+a change can be neither shown nor refuted by timing. valgrind's callgrind counts the instructions
+a program executes: the same for the same binary, input and data, whatever else the machine does.
+
+How: the `items` table of benchmarks/bench_concurrency.py in a plain database, in the first site
+of a 2-site cluster made by this tree's `init`, and in one made by `--against`'s (a worktree, as
+bench_concurrency.py does); each is copied with pg_dump into a throwaway PostgreSQL cluster
+(initdb in a temporary directory, fsync and autovacuum off). Then, per workload and database, on a
+fresh copy of it, one single-user backend (`postgres --single`) runs under callgrind, once with
+`--txns` / 5 transactions and once with `--txns` more: the difference divided by `--txns` is the
+backend's instructions per transaction (start-up and the copy cancel out). Workloads, each
+transaction its own BEGIN / COMMIT as an application runs it:
+
+- ``insert``: one INSERT of a row (the key from the table's default, or multimaster's counter);
+- ``update``: one UPDATE of a row by key;
+- ``apply insert`` / ``apply update``: with `mm.applying` on, as the reconciler writes, one
+  statement of 1,000 rows (per row).
+
+Printed: instructions per transaction (per row for the apply workloads), what multimaster adds to
+plain, and plain ÷ multimaster (the ratio a CPU-bound run would approach). The server's
+background processes and the client are not counted: what the capture itself costs.
+Needs valgrind and PostgreSQL's server binaries (pg_config --bindir); as root, the throwaway
+cluster runs as the user postgres. Figures: docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_concurrency import N_BASE, against_site, mm_cluster, plain_site  # noqa: E402
+from clusters import PostgresBackend  # noqa: E402
+
+WORKLOADS = {
+    "insert": lambda i: "BEGIN;\nINSERT INTO items (name, qty, price) VALUES ('x', 1, 0.5);\nCOMMIT;",
+    "update": lambda i: f"BEGIN;\nUPDATE items SET qty = qty + 1 WHERE id = {i % N_BASE + 1};\nCOMMIT;",
+    "apply insert": lambda i: (
+        "BEGIN;\nSELECT set_config('mm.applying', 'on', true);\n"
+        f"INSERT INTO items (id, name, qty, price) SELECT {10**7 + i * 1000} + g, 'b', g, 0.5 FROM generate_series(1, 1000) g;"
+        "\nCOMMIT;"
+    ),
+    "apply update": lambda i: (
+        "BEGIN;\nSELECT set_config('mm.applying', 'on', true);\nUPDATE items SET qty = qty + 1 WHERE id <= 1000;\nCOMMIT;"
+    ),
+}
+PER_ROW = {"apply insert": 1000, "apply update": 1000}
+
+
+class Scratch:
+    """A throwaway PostgreSQL cluster in a temporary directory (as the user postgres when run as root)."""
+
+    def __init__(self, base: Path) -> None:
+        self.bindir = Path(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=True).stdout.strip())
+        self.dir = base / "pg"
+        self.dir.mkdir()
+        self.data = self.dir / "data"
+        self.port = 5400 + os.getpid() % 500
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            shutil.chown(self.dir, "postgres")
+            os.chmod(base, 0o755)
+        self.run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres")
+        with open(self.data / "postgresql.conf", "a") as f:
+            f.write(f"fsync = off\nautovacuum = off\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n")
+            f.write(f"unix_socket_directories = '{self.dir}'\n")
+
+    def run(self, prog: str, *args: str, **kw: object) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+        return subprocess.run([*self.as_user, str(self.bindir / prog), *args], check=True, capture_output=True, **kw)  # type: ignore[call-overload, no-any-return]
+
+    def start(self) -> None:
+        self.run("pg_ctl", "-D", str(self.data), "-l", str(self.dir / "log"), "-w", "start")
+
+    def stop(self) -> None:
+        self.run("pg_ctl", "-D", str(self.data), "-w", "stop")
+
+    def copy_in(self, name: str, url: str) -> None:
+        """Database `name` here, a pg_dump of the database of `url` on the test server."""
+        db = url.rsplit("/", 1)[1].split("?")[0]
+        psql = [
+            str(self.bindir / "psql"),
+            "-q",
+            "-h",
+            "127.0.0.1",
+            "-p",
+            str(self.port),
+            "-U",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+        ]
+        subprocess.run([*psql, "-c", f'CREATE DATABASE "{name}"'], check=True, capture_output=True)
+        dump = subprocess.run(
+            [str(self.bindir / "pg_dump"), "-h", "127.0.0.1", "-p", "5432", "-U", "postgres", db], check=True, capture_output=True
+        ).stdout
+        subprocess.run([*psql, "-d", name], input=dump, check=True, capture_output=True)
+
+    def instructions(self, template: str, sql: str) -> int:
+        """Instructions of a single-user backend running `sql` in a fresh copy of `template`."""
+        single = [str(self.bindir / "postgres"), "--single", "-D", str(self.data)]
+        fresh = f'DROP DATABASE IF EXISTS "run"\nCREATE DATABASE "run" TEMPLATE "{template}"\n'
+        subprocess.run([*self.as_user, *single, "postgres"], input=fresh.encode(), check=True, capture_output=True)
+        out = subprocess.run(
+            [*self.as_user, "valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *single, "run"],
+            input=sql.encode(),
+            capture_output=True,
+            check=True,
+        )
+        if b"ERROR:" in out.stdout or b"ERROR:" in out.stderr:
+            err = (out.stdout + out.stderr).decode(errors="replace")
+            raise SystemExit(f"{template}: a statement failed: {err[err.index('ERROR:') :][:300]}")
+        got = re.search(rb"Collected : (\d+)", out.stderr)
+        if not got:
+            raise SystemExit(f"valgrind printed no count: {out.stderr.decode(errors='replace')[-300:]}")
+        return int(got.group(1))
+
+
+def per_txn(s: Scratch, db: str, workload: str, n: int) -> float:
+    make = WORKLOADS[workload]
+    small = max(2, n // 5)
+    few = s.instructions(db, "\n".join(make(i) for i in range(small)) + "\n")
+    many = s.instructions(db, "\n".join(make(i) for i in range(small + n)) + "\n")
+    return (many - few) / n / PER_ROW.get(workload, 1)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
+    ap.add_argument("--txns", type=int, default=500, help="transactions counted per workload (apply workloads: / 50)")
+    ap.add_argument("--workloads", default="insert,update,apply insert,apply update")
+    args = ap.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+    b = PostgresBackend()
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        try:
+            (base / "plain").mkdir()
+            (base / "mm").mkdir()
+            urls = {"plain": plain_site(b, base / "plain"), "this tree": mm_cluster(b, base / "mm", ("i1", "i2"))[0]["i1"]}
+            if args.against:
+                urls[args.against] = against_site(b, args.against, base)
+            s = Scratch(base)
+            s.start()
+            try:
+                for i, url in enumerate(urls.values()):
+                    s.copy_in(f"db{i}", url)
+            finally:
+                s.stop()
+        finally:
+            b.cleanup()
+        names = list(urls)
+        print("PostgreSQL backend, instructions per transaction (apply workloads: per row), counted by callgrind")
+        print(
+            f"{'workload':14} "
+            + " ".join(f"{n:>14}" for n in names)
+            + "   added by mm"
+            + "".join(f"  plain ÷ {n}" for n in names[1:])
+        )
+        for w in [x.strip() for x in args.workloads.split(",") if x.strip()]:
+            n = args.txns if w not in PER_ROW else max(2, args.txns // 50)
+            got = [per_txn(s, f"db{i}", w, n) for i in range(len(names))]
+            added = " / ".join(f"{g - got[0]:,.0f}" for g in got[1:])
+            ratios = "".join(f"  {got[0] / g:>{len('plain ÷ ' + n_)}.3f}" for g, n_ in zip(got[1:], names[1:]))
+            print(f"{w:14} " + " ".join(f"{g:>14,.0f}" for g in got) + f"   {added}" + ratios)
+
+
+if __name__ == "__main__":
+    main()
