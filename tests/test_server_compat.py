@@ -18,6 +18,8 @@ from __future__ import annotations
 import itertools
 import re
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -34,6 +36,27 @@ TEXTS = {"notes": {"key": "id", "columns": {"name": "VARCHAR(100)", "body": "tex
 def _log_count(cl: TestCluster, site: str, table: str) -> int:
     with api.Cluster(cl.topo) as c, c.site(site).read() as conn:
         return int(conn.exec_driver_sql(f"SELECT count(*) FROM {c.site(site).dialect.obj(table).log}").scalar() or 0)
+
+
+@contextmanager
+def _pg_app_role(pg_backend: Any, url: str, *grants: str) -> Iterator[tuple[Any, str, dict[str, Any]]]:
+    """A login role at the database of `url` holding `grants` (each "PRIVILEGES ON OBJECTS"), as an
+    application's: yields an autocommit admin connection, the role and the role's connection
+    arguments; the role goes at the end with everything it owns."""
+    from sqlalchemy.engine import make_url
+
+    role = "mm_app_" + uuid.uuid4().hex[:10]
+    admin = pg_backend.connect(url)
+    admin.autocommit = True
+    try:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        for g in grants:
+            admin.execute(f"GRANT {g} TO {role}")
+        yield admin, role, {**pg_backend._dsn(make_url(url).database), "user": role, "password": None}
+    finally:
+        admin.execute(f"DROP OWNED BY {role}")
+        admin.execute(f"DROP ROLE {role}")
+        admin.close()
 
 
 # ---- text changes compared as bytes ----------------------------------------------------------
@@ -411,7 +434,6 @@ def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path): 
     citext column compares as text in the capture functions (their search_path is pg_catalog only):
     a change of letter case is captured too."""
     import psycopg
-    from sqlalchemy.engine import make_url
 
     tables = {
         "items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}},
@@ -424,18 +446,11 @@ def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path): 
             c.commit()
     pg_backend.new_site = lambda _tmp, s: urls[s]  # type: ignore[method-assign]
     cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], tables, base={"s1": [("items", 1, "base", 10)]})
-    role = "mm_app_" + uuid.uuid4().hex[:10]
-    db = make_url(cl.urls["s1"]).database
-    admin = pg_backend.connect(cl.urls["s1"])
-    admin.autocommit = True
-    try:
-        admin.execute(f"CREATE ROLE {role} LOGIN")
-        # exactly the documented list: the application's own tables and its key's sequence
-        admin.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON items, tags TO {role}")
-        admin.execute(f"GRANT USAGE ON SEQUENCE items_id_seq TO {role}")
+    # exactly the documented list: the application's own tables and its key's sequence
+    grants = ("SELECT, INSERT, UPDATE, DELETE ON items, tags", "USAGE ON SEQUENCE items_id_seq")
+    with _pg_app_role(pg_backend, cl.urls["s1"], *grants) as (admin, role, dsn):
         assert not admin.execute("SELECT has_schema_privilege(%s, '_mm', 'USAGE')", (role,)).fetchone()[0]
-        dsn = pg_backend._dsn(db)
-        with psycopg.connect(**{**dsn, "user": role, "password": None}) as app:
+        with psycopg.connect(**dsn) as app:
             assert app.execute("SELECT current_user").fetchone()[0] == role
             app.execute("INSERT INTO items (name, qty) VALUES ('a', 1), ('b', 2)")
             app.execute("UPDATE items SET qty = qty + 5 WHERE id = 1")
@@ -452,10 +467,6 @@ def test_postgresql_application_needs_no_privilege_on_mm(pg_backend, tmp_path): 
         cl.assert_converged()
         assert cl.rows("s2", "items") == [(1, "base", 15), (2, "a", 1)]
         assert cl.rows("s2", "tags") == [("x", "RED")]
-    finally:
-        admin.execute(f"DROP OWNED BY {role}")
-        admin.execute(f"DROP ROLE {role}")
-        admin.close()
 
 
 def test_postgresql_a_callers_search_path_cannot_reach_into_the_key_function(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
@@ -465,19 +476,12 @@ def test_postgresql_a_callers_search_path_cannot_reach_into_the_key_function(pg_
     operator the function uses (each records who ran it), inserts a row: none of them runs, the row
     takes its key from the counter, and the insert is captured."""
     import psycopg
-    from sqlalchemy.engine import make_url
 
     cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], {"items": {"key": "id", "columns": {"name": "text"}}})
-    role = "mm_app_" + uuid.uuid4().hex[:10]
-    db = make_url(cl.urls["s1"]).database
-    admin = pg_backend.connect(cl.urls["s1"])
-    admin.autocommit = True
-    try:
-        admin.execute(f"CREATE ROLE {role} LOGIN")
-        admin.execute(f"GRANT SELECT, INSERT ON items TO {role}")
-        admin.execute(f"GRANT USAGE ON SEQUENCE items_id_seq TO {role}")
-        admin.execute(f"CREATE SCHEMA evil AUTHORIZATION {role}")
-        with psycopg.connect(**{**pg_backend._dsn(db), "user": role, "password": None}, autocommit=True) as app:
+    grants = ("SELECT, INSERT ON items", "USAGE ON SEQUENCE items_id_seq")
+    with _pg_app_role(pg_backend, cl.urls["s1"], *grants) as (admin, role, dsn):
+        admin.execute(f"CREATE SCHEMA evil AUTHORIZATION {role}")  # (dropped with the role's objects)
+        with psycopg.connect(**dsn, autocommit=True) as app:
             app.execute("CREATE TABLE evil.ran (who text)")
             app.execute("GRANT INSERT ON evil.ran TO PUBLIC")
             app.execute("GRANT USAGE ON SCHEMA evil TO PUBLIC")
@@ -499,11 +503,6 @@ def test_postgresql_a_callers_search_path_cannot_reach_into_the_key_function(pg_
             assert app.execute("SELECT who FROM evil.ran").fetchall() == []
         assert cl.rows("s1", "items") == [(1, "a")]  # the counter's key, not the look-alike's 4242
         assert _log_count(cl, "s1", "items") == 1
-    finally:
-        admin.execute("DROP SCHEMA IF EXISTS evil CASCADE")
-        admin.execute(f"DROP OWNED BY {role}")
-        admin.execute(f"DROP ROLE {role}")
-        admin.close()
 
 
 def test_mariadb_application_needs_no_privilege_on_mm_tables(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
