@@ -533,33 +533,51 @@ AGAINST = "against"
 
 
 def against_site(b, rev: str, tmp: Path) -> str:  # type: ignore[no-untyped-def]
-    """The first site of a 2-site cluster replicating `items`, made by the test harness and `init`
-    of revision `rev` of this repository (a temporary git worktree, a subprocess), filled with the
-    base rows through its triggers. Its databases join `b`'s, dropped by `b.cleanup()`."""
+    """The first site of a 2-site cluster replicating `items`, made the way `mm_cluster` makes this
+    tree's (the tables, the base rows at the first site, then `init`, which copies them), but with
+    revision `rev`'s test harness and `init` (a temporary git worktree, subprocesses). The same
+    layout matters: a site whose base rows went in through its triggers after `init` has a change
+    log of 1,000 entries and differently named shadow rows, and on MariaDB an update there ran
+    ~20,000 instructions more than on this tree's site with the same code
+    (benchmarks/bench_mysql_instructions.py). Its databases join `b`'s, dropped by `b.cleanup()`."""
     wt = tmp / "against-tree"
     git = ["git", "-C", str(ROOT)]
     made = subprocess.run([*git, "worktree", "add", "--detach", "-f", str(wt), rev], capture_output=True, text=True)
     if made.returncode != 0:
         raise SystemExit(f"--against {rev}: git worktree add failed: {made.stderr.strip()}")
-    code = (
+    head = (
         "import json, sys, tempfile\n"
         "from pathlib import Path\n"
         f"sys.path[:0] = [{str(wt)!r}, {str(wt / 'tests')!r}]\n"
         "import clusters\n"
         f"b = clusters.{type(b).__name__}()\n"
-        f"cl = clusters.make_cluster(b, Path(tempfile.mkdtemp()), ['a1', 'a2'], {{'items': {{'key': 'id', 'columns': {COLS!r}}}}})\n"
-        "print(json.dumps([cl.urls['a1'], list(b.databases)]))\n"
     )
-    try:
+    make = head + (
+        f"cl = clusters.make_cluster(b, Path(tempfile.mkdtemp()), ['a1', 'a2'], {{'items': {{'key': 'id', 'columns': {COLS!r}}}}}, init=False)\n"
+        "print(json.dumps([cl.urls, list(b.databases)]))\n"
+    )
+
+    def run(code: str, what: str) -> str:
         out = subprocess.run([sys.executable, "-c", code], cwd=wt, capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+            raise SystemExit(f"--against {rev}: {what} with that revision failed: {tail}")
+        return out.stdout.strip().splitlines()[-1]
+
+    try:
+        urls, dbs = json.loads(run(make, "making the sites"))
+        b.databases.extend(dbs)
+        url = urls["a1"]
+        fill_base(b, url)
+        topo = tmp / "against-topology.yaml"
+        topo.write_text(
+            yaml.safe_dump(
+                {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"items": {"key": "id"}}, "links": "mesh"}
+            )
+        )
+        run(head + f"clusters.api.init(clusters.load_topology({str(topo)!r}))\nprint('ok')\n", "init")
     finally:
         subprocess.run([*git, "worktree", "remove", "--force", str(wt)], capture_output=True)
-    if out.returncode != 0:
-        tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
-        raise SystemExit(f"--against {rev}: making a site with that revision failed: {tail}")
-    url, dbs = json.loads(out.stdout.strip().splitlines()[-1])
-    b.databases.extend(dbs)
-    fill_base(b, url)
     return str(url)
 
 

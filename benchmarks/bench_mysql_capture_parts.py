@@ -15,6 +15,12 @@ part, by replacing the site's own objects after `init`:
 - ``clock lagging 4 ms``: the draw moves the clock to the wall clock only once it is 4 ms behind
   (fewer catch-up rows; versions up to 4 ms behind the wall clock in every latest-timestamp
   decision, docs/decisions.md);
+- ``no clock catch-up``: the draw never moves the clock to the wall clock (one row in the clock per
+  draw instead of three whenever the clock is behind; versions would fall behind the wall clock);
+- ``no gate/epoch table``: the branch that creates a connection's slot (once per connection)
+  without reading the gate `_mm_gates` and the epochs `_mm_conns` (MariaDB opens and locks every
+  table a trigger names in every statement that fires it, whichever branch runs);
+- ``no shadow row``: the insert trigger without the shadow row (the reconciler would lack it);
 - ``no clock draw``: the slot's UPDATE takes a `UUID_SHORT()` instead of calling `_mm_draw` (no
   row in the clock, no transaction id);
 - ``no slot``: the key trigger calls `_mm_draw` without locking its connection's slot;
@@ -93,6 +99,27 @@ def _lagging(cur: Any, natural: bool) -> None:
     _redraw(cur, lambda b: b.replace("IF p < w THEN", f"IF p + {4 * 65536} < w THEN"))
 
 
+def _no_catch_up(cur: Any, natural: bool) -> None:
+    _redraw(cur, lambda b: b.replace("IF p < w THEN", "IF FALSE THEN"))
+
+
+def _no_gate_epoch(cur: Any, natural: bool) -> None:
+    """The slot-creation branch (taken once per connection) without the gate and epoch tables:
+    every table a trigger names is opened and locked by every statement that fires it."""
+
+    def edit(b: str) -> str:
+        b = re.sub(r"SELECT 1 INTO @mm_gate FROM _mm_gates [^;]*;", "", b)
+        b = re.sub(r"INSERT IGNORE INTO _mm_conns [^;]*;", "", b)
+        return re.sub(r"SELECT epoch INTO @mm_x FROM _mm_conns [^;]*;", "SET @mm_x = 0;", b)
+
+    for name in ("_mm_cap_i_items", "_mm_cap_u_items", "_mm_cap_d_items") + (() if natural else ("_mm_rank_items",)):
+        _retrigger(cur, name, edit)
+
+
+def _no_shadow(cur: Any, natural: bool) -> None:
+    _retrigger(cur, "_mm_cap_i_items", lambda b: re.sub(r"INSERT INTO `_mm_shadow_items` [^;]*;", "", b))
+
+
 def _no_draw(cur: Any, natural: bool) -> None:
     name = "_mm_cap_i_items" if natural else "_mm_rank_items"
     _retrigger(cur, name, lambda b: b.replace("_mm_draw()", "UUID_SHORT()"))
@@ -129,7 +156,10 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "installed": None,
     "no transaction id": _no_txn_id,
     "clock lagging 4 ms": _lagging,
+    "no clock catch-up": _no_catch_up,
     "no clock draw": _no_draw,
+    "no gate/epoch table": _no_gate_epoch,
+    "no shadow row": _no_shadow,
     "no slot": _no_slot,
     "log row only": _log_only,
     "no triggers": _no_triggers,

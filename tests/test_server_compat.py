@@ -195,6 +195,56 @@ def test_mysql_insert_takes_the_key_triggers_position_only_for_its_own_row(mysql
     cl.assert_converged()
 
 
+def test_mariadb_update_trigger_refuses_key_changes_and_init_drops_the_old_guard(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """MariaDB has no BEFORE UPDATE OF <column> trigger: the update capture trigger refuses a
+    change of the key itself (no guard trigger of its own, which fired for every updated row). A
+    refused update leaves the row and the change log as they were, in a multi-row statement too,
+    and a permitted one next to it is captured. init run over a site carrying the earlier
+    release's guard (`_mm_key_<t>`) drops it."""
+    from clusters import ITEMS
+
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], ITEMS)
+    for n in ("a", "b"):
+        cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES (?, 1, 1.0)", (n,))
+    before = _log_count(cl, "s1", "items")
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE()")
+        assert "_mm_key_items" not in {r[0] for r in cur.fetchall()}
+        for sql in ("UPDATE items SET id = 50 WHERE id = 1", "UPDATE items SET id = id + 100, qty = 7"):
+            with pytest.raises(Exception, match="managed by replication"):
+                cur.execute(sql)
+            c.rollback()
+        cur.execute("SELECT id, qty FROM items ORDER BY id")
+        assert cur.fetchall() == ((1, 1), (2, 1))
+        # the earlier release's guard, as its init made it
+        cur.execute(
+            "CREATE TRIGGER _mm_key_items BEFORE UPDATE ON items FOR EACH ROW BEGIN "
+            "IF coalesce(@mm_applying, 0) = 0 AND NOT (OLD.id <=> NEW.id) THEN "
+            "SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'old guard'; END IF; END"
+        )
+        c.commit()
+    finally:
+        c.close()
+    assert _log_count(cl, "s1", "items") == before
+    api.init(cl.topo)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT TRIGGER_NAME FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE()")
+        assert "_mm_key_items" not in {r[0] for r in cur.fetchall()}
+        with pytest.raises(Exception, match="managed by replication"):
+            cur.execute("UPDATE items SET id = 50 WHERE id = 1")
+        c.rollback()
+    finally:
+        c.close()
+    cl.execute("s1", "UPDATE items SET qty = 5 WHERE id = 2")
+    assert _log_count(cl, "s1", "items") == before + 1
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
 # ---- binary logging without SUPER ---------------------------------------------------------
 
 

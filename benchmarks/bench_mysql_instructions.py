@@ -1,0 +1,274 @@
+"""Instructions MariaDB runs per single-row transaction: plain, this tree, and the code of another
+revision, counted (not timed) so two runs give the same figures on a noisy host.
+
+    .venv/bin/python benchmarks/bench_mysql_instructions.py [--against d4c2b13] [--txns 400]
+
+The MariaDB twin of benchmarks/bench_pg_instructions.py. Issue #10's single-connection floor asks
+capture to cost no more than on the day the issue was filed (d4c2b13); on a 2-core shared host
+timed ratios move by ±0.05 between runs, more than most changes to a trigger move them.
+valgrind's callgrind counts the instructions a program executes, the same for the same binary,
+input and data whatever else the machine does.
+
+How: a throwaway MariaDB server (`mariadb-install-db` into a temporary directory, its own port and
+socket, binary log off as on the test server) gets the `items` table of
+benchmarks/bench_concurrency.py in a plain database, in the first site of a 2-site cluster made by
+this tree's `init`, and in one made by `--against`'s (a worktree, as bench_concurrency.py does).
+The server is stopped; then, per workload and database, on a fresh copy of its data directory,
+`mariadbd --bootstrap` (the server reading statements from its standard input, without network)
+runs under callgrind, counting only inside `mysql_parse` (each statement, its triggers and its
+COMMIT; not start-up, not InnoDB's background threads), once with `--txns` / 5 transactions and
+once with `--txns` more: the difference divided by `--txns` is the instructions per transaction.
+Workloads, each transaction its own BEGIN / COMMIT as an application runs it:
+
+- ``insert``: one INSERT of a row (the key from AUTO_INCREMENT, or multimaster's counter);
+- ``update``: one UPDATE of a row by key;
+- ``apply insert`` / ``apply update``: with `@mm_applying` set, as the reconciler writes, one
+  statement of 1,000 rows (per row).
+
+Printed: instructions per transaction (per row for the apply workloads), what multimaster adds to
+plain, and plain ÷ multimaster (the ratio a CPU-bound run would approach). The client and the
+protocol are not counted (the same for every database): what the capture itself costs.
+`--parts`: instead of `--against`, one more site per variant of
+benchmarks/bench_mysql_capture_parts.py (multimaster as installed with one part removed), counted
+the same way: what each part of the capture costs, without the noise of timing. Under valgrind
+every transaction takes milliseconds, so the clock is behind the wall clock at every draw and each
+draw catches up (three rows in the clock); with one connection at ~2,000 transactions a second
+nearly every draw does so too, with 16 clients about two in three (docs/performance.md).
+
+Needs valgrind and the MariaDB server (`mariadbd`, `mariadb-install-db`). Figures:
+docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_concurrency import N_BASE, against_site, mm_cluster, plain_site  # noqa: E402
+
+WORKLOADS = {
+    "insert": lambda i: "BEGIN;\nINSERT INTO items (name, qty, price) VALUES ('x', 1, 0.5);\nCOMMIT;",
+    "update": lambda i: f"BEGIN;\nUPDATE items SET qty = qty + 1 WHERE id = {i % N_BASE + 1};\nCOMMIT;",
+    "apply insert": lambda i: (
+        "BEGIN;\nSET @mm_applying = 1;\n"
+        f"INSERT INTO items (id, name, qty, price) SELECT {10**7 + i * 1000} + seq, 'b', seq, 0.5 FROM seq_1_to_1000;"
+        "\nCOMMIT;\nSET @mm_applying = NULL;"
+    ),
+    "apply update": lambda i: (
+        "BEGIN;\nSET @mm_applying = 1;\nUPDATE items SET qty = qty + 1 WHERE id <= 1000;\nCOMMIT;\nSET @mm_applying = NULL;"
+    ),
+}
+PER_ROW = {"apply insert": 1000, "apply update": 1000}
+
+#: options of every start of the throwaway server: valgrind knows no io_uring, InnoDB's default
+#: address reservation for a growing buffer pool is more than valgrind maps, and a buffer pool
+#: loaded in the background at start-up would race the counted statements for the same pages
+SERVER_OPTS = [
+    "--no-defaults",
+    "--innodb-buffer-pool-load-at-startup=0",
+    "--innodb-buffer-pool-dump-at-shutdown=0",
+    "--skip-log-bin",
+    "--innodb-flush-log-at-trx-commit=1",
+    "--innodb-use-native-aio=0",
+    "--innodb-buffer-pool-size=32M",
+    "--innodb-buffer-pool-size-max=64M",
+    "--innodb-log-file-size=16M",
+]
+
+
+class Scratch:
+    """A throwaway MariaDB server in a temporary directory (as the user mysql when run as root)."""
+
+    def __init__(self, base: Path) -> None:
+        self.dir = base / "my"
+        self.dir.mkdir()
+        self.data = self.dir / "data"
+        self.sock = self.dir / "sock"
+        self.port = 3400 + os.getpid() % 500
+        self.user = ["--user=mysql"] if os.geteuid() == 0 else []
+        if self.user:
+            os.chmod(base, 0o755)
+            shutil.chown(self.dir, "mysql")
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={self.data}",
+                *self.user,
+                "--auth-root-authentication-method=normal",
+                "--skip-test-db",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> str:
+        """Start the server; returns its URL (root over TCP, as the test harness connects)."""
+        self.proc = subprocess.Popen(
+            [
+                "mariadbd",
+                *SERVER_OPTS,
+                f"--datadir={self.data}",
+                *self.user,
+                f"--port={self.port}",
+                "--bind-address=127.0.0.1",
+                f"--socket={self.sock}",
+                f"--pid-file={self.dir / 'pid'}",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=open(self.dir / "err.log", "wb"),  # noqa: SIM115 - the server's log, closed with the process
+        )
+        for _ in range(300):
+            ok = subprocess.run(["mariadb", "-uroot", f"--socket={self.sock}", "-e", "SELECT 1"], capture_output=True)
+            if ok.returncode == 0:
+                break
+            if self.proc.poll() is not None:
+                raise SystemExit(f"the throwaway server did not start: {(self.dir / 'err.log').read_text()[-500:]}")
+            time.sleep(0.1)
+        subprocess.run(
+            [
+                "mariadb",
+                "-uroot",
+                f"--socket={self.sock}",
+                "-e",
+                "CREATE USER IF NOT EXISTS root@'%'; GRANT ALL ON *.* TO root@'%'",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        return f"mysql+pymysql://root@127.0.0.1:{self.port}/"
+
+    def stop(self) -> None:
+        subprocess.run(["mariadb-admin", "-uroot", f"--socket={self.sock}", "shutdown"], capture_output=True)
+        if self.proc is not None:
+            self.proc.wait(timeout=120)
+
+    def instructions(self, sql: str) -> int:
+        """Instructions inside mysql_parse of a bootstrap server running `sql` on a fresh copy of
+        the data directory."""
+        run = self.dir / "run"
+        shutil.rmtree(run, ignore_errors=True)
+        shutil.copytree(self.data, run, symlinks=True)
+        if self.user:
+            subprocess.run(["chown", "-R", "mysql", str(run)], check=True)
+        out = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--vgdb=no",
+                "--callgrind-out-file=/dev/null",
+                "--toggle-collect=mysql_parse*",
+                "mariadbd",
+                *SERVER_OPTS,
+                f"--datadir={run}",
+                *self.user,
+                "--bootstrap",
+            ],
+            input=sql.encode(),
+            capture_output=True,
+        )
+        log = (out.stdout + out.stderr).decode(errors="replace")
+        if out.returncode != 0 or re.search(r"\[ERROR\]", log):
+            raise SystemExit(f"a statement failed in the bootstrap server: {log[-600:]}")
+        got = re.search(r"Collected : (\d+)", log)
+        if not got or int(got.group(1)) == 0:
+            raise SystemExit(f"valgrind counted nothing: {log[-300:]}")
+        return int(got.group(1))
+
+
+def per_txn(s: Scratch, db: str, workload: str, n: int) -> float:
+    make = WORKLOADS[workload]
+    small = max(2, n // 5)
+    head = f"USE `{db}`;\n"
+    few = s.instructions(head + "\n".join(make(i) for i in range(small)) + "\n")
+    many = s.instructions(head + "\n".join(make(i) for i in range(small + n)) + "\n")
+    return (many - few) / n / PER_ROW.get(workload, 1)
+
+
+def parts(s: Scratch, dbs: dict[str, str], workloads: list[str], txns: int) -> None:
+    """Per workload, per variant: instructions per transaction and the difference to the site as
+    installed (what the removed part costs)."""
+    for w in workloads:
+        n = txns if w not in PER_ROW else max(2, txns // 50)
+        got = {name: per_txn(s, db, w, n) for name, db in dbs.items()}
+        print(f"\n{w}: {'variant':22} {'instructions':>13} {'÷ plain':>8} {'part costs':>11}")
+        for name, g in got.items():
+            part = "" if name in ("plain", "this tree") else f"{got['this tree'] - g:11,.0f}"
+            print(f"{'':{len(w) + 2}}{name:22} {g:13,.0f} {got['plain'] / g:8.3f} {part}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
+    ap.add_argument("--txns", type=int, default=400, help="transactions counted per workload (apply workloads: / 50)")
+    ap.add_argument("--workloads", default="insert,update,apply insert,apply update")
+    ap.add_argument("--parts", action="store_true", help="count bench_mysql_capture_parts.py's variants instead of --against")
+    args = ap.parse_args()
+    args.workloads_given = any(a.startswith("--workloads") for a in sys.argv[1:])
+    for prog in ("valgrind", "mariadbd", "mariadb-install-db"):
+        if shutil.which(prog) is None:
+            raise SystemExit(f"{prog} is not installed (Debian: apt-get install valgrind mariadb-server)")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        s = Scratch(base)
+        # the harness, this tree's init and --against's subprocess all talk to the throwaway server
+        os.environ["MM_MYSQL_URL"] = s.start()
+        from clusters import MySQLBackend
+
+        try:
+            b = MySQLBackend()
+            (base / "plain").mkdir()
+            (base / "mm").mkdir()
+            urls = {"plain": plain_site(b, base / "plain"), "this tree": mm_cluster(b, base / "mm", ("i1", "i2"))[0]["i1"]}
+            if args.parts:
+                from bench_mysql_capture_parts import VARIANTS
+
+                for i, (name, change) in enumerate(VARIANTS.items()):
+                    if change is None:
+                        continue
+                    (base / f"v{i}").mkdir()
+                    urls[name] = url = mm_cluster(b, base / f"v{i}", (f"v{i}", f"v{i}peer"))[0][f"v{i}"]
+                    c = b.connect(url)
+                    change(c.cursor(), False)
+                    c.commit()
+                    c.close()
+            elif args.against:
+                urls[args.against] = against_site(b, args.against, base)
+        finally:
+            s.stop()
+        dbs = {name: url.rsplit("/", 1)[1].split("?")[0] for name, url in urls.items()}
+        names = list(urls)
+        print("MariaDB, instructions per transaction inside mysql_parse (apply workloads: per row), counted by callgrind")
+        if args.parts:  # the variants change the insert path (and two of them the draw of every change)
+            return parts(
+                s, dbs, [x.strip() for x in (args.workloads if args.workloads_given else "insert").split(",")], args.txns
+            )
+        print(
+            f"{'workload':14} "
+            + " ".join(f"{n:>14}" for n in names)
+            + "   added by mm"
+            + "".join(f"  plain ÷ {n}" for n in names[1:])
+        )
+        for w in [x.strip() for x in args.workloads.split(",") if x.strip()]:
+            n = args.txns if w not in PER_ROW else max(2, args.txns // 50)
+            got = [per_txn(s, dbs[name], w, n) for name in names]
+            added = " / ".join(f"{g - got[0]:,.0f}" for g in got[1:])
+            ratios = "".join(f"  {got[0] / g:>{len('plain ÷ ' + n_)}.3f}" for g, n_ in zip(got[1:], names[1:]))
+            print(f"{w:14} " + " ".join(f"{g:>14,.0f}" for g in got) + f"   {added}" + ratios, flush=True)
+
+
+if __name__ == "__main__":
+    main()
