@@ -29,8 +29,8 @@
 -- The heads are read first ($supread), before that UPDATE clears them.
 -- The update trigger also refuses an application's change of the key (the framework's): MariaDB
 -- has no BEFORE UPDATE OF <column> trigger, so a guard of its own fired for every updated row
--- (~7,000 instructions an application's update, ~13,000 a row the reconciler updates; counted,
--- benchmarks/bench_mysql_instructions.py). Refused after the row changed, the statement is undone
+-- (13,500 instructions an application's one-row update, 27,600 each row the reconciler updates;
+-- counted, benchmarks/bench_mysql_instructions.py). Refused after the row changed, the statement is undone
 -- all the same; a key changed into one that exists fails as a duplicate key first.
 DROP TRIGGER IF EXISTS $cap_i;
 --
@@ -83,6 +83,6 @@ BEGIN
 END;
 --
 -- The key guard of earlier releases, a BEFORE UPDATE trigger of its own: the update trigger refuses
--- key changes now (MariaDB has no UPDATE OF <column> trigger, and every trigger fired costs each
--- updated row ~13,000 instructions, the reconciler's rows too).
+-- key changes now (MariaDB has no UPDATE OF <column> trigger, and a BEFORE UPDATE trigger cost
+-- each updated row 27,600 instructions, the reconciler's rows too).
 DROP TRIGGER IF EXISTS $keyguard;
