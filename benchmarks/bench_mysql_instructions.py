@@ -56,11 +56,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_concurrency import N_BASE, against_site, mm_cluster, plain_site  # noqa: E402
+from bench_concurrency import against_site, mm_cluster, plain_site  # noqa: E402
+from counted import APP_WORKLOADS, per_txn, print_table  # noqa: E402
 
 WORKLOADS = {
-    "insert": lambda i: "BEGIN;\nINSERT INTO items (name, qty, price) VALUES ('x', 1, 0.5);\nCOMMIT;",
-    "update": lambda i: f"BEGIN;\nUPDATE items SET qty = qty + 1 WHERE id = {i % N_BASE + 1};\nCOMMIT;",
+    **APP_WORKLOADS,
     "apply insert": lambda i: (
         "BEGIN;\nSET @mm_applying = 1;\n"
         f"INSERT INTO items (id, name, qty, price) SELECT {10**7 + i * 1000} + seq, 'b', seq, 0.5 FROM seq_1_to_1000;"
@@ -189,13 +189,9 @@ class Scratch:
         return int(got.group(1))
 
 
-def per_txn(s: Scratch, db: str, workload: str, n: int) -> float:
-    make = WORKLOADS[workload]
-    small = max(2, n // 5)
-    head = f"USE `{db}`;\n"
-    few = s.instructions(head + "\n".join(make(i) for i in range(small)) + "\n")
-    many = s.instructions(head + "\n".join(make(i) for i in range(small + n)) + "\n")
-    return (many - few) / n / PER_ROW.get(workload, 1)
+def count_in(s: Scratch, db: str, workload: str, n: int) -> float:
+    """Instructions per transaction (per row) of `workload` in database `db`."""
+    return per_txn(lambda sql: s.instructions(f"USE `{db}`;\n" + sql), WORKLOADS[workload], n, PER_ROW.get(workload, 1))
 
 
 def parts(s: Scratch, dbs: dict[str, str], workloads: list[str], txns: int) -> None:
@@ -203,7 +199,7 @@ def parts(s: Scratch, dbs: dict[str, str], workloads: list[str], txns: int) -> N
     installed (what the removed part costs)."""
     for w in workloads:
         n = txns if w not in PER_ROW else max(2, txns // 50)
-        got = {name: per_txn(s, db, w, n) for name, db in dbs.items()}
+        got = {name: count_in(s, db, w, n) for name, db in dbs.items()}
         print(f"\n{w}: {'variant':22} {'instructions':>13} {'÷ plain':>8} {'part costs':>11}")
         for name, g in got.items():
             part = "" if name in ("plain", "this tree") else f"{got['this tree'] - g:11,.0f}"
@@ -256,18 +252,8 @@ def main() -> None:
             return parts(
                 s, dbs, [x.strip() for x in (args.workloads if args.workloads_given else "insert").split(",")], args.txns
             )
-        print(
-            f"{'workload':14} "
-            + " ".join(f"{n:>14}" for n in names)
-            + "   added by mm"
-            + "".join(f"  plain ÷ {n}" for n in names[1:])
-        )
-        for w in [x.strip() for x in args.workloads.split(",") if x.strip()]:
-            n = args.txns if w not in PER_ROW else max(2, args.txns // 50)
-            got = [per_txn(s, dbs[name], w, n) for name in names]
-            added = " / ".join(f"{g - got[0]:,.0f}" for g in got[1:])
-            ratios = "".join(f"  {got[0] / g:>{len('plain ÷ ' + n_)}.3f}" for g, n_ in zip(got[1:], names[1:]))
-            print(f"{w:14} " + " ".join(f"{g:>14,.0f}" for g in got) + f"   {added}" + ratios, flush=True)
+        workloads = [x.strip() for x in args.workloads.split(",") if x.strip()]
+        print_table(names, workloads, args.txns, PER_ROW, lambda i, w, n: count_in(s, dbs[names[i]], w, n))
 
 
 if __name__ == "__main__":

@@ -46,12 +46,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from bench_concurrency import N_BASE, against_site, mm_cluster, plain_site  # noqa: E402
+from bench_concurrency import against_site, mm_cluster, plain_site  # noqa: E402
 from clusters import PostgresBackend  # noqa: E402
+from counted import APP_WORKLOADS, per_txn, print_table  # noqa: E402
 
 WORKLOADS = {
-    "insert": lambda i: "BEGIN;\nINSERT INTO items (name, qty, price) VALUES ('x', 1, 0.5);\nCOMMIT;",
-    "update": lambda i: f"BEGIN;\nUPDATE items SET qty = qty + 1 WHERE id = {i % N_BASE + 1};\nCOMMIT;",
+    **APP_WORKLOADS,
     "apply insert": lambda i: (
         "BEGIN;\nSELECT set_config('mm.applying', 'on', true);\n"
         f"INSERT INTO items (id, name, qty, price) SELECT {10**7 + i * 1000} + g, 'b', g, 0.5 FROM generate_series(1, 1000) g;"
@@ -132,14 +132,6 @@ class Scratch:
         return int(got.group(1))
 
 
-def per_txn(s: Scratch, db: str, workload: str, n: int) -> float:
-    make = WORKLOADS[workload]
-    small = max(2, n // 5)
-    few = s.instructions(db, "\n".join(make(i) for i in range(small)) + "\n")
-    many = s.instructions(db, "\n".join(make(i) for i in range(small + n)) + "\n")
-    return (many - few) / n / PER_ROW.get(workload, 1)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
@@ -168,18 +160,12 @@ def main() -> None:
             b.cleanup()
         names = list(urls)
         print("PostgreSQL backend, instructions per transaction (apply workloads: per row), counted by callgrind")
-        print(
-            f"{'workload':14} "
-            + " ".join(f"{n:>14}" for n in names)
-            + "   added by mm"
-            + "".join(f"  plain ÷ {n}" for n in names[1:])
-        )
-        for w in [x.strip() for x in args.workloads.split(",") if x.strip()]:
-            n = args.txns if w not in PER_ROW else max(2, args.txns // 50)
-            got = [per_txn(s, f"db{i}", w, n) for i in range(len(names))]
-            added = " / ".join(f"{g - got[0]:,.0f}" for g in got[1:])
-            ratios = "".join(f"  {got[0] / g:>{len('plain ÷ ' + n_)}.3f}" for g, n_ in zip(got[1:], names[1:]))
-            print(f"{w:14} " + " ".join(f"{g:>14,.0f}" for g in got) + f"   {added}" + ratios)
+        workloads = [x.strip() for x in args.workloads.split(",") if x.strip()]
+
+        def measure(i: int, w: str, n: int) -> float:
+            return per_txn(lambda sql: s.instructions(f"db{i}", sql), WORKLOADS[w], n, PER_ROW.get(w, 1))
+
+        print_table(names, workloads, args.txns, PER_ROW, measure)
 
 
 if __name__ == "__main__":
