@@ -210,10 +210,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
     ap.add_argument("--txns", type=int, default=400, help="transactions counted per workload (apply workloads: / 50)")
-    ap.add_argument("--workloads", default="insert,update,apply insert,apply update")
+    ap.add_argument("--workloads", help="default: insert,update,apply insert,apply update (--parts: insert)")
     ap.add_argument("--parts", action="store_true", help="count bench_mysql_capture_parts.py's variants instead of --against")
     args = ap.parse_args()
-    args.workloads_given = any(a.startswith("--workloads") for a in sys.argv[1:])
     for prog in ("valgrind", "mariadbd", "mariadb-install-db"):
         if shutil.which(prog) is None:
             raise SystemExit(f"{prog} is not installed (Debian: apt-get install valgrind mariadb-server)")
@@ -248,11 +247,11 @@ def main() -> None:
         dbs = {name: url.rsplit("/", 1)[1].split("?")[0] for name, url in urls.items()}
         names = list(urls)
         print("MariaDB, instructions per transaction inside mysql_parse (apply workloads: per row), counted by callgrind")
-        if args.parts:  # the variants change the insert path (and two of them the draw of every change)
-            return parts(
-                s, dbs, [x.strip() for x in (args.workloads if args.workloads_given else "insert").split(",")], args.txns
-            )
-        workloads = [x.strip() for x in args.workloads.split(",") if x.strip()]
+        # the variants change the insert path (and two of them the draw of every change)
+        default = "insert" if args.parts else "insert,update,apply insert,apply update"
+        workloads = [x.strip() for x in (args.workloads or default).split(",") if x.strip()]
+        if args.parts:
+            return parts(s, dbs, workloads, args.txns)
         print_table(names, workloads, args.txns, PER_ROW, lambda i, w, n: count_in(s, dbs[names[i]], w, n))
 
 
