@@ -8,6 +8,7 @@ transaction registry")."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -216,5 +217,49 @@ def test_a_tables_entries_keep_their_clock_rows_until_a_reader_stamps_them(mysql
         r.close()
     assert notes == stock and len(set(stock)) == 3, (stock, notes)
     assert {int(t.rsplit(".", 1)[1]) for t in stock} <= drew
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_a_draw_behind_the_wall_clock_keeps_its_explicit_value_as_the_position(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """site.sql _mm_draw: a capture that finds the clock behind the wall clock inserts an explicit
+    value of the current millisecond, w + 32768 + the connection's hash, and that value is the
+    entry's position: two rows in the clock for the draw (not three), the entry at exactly that
+    value, the transaction's next capture past it, and each position the one row of the clock at
+    its value (current or history), also after refreshes moved the clock (advance_clock keeps its
+    rows), so the stamp reads one transaction id for it."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    cl.execute("s2", "INSERT INTO stock (name, qty) VALUES ('from-s2', 1)")
+    cl.refresh_until_quiet()  # s1 applies s2's change: its clock is moved past s2's version
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute("INSERT INTO stock (name, qty) VALUES ('warm', 1)")  # the connection's slot
+        c.commit()
+        (conn_id,) = _one(c, "SELECT CONNECTION_ID()")[0]
+        hash_ = int(conn_id) * 40503 % 32768
+        time.sleep(0.01)  # the clock is behind the wall clock now
+        rows = int(_one(c, "SELECT count(*) FROM _mm_tick FOR SYSTEM_TIME ALL")[0][0])
+        (before,) = _one(c, "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)")[0]
+        cur.execute("INSERT INTO stock (name, qty) VALUES ('first', 1)")
+        drew = int(_one(c, "SELECT count(*) FROM _mm_tick FOR SYSTEM_TIME ALL")[0][0]) - rows
+        (after,) = _one(c, "SELECT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED)")[0]
+        cur.execute("INSERT INTO stock (name, qty) VALUES ('second', 1)")
+        c.commit()
+        first, second = (int(_one(c, f"SELECT seq FROM _mm_log_stock WHERE n_name = '{n}'")[0][0]) for n in ("first", "second"))
+        MySQLBackend.stamp(c, "stock")
+        per_seq = _one(
+            c,
+            "SELECT l.seq, count(k.t), max(k.trx), max(l.txn) FROM _mm_log_stock l "
+            "LEFT JOIN _mm_tick FOR SYSTEM_TIME ALL k ON k.t = l.seq WHERE l.origin = 's1' GROUP BY l.seq",
+        )
+    finally:
+        c.close()
+    assert drew == 2, drew
+    assert first % 65536 == 32768 + hash_, (first, hash_)
+    assert int(before) <= first // 65536 <= int(after), (before, first, after)
+    assert second > first
+    assert per_seq and all(n == 1 for _, n, _, _ in per_seq), per_seq
+    assert all(str(txn).endswith(f".{trx}") for _, _, trx, txn in per_seq), per_seq
     cl.refresh_until_quiet()
     cl.assert_converged()

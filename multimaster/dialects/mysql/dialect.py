@@ -346,16 +346,16 @@ class MySQLDialect(Dialect):
 
     def _sync_clock(self, conn: Connection, at_least: int) -> None:
         """Move the clock (_mm_tick's AUTO_INCREMENT) past `at_least`. The counter is drawn first
-        and, only when it is not past already, an explicit value moves it; both rows go again (the
-        counter stays). Drawing first keeps the explicit insert, which would wait for an open
-        writer's transaction that holds the same value, off the common path (site.sql _mm_draw)."""
+        and, only when it is not past already, an explicit value moves it. Drawing first keeps the
+        explicit insert, which would wait for an open writer's transaction that holds the same
+        value, off the common path (site.sql _mm_draw). Both rows stay until a pull's trim: a row
+        deleted here would let a writer's explicit value go in again at the same value, and a
+        position must be the one row of the clock at its value (site.sql _mm_draw, _mm_stamp)."""
         conn.exec_driver_sql("INSERT INTO _mm_tick (t) VALUES (NULL)")
         drawn = int(conn.exec_driver_sql("SELECT LAST_INSERT_ID()").scalar() or 0)
-        conn.exec_driver_sql("DELETE FROM _mm_tick WHERE t = %s", (drawn,))
         if drawn > at_least:
             return
-        if conn.exec_driver_sql("INSERT IGNORE INTO _mm_tick (t) VALUES (%s)", (int(at_least),)).rowcount:
-            conn.exec_driver_sql("DELETE FROM _mm_tick WHERE t = %s", (int(at_least),))
+        conn.exec_driver_sql("INSERT IGNORE INTO _mm_tick (t) VALUES (%s)", (int(at_least),))
 
     @staticmethod
     def _table_type(conn: Connection, name: str) -> str | None:

@@ -101,7 +101,8 @@ ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site inst
 -- read by a writer). It follows the wall clock (ms * 65536): a draw that finds the counter behind
 -- it inserts an explicit value of the current millisecond, which moves the counter (_mm_draw);
 -- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
--- takes only a literal, and no trigger can run dynamic SQL.) Explicit values are never positions.
+-- takes only a literal, and no trigger can run dynamic SQL.) A draw's explicit value is its
+-- position when it went in (_mm_draw); the reconciler's explicit values are never positions.
 -- The table is system-versioned, transaction-precise: each row's trx (ROW START) is the InnoDB id
 -- of the transaction that drew it, which is how a reader learns a captured entry's transaction
 -- (_mm_stamp below; docs/transactions.md "MariaDB's transaction id"). MariaDB records each such transaction in
@@ -117,14 +118,25 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 ) ENGINE=InnoDB WITH SYSTEM VERSIONING;
 --
 -- One draw: the next value of the clock, past the wall clock. The counter is drawn first; only when
--- the value is behind the wall clock (w, in units of 1/65536 ms) does an explicit value move the
--- counter into w's millisecond, and the draw is repeated (the first value is never a position).
--- The explicit value is w + 32768 + a hash of the connection id, not w itself: an INSERT IGNORE
+-- the value is behind the wall clock (w, in units of 1/65536 ms) does an explicit value v move the
+-- counter into w's millisecond, and v is the position when its INSERT inserted it (the first
+-- value then is not a position); when v was there already (the duplicate key error 1062, handled
+-- for that one INSERT: ROW_COUNT() reads 0 inside a trigger), the draw is repeated. v serves
+-- as well as a drawn value: it exceeds the value drawn first in this call (v > w > p), which was
+-- drawn with the slot locked, so the horizon's proof holds for it as for p (_mm_horizon below);
+-- and every later value of the counter exceeds it (InnoDB moves the counter past an explicit value
+-- inserted above it), so the connection's positions rise and a draw that follows this
+-- transaction's COMMIT sorts after it. No value the horizon lies above is ever inserted again, and
+-- only the trim below the horizon deletes rows (_sync_clock keeps its own): a position is the one
+-- row of the clock, current or history, at its value (_mm_stamp reads it). One explicit insert
+-- instead of an explicit insert and a second draw: 34,000 instructions less per draw that catches
+-- up, and with one connection nearly every draw does (docs/decisions.md, session 23).
+-- The explicit value is w + 32768 + a hash of the connection id, not w itself: an INSERT
 -- that meets a value inserted by a transaction still open waits for that transaction to end, so
 -- two writers whose draws fell in one millisecond, both inserting w, made the second wait for the
 -- first's COMMIT (tests/test_server_many_writers.py). Distinct connections insert distinct values;
--- and a value already passed by the counter is IGNOREd without a wait unless a transaction still
--- open drew exactly it in the microseconds between the two inserts (docs/mysql.md, Limits).
+-- and a value already passed by the counter is found there without a wait unless a transaction
+-- still open drew exactly it in the microseconds between the two inserts (docs/mysql.md, Limits).
 -- Called by the capture triggers inside the UPDATE that locks their slot (capture.sql), so the
 -- slot is locked first. It does not read its row's transaction id back: _mm_stamp adds it to the
 -- entries later, for the readers (that read cost 25-50 us a captured row; docs/decisions.md). @mm_trx
@@ -137,9 +149,15 @@ BEGIN
   INSERT INTO _mm_tick (t) VALUES (NULL);
   SET p = LAST_INSERT_ID();
   IF p < w THEN
-    INSERT IGNORE INTO _mm_tick (t) VALUES (w + 32768 + MOD(CONNECTION_ID() * 40503, 32768));
-    INSERT INTO _mm_tick (t) VALUES (NULL);
-    SET p = LAST_INSERT_ID();
+    SET p = w + 32768 + MOD(CONNECTION_ID() * 40503, 32768);
+    BEGIN
+      DECLARE CONTINUE HANDLER FOR 1062 SET p = NULL;
+      INSERT INTO _mm_tick (t) VALUES (p);
+    END;
+    IF p IS NULL THEN
+      INSERT INTO _mm_tick (t) VALUES (NULL);
+      SET p = LAST_INSERT_ID();
+    END IF;
   END IF;
   SET @mm_trx = '';
   RETURN p;
@@ -255,7 +273,7 @@ BEGIN
   -- at most once a second per reading session: the clock's rows below every replicated table's
   -- upto (their entries are stamped; hz <= its table's horizon, below which transactions ended) go,
   -- the newest row stays (read_clock); a row still locked (an explicit value the reconciler
-  -- inserted and deletes again) makes the trim give up at once. The table is system-versioned:
+  -- inserted, its transaction still open) makes the trim give up at once. The table is system-versioned:
   -- what the previous trims deleted is its history, which goes first (DELETE HISTORY records
   -- nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
   IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
@@ -281,7 +299,9 @@ END
 -- (LOCK IN SHARE MODE SKIP LOCKED); (c) per other slot its committed cur (READ COMMITTED), or its lo
 -- when no committed version exists (READ UNCOMMITTED), plus one (every position a running
 -- transaction draws is above it); H = least(c0, min of (c)). Why: a
--- position p < H was drawn before (a) by a transaction W that locked its slot before drawing it.
+-- position p < H was drawn by a call of _mm_draw that began before (a) (one that began after
+-- returns more than c0: its first value does, and an explicit value it keeps exceeds that), in a
+-- transaction W that locked its slot before the call.
 -- Had W still run at (b), its slot would have been locked, and (c) would have read a value below
 -- p: the committed cur of W's slot predates W (only W's connection writes it), a slot W created
 -- carries a lo drawn before p; so H <= p, impossible. W ended before (b), and its commit is
