@@ -112,7 +112,8 @@ def _no_gate_epoch(cur: Any, natural: bool) -> None:
         b = re.sub(r"INSERT IGNORE INTO _mm_conns [^;]*;", "", b)
         return re.sub(r"SELECT epoch INTO @mm_x FROM _mm_conns [^;]*;", "SET @mm_x = 0;", b)
 
-    for name in ("_mm_cap_i_items", "_mm_cap_u_items", "_mm_cap_d_items") + (() if natural else ("_mm_rank_items",)):
+    # a renumbered table's insert trigger names no slot (its key trigger draws for it)
+    for name in ("_mm_cap_u_items", "_mm_cap_d_items") + (("_mm_cap_i_items",) if natural else ("_mm_rank_items",)):
         _retrigger(cur, name, edit)
 
 

@@ -153,11 +153,12 @@ def test_mysql_sql_avoids_mysql8_deprecations(mysql_backend, tmp_path):  # type:
 
 
 def test_mysql_insert_takes_the_key_triggers_position_only_for_its_own_row(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
-    """On a renumbered table the insert trigger takes its position from the key trigger (@mm_h),
-    which drew it before the key. A user trigger that inserts into another renumbered table in
-    between (BEFORE INSERT, created after init: it fires after the key trigger) draws that table's
-    position with the same key: the insert trigger must see that the value is not its own (@mm_t)
-    and draw its own. Every entry's version is its position, all past a clock moved ahead."""
+    """On a renumbered table the insert trigger takes its position from the key trigger, which
+    drew it before the key, through a session variable of the table's own. A user trigger that
+    inserts into another renumbered table in between (BEFORE INSERT, created after init: it fires
+    after the key trigger) draws that table's position with the same key, and sets that table's
+    variable: the insert trigger still takes its own row's. Every entry's version is its position,
+    all past a clock moved ahead."""
     import time
 
     from clusters import ITEMS
@@ -189,6 +190,43 @@ def test_mysql_insert_takes_the_key_triggers_position_only_for_its_own_row(mysql
             assert len(rows) == 2 and all(v == f"{s:019d}:s1" and s > ahead for s, v in rows), (t, rows)
             seqs[t] = {s for s, _ in rows}
         assert not seqs["items"] & seqs["other"], seqs  # no entry took the other table's position
+    finally:
+        c.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+
+
+def test_mysql_key_trigger_still_serves_the_insert_trigger_of_the_release_before(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """init replaces the key trigger of a renumbered table before its insert trigger, and the key
+    trigger still sets what the insert trigger of the release before read (@mm_h, when @mm_t and
+    @mm_k name the table and the row): an insert between the two steps is captured at the
+    position its key trigger drew. The earlier insert trigger is stood in for by one that refuses
+    the insert when it would have had to draw a position of its own."""
+    from clusters import ITEMS
+
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], ITEMS)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        cur.execute(
+            "SELECT ACTION_STATEMENT FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE() "
+            "AND TRIGGER_NAME = '_mm_cap_i_items'"
+        )
+        body = cur.fetchone()[0]
+        took = re.search(r"SET @mm_p = (@mm_h_\w+), \1 = NULL;", body)
+        assert took, body
+        old = body.replace(
+            took.group(0),
+            "IF @mm_t = 'items' AND @mm_k = NEW.`id` THEN SET @mm_p = @mm_h, @mm_t = NULL; "
+            "ELSE SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'the earlier insert trigger drew a position'; END IF;",
+        )
+        cur.execute("DROP TRIGGER _mm_cap_i_items")
+        cur.execute(f"CREATE TRIGGER _mm_cap_i_items AFTER INSERT ON items FOR EACH ROW {old}")
+        c.commit()
+        cur.execute("INSERT INTO items (name, qty, price) VALUES ('between', 1, 1.0), ('steps', 2, 2.0)")
+        c.commit()
+        cur.execute("SELECT count(*) FROM _mm_log_items WHERE n_name IN ('between', 'steps')")
+        assert cur.fetchone()[0] == 2
     finally:
         c.close()
     cl.refresh_until_quiet()

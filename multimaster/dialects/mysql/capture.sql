@@ -6,10 +6,14 @@
 -- and its version is p formatted (LPAD(p, 19, '0'):site). Updates and deletes draw in their AFTER
 -- trigger, after the row lock: a change that overwrote another's committed write has a later
 -- version. On a renumbered table the key trigger (renumber.sql) drew the position for the inserted
--- row already, before its key: the insert trigger takes it from @mm_h when @mm_t and @mm_k name this
--- table and this row (always false on natural-key tables), so a user trigger that writes another
--- replicated table in between cannot hand it a foreign value. (`@v := expr` inside an expression is
--- deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
+-- row already, before its key: the insert trigger takes it from the table's own session variable
+-- $posvar ($insdraw), which the key trigger set for this very row (it fires for every row, just
+-- before; MariaDB lets no statement of the row's triggers insert into the same table, and a user
+-- trigger that writes another replicated table in between sets that table's variable), and clears
+-- it. So the insert trigger of a renumbered table names no slot: every table a trigger names costs
+-- every statement that fires it, whichever branch runs (12,500 instructions an insert, counted;
+-- docs/decisions.md, session 23). On a natural-key table $insdraw is $draw. (`@v := expr` inside an
+-- expression is deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
 -- Each entry records its source transaction: txn = the connection and its epoch (@mm_x, read by
 -- $draw from _mm_conns and held until the transaction ends), then '.'; a reader appends the InnoDB
 -- id of the transaction, the ROW START of the clock row the draw inserted, before it reads the
@@ -38,11 +42,7 @@ CREATE TRIGGER $cap_i AFTER INSERT ON $table FOR EACH ROW
 BEGIN
   DECLARE mm_v VARCHAR(255);$ridvar
   IF coalesce(@mm_applying, 0) = 0 THEN
-    IF $ranked THEN
-      SET @mm_p = @mm_h, @mm_t = NULL;
-    ELSE
-      $draw
-    END IF;
+    $insdraw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
       VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$newvals);$shadowins

@@ -308,6 +308,14 @@ class MySQLDialect(Dialect):
         fixed length, whatever the table's)."""
         return "@mm_s_" + hashlib.sha1(table.encode()).hexdigest()[:16]
 
+    @staticmethod
+    def _position_var(table: str) -> str:
+        """The session variable through which the key trigger of renumbered `table` hands the
+        position it drew for a row to the insert trigger of the same row (renumber.sql,
+        capture.sql): one per table, so a trigger of another table firing in between cannot
+        overwrite it."""
+        return "@mm_h_" + hashlib.sha1(table.encode()).hexdigest()[:16]
+
     #: the wall clock in clock units (ms * 65536), as the capture triggers read it
     WALL = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536"
 
@@ -559,7 +567,8 @@ class MySQLDialect(Dialect):
         rank = self.quote("_mm_rank_" + info.name)
         draw = self._draw(info.name)
         # the position the key trigger drew for this very row (renumbered tables; renumber.sql)
-        ranked = f"@mm_t = {_lit(info.name)} AND @mm_k = NEW.{key}" if spec.renumber else "FALSE"
+        posvar = self._position_var(info.name)
+        insdraw = f"SET @mm_p = {posvar}, {posvar} = NULL;" if spec.renumber else draw
         stmts = self.render(
             "capture",
             **fr,
@@ -569,7 +578,8 @@ class MySQLDialect(Dialect):
             key=key,
             site_lit=site,
             insrid=insrid,
-            ranked=ranked,
+            insdraw=insdraw,
+            posvar=posvar,
             allmask=str(spec.all_mask),
             anychanged=anychanged,
             updmask=updmask,
@@ -586,14 +596,20 @@ class MySQLDialect(Dialect):
             **o.mapping(),
         )
         if spec.renumber:
-            stmts += self.render(
-                "renumber",
-                table=q(info.name),
-                tbl_lit=_lit(info.name),
-                key=key,
-                rank=rank,
-                draw=self._draw(info.name, gated=True),
-                keyseq=o.keyseq,
+            # the key trigger first: the insert trigger of the release before still finds the
+            # position it reads (renumber.sql)
+            stmts = (
+                self.render(
+                    "renumber",
+                    table=q(info.name),
+                    tbl_lit=_lit(info.name),
+                    key=key,
+                    rank=rank,
+                    draw=self._draw(info.name, gated=True),
+                    keyseq=o.keyseq,
+                    posvar=posvar,
+                )
+                + stmts
             )
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]

@@ -5,9 +5,11 @@
 -- it gives keys, locks every slot of the table (Dialect.lock_writers), so no local insert is in
 -- flight while it ranks the keys drawn here (a rolled-back insert leaves a gap; two inserts may draw
 -- key and version in opposite orders: engine/apply.py normalize_keys) and sets the counter back to
--- the highest key. The insert trigger takes the position from @mm_h when @mm_t / @mm_k show that
--- this trigger ran for its row. `@v := expr` inside an expression is deprecated in MySQL 8.0.13+
--- (still supported; docs/mysql.md).
+-- the highest key. The insert trigger takes the position from $posvar, the table's own session
+-- variable (capture.sql). @mm_h, @mm_k and @mm_t are what the insert trigger of the release before
+-- read (the position when @mm_t / @mm_k named this table and row): init creates this trigger before
+-- the insert trigger, so an insert in between is captured at this position too. `@v := expr`
+-- inside an expression is deprecated in MySQL 8.0.13+ (still supported; docs/mysql.md).
 CREATE SEQUENCE IF NOT EXISTS $keyseq START WITH 1 MINVALUE 0 MAXVALUE 9223372036854775806 INCREMENT BY 1 CACHE 100 CYCLE;
 --
 DROP TRIGGER IF EXISTS $rank;
@@ -17,6 +19,6 @@ BEGIN
   IF coalesce(@mm_applying, 0) = 0 THEN
     $draw
     SET NEW.$key = NEXTVAL($keyseq);
-    SET @mm_h = @mm_p, @mm_k = NEW.$key, @mm_t = $tbl_lit;
+    SET $posvar = @mm_p, @mm_h = @mm_p, @mm_k = NEW.$key, @mm_t = $tbl_lit;
   END IF;
 END;
