@@ -213,6 +213,13 @@ class PostgreSQLDialect(Dialect):
             **self._fn(info.name),
         )
         self.run_install(conn, stmts)
+        # earlier versions checked the change log's op (table.sql says why no longer)
+        for (con,) in conn.exec_driver_sql(
+            "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
+            "WHERE c.conrelid = %s::regclass AND c.contype = 'c' AND a.attname = 'op' AND cardinality(c.conkey) = 1",
+            (o.log,),
+        ).all():
+            conn.exec_driver_sql(f"ALTER TABLE {o.log} DROP CONSTRAINT {q(con)}")
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
             for (con,) in conn.exec_driver_sql(

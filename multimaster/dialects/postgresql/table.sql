@@ -1,10 +1,16 @@
 -- multimaster: per-table objects (PostgreSQL) for table $table, in the schema _mm.
 -- $logcols expands to one typed n_<col> / o_<col> pair per replicated column.
+-- The change log's op carries no CHECK on PostgreSQL: the constraint's text was read and prepared
+-- again at every execution of the capture's INSERT, 30,000 instructions a captured row (7 % of what
+-- capture adds; benchmarks/bench_pg_instructions.py). Every puller refuses an entry whose op is not
+-- I, U or D and holds it in its error queue (core/errorqueue.py malformed; docs/errors.md), as it
+-- does an entry whose version is none; SQLite's and MariaDB's logs keep theirs (docs/decisions.md,
+-- session 23).
 CREATE TABLE IF NOT EXISTS $log (
   seq bigint PRIMARY KEY,  -- the position: a tick of the clock (_mm._mm_tick), drawn after registering (site.sql)
   ver text COLLATE "C" NOT NULL UNIQUE,
   origin text NOT NULL,
-  op char(1) NOT NULL CHECK (op IN ('I', 'U', 'D')),
+  op char(1) NOT NULL,  -- no CHECK here: Dialect.install_table drops the one of earlier versions
   rid text COLLATE "C" NOT NULL,
   key $keytype,
   mask bigint NOT NULL$logcols,
