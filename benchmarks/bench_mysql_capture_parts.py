@@ -17,9 +17,9 @@ part, by replacing the site's own objects after `init`:
   decision, docs/decisions.md);
 - ``no clock catch-up``: the draw never moves the clock to the wall clock (one row in the clock per
   draw instead of three whenever the clock is behind; versions would fall behind the wall clock);
-- ``no gate/epoch table``: the branch that creates a connection's slot (once per connection)
-  without reading the gate `_mm_gates` and the epochs `_mm_conns` (MariaDB opens and locks every
-  table a trigger names in every statement that fires it, whichever branch runs);
+- ``no gate table``: the key trigger's branch that creates a connection's slot (once per
+  connection) without reading the gate `_mm_gates` (MariaDB opens and locks every table a trigger
+  names in every statement that fires it, whichever branch runs);
 - ``no shadow row``: the insert trigger without the shadow row (the reconciler would lack it);
 - ``no clock draw``: the slot's UPDATE takes a `UUID_SHORT()` instead of calling `_mm_draw` (no
   row in the clock, no transaction id);
@@ -103,18 +103,12 @@ def _no_catch_up(cur: Any, natural: bool) -> None:
     _redraw(cur, lambda b: b.replace("IF p < w THEN", "IF FALSE THEN"))
 
 
-def _no_gate_epoch(cur: Any, natural: bool) -> None:
-    """The slot-creation branch (taken once per connection) without the gate and epoch tables:
-    every table a trigger names is opened and locked by every statement that fires it."""
-
-    def edit(b: str) -> str:
-        b = re.sub(r"SELECT 1 INTO @mm_gate FROM _mm_gates [^;]*;", "", b)
-        b = re.sub(r"INSERT IGNORE INTO _mm_conns [^;]*;", "", b)
-        return re.sub(r"SELECT epoch INTO @mm_x FROM _mm_conns [^;]*;", "SET @mm_x = 0;", b)
-
-    # a renumbered table's insert trigger names no slot (its key trigger draws for it)
-    for name in ("_mm_cap_u_items", "_mm_cap_d_items") + (("_mm_cap_i_items",) if natural else ("_mm_rank_items",)):
-        _retrigger(cur, name, edit)
+def _no_gate(cur: Any, natural: bool) -> None:
+    """The key trigger's slot-creation branch (taken once per connection) without the gate
+    `_mm_gates`: every table a trigger names is opened and locked by every statement that fires
+    it. A natural-key table has no key trigger, and no gate: nothing to take out."""
+    if not natural:
+        _retrigger(cur, "_mm_rank_items", lambda b: re.sub(r"SELECT 1 INTO @mm_gate FROM _mm_gates [^;]*;", "", b))
 
 
 def _no_shadow(cur: Any, natural: bool) -> None:
@@ -159,7 +153,7 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "clock lagging 4 ms": _lagging,
     "no clock catch-up": _no_catch_up,
     "no clock draw": _no_draw,
-    "no gate/epoch table": _no_gate_epoch,
+    "no gate table": _no_gate,
     "no shadow row": _no_shadow,
     "no slot": _no_slot,
     "log row only": _log_only,

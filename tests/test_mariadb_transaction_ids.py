@@ -263,3 +263,45 @@ def test_a_draw_behind_the_wall_clock_keeps_its_explicit_value_as_the_position(m
     assert all(str(txn).endswith(f".{trx}") for _, _, trx, txn in per_seq), per_seq
     cl.refresh_until_quiet()
     cl.assert_converged()
+
+
+def test_the_stamp_gives_every_entry_of_a_transaction_one_name_whichever_release_wrote_it(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Capture writes '<connection>:0.' (no epoch read: docs/transactions.md). The capture trigger
+    of the release before wrote the connection's epoch instead, and init replaces one table's
+    triggers after the other's: a transaction across both tables can then carry '<c>:5.' in one
+    and '<c>:0.' in the other, or be stamped in part by the _mm_stamp before ('<c>:5.<id>'). The
+    stamp makes every such name '<c>:0.<id>': one name per transaction, and a peer applies it
+    whole."""
+    tables = {
+        "orders": {"key": "id", "columns": {"ref": "text"}},
+        "olines": {"key": "id", "columns": {"ref": "text"}},
+    }
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], tables)
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        for t in ("T1", "T2"):
+            cur.execute("INSERT INTO orders (ref) VALUES (%s)", (t,))
+            cur.execute("INSERT INTO olines (ref) VALUES (%s), (%s)", (t, t))
+            c.commit()
+        (conn_id,) = _one(c, "SELECT CONNECTION_ID()")[0]
+        assert {r[0] for r in _one(c, "SELECT txn FROM _mm_log_orders UNION SELECT txn FROM _mm_log_olines")} == {f"{conn_id}:0."}
+        # T1 as the release before wrote it in one table; T2 stamped in part by the stamp before
+        cur.execute("UPDATE _mm_log_orders SET txn = %s WHERE n_ref = 'T1'", (f"{conn_id}:5.",))
+        trx = _one(
+            c, "SELECT k.trx FROM _mm_log_olines l JOIN _mm_tick FOR SYSTEM_TIME ALL k ON k.t = l.seq WHERE n_ref = 'T2' LIMIT 1"
+        )[0][0]
+        cur.execute("UPDATE _mm_log_olines SET txn = %s WHERE n_ref = 'T2'", (f"{conn_id}:7.{trx}",))
+        c.commit()
+        MySQLBackend.stamp(c, "orders", "olines")
+        names: dict[str, set[str]] = {}
+        for t in ("orders", "olines"):
+            for ref, txn in _one(c, f"SELECT n_ref, txn FROM _mm_log_{t}"):
+                names.setdefault(ref, set()).add(str(txn))
+    finally:
+        c.close()
+    assert {k: len(v) for k, v in names.items()} == {"T1": 1, "T2": 1}, names
+    (t1,), (t2,) = names["T1"], names["T2"]
+    assert t1 != t2 and t1.startswith(f"{conn_id}:0.") and t2 == f"{conn_id}:0.{trx}", names
+    cl.refresh_until_quiet()
+    cl.assert_converged()

@@ -14,8 +14,8 @@
 -- every statement that fires it, whichever branch runs (12,500 instructions an insert, counted;
 -- docs/decisions.md, session 23). On a natural-key table $insdraw is $draw. (`@v := expr` inside an
 -- expression is deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
--- Each entry records its source transaction: txn = the connection and its epoch (@mm_x, read by
--- $draw from _mm_conns and held until the transaction ends), then '.'; a reader appends the InnoDB
+-- Each entry records its source transaction: txn = the connection and the epoch 0 (the epochs of
+-- earlier releases, docs/transactions.md), then '.'; a reader appends the InnoDB
 -- id of the transaction, the ROW START of the clock row the draw inserted, before it reads the
 -- entry (site.sql _mm_stamp, docs/transactions.md): reading it back here cost 25-50 us a row.
 -- A natural-key table's shadow holds one row per incarnation of a key: $live restricts updates and
@@ -45,7 +45,7 @@ BEGIN
     $insdraw
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit);$ridinit
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols)
-      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$newvals);$shadowins
+      VALUES (@mm_p, mm_v, $site_lit, 'I', $insrid, NEW.$key, $allmask, CONCAT(CONNECTION_ID(), ':0.'), $sv$newvals);$shadowins
   END IF;
 END;
 --
@@ -63,7 +63,7 @@ BEGIN
       SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;$supread
       UPDATE $shadow SET rid = (@mm_rid := rid)$slotstamp WHERE `key` = NEW.$key$live;
       INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ncols$ocols$supcol)
-        VALUES (@mm_p, mm_v, $site_lit, 'U', @mm_rid, NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$updnew$updold$supval);
+        VALUES (@mm_p, mm_v, $site_lit, 'U', @mm_rid, NEW.$key, $updmask, CONCAT(CONNECTION_ID(), ':0.'), $sv$updnew$updold$supval);
     END IF;
   END IF;
 END;
@@ -78,7 +78,7 @@ BEGIN
     SET mm_v = CONCAT(LPAD(@mm_p, 19, '0'), ':', $site_lit), @mm_rid = NULL;
     UPDATE $shadow SET rid = (@mm_rid := rid), deleted = mm_v WHERE `key` = OLD.$key$live;
     INSERT INTO $log (seq, ver, origin, op, rid, `key`, mask, txn, sv$ocols)
-      VALUES (@mm_p, mm_v, $site_lit, 'D', @mm_rid, OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':', @mm_x, '.'), $sv$oldvals);
+      VALUES (@mm_p, mm_v, $site_lit, 'D', @mm_rid, OLD.$key, $allmask, CONCAT(CONNECTION_ID(), ':0.'), $sv$oldvals);
   END IF;
 END;
 --

@@ -99,7 +99,7 @@ class MySQLDialect(Dialect):
         #: make them deadlock victims (measured); the planner's path locks rows in key order first
         set_based_apply=False,
         concurrent_capture=True,  # positions below _mm_horizon; keys from a counter
-        txn_column=True,  # txn: connection and epoch of its slots (site.sql _mm_slots, docs/transactions.md)
+        txn_column=True,  # txn: connection, epoch 0 and the InnoDB transaction id (site.sql _mm_stamp, docs/transactions.md)
         # GET_LOCK's names are server-wide, not per database: the database's name goes into it, so
         # clusters in two databases of one server may each name a site alike (names: 64 characters)
         daemon_lock_sql="SELECT GET_LOCK(CONCAT('mm-daemon-', MD5(CONCAT(%s, '@', DATABASE()))), 0)",
@@ -329,21 +329,19 @@ class MySQLDialect(Dialect):
         (LOCK IN SHARE MODE), so a local insert cannot start while the reconciler holds the gate
         (lock_writers); updates and deletes, which have locked their row already, never wait there.
         The session variable is 1 for a slot known to exist, 2 once it passed the gate.
-        The same UPDATE reads the slot's epoch into @mm_x: the entry's txn is the connection and
-        that epoch (docs/transactions.md). A new slot takes the epoch of the connection's
-        _mm_conns row, read in share mode first (site.sql)."""
+        The entry's txn is the connection and epoch 0, completed with its transaction's id by a
+        reader (site.sql _mm_stamp, docs/transactions.md): no epoch is read, and no table but the
+        slots (and the gate) is named here; every table a trigger names costs every statement
+        that fires it, whichever branch runs."""
         t, flag = _lit(table), self._slot_flag(table)
-        upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()), epoch = (@mm_x := epoch) WHERE tbl = {t} AND conn = CONNECTION_ID();"
+        upd = f"UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = {t} AND conn = CONNECTION_ID();"
         known = f"{flag} = 2" if gated else f"{flag} >= 1"
         lines = ["SET @mm_p = NULL;", f"IF {known} THEN", f"  {upd}", "END IF;", "IF @mm_p IS NULL THEN"]
         if gated:
             lines.append(f"  SELECT 1 INTO @mm_gate FROM _mm_gates WHERE tbl = {t} LOCK IN SHARE MODE;")
         lines += [
-            # a new slot takes the connection's epoch (its _mm_conns row held in share mode first)
-            "  INSERT IGNORE INTO _mm_conns (conn, epoch) VALUES (CONNECTION_ID(), 0);",
-            "  SELECT epoch INTO @mm_x FROM _mm_conns WHERE conn = CONNECTION_ID() LOCK IN SHARE MODE;",
-            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur, epoch) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0, @mm_x)",
-            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw()), epoch = (@mm_x := epoch);",
+            f"  INSERT INTO _mm_slots (tbl, conn, lo, cur) VALUES ({t}, CONNECTION_ID(), _mm_draw(), 0)",
+            "    ON DUPLICATE KEY UPDATE cur = (@mm_p := _mm_draw());",
             "  IF @mm_p IS NULL THEN",
             f"    {upd}",
             "  END IF;",

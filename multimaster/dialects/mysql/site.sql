@@ -176,7 +176,7 @@ CREATE OR REPLACE FUNCTION _mm_txno() RETURNS VARCHAR(40) NOT DETERMINISTIC NO S
 -- from the transaction's first draw until COMMIT / ROLLBACK, and its *committed* cur is the last
 -- position of the connection's previous transaction, below every position the running one draws.
 -- lo is a value drawn when the slot was created, the bound of a connection whose slot is not
--- committed yet.
+-- committed yet. epoch: of earlier releases (_mm_conns below), no longer read or written.
 CREATE TABLE IF NOT EXISTS _mm_slots (
   tbl VARCHAR(64) NOT NULL,
   conn BIGINT UNSIGNED NOT NULL,
@@ -186,15 +186,13 @@ CREATE TABLE IF NOT EXISTS _mm_slots (
   PRIMARY KEY (tbl, conn)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- Epochs (docs/transactions.md): a capturing transaction records as each entry's txn its
--- connection and the epoch of the slot it draws through (capture.sql reads it in the UPDATE that
--- locks the slot, so the draw costs nothing more). All slots of a connection, and its row here,
--- have the same epoch: a new slot copies it from this row, read in share mode first; a reader
--- (_mm_horizon, step (d)) gives a new epoch to every connection whose row here and every slot it
--- can lock at once (SKIP LOCKED: none is held by a capturing transaction), to all of them in one
--- transaction. So every entry of one transaction has the same txn, and transactions of one
--- connection a horizon ran between get different ones. Two transactions of one connection no
--- horizon separated may share one: they are applied together, which keeps each whole.
+-- Epochs, of earlier releases (docs/transactions.md): a capturing transaction recorded as each
+-- entry's txn its connection and an epoch, which a horizon renewed for connections between
+-- transactions, and a new slot read from this table. Since the reader stamps every entry with its
+-- InnoDB transaction id (_mm_stamp), the epoch told nothing more: capture writes epoch 0 and
+-- names neither this table nor the slots' epoch (each table a trigger names costs every statement
+-- that fires it, 7,000-10,000 instructions), and _mm_stamp rewrites an entry's epoch to 0. The
+-- table stays for the capture triggers of the release before, until init has replaced them.
 CREATE TABLE IF NOT EXISTS _mm_conns (
   conn BIGINT UNSIGNED PRIMARY KEY,
   epoch BIGINT NOT NULL
@@ -206,10 +204,10 @@ ALTER TABLE _mm_slots ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0;
 -- highest committed cur of its slots, read at READ COMMITTED without a lock: the last position of
 -- the connection's latest committed capturing transaction; its later transactions draw only past
 -- it. So every recorded bound is a boundary between two of the connection's transactions, and a
--- reader splits a txn (connection:epoch) at every bound: an epoch changes only while the
--- connection is between transactions, which a connection under a steady load never is when a
+-- reader splits a txn (connection:epoch) at every bound: an epoch changed only while the
+-- connection was between transactions, which a connection under a steady load never is when a
 -- horizon looks, and one txn then ran on without end, always past the horizon, and no batch could
--- end. Trimmed by purge below the lowest position the change logs still hold.
+-- end. (Since the stamped transaction id, a second line no measured case needs.) Trimmed by purge below the lowest position the change logs still hold.
 CREATE TABLE IF NOT EXISTS _mm_bounds (
   conn BIGINT UNSIGNED NOT NULL,
   upto BIGINT NOT NULL,
@@ -227,7 +225,7 @@ CREATE TABLE IF NOT EXISTS _mm_gates (
   tbl VARCHAR(64) PRIMARY KEY
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- Stamps: a captured entry's txn is written as '<connection>:<epoch>.' (capture.sql), and a reader
+-- Stamps: a captured entry's txn is written as '<connection>:0.' (capture.sql), and a reader
 -- completes it with the id of the transaction that drew its position, the ROW START of the clock's
 -- row at t = seq (_mm_stamp), before it reads the entries. upto: every entry of the table's change
 -- log (log) below it is stamped or was rolled back. The clock's rows stay (as rows or as history)
@@ -261,8 +259,13 @@ BEGIN
   SELECT upto, log INTO s, lg FROM _mm_stamps WHERE tbl = tname FOR UPDATE;
   IF lg IS NOT NULL THEN
     -- this site's own entries only (a relayed one keeps its origin's txn)
-    SET @mm_stamp_sql = CONCAT('UPDATE ', lg, ' SET txn = CONCAT(txn, (SELECT k.trx FROM _mm_tick FOR SYSTEM_TIME ALL k ',
-      'WHERE k.t = seq)) WHERE seq >= ', s, ' AND txn LIKE ''%.'' AND origin = (SELECT site FROM _mm_state WHERE id = 1)');
+    -- '<connection>:0.<id>': an epoch other than 0 (written by the capture triggers of the release
+    -- before, in init's moments between replacing them; or stamped by the _mm_stamp before, which
+    -- can have stamped a transaction committing during its run in part) becomes 0, so all entries
+    -- of one transaction get one name, whichever release wrote or stamped them
+    SET @mm_stamp_sql = CONCAT('UPDATE ', lg, ' SET txn = CONCAT(SUBSTRING_INDEX(txn, '':'', 1), '':0.'', ',
+      'IF(txn LIKE ''%.'', (SELECT k.trx FROM _mm_tick FOR SYSTEM_TIME ALL k WHERE k.t = seq), SUBSTRING_INDEX(txn, ''.'', -1))) ',
+      'WHERE seq >= ', s, ' AND (txn LIKE ''%.'' OR txn NOT LIKE ''%:0.%'') AND origin = (SELECT site FROM _mm_state WHERE id = 1)');
     PREPARE mm_stamp FROM @mm_stamp_sql;
     EXECUTE mm_stamp;
     DEALLOCATE PREPARE mm_stamp;
@@ -312,7 +315,7 @@ CREATE OR REPLACE PROCEDURE _mm_horizon(IN tname VARCHAR(64))
   MODIFIES SQL DATA SQL SECURITY DEFINER
 BEGIN
   DECLARE c0, g, hz BIGINT;
-  DECLARE free, seen, idle, held, busy LONGTEXT;
+  DECLARE free, seen LONGTEXT;
   DECLARE iso VARCHAR(32) DEFAULT @@session.tx_isolation;
   COMMIT;
   -- (0) the transaction bounds of every connection, before c0 (docs/transactions.md "Bounds"); a
@@ -337,23 +340,6 @@ BEGIN
   SELECT min(coalesce(CAST(JSON_VALUE(seen, CONCAT(CHAR(36), '."', conn, '"')) AS SIGNED), lo) + 1) INTO g FROM _mm_slots
    WHERE tbl = tname AND NOT FIND_IN_SET(conn, coalesce(free, ''));
   COMMIT;
-  -- (d) new epochs for the connections not inside a capturing transaction (their _mm_conns row and
-  -- every slot of theirs free: locked here, SKIP LOCKED): READ COMMITTED, so the UPDATEs pass over
-  -- the rows others hold without waiting for them (semi-consistent read: they do not match)
-  SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;
-  SET @mm_gcl = @@session.group_concat_max_len;
-  SET SESSION group_concat_max_len = 4294967295;
-  SELECT GROUP_CONCAT(conn) INTO idle FROM _mm_conns FOR UPDATE SKIP LOCKED;
-  IF idle IS NOT NULL THEN
-    SELECT GROUP_CONCAT(CONCAT(conn, '/', tbl)) INTO held FROM _mm_slots WHERE FIND_IN_SET(conn, idle) FOR UPDATE SKIP LOCKED;
-    SELECT GROUP_CONCAT(DISTINCT conn) INTO busy FROM _mm_slots
-     WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(CONCAT(conn, '/', tbl), coalesce(held, ''));
-    UPDATE _mm_conns SET epoch = c0 WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(conn, coalesce(busy, ''));
-    UPDATE _mm_slots SET epoch = c0 WHERE FIND_IN_SET(conn, idle) AND NOT FIND_IN_SET(conn, coalesce(busy, ''));
-  END IF;
-  COMMIT;
-  SET SESSION group_concat_max_len = @mm_gcl;
-  SET SESSION tx_isolation = iso;
   SET hz = LEAST(c0, coalesce(g, c0));
   SELECT hz AS h;
 END

@@ -14,8 +14,8 @@ CREATE TABLE IF NOT EXISTS $log (
   UNIQUE KEY (ver)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --
--- the source transaction of the entry (capture: connection and epoch, site.sql _mm_conns; a
--- relayed entry keeps its origin's): a peer applies a transaction whole (docs/transactions.md)
+-- the source transaction of the entry (capture: '<connection>:0.', completed with the InnoDB
+-- transaction id by a reader, site.sql _mm_stamp; a relayed entry keeps its origin's): a peer applies a transaction whole (docs/transactions.md)
 ALTER TABLE $log ADD COLUMN IF NOT EXISTS txn VARCHAR(64);
 --
 -- the schema version the entry was written in (store/schemas.py; NULL: 1)
