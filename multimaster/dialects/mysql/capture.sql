@@ -11,7 +11,7 @@
 -- before; MariaDB lets no statement of the row's triggers insert into the same table, and a user
 -- trigger that writes another replicated table in between sets that table's variable), and clears
 -- it. So the insert trigger of a renumbered table names no slot: every table a trigger names costs
--- every statement that fires it, whichever branch runs (12,500 instructions an insert, counted;
+-- every statement that fires it, whichever branch runs (10,600 instructions an insert, counted;
 -- docs/decisions.md, session 23). On a natural-key table $insdraw is $draw. (`@v := expr` inside an
 -- expression is deprecated in MySQL 8.0.13+ but still supported; docs/mysql.md.)
 -- Each entry records its source transaction: txn = the connection and the epoch 0 (the epochs of

@@ -129,8 +129,9 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 -- transaction's COMMIT sorts after it. No value the horizon lies above is ever inserted again, and
 -- only the trim below the horizon deletes rows (_sync_clock keeps its own): a position is the one
 -- row of the clock, current or history, at its value (_mm_stamp reads it). One explicit insert
--- instead of an explicit insert and a second draw: 34,000 instructions less per draw that catches
--- up, and with one connection nearly every draw does (docs/decisions.md, session 23).
+-- instead of an explicit insert and a second draw: 16,000-19,000 instructions less per captured
+-- statement, counted with every draw catching up, as with one connection nearly every draw does
+-- (docs/decisions.md, session 23).
 -- The explicit value is w + 32768 + a hash of the connection id, not w itself: an INSERT
 -- that meets a value inserted by a transaction still open waits for that transaction to end, so
 -- two writers whose draws fell in one millisecond, both inserting w, made the second wait for the
@@ -207,7 +208,8 @@ ALTER TABLE _mm_slots ADD COLUMN IF NOT EXISTS epoch BIGINT NOT NULL DEFAULT 0;
 -- reader splits a txn (connection:epoch) at every bound: an epoch changed only while the
 -- connection was between transactions, which a connection under a steady load never is when a
 -- horizon looks, and one txn then ran on without end, always past the horizon, and no batch could
--- end. (Since the stamped transaction id, a second line no measured case needs.) Trimmed by purge below the lowest position the change logs still hold.
+-- end. (Since the stamped transaction id, a second line no measured case needs.) Trimmed by
+-- purge below the lowest position the change logs still hold.
 CREATE TABLE IF NOT EXISTS _mm_bounds (
   conn BIGINT UNSIGNED NOT NULL,
   upto BIGINT NOT NULL,
@@ -276,8 +278,8 @@ BEGIN
   -- at most once a second per reading session: the clock's rows below every replicated table's
   -- upto (their entries are stamped; hz <= its table's horizon, below which transactions ended) go,
   -- the newest row stays (read_clock); a row still locked (an explicit value the reconciler
-  -- inserted, its transaction still open) makes the trim give up at once. The table is system-versioned:
-  -- what the previous trims deleted is its history, which goes first (DELETE HISTORY records
+  -- inserted, its transaction still open) makes the trim give up at once. The table is
+  -- system-versioned: what the previous trims deleted is its history, which goes first (DELETE HISTORY records
   -- nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
   IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
     BEGIN
