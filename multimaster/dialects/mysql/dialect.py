@@ -303,18 +303,23 @@ class MySQLDialect(Dialect):
         self._sync_clock(conn, int(floor or 0))
 
     @staticmethod
-    def _slot_flag(table: str) -> str:
-        """The session variable telling that this connection's slot of `table` exists (a name of
-        fixed length, whatever the table's)."""
-        return "@mm_s_" + hashlib.sha1(table.encode()).hexdigest()[:16]
+    def _table_var(prefix: str, table: str) -> str:
+        """A session variable of `table`'s own, `@<prefix>_<hash>`: a name of fixed length,
+        whatever the table's, that no other table's triggers set."""
+        return f"@{prefix}_" + hashlib.sha1(table.encode()).hexdigest()[:16]
 
-    @staticmethod
-    def _position_var(table: str) -> str:
+    @classmethod
+    def _slot_flag(cls, table: str) -> str:
+        """The session variable telling that this connection's slot of `table` exists."""
+        return cls._table_var("mm_s", table)
+
+    @classmethod
+    def _position_var(cls, table: str) -> str:
         """The session variable through which the key trigger of renumbered `table` hands the
         position it drew for a row to the insert trigger of the same row (renumber.sql,
         capture.sql): one per table, so a trigger of another table firing in between cannot
         overwrite it."""
-        return "@mm_h_" + hashlib.sha1(table.encode()).hexdigest()[:16]
+        return cls._table_var("mm_h", table)
 
     #: the wall clock in clock units (ms * 65536), as the capture triggers read it
     WALL = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536"

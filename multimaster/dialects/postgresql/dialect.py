@@ -214,20 +214,20 @@ class PostgreSQLDialect(Dialect):
         )
         self.run_install(conn, stmts)
         # earlier versions checked the change log's op (table.sql says why no longer)
-        for (con,) in conn.exec_driver_sql(
-            "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
-            "WHERE c.conrelid = %s::regclass AND c.contype = 'c' AND a.attname = 'op' AND cardinality(c.conkey) = 1",
-            (o.log,),
-        ).all():
-            conn.exec_driver_sql(f"ALTER TABLE {o.log} DROP CONSTRAINT {q(con)}")
+        self._drop_column_constraints(conn, o.log, "c", "op")
         if natural:
             # an earlier layout kept one shadow row per natural key (UNIQUE key): drop the constraint
-            for (con,) in conn.exec_driver_sql(
-                "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
-                "WHERE c.conrelid = %s::regclass AND c.contype = 'u' AND a.attname = 'key' AND cardinality(c.conkey) = 1",
-                (o.shadow,),
-            ).all():
-                conn.exec_driver_sql(f"ALTER TABLE {o.shadow} DROP CONSTRAINT {q(con)}")
+            self._drop_column_constraints(conn, o.shadow, "u", "key")
+
+    def _drop_column_constraints(self, conn: Connection, table: str, contype: str, column: str) -> None:
+        """Drop `table`'s constraints of kind `contype` ('c' CHECK, 'u' UNIQUE) on `column` alone,
+        those of earlier layouts (a catalog change, no rewrite)."""
+        for (con,) in conn.exec_driver_sql(
+            "SELECT c.conname FROM pg_constraint c JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = ANY (c.conkey) "
+            "WHERE c.conrelid = %s::regclass AND c.contype = %s AND a.attname = %s AND cardinality(c.conkey) = 1",
+            (table, contype, column),
+        ).all():
+            conn.exec_driver_sql(f"ALTER TABLE {table} DROP CONSTRAINT {self.quote(con)}")
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         q = self.quote
