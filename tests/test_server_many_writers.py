@@ -344,6 +344,41 @@ def test_add_site_cuts_the_log_exactly_while_a_writer_is_open(backend, tmp_path)
         assert _names(big, s) == {"counter": 1, "widgets": 20, "from-B": 5, "from-A": 7}, s
 
 
+def test_the_clock_moves_to_the_wall_clock_at_most_once_every_two_milliseconds(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A capture draws the next value of the clock and moves the clock to the wall clock only when
+    that value is more than one millisecond (65536) behind it (PostgreSQL's jump, MariaDB's
+    catch-up; docs/clock.md "Rules"). The wall clock is read in whole milliseconds and a move goes
+    past it, so the next move waits for the millisecond after next: one connection inserting 300
+    rows, one statement each, as fast as it can, moves the clock at most once every two
+    milliseconds (plus one), and every version is within 1 ms of the wall clock at its draw. The
+    code before moved it whenever the value was behind at all: at every millisecond's first draw
+    (a move costs 34,000-68,000 instructions; docs/decisions.md, session 24). A move shows as a gap
+    between consecutive positions: without one, a draw takes the next value."""
+    _concurrent_only(backend)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    log = "_mm._mm_log_stock" if backend.name == "postgresql" else "_mm_log_stock"
+    w = _Writer(cl, "s1")
+    try:
+        t0 = time.time()
+        for i in range(300):
+            w.run("INSERT INTO stock (name, qty) VALUES (?, ?)", (f"w{i}", i))
+        w.conn.commit()
+        t1 = time.time()
+        cur = w.conn.cursor()
+        cur.execute(f"SELECT seq FROM {log} ORDER BY seq")
+        seqs = [int(r[0]) for r in cur.fetchall()]
+        w.conn.commit()
+    finally:
+        w.close()
+    assert len(seqs) == 300
+    w0, w1 = int(t0 * 1000) << 16, (int(t1 * 1000) + 1) << 16
+    assert all(w0 - 65536 <= p <= w1 + 65536 for p in seqs), (w0, w1, seqs[0], seqs[-1])
+    moves = sum(1 for a, b in zip(seqs, seqs[1:]) if b - a > 1)
+    assert moves <= (t1 - t0) * 1000 / 2 + 2, (moves, t1 - t0)
+    cl.refresh_until_quiet()
+    assert len(_names(cl, "s2")) == 300
+
+
 def test_writers_that_draw_in_one_millisecond_do_not_wait_for_each_other(backend, tmp_path):  # type: ignore[no-untyped-def]
     """MariaDB's clock follows the wall clock by an explicit value that moves _mm_tick's counter.
     Two open transactions whose draws fall in one millisecond must not meet on that value: A

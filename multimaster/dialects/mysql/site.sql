@@ -98,8 +98,9 @@ ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site inst
 -- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its
 -- version (LPAD(p, 19, '0'):site): writers never wait for each other (InnoDB hands AUTO_INCREMENT
 -- values of simple inserts out under a mutex, in increasing order; no row of the table is ever
--- read by a writer). It follows the wall clock (ms * 65536): a draw that finds the counter behind
--- it inserts an explicit value of the current millisecond, which moves the counter (_mm_draw);
+-- read by a writer). It follows the wall clock (ms * 65536): a draw that finds the counter more
+-- than one millisecond behind it inserts an explicit value of the current millisecond, which moves
+-- the counter (_mm_draw);
 -- the reconciler moves it past every version received the same way. (A SEQUENCE cannot: SETVAL
 -- takes only a literal, and no trigger can run dynamic SQL.) A draw's explicit value is its
 -- position when it went in (_mm_draw); the reconciler's explicit values are never positions.
@@ -117,9 +118,13 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
   PERIOD FOR SYSTEM_TIME(trx, trx_end)
 ) ENGINE=InnoDB WITH SYSTEM VERSIONING;
 --
--- One draw: the next value of the clock, past the wall clock. The counter is drawn first; only when
--- the value is behind the wall clock (w, in units of 1/65536 ms) does an explicit value v move the
--- counter into w's millisecond, and v is the position when its INSERT inserted it (the first
+-- One draw: the next value of the clock, at most one millisecond behind the wall clock. The counter
+-- is drawn first; only when the value is more than 1 ms (65536) behind the wall clock (w, in units
+-- of 1/65536 ms) does an explicit value v move the counter into w's millisecond (as PostgreSQL's
+-- clock jumps, site.sql there; docs/clock.md "Rules"): a site drawing several times a millisecond
+-- catches up once a millisecond, not at nearly every draw (with no slack, every draw of one
+-- connection and 87 % of 16 clients' caught up, 34,000 instructions each; docs/decisions.md,
+-- session 24). v is the position when its INSERT inserted it (the first
 -- value then is not a position); when v was there already (the duplicate key error 1062, handled
 -- for that one INSERT: ROW_COUNT() reads 0 inside a trigger), the draw is repeated. v serves
 -- as well as a drawn value: it exceeds the value drawn first in this call (v > w > p), which was
@@ -130,8 +135,8 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 -- only the trim below the horizon deletes rows (_sync_clock keeps its own): a position is the one
 -- row of the clock, current or history, at its value (_mm_stamp reads it). One explicit insert
 -- instead of an explicit insert and a second draw: 16,000-19,000 instructions less per captured
--- statement, counted with every draw catching up, as with one connection nearly every draw does
--- (docs/decisions.md, session 23).
+-- statement, counted with every draw catching up, as under callgrind every draw does (docs/decisions.md,
+-- session 23).
 -- The explicit value is w + 32768 + a hash of the connection id, not w itself: an INSERT
 -- that meets a value inserted by a transaction still open waits for that transaction to end, so
 -- two writers whose draws fell in one millisecond, both inserting w, made the second wait for the
@@ -149,7 +154,7 @@ BEGIN
   DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
   INSERT INTO _mm_tick (t) VALUES (NULL);
   SET p = LAST_INSERT_ID();
-  IF p < w THEN
+  IF p + 65536 < w THEN
     SET p = w + 32768 + MOD(CONNECTION_ID() * 40503, 32768);
     BEGIN
       DECLARE CONTINUE HANDLER FOR 1062 SET p = NULL;

@@ -48,6 +48,7 @@ DECLARE
   mm_r record;
   mm_n int := 0;
   mm_t bigint;
+  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
 BEGIN
@@ -61,7 +62,7 @@ BEGIN
     RETURN NULL;
   END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    PERFORM _mm._mm_register();
+    mm_lo := _mm._mm_register();
   END IF;
   IF mm_n = 1 THEN
     mm_t := _mm._mm_tick();
@@ -84,6 +85,7 @@ CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql
 DECLARE
   mm_m bigint := $rowmask;
   mm_t bigint;
+  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
   mm_sup text;
@@ -92,7 +94,7 @@ BEGIN
     RETURN NULL;
   END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    PERFORM _mm._mm_register();
+    mm_lo := _mm._mm_register();
   END IF;
   mm_t := _mm._mm_tick();
   mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
@@ -110,6 +112,7 @@ DECLARE
   mm_r record;
   mm_n int := 0;
   mm_t bigint;
+  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
 BEGIN
@@ -123,7 +126,7 @@ BEGIN
     RETURN NULL;
   END IF;
   IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    PERFORM _mm._mm_register();
+    mm_lo := _mm._mm_register();
   END IF;
   IF mm_n = 1 THEN
     mm_t := _mm._mm_tick();

@@ -86,37 +86,47 @@ CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm._mm_errors (tbl, rid);
 --
 -- The clock. A sequence, not a row: ticking it never waits for another writer. Its value is the
 -- hybrid logical clock (wall-clock ms * 65536 + counter): nextval() gives every change a unique,
--- increasing value; when the wall clock is ahead by more than 1024 ticks, the sequence jumps
--- forward. The floor (the highest version received from a peer) lives in the sequence itself: the
+-- increasing value; when the wall clock is ahead by more than one millisecond (65536 ticks), the
+-- sequence jumps forward, to 1024 ticks past it. So a capture's version is at most 1 ms behind
+-- the wall clock (docs/clock.md "Rules"), and a site writing several changes a millisecond jumps
+-- once a millisecond instead of at nearly every draw: a jump (a try-lock, setval, a second
+-- nextval, a subtransaction) costs 68,000 instructions, counted, and with a slack of 1024 ticks
+-- 94 % of one connection's draws and 72 % of 16 clients' jumped (docs/decisions.md, session 24). The floor (the highest version received from a peer) lives in the sequence itself: the
 -- reconciler calls _mm_tick(highest version received, true) (Dialect.advance_clock), which moves
 -- the sequence past it, so a capture reads nothing but the sequence (_mm_state.hlc only records
 -- the floor). Jumps take a short session-level advisory lock so two jumps never race each other
 -- backwards; a capture that finds the lock busy keeps its plain nextval() (unique, a few
 -- microseconds behind the wall clock), the reconciler (wait_) waits for it. See docs/postgresql.md.
+-- Here and in the functions below, a call made for its effect is an assignment (to done, which
+-- takes a void function's empty result), not PERFORM: plpgsql evaluates an assignment's call as a
+-- simple expression, where PERFORM starts the executor for a one-row SELECT (12,000 instructions a
+-- jump, 10,000 a registration, 4,000 a writers' lock, counted; docs/decisions.md, session 24).
 CREATE SEQUENCE IF NOT EXISTS _mm._mm_clock AS bigint MINVALUE 0 START WITH 1;
 --
 CREATE OR REPLACE FUNCTION _mm._mm_tick(floor_ bigint DEFAULT 0, wait_ boolean DEFAULT false) RETURNS bigint
 LANGUAGE plpgsql AS $$
 DECLARE
   v bigint := nextval('_mm._mm_clock');
+  done text;
   w bigint := greatest((extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16, floor_ + 1);
 BEGIN
-  -- a capture jumps only when far behind the wall clock; the reconciler whenever below its floor
-  IF v + 1024 < w OR (wait_ AND v < w) THEN
+  -- a capture jumps only when more than 1 ms behind the wall clock; the reconciler whenever below
+  -- its floor
+  IF v + 65536 < w OR (wait_ AND v < w) THEN
     IF wait_ THEN
-      PERFORM pg_advisory_lock(28013, 0);
+      done := pg_advisory_lock(28013, 0);
     ELSIF NOT pg_try_advisory_lock(28013, 0) THEN
       RETURN v;
     END IF;
     BEGIN
       v := nextval('_mm._mm_clock');
-      IF v + 1024 < w OR (wait_ AND v < w) THEN
-        PERFORM setval('_mm._mm_clock', w + 1024);
+      IF v + 65536 < w OR (wait_ AND v < w) THEN
+        v := setval('_mm._mm_clock', w + 1024);
         v := nextval('_mm._mm_clock');
       END IF;
-      PERFORM pg_advisory_unlock(28013, 0);
+      done := pg_advisory_unlock(28013, 0);
     EXCEPTION WHEN OTHERS THEN
-      PERFORM pg_advisory_unlock(28013, 0);
+      done := pg_advisory_unlock(28013, 0);
       RAISE;
     END;
   END IF;
@@ -156,11 +166,12 @@ $$;
 CREATE OR REPLACE FUNCTION _mm._mm_register() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
   lo bigint := nullif(current_setting('mm.lo', true), '')::bigint;
+  done text;
 BEGIN
   IF lo IS NULL THEN
     lo := greatest(pg_sequence_last_value('_mm._mm_clock'), 1125899906842624);
-    PERFORM pg_advisory_xact_lock_shared(lo);
-    PERFORM set_config('mm.lo', lo::text, true);
+    done := pg_advisory_xact_lock_shared(lo);
+    done := set_config('mm.lo', lo::text, true);
   END IF;
   RETURN lo;
 END
@@ -193,13 +204,15 @@ $$;
 -- (Dialect.lock_writers) when it gives keys, so every local identity it ranks is committed
 -- (renumber.sql).
 CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+  done text;
 BEGIN
   -- the reconciler's own writes pass (the trigger has no WHEN clause: capture.sql); every name is
   -- schema-qualified, as in the key function (renumber.sql), whatever the writer's search_path
   IF pg_catalog.current_setting('mm.applying', true) OPERATOR(pg_catalog.=) 'on' THEN
     RETURN NULL;
   END IF;
-  PERFORM pg_catalog.pg_advisory_xact_lock_shared(28013, TG_RELID::int);
+  done := pg_catalog.pg_advisory_xact_lock_shared(28013, TG_RELID::int);
   RETURN NULL;
 END
 $$;
