@@ -379,6 +379,42 @@ def test_the_clock_moves_to_the_wall_clock_at_most_once_every_two_milliseconds(b
     assert len(_names(cl, "s2")) == 300
 
 
+def test_an_open_insert_or_update_holds_off_the_reconciler_giving_keys(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The writers' lock of a renumbered table (Dialect.lock_writers): the reconciler takes it
+    before it gives keys and cannot while an application's INSERT or UPDATE of the table is in an
+    open transaction (PostgreSQL: an inserted row takes it in the key function, an UPDATE or
+    DELETE in a statement trigger; MariaDB: the writer's slot), so every local key it ranks is
+    committed. Once the writer commits, the reconciler takes it at once."""
+    _concurrent_only(backend)
+    from sqlalchemy.exc import OperationalError
+
+    from multimaster.engine.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 1)")
+    short = "SET lock_timeout = '300ms'" if backend.name == "postgresql" else "SET innodb_lock_wait_timeout = 1"
+    site = Site("s1", cl.urls["s1"])
+    try:
+        for stmt in ("INSERT INTO stock (name, qty) VALUES ('a', 1)", "UPDATE stock SET qty = qty + 1 WHERE name = 'x'"):
+            w = _Writer(cl, "s1")
+            try:
+                w.run(stmt)
+                with pytest.raises(OperationalError), site.write() as conn:
+                    conn.exec_driver_sql(short)
+                    site.dialect.lock_writers(conn, site.info(conn, "stock", cl.topo))
+                w.conn.commit()
+            finally:
+                w.close()
+            with site.write() as conn:
+                conn.exec_driver_sql(short)
+                site.dialect.lock_writers(conn, site.info(conn, "stock", cl.topo))
+    finally:
+        site.dispose()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert _names(cl, "s2") == {"x": 2, "a": 1}
+
+
 def test_writers_that_draw_in_one_millisecond_do_not_wait_for_each_other(backend, tmp_path):  # type: ignore[no-untyped-def]
     """MariaDB's clock follows the wall clock by an explicit value that moves _mm_tick's counter.
     Two open transactions whose draws fall in one millisecond must not meet on that value: A

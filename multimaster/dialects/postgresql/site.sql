@@ -199,10 +199,10 @@ END
 $$;
 --
 -- Writers of a renumbered table hold the table's writers' lock in shared mode until COMMIT
--- (BEFORE INSERT OR UPDATE OR DELETE ... FOR EACH STATEMENT, before any key is drawn or row
--- locked): they never wait for each other; the reconciler takes it exclusively
--- (Dialect.lock_writers) when it gives keys, so every local identity it ranks is committed
--- (renumber.sql).
+-- (an UPDATE or DELETE statement here, BEFORE ... FOR EACH STATEMENT, before any row is locked;
+-- an inserted row in the key function, before its key is drawn): they never wait for each
+-- other; the reconciler takes it exclusively (Dialect.lock_writers) when it gives keys, so every
+-- local identity it ranks is committed (renumber.sql).
 CREATE OR REPLACE FUNCTION _mm._mm_lock() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
   done text;
