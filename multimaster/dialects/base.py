@@ -91,6 +91,10 @@ def templates_dir(dialect: str) -> Path:
     return Path(__file__).resolve().parent / dialect
 
 
+#: how far (in clock units, 1/65536 ms) a capture's draw of a server's shared clock may lag the
+#: wall clock before it moves the clock there: one millisecond (docs/clock.md "Rules"; rendered
+#: into PostgreSQL's _mm_tick and MariaDB's _mm_draw, site.sql)
+CLOCK_SLACK = 65536
 #: the objects of :func:`names` that are relations (tables, views): they live in the bookkeeping
 #: schema; triggers and indexes take no schema qualifier
 _RELATIONS = ("log", "log2", "shadow", "tombstones", "snap", "keyseq")

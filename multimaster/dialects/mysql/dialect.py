@@ -27,6 +27,7 @@ from sqlalchemy.exc import DBAPIError
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.base import (
+    CLOCK_SLACK,
     Capabilities,
     Dialect,
     capture_fragments,
@@ -293,7 +294,7 @@ class MySQLDialect(Dialect):
                 )
             finally:
                 conn.exec_driver_sql("SET autocommit = 0")
-        self.run_install(conn, self.render("site"))
+        self.run_install(conn, self.render("site", slack=str(CLOCK_SLACK)))
         conn.exec_driver_sql("INSERT INTO _mm_state (id, site) VALUES (1, %s) ON DUPLICATE KEY UPDATE id = id", (site,))
         # the clock starts past every version an earlier layout gave (capture keeps it at or past
         # the wall clock itself)

@@ -119,10 +119,11 @@ CREATE TABLE IF NOT EXISTS _mm_tick (
 ) ENGINE=InnoDB WITH SYSTEM VERSIONING;
 --
 -- One draw: the next value of the clock, at most one millisecond behind the wall clock. The counter
--- is drawn first; only when the value is more than 1 ms (65536) behind the wall clock (w, in units
--- of 1/65536 ms) does an explicit value v move the counter into w's millisecond (as PostgreSQL's
--- clock jumps, site.sql there; docs/clock.md "Rules"): a site drawing several times a millisecond
--- catches up once a millisecond, not at nearly every draw (with no slack, every draw of one
+-- is drawn first; only when the value is more than 1 ms (CLOCK_SLACK, dialects/base.py) behind the
+-- wall clock (w, in units of 1/65536 ms, read in whole milliseconds) does an explicit value v move
+-- the counter into w's millisecond (as PostgreSQL's clock jumps, site.sql there; docs/clock.md
+-- "Rules"): a site drawing several times a millisecond catches up at most once every two
+-- milliseconds, not at every millisecond's first draw (with no slack, every draw of one
 -- connection and 87 % of 16 clients' caught up, 34,000 instructions each; docs/decisions.md,
 -- session 24). v is the position when its INSERT inserted it (the first
 -- value then is not a position); when v was there already (the duplicate key error 1062, handled
@@ -154,7 +155,7 @@ BEGIN
   DECLARE w BIGINT DEFAULT CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536;
   INSERT INTO _mm_tick (t) VALUES (NULL);
   SET p = LAST_INSERT_ID();
-  IF p + 65536 < w THEN
+  IF p + $slack < w THEN
     SET p = w + 32768 + MOD(CONNECTION_ID() * 40503, 32768);
     BEGIN
       DECLARE CONTINUE HANDLER FOR 1062 SET p = NULL;

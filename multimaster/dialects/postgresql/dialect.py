@@ -21,7 +21,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
-from multimaster.dialects.base import Capabilities, Dialect, capture_fragments, shadow_key_index, table_relations
+from multimaster.dialects.base import CLOCK_SLACK, Capabilities, Dialect, capture_fragments, shadow_key_index, table_relations
 from multimaster.dialects.schema import TableInfo, names
 
 SCHEMA = "_mm"
@@ -162,7 +162,7 @@ class PostgreSQLDialect(Dialect):
         return str(conn.exec_driver_sql(f"SELECT site FROM {SCHEMA}._mm_state").scalar())
 
     def install_site(self, conn: Connection, site: str) -> None:
-        self.run_install(conn, self.render("site", site_lit=_lit(site)))
+        self.run_install(conn, self.render("site", site_lit=_lit(site), slack=str(CLOCK_SLACK)))
         conn.exec_driver_sql(f"INSERT INTO {SCHEMA}._mm_state (id, site) VALUES (1, %s) ON CONFLICT (id) DO NOTHING", (site,))
         self._install_schema_guard(conn)
 

@@ -86,13 +86,16 @@ CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm._mm_errors (tbl, rid);
 --
 -- The clock. A sequence, not a row: ticking it never waits for another writer. Its value is the
 -- hybrid logical clock (wall-clock ms * 65536 + counter): nextval() gives every change a unique,
--- increasing value; when the wall clock is ahead by more than one millisecond (65536 ticks), the
--- sequence jumps forward, to 1024 ticks past it. So a capture's version is at most 1 ms behind
--- the wall clock (docs/clock.md "Rules"), and a site writing several changes a millisecond jumps
--- once a millisecond instead of at nearly every draw: a jump (a try-lock, setval, a second
--- nextval, a subtransaction) costs 68,000 instructions, counted, and with a slack of 1024 ticks
--- 94 % of one connection's draws and 72 % of 16 clients' jumped (docs/decisions.md, session 24). The floor (the highest version received from a peer) lives in the sequence itself: the
--- reconciler calls _mm_tick(highest version received, true) (Dialect.advance_clock), which moves
+-- increasing value; when the wall clock is ahead by more than one millisecond (CLOCK_SLACK,
+-- dialects/base.py: 65536 ticks), the sequence jumps forward, to 1024 ticks past it. So a
+-- capture's version is at most 1 ms behind the wall clock (docs/clock.md "Rules"), and a site
+-- writing several changes a millisecond jumps at most once every two milliseconds (the wall clock
+-- is read in whole milliseconds) instead of at every millisecond's first draw: a jump (a
+-- try-lock, setval, a second nextval, a subtransaction) costs 68,000 instructions, counted, and
+-- with a slack of 1024 ticks 94 % of one connection's draws and 72 % of 16 clients' jumped
+-- (docs/decisions.md, session 24). The floor (the highest version received from a peer) lives in
+-- the sequence itself: the reconciler calls _mm_tick(highest version received, true)
+-- (Dialect.advance_clock), which moves
 -- the sequence past it, so a capture reads nothing but the sequence (_mm_state.hlc only records
 -- the floor). Jumps take a short session-level advisory lock so two jumps never race each other
 -- backwards; a capture that finds the lock busy keeps its plain nextval() (unique, a few
@@ -110,9 +113,9 @@ DECLARE
   done text;
   w bigint := greatest((extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16, floor_ + 1);
 BEGIN
-  -- a capture jumps only when more than 1 ms behind the wall clock; the reconciler whenever below
-  -- its floor
-  IF v + 65536 < w OR (wait_ AND v < w) THEN
+  -- a capture jumps only when more than 1 ms ($slack: CLOCK_SLACK, dialects/base.py) behind the
+  -- wall clock; the reconciler whenever below its floor
+  IF v + $slack < w OR (wait_ AND v < w) THEN
     IF wait_ THEN
       done := pg_advisory_lock(28013, 0);
     ELSIF NOT pg_try_advisory_lock(28013, 0) THEN
@@ -120,7 +123,7 @@ BEGIN
     END IF;
     BEGIN
       v := nextval('_mm._mm_clock');
-      IF v + 65536 < w OR (wait_ AND v < w) THEN
+      IF v + $slack < w OR (wait_ AND v < w) THEN
         v := setval('_mm._mm_clock', w + 1024);
         v := nextval('_mm._mm_clock');
       END IF;
