@@ -18,9 +18,10 @@
 -- later single-row update of the session a scan of the shadow; per row, a single-row update costs
 -- less than the statement did and a bulk one as much.
 -- Writers of the table never wait for each other (docs/concepts.md "Many writers"): each function
--- registers its transaction once (_mm._mm_register, site.sql), then every captured row
--- draws one tick of the clock, which is both its change-log position (seq) and, formatted, its
--- version. The tick is drawn in a subquery kept apart by OFFSET 0, so it is computed once per row.
+-- registers its transaction once, then every captured row draws one tick of the clock, which is
+-- both its change-log position (seq) and, formatted, its version: a one-row statement runs
+-- clock.sql's registration and draw inline ($register, $draw), a set-based one calls
+-- _mm._mm_tick in a subquery kept apart by OFFSET 0, so it is computed once per row.
 -- Updates and deletes draw it after the row lock (AFTER trigger; a row trigger's AFTER event runs
 -- at the end of the statement): a change that overwrote another's committed write has a later
 -- version. Writers of a renumbered table also take the table's writers' lock in shared mode
@@ -48,7 +49,8 @@ DECLARE
   mm_r record;
   mm_n int := 0;
   mm_t bigint;
-  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
+  mm_lo bigint;  -- the registration's bound (clock.sql)
+  mm_d text;  -- a void result (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
 BEGIN
@@ -61,11 +63,9 @@ BEGIN
   IF mm_n = 0 THEN
     RETURN NULL;
   END IF;
-  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    mm_lo := _mm._mm_register();
-  END IF;
+  $register
   IF mm_n = 1 THEN
-    mm_t := _mm._mm_tick();
+    $draw
     mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
     mm_rid := $rowinsrid;
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ncols)
@@ -85,7 +85,8 @@ CREATE OR REPLACE FUNCTION $fn_cap_u() RETURNS trigger LANGUAGE plpgsql
 DECLARE
   mm_m bigint := $rowmask;
   mm_t bigint;
-  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
+  mm_lo bigint;  -- the registration's bound (clock.sql)
+  mm_d text;  -- a void result (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
   mm_sup text;
@@ -93,10 +94,8 @@ BEGIN
   IF mm_m = 0 THEN
     RETURN NULL;
   END IF;
-  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    mm_lo := _mm._mm_register();
-  END IF;
-  mm_t := _mm._mm_tick();
+  $register
+  $draw
   mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
   $rowsup
   UPDATE $shadow s SET $rowslotstamp WHERE s.key = NEW.$key$live RETURNING s.rid INTO mm_rid;
@@ -112,7 +111,8 @@ DECLARE
   mm_r record;
   mm_n int := 0;
   mm_t bigint;
-  mm_lo bigint;  -- the registration's bound (an assignment, not PERFORM: site.sql _mm_tick)
+  mm_lo bigint;  -- the registration's bound (clock.sql)
+  mm_d text;  -- a void result (an assignment, not PERFORM: site.sql _mm_tick)
   mm_v text;
   mm_rid text;
 BEGIN
@@ -125,11 +125,9 @@ BEGIN
   IF mm_n = 0 THEN
     RETURN NULL;
   END IF;
-  IF coalesce(current_setting('mm.lo', true), '') = '' THEN
-    mm_lo := _mm._mm_register();
-  END IF;
+  $register
   IF mm_n = 1 THEN
-    mm_t := _mm._mm_tick();
+    $draw
     mm_v := lpad(mm_t::text, 19, '0') || ':' || $site_lit;
     mm_rid := (SELECT s.rid FROM $shadow s WHERE s.key = mm_r.$key$live);
     INSERT INTO $log (seq, ver, origin, op, rid, key, mask, txn, sv$ocols)

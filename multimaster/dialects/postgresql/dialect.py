@@ -36,6 +36,11 @@ APPLY_LOCK_CLASS = 28014
 APPLY_LOCK_TIMEOUT = "500ms"
 #: sqlstates worth a retry: serialization_failure, deadlock_detected, lock_not_available
 _RETRY_STATES = {"40001", "40P01", "55P03"}
+#: the wall clock in ticks of the clock (whole milliseconds << 16), what the clock's rule compares
+#: a tick with (site.sql _mm_tick, clock.sql's draw): date_part's double precision, not extract's
+#: numeric, whose arithmetic cost a draw 1,700 instructions more (counted; docs/decisions.md,
+#: session 25); both round to the nearest millisecond
+WALL_TICKS = "(date_part('epoch', clock_timestamp()) * 1000)::bigint << 16"
 
 
 #: a captured INSERT or DELETE of at most this many rows runs its capture function's cached
@@ -161,8 +166,16 @@ class PostgreSQLDialect(Dialect):
     def _site_name(self, conn: Connection) -> str:
         return str(conn.exec_driver_sql(f"SELECT site FROM {SCHEMA}._mm_state").scalar())
 
+    def _clock(self) -> tuple[str, str]:
+        """clock.sql's registration and draw, as plpgsql statements to splice into a function."""
+        register, draw = self.render_text("clock", slack=str(CLOCK_SLACK), wall=WALL_TICKS)
+        return register, draw
+
     def install_site(self, conn: Connection, site: str) -> None:
-        self.run_install(conn, self.render("site", site_lit=_lit(site), slack=str(CLOCK_SLACK)))
+        register, _ = self._clock()
+        self.run_install(
+            conn, self.render("site", site_lit=_lit(site), slack=str(CLOCK_SLACK), wall=WALL_TICKS, register=register)
+        )
         conn.exec_driver_sql(f"INSERT INTO {SCHEMA}._mm_state (id, site) VALUES (1, %s) ON CONFLICT (id) DO NOTHING", (site,))
         self._install_schema_guard(conn)
 
@@ -316,8 +329,16 @@ class PostgreSQLDialect(Dialect):
         )
         # the set-based statements, each spliced twice into capture.sql (its render escapes them)
         ins_stmt, del_stmt = self.render_text("capture_rows", **values)
+        register, draw = self._clock()
         stmts = self.render(
-            "capture", **values, ins_stmt=ins_stmt, del_stmt=del_stmt, ins_lit=_lit(ins_stmt), del_lit=_lit(del_stmt)
+            "capture",
+            **values,
+            ins_stmt=ins_stmt,
+            del_stmt=del_stmt,
+            ins_lit=_lit(ins_stmt),
+            del_lit=_lit(del_stmt),
+            register=register,
+            draw=draw,
         )
         if spec.renumber:
             stmts += self.render("renumber", table=q(info.name), key=key, keyseq=o.keyseq, keyseq_lit=_lit(o.keyseq), **fns)

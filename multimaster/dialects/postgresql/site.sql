@@ -111,7 +111,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
   v bigint := nextval('_mm._mm_clock');
   done text;
-  w bigint := greatest((extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16, floor_ + 1);
+  w bigint := greatest($wall, floor_ + 1);
 BEGIN
   -- a capture jumps only when more than 1 ms ($slack: CLOCK_SLACK, dialects/base.py) behind the
   -- wall clock; the reconciler whenever below its floor
@@ -165,18 +165,15 @@ $$;
 -- holds, until it ends, a shared advisory lock whose bigint key is a lower bound of every tick it
 -- draws (the clock's last value when it registered, at least 2^50: keys from 2^50 up are
 -- multimaster's). mm.lo remembers it for the rest of the transaction (a rolled-back savepoint
--- that registered drops both the lock and the setting).
+-- that registered drops both the lock and the setting). The statements are clock.sql's, which the
+-- capture functions run inline; the reconciler's relay calls this function (Dialect.append_log).
 CREATE OR REPLACE FUNCTION _mm._mm_register() RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
-  lo bigint := nullif(current_setting('mm.lo', true), '')::bigint;
-  done text;
+  mm_lo bigint;
+  mm_d text;
 BEGIN
-  IF lo IS NULL THEN
-    lo := greatest(pg_sequence_last_value('_mm._mm_clock'), 1125899906842624);
-    done := pg_advisory_xact_lock_shared(lo);
-    done := set_config('mm.lo', lo::text, true);
-  END IF;
-  RETURN lo;
+  $register
+  RETURN coalesce(mm_lo, current_setting('mm.lo')::bigint);
 END
 $$;
 --
