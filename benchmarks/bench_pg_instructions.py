@@ -101,10 +101,9 @@ class Scratch:
     def stop(self) -> None:
         self.run("pg_ctl", "-D", str(self.data), "-w", "stop")
 
-    def copy_in(self, name: str, url: str) -> None:
-        """Database `name` here, a pg_dump of the database of `url` on the test server."""
-        db = url.rsplit("/", 1)[1].split("?")[0]
-        psql = [
+    def psql(self) -> list[str]:
+        """psql's command line for this cluster, stopping at the first error."""
+        return [
             str(self.bindir / "psql"),
             "-q",
             "-h",
@@ -116,6 +115,11 @@ class Scratch:
             "-v",
             "ON_ERROR_STOP=1",
         ]
+
+    def copy_in(self, name: str, url: str) -> None:
+        """Database `name` here, a pg_dump of the database of `url` on the test server."""
+        db = url.rsplit("/", 1)[1].split("?")[0]
+        psql = self.psql()
         subprocess.run([*psql, "-c", f'CREATE DATABASE "{name}"'], check=True, capture_output=True)
         dump = subprocess.run(
             [str(self.bindir / "pg_dump"), "-h", "127.0.0.1", "-p", "5432", "-U", "postgres", db], check=True, capture_output=True
@@ -124,19 +128,7 @@ class Scratch:
 
     def sql(self, db: str, sql: str) -> None:
         """Run `sql` in database `db` here."""
-        psql = [
-            str(self.bindir / "psql"),
-            "-q",
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-U",
-            "postgres",
-            "-v",
-            "ON_ERROR_STOP=1",
-        ]
-        subprocess.run([*psql, "-d", db, "-c", sql], check=True, capture_output=True)
+        subprocess.run([*self.psql(), "-d", db, "-c", sql], check=True, capture_output=True)
 
     def instructions(self, template: str, sql: str) -> int:
         """Instructions of a single-user backend running `sql` in a fresh copy of `template`."""
