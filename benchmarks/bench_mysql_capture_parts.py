@@ -95,12 +95,16 @@ def _no_txn_id(cur: Any, natural: bool) -> None:
     cur.execute(f"CREATE TABLE _mm_tick (t BIGINT AUTO_INCREMENT PRIMARY KEY) ENGINE=InnoDB AUTO_INCREMENT={top}")
 
 
+#: the draw's test for a clock behind the wall clock, with its slack (site.sql `_mm_draw`)
+_BEHIND = re.compile(r"IF p(?: \+ \d+)? < w THEN")
+
+
 def _lagging(cur: Any, natural: bool) -> None:
-    _redraw(cur, lambda b: b.replace("IF p < w THEN", f"IF p + {4 * 65536} < w THEN"))
+    _redraw(cur, lambda b: _BEHIND.sub(f"IF p + {4 * 65536} < w THEN", b, count=1))
 
 
 def _no_catch_up(cur: Any, natural: bool) -> None:
-    _redraw(cur, lambda b: b.replace("IF p < w THEN", "IF FALSE THEN"))
+    _redraw(cur, lambda b: _BEHIND.sub("IF FALSE THEN", b, count=1))
 
 
 def _no_gate(cur: Any, natural: bool) -> None:

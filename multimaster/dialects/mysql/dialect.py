@@ -998,8 +998,9 @@ class MySQLDialect(Dialect):
         q = self.quote
         o = self.obj(info.name)
         trig = q("_mm_refs_" + info.name)
-        conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {trig}")
+        drop = f"DROP TRIGGER IF EXISTS {trig}"
         if not info.refs:
+            conn.exec_driver_sql(drop)
             return
         site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
         bit = {c: i for i, c in enumerate(info.column_names)}
@@ -1013,11 +1014,14 @@ class MySQLDialect(Dialect):
                 f"    IF NEW.op <> 'I' THEN SET NEW.{q('fo_' + r.column)} = (SELECT rid FROM {sh} WHERE `key` = NEW.{q('o_' + r.column)}); END IF;\n"
                 f"  END IF;"
             )
-        conn.exec_driver_sql(
+        create = (
             f"CREATE TRIGGER {trig} BEFORE INSERT ON {o.log} FOR EACH ROW\nBEGIN\n  IF NEW.origin = {site} THEN\n"
             + "\n".join(body)
             + "\n  END IF;\nEND"
         )
+        # left alone when unchanged, replaced in one statement otherwise: no entry captured while
+        # init runs again goes in without its identities (_run_keeping_unchanged)
+        _run_keeping_unchanged(conn, [drop, create])
 
     def defer_foreign_keys(self, conn: Connection, on: bool) -> bool:
         """InnoDB checks every row at once and cannot defer: the checks are off for this session
@@ -1108,10 +1112,23 @@ def _plain_loopback(url: str) -> bool:
 def _run_keeping_unchanged(conn: Connection, stmts: Sequence[str]) -> None:
     """Run a template's statements, leaving out the DROP and CREATE of each trigger that exists
     unchanged (_unchanged_triggers): dropping and re-creating it would let writes in between go
-    by it (init run again while applications write)."""
+    by it (init run again while applications write). A trigger that changed (a new release's
+    capture, a column added) is replaced in one statement, CREATE OR REPLACE TRIGGER, not dropped
+    and then created: MariaDB swaps it under the table's exclusive metadata lock, so every write
+    fires the old trigger or the new one. Between a DROP and its CREATE an application's write
+    went by uncaptured, and an insert into a renumbered table whose key trigger was being made
+    again failed (`Column 'seq' cannot be null`: the insert trigger found no position;
+    tests/test_server_many_writers.py). A DROP with no CREATE of the same name after it (a
+    trigger of an earlier release) runs as written."""
     same = _unchanged_triggers(conn, stmts)
+    created = {m.group(1).strip("`") for m in (_CREATE_TRIGGER.match(_uncommented(x)) for x in stmts) if m}
     for sql in stmts:
         m = _TRIGGER_DDL.match(_uncommented(sql))
-        if m and m.group(1).rstrip(";").strip("`") in same:
+        name = m.group(1).rstrip(";").strip("`") if m else None
+        if name in same:
             continue
+        if name in created:
+            if _CREATE_TRIGGER.match(_uncommented(sql)) is None:
+                continue  # its DROP: the CREATE below replaces it
+            sql = re.sub(r"\A\s*CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", _uncommented(sql), count=1, flags=re.IGNORECASE)
         conn.exec_driver_sql(sql)
