@@ -544,7 +544,7 @@ def _age_capture(cl, site: str) -> None:  # type: ignore[no-untyped-def]
         cur = c.cursor()
         cur.execute(
             "SELECT TRIGGER_NAME, ACTION_TIMING, EVENT_MANIPULATION, ACTION_STATEMENT FROM information_schema.TRIGGERS "
-            "WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'stock' AND TRIGGER_NAME LIKE '\\_mm\\_%%'"
+            "WHERE TRIGGER_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = 'stock' AND TRIGGER_NAME LIKE '\\_mm\\_%'"
         )
         triggers = cur.fetchall()
         assert len(triggers) == 4, triggers  # the key trigger and the three capture triggers
