@@ -1066,16 +1066,21 @@ _CREATE_TRIGGER = re.compile(
 )
 
 
-def _unchanged_triggers(conn: Connection, stmts: Sequence[str]) -> set[str]:
-    """The triggers `stmts` create that exist in this database with the same body: MariaDB / MySQL
-    DDL is not transactional, so between a DROP TRIGGER and its CREATE an application's write
-    would go by uncaptured (and an insert of a renumbered table would get its key from
-    AUTO_INCREMENT): `init` run again on a site in use must leave unchanged triggers alone."""
-    wanted = {}
+def _created_triggers(stmts: Sequence[str]) -> dict[str, str]:
+    """The triggers `stmts` create: name -> body (what follows FOR EACH ROW [FOLLOWS|PRECEDES x])."""
+    out = {}
     for sql in stmts:
         m = _CREATE_TRIGGER.match(_uncommented(sql))
         if m:
-            wanted[m.group(1).strip("`")] = m.group(2).strip().rstrip(";").strip()
+            out[m.group(1).strip("`")] = m.group(2).strip().rstrip(";").strip()
+    return out
+
+
+def _unchanged_triggers(conn: Connection, wanted: dict[str, str]) -> set[str]:
+    """The triggers of `wanted` (_created_triggers) that exist in this database with the same body:
+    MariaDB / MySQL DDL is not transactional, so between a DROP TRIGGER and its CREATE an
+    application's write would go by uncaptured (and an insert of a renumbered table would get its
+    key from AUTO_INCREMENT): `init` run again on a site in use must leave unchanged triggers alone."""
     if not wanted:
         return set()
     have = conn.exec_driver_sql(
@@ -1120,15 +1125,16 @@ def _run_keeping_unchanged(conn: Connection, stmts: Sequence[str]) -> None:
     again failed (`Column 'seq' cannot be null`: the insert trigger found no position;
     tests/test_server_many_writers.py). A DROP with no CREATE of the same name after it (a
     trigger of an earlier release) runs as written."""
-    same = _unchanged_triggers(conn, stmts)
-    created = {m.group(1).strip("`") for m in (_CREATE_TRIGGER.match(_uncommented(x)) for x in stmts) if m}
+    created = _created_triggers(stmts)
+    same = _unchanged_triggers(conn, created)
     for sql in stmts:
-        m = _TRIGGER_DDL.match(_uncommented(sql))
+        u = _uncommented(sql)
+        m = _TRIGGER_DDL.match(u)
         name = m.group(1).rstrip(";").strip("`") if m else None
         if name in same:
             continue
         if name in created:
-            if _CREATE_TRIGGER.match(_uncommented(sql)) is None:
+            if not u.upper().startswith("CREATE"):
                 continue  # its DROP: the CREATE below replaces it
-            sql = re.sub(r"\A\s*CREATE TRIGGER", "CREATE OR REPLACE TRIGGER", _uncommented(sql), count=1, flags=re.IGNORECASE)
+            sql = re.sub(r"\ACREATE TRIGGER", "CREATE OR REPLACE TRIGGER", u, count=1, flags=re.IGNORECASE)
         conn.exec_driver_sql(sql)
