@@ -190,3 +190,37 @@ def test_own_inserts_purged_before_the_shadow_caught_up_keep_their_identity(sqli
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert cl.rows("s2", "stock") == [(1, "n0", 7), (3, "n2", 2)]
+
+
+def test_a_pullers_uncommitted_progress_lets_no_entry_go(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A refresh at s2 moves its watermark inside its transaction, before it commits (and it may
+    roll back: killed, a deadlock). A purge of s1 that runs meanwhile must see only what s2
+    committed, also on the connections to s2 that just served a pull from s2 (MariaDB's horizon
+    procedure once left them READ UNCOMMITTED): else it purges entries s2 then never gets, and the
+    link s1->s2 stops for good asking to re-instantiate s2."""
+    from multimaster.engine.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(5):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    cl.execute("s2", "INSERT INTO stock (name, qty) VALUES (?, ?)", ("at s2", 9))
+    wms = Site("s2", cl.urls["s2"]).dialect.mm_table("_mm_watermarks")
+    p = cl.backend.param()
+    with api.Cluster(cl.topo) as c:
+        assert api.refresh(c, "s1", "s2")[0].pulled == 1  # reads s2's log on s2's connections
+        if backend.name == "mysql":
+            with c.site("s2").read() as conn:
+                level = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
+            assert level == "READ-COMMITTED", level
+        pulling = cl.db("s2")  # s2's refresh, moved past all five, not committed yet
+        try:
+            pulling.cursor().execute(f"UPDATE {wms} SET seq2 = {1 << 62} WHERE peer = {p}", ("s1",))
+            rep = purge_site(c, "s1", NOW)
+        finally:
+            pulling.rollback()
+            pulling.close()
+    assert rep.tables["stock"].purged == 0, rep.as_dict()
+    assert _log_sizes(cl)["s1"][0] == 5
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s2", "stock")) == 6

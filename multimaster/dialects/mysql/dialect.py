@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -757,7 +758,8 @@ class MySQLDialect(Dialect):
         return Dialect.OpenWriter(f"connection {int(c)}", None if age is None else float(age), doing, f"KILL {int(c)}")
 
     def read_horizon(self, conn: Connection, table: str) -> int | None:
-        return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
+        with _keeping_isolation(conn):
+            return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
 
     def read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
         """The horizons, then each table's entries stamped with their transaction's id (site.sql
@@ -765,7 +767,11 @@ class MySQLDialect(Dialect):
         with an entry below one of them had ended before, so all its entries, in every table, are
         stamped alike. A site whose `init` predates the stamps has no _mm_stamp; its capture names
         transactions itself."""
-        hs = super().read_horizons(conn, tables)
+        with _keeping_isolation(conn):
+            return self._read_horizons(conn, tables)
+
+    def _read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
+        hs: dict[str, int | None] = {tb: int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (tb,)).scalar_one()) for tb in tables}
         for tb, h in hs.items():
             try:
                 conn.exec_driver_sql("CALL _mm_stamp(%s, %s)", (tb, int(h or 0)))
@@ -1138,3 +1144,22 @@ def _run_keeping_unchanged(conn: Connection, stmts: Sequence[str]) -> None:
                 continue  # its DROP: the CREATE below replaces it
             sql = re.sub(r"\ACREATE TRIGGER", "CREATE OR REPLACE TRIGGER", u, count=1, flags=re.IGNORECASE)
         conn.exec_driver_sql(sql)
+
+
+@contextmanager
+def _keeping_isolation(conn: Connection) -> Iterator[None]:
+    """The session's isolation level as it was, after what runs inside: the horizon procedure of a
+    site whose `init` predates 2026-11-29 leaves its session READ UNCOMMITTED (site.sql
+    _mm_horizon), and a pooled connection that served a pull went on reading what other
+    transactions had not committed (a puller's watermark still moving: a purge took entries that
+    puller never got). Two statements a pull; the procedure since restores it itself."""
+    level = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
+    try:
+        yield
+    except BaseException:
+        try:  # what failed is what the caller hears of, not a connection that is gone
+            conn.exec_driver_sql("SET SESSION tx_isolation = %s", (level,))
+        except DBAPIError:
+            pass
+        raise
+    conn.exec_driver_sql("SET SESSION tx_isolation = %s", (level,))
