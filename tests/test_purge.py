@@ -212,6 +212,15 @@ def test_a_pullers_uncommitted_progress_lets_no_entry_go(backend, tmp_path):  # 
             with c.site("s2").read() as conn:
                 level = conn.exec_driver_sql("SELECT @@session.tx_isolation").scalar()
             assert level == "READ-COMMITTED", level
+            # and a pooled connection some statement left at another level goes back at the engine's
+            alone = Site("s2", cl.urls["s2"])
+            with alone.read() as conn:
+                first = conn.exec_driver_sql("SELECT CONNECTION_ID()").scalar()
+                conn.exec_driver_sql("SET SESSION TRANSACTION ISOLATION LEVEL READ UNCOMMITTED")
+            with alone.read() as conn:
+                again = conn.exec_driver_sql("SELECT CONNECTION_ID(), @@session.tx_isolation").first()
+            alone.engine.dispose()
+            assert again is not None and again[0] == first and again[1] == "READ-COMMITTED", (first, again)
         pulling = cl.db("s2")  # s2's refresh, moved past all five, not committed yet
         try:
             pulling.cursor().execute(f"UPDATE {wms} SET seq2 = {1 << 62} WHERE peer = {p}", ("s1",))

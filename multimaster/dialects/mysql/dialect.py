@@ -159,10 +159,11 @@ class MySQLDialect(Dialect):
 
         @event.listens_for(engine, "reset")
         def _on_reset(dbapi_conn: Any, _rec: Any, _state: Any = None) -> None:
-            # a connection going back to the pool never keeps the capture guard set
+            # a connection going back to the pool never keeps the capture guard set, the checks
+            # off, or a level other than the engine's (a procedure that left one: _keeping_isolation)
             try:
                 cur = dbapi_conn.cursor()
-                cur.execute("SET @mm_applying = NULL, foreign_key_checks = 1")
+                cur.execute("SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = 'READ-COMMITTED'")
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
