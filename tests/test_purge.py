@@ -233,3 +233,34 @@ def test_a_pullers_uncommitted_progress_lets_no_entry_go(backend, tmp_path):  # 
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert len(cl.rows("s2", "stock")) == 6
+
+
+def test_a_refresher_overtaken_by_another_and_a_purge_reads_again(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Two refreshers of one link (the daemon and a `refresh` run by hand while it catches up): one
+    reads the source's log, the other applies the same entries and commits, and the source purges
+    them. The first then finds entries purged past the watermark it read: that is not a peer left
+    behind (the target has them), so it reads again instead of failing with "re-instantiate"."""
+    from multimaster.engine import refresh as refresh_mod
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(5):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    real = refresh_mod.read_link
+    overtaken: list[int] = []
+
+    def read_then_overtaken(*args, **kw):  # type: ignore[no-untyped-def]
+        read = real(*args, **kw)
+        if not overtaken:
+            overtaken.append(1)
+            with api.Cluster(cl.topo) as other:  # the other refresher, then the source's purge
+                assert api.refresh(other, "s2", "s1")[0].pulled == 5
+                assert purge_site(other, "s1", NOW).tables["stock"].purged == 4
+        return read
+
+    monkeypatch.setattr(refresh_mod, "read_link", read_then_overtaken)
+    res = api.refresh(cl.topo, "s2", "s1")
+    assert overtaken and [r.error for r in res] == [None], [r.error for r in res]
+    monkeypatch.undo()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s2", "stock")) == 5

@@ -462,8 +462,8 @@ def _refresh_batches(
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
             have = _have(conn, tables)
         read = read_link(src, target, [lt.info for lt in tables.values()], wms, window, have)
-        for tb in tables:
-            check_not_purged(src, target, tb, wms[tb])
+        if not _not_purged(first, wms):
+            continue  # another refresher moved a watermark, and the source purged what it took
         moved = False
         parts = _batches(tables, read, batch)
         res.held_back = not parts and any(read.rows.values())
@@ -517,8 +517,8 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
             wms0 = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
             have0 = _have(conn, tables)
         pre = read_link(src, target, [lt.info for lt in tables.values()], wms0, window, have0)
-        for tb in tables:
-            check_not_purged(src, target, tb, wms0[tb])
+        if not _not_purged(first, wms0):
+            continue  # another refresher moved a watermark, and the source purged what it took
         if not any(pre.rows.values()):
             return set()
         run = functools.partial(_whole_link, tables=tables, window=window, token=token, tell=tell, pre=(wms0, pre))
@@ -563,8 +563,8 @@ def _whole_link(
             read = pre[1]
         else:
             read = read_link(src, target, infos, wms, window, _have(conn, tables))
-            for tb in tables:
-                check_not_purged(src, target, tb, wms[tb])
+            if not _not_purged(first, wms):
+                raise _Moved()
         pre = None
         if not any(read.rows.values()):
             break
@@ -932,6 +932,24 @@ def _have(conn: Connection, tables: dict[str, _LinkTable]) -> dict[str, dict[str
     if not first.topo.pulls_every_writable():
         return None
     return store.origins.have(conn, first.tgt.dialect, tables)
+
+
+def _not_purged(link: _LinkTable, wms: dict[str, int]) -> bool:
+    """Whether the source purged nothing past the watermarks `wms` a read of the link started
+    from: True when it did not; False when it did but another refresher of the link moved one
+    of them at the target meanwhile (it took those entries before the source purged them: read
+    again from where it stands). Raises :class:`PurgedPastWatermark` when the target really is
+    behind what the source purged."""
+    try:
+        for tb, wm in wms.items():
+            check_not_purged(link.src, link.target, tb, wm)
+    except PurgedPastWatermark:
+        with link.tgt.read() as conn:
+            now = {tb: store.watermarks.read(conn, link.tgt.dialect, link.source, tb) for tb in wms}
+        if now != wms:
+            return False
+        raise
+    return True
 
 
 def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None:
