@@ -264,3 +264,63 @@ def test_a_refresher_overtaken_by_another_and_a_purge_reads_again(backend, tmp_p
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert len(cl.rows("s2", "stock")) == 5
+
+
+def test_two_refreshers_of_one_link_never_move_its_watermark_back(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """Refresher A read the link and checked its watermark; refresher B then pulls everything and
+    commits; A commits its first batch. Had A moved the watermark to the end of its batch, it would
+    go back below B's (a purge at the source may have taken what lay between, and a refresh killed
+    there would leave the link asking for re-instantiation: seen on PostgreSQL with three
+    refreshers and a purge). A holds the watermark from its check to its commit: B waits, then
+    reads again from where A left it."""
+    import threading
+
+    from multimaster.engine import refresh as refresh_mod
+    from multimaster.engine.site import Site
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(6):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    s2 = Site("s2", cl.urls["s2"])
+    seen: list[int] = []
+
+    def watermark() -> int:
+        from multimaster import store
+
+        with s2.read() as conn:
+            return store.watermarks.read(conn, s2.dialect, "s1", "stock")
+
+    b_errors: list[str | None] = []
+
+    def b() -> None:
+        with api.Cluster(cl.topo) as c:
+            b_errors.extend(r.error for r in api.refresh(c, "s2", "s1"))
+
+    real = refresh_mod.store_batch
+    main = threading.get_ident()
+    calls: list[int] = []
+    other: list[threading.Thread] = []
+
+    def store_then_overtaken(*args, **kw):  # type: ignore[no-untyped-def]
+        if threading.get_ident() == main:
+            calls.append(1)
+            if len(calls) == 1:  # A checked the watermark: B runs now (or waits for A, given 3 s)
+                other.append(threading.Thread(target=b))
+                other[0].start()
+                other[0].join(3)
+                seen.append(watermark())
+            else:
+                seen.append(watermark())  # A's first batch committed
+        return real(*args, **kw)
+
+    monkeypatch.setattr(refresh_mod, "store_batch", store_then_overtaken)
+    res = api.refresh(cl.topo, "s2", "s1", batch_size=2)
+    other[0].join(60)
+    monkeypatch.undo()
+    seen.append(watermark())
+    assert [r.error for r in res] == [None] and b_errors == [None], b_errors
+    # (SQLite: one writer; A's read, one whole transaction of the link, is one batch)
+    assert len(calls) >= (1 if backend.name == "sqlite" else 2) and seen == sorted(seen), seen
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s2", "stock")) == 6

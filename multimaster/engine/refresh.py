@@ -555,7 +555,7 @@ def _whole_link(
     first = next(iter(tables.values()))
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
     infos = [lt.info for lt in tables.values()]
-    wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+    wms = {tb: store.watermarks.read_locked(conn, tgt.dialect, source, tb) for tb in tables}
     stored_all, windows = 0, 0
     results: dict[str, ReconcileResult] = {}
     while True:
@@ -711,8 +711,8 @@ def _apply_batch(
     change by change (engine/isolate.py)."""
     first = next(iter(tables.values()))
     tgt, source = first.tgt, first.source
-    for tb in tables:
-        if store.watermarks.read(conn, tgt.dialect, source, tb) != wms[tb]:
+    for tb in tables:  # locked: no other refresher moves them until this one commits
+        if store.watermarks.read_locked(conn, tgt.dialect, source, tb) != wms[tb]:
             return None  # another refresher moved it: read again
     for tb, link in tables.items():
         if rows.get(tb):

@@ -9,7 +9,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["read", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
+__all__ = ["read", "read_locked", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
 
 
 def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
@@ -38,6 +38,19 @@ def peers_of(conn: Connection, d: Dialect, table: str) -> set[str]:
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
     """The watermark of (peer, table); 0 when nothing was pulled yet."""
     return find(conn, d, peer, table) or 0
+
+
+def read_locked(conn: Connection, d: Dialect, peer: str, table: str) -> int:
+    """The watermark of (peer, table), its row locked until this transaction ends: the refresher
+    that read it is then the only one to move it, from the value it read. Without the lock, a
+    refresher that read it while another one's move was not committed yet moved it afterwards to
+    its own end, below the other's: the watermark went back (a purge at the source may already
+    have taken what lay between). SQLite's write transaction excludes every other writer."""
+    lock = "" if d.caps.single_writer else " FOR UPDATE"
+    p = d.caps.placeholder
+    sql = f"SELECT seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {p} AND tbl = {p}{lock}"
+    r = conn.exec_driver_sql(sql, (peer, table)).first()
+    return 0 if r is None else int(r[0] or 0)
 
 
 def write(conn: Connection, d: Dialect, peer: str, table: str, seq2: int) -> None:
