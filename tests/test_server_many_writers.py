@@ -617,3 +617,47 @@ def test_init_run_again_while_applications_write_loses_no_write(backend, tmp_pat
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert _names(cl, "s2") == model
+
+
+def test_an_application_locking_a_row_the_reconciler_applies_to_is_not_deadlocked(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """An application reads a row FOR UPDATE, then updates it (its capture then writes the row's
+    shadow row); meanwhile a refresh applies a peer's change of the same row and waits for the
+    application's lock. The reconciler must wait holding nothing the application's update needs:
+    it locks the rows first, their shadow rows after (the application's own order). MariaDB's
+    lock of the rows once read them through a join, which locked the shadow row first, and the
+    application's update was rolled back as a deadlock victim."""
+    from multimaster.engine.site import Site
+
+    _concurrent_only(backend)
+    # a table of some size: the join the rows were once locked through then read the few rows
+    # to apply first, their shadow rows, and the table's rows last
+    base = [("stock", i, "bolts" if i == 1 else f"n{i}", 100) for i in range(1, 301)]
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": base})
+    cl.refresh_until_quiet()
+    cl.execute("s2", "UPDATE stock SET qty = qty + 5 WHERE id = 1")
+    app = _Writer(cl, "s1")
+    done: list[Any] = []
+    try:
+        app.run("SELECT qty FROM stock WHERE id = 1 FOR UPDATE")
+        t = threading.Thread(target=lambda: done.extend(r.error for r in api.refresh(cl.topo, "s1", "s2")))
+        t.start()
+        time.sleep(1.5)  # the refresh waits for the application's row lock
+        assert t.is_alive(), done
+        probe = cl.db("s1")  # the row's shadow row is free meanwhile
+        try:
+            shadow = Site("s1", cl.urls["s1"]).dialect.obj("stock").shadow
+            cur = probe.cursor()
+            cur.execute(f"SELECT 1 FROM {shadow} WHERE rid LIKE '%#1' FOR UPDATE NOWAIT")
+            assert len(cur.fetchall()) == 1
+        finally:
+            probe.rollback()
+            probe.close()
+        app.run("UPDATE stock SET qty = qty + 1 WHERE id = 1")
+        app.conn.commit()
+        t.join(60)
+    finally:
+        app.close()
+    assert done == [None], done
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert cl.rows("s2", "stock")[0] == (1, "bolts", 106)

@@ -903,12 +903,16 @@ class MySQLDialect(Dialect):
 
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
         """The rows, in key order (the order an application's multi-row UPDATE takes them), then
-        their shadow rows."""
+        their shadow rows: the order an application's write takes them in too (its row, then its
+        trigger's shadow row). The rows are named through an IN subquery, which InnoDB reads
+        without locking: a join locks every table it reads, in the join's order (the shadow row
+        first), and deadlocked with an application updating the same row (MariaDB rolled the
+        application back: docs/decisions.md, session 27)."""
         q = self.quote
         o = self.obj(info.name)
         key = q(info.key.name)
         conn.exec_driver_sql(
-            f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.`key` = t.{key} JOIN {tmp} r ON r.rid = s.rid "
+            f"SELECT 1 FROM {q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid) "
             f"ORDER BY t.{key} FOR UPDATE"
         ).all()
         conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
@@ -919,7 +923,7 @@ class MySQLDialect(Dialect):
             ).scalar()
             if first_new is not None:
                 conn.exec_driver_sql(
-                    f"SELECT 1 FROM {q(info.name)} t JOIN {o.shadow} s ON s.`key` = t.{key} WHERE s.rid > %s "
+                    f"SELECT 1 FROM {q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s WHERE s.rid > %s) "
                     f"ORDER BY t.{key} FOR UPDATE",
                     (first_new,),
                 ).all()
