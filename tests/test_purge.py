@@ -324,3 +324,64 @@ def test_two_refreshers_of_one_link_never_move_its_watermark_back(backend, tmp_p
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert len(cl.rows("s2", "stock")) == 6
+
+
+def test_writers_refreshers_and_purges_all_at_once(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """Applications at both sites (new rows, and a hot row every one of them adds to), two
+    refreshers per link (the daemon and a `refresh` by hand), a purge per site with no minimum
+    age, all at once for a while: no application write fails, no refresh errs or holds a change,
+    and the sites converge with the sum exact. (It found, each in seconds: a lost update of a
+    watermark on PostgreSQL; MariaDB applications rolled back as deadlock victims of the
+    reconciler; docs/decisions.md, session 27.)"""
+    import random
+    import threading
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": [("stock", 1, "bolts", 100)]})
+    cl.refresh_until_quiet()
+    stop = threading.Event()
+    problems: list[str] = []
+    added = [0, 0, 0, 0]
+
+    def writer(w: int, site: str) -> None:
+        rnd = random.Random(w)
+        i = 0
+        while not stop.is_set():
+            i += 1
+            try:
+                if rnd.random() < 0.5:
+                    cl.execute(site, "INSERT INTO stock (name, qty) VALUES (?, 0)", (f"{site}-{w}-{i}",))
+                else:
+                    cl.execute(site, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
+                    added[w] += 1
+            except Exception as e:  # noqa: BLE001 - what an application would see
+                problems.append(f"application at {site}: {type(e).__name__}: {e}")
+
+    def refresher(site: str, batch: int) -> None:
+        with api.Cluster(cl.topo) as c:
+            while not stop.is_set():
+                problems.extend(
+                    f"refresh {r.peer}->{r.site}: {r.error}" for r in api.refresh(c, site, batch_size=batch) if r.error
+                )
+
+    def purger(site: str) -> None:
+        with api.Cluster(cl.topo) as c:
+            while not stop.is_set():
+                rep = purge_site(c, site, NOW)
+                if rep.error:
+                    problems.append(f"purge {site}: {rep.error}")
+                time.sleep(0.1)
+
+    threads = [threading.Thread(target=writer, args=(w, ("s1", "s2")[w % 2])) for w in range(4)]
+    threads += [threading.Thread(target=refresher, args=(s, b)) for s in ("s1", "s2") for b in (3, 200)]
+    threads += [threading.Thread(target=purger, args=(s,)) for s in ("s1", "s2")]
+    for t in threads:
+        t.start()
+    time.sleep(12)
+    stop.set()
+    for t in threads:
+        t.join(120)
+    assert not problems, problems[:5]
+    cl.refresh_until_quiet(20)
+    assert not api.list_errors(cl.topo)
+    cl.assert_converged()
+    assert cl.rows("s1", "stock")[0] == (1, "bolts", 100 + sum(added))
