@@ -12,10 +12,12 @@ from multimaster.store import _rows
 __all__ = ["read", "read_locked", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
 
 
-def find(conn: Connection, d: Dialect, peer: str, table: str) -> int | None:
-    """The watermark of (peer, table), None when there is no row."""
+def find(conn: Connection, d: Dialect, peer: str, table: str, *, lock: bool = False) -> int | None:
+    """The watermark of (peer, table), None when there is no row; `lock`: see :func:`read_locked`."""
     p = d.caps.placeholder
     sql = f"SELECT seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {p} AND tbl = {p}"
+    if lock and not d.caps.single_writer:
+        sql += " FOR UPDATE"
     r = conn.exec_driver_sql(sql, (peer, table)).first()
     return None if r is None else int(r[0] or 0)
 
@@ -46,11 +48,7 @@ def read_locked(conn: Connection, d: Dialect, peer: str, table: str) -> int:
     refresher that read it while another one's move was not committed yet moved it afterwards to
     its own end, below the other's: the watermark went back (a purge at the source may already
     have taken what lay between). SQLite's write transaction excludes every other writer."""
-    lock = "" if d.caps.single_writer else " FOR UPDATE"
-    p = d.caps.placeholder
-    sql = f"SELECT seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {p} AND tbl = {p}{lock}"
-    r = conn.exec_driver_sql(sql, (peer, table)).first()
-    return 0 if r is None else int(r[0] or 0)
+    return find(conn, d, peer, table, lock=True) or 0
 
 
 def write(conn: Connection, d: Dialect, peer: str, table: str, seq2: int) -> None:

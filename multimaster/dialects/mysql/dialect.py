@@ -41,6 +41,9 @@ from multimaster.errors import MultimasterError
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
 _RETRY_CODES = {1213, 1205, 1020, 1412}
+#: every session's isolation level: each statement of the reconciler sees what was committed
+#: before it (engine_kwargs), set again on each connection going back to the pool (prepare_engine)
+_LEVEL = "READ COMMITTED"
 _TEXTLIKE = ("CHAR", "TEXT", "ENUM", "SET", "JSON")
 
 
@@ -148,7 +151,7 @@ class MySQLDialect(Dialect):
         args: dict[str, Any] = {"conv": conv}
         if _plain_loopback(url):
             args["ssl_disabled"] = True
-        return {"isolation_level": "READ COMMITTED", "pool_pre_ping": True, "connect_args": args}
+        return {"isolation_level": _LEVEL, "pool_pre_ping": True, "connect_args": args}
 
     def prepare_engine(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
@@ -163,7 +166,9 @@ class MySQLDialect(Dialect):
             # off, or a level other than the engine's (a procedure that left one: _keeping_isolation)
             try:
                 cur = dbapi_conn.cursor()
-                cur.execute("SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = 'READ-COMMITTED'")
+                cur.execute(
+                    f"SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = '{_LEVEL.replace(' ', '-')}'"
+                )
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
@@ -760,7 +765,7 @@ class MySQLDialect(Dialect):
 
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         with _keeping_isolation(conn):
-            return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
+            return _horizon(conn, table)
 
     def read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
         """The horizons, then each table's entries stamped with their transaction's id (site.sql
@@ -772,7 +777,7 @@ class MySQLDialect(Dialect):
             return self._read_horizons(conn, tables)
 
     def _read_horizons(self, conn: Connection, tables: Sequence[str]) -> dict[str, int | None]:
-        hs: dict[str, int | None] = {tb: int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (tb,)).scalar_one()) for tb in tables}
+        hs: dict[str, int | None] = {tb: _horizon(conn, tb) for tb in tables}
         for tb, h in hs.items():
             try:
                 conn.exec_driver_sql("CALL _mm_stamp(%s, %s)", (tb, int(h or 0)))
@@ -1149,6 +1154,11 @@ def _run_keeping_unchanged(conn: Connection, stmts: Sequence[str]) -> None:
                 continue  # its DROP: the CREATE below replaces it
             sql = re.sub(r"\ACREATE TRIGGER", "CREATE OR REPLACE TRIGGER", u, count=1, flags=re.IGNORECASE)
         conn.exec_driver_sql(sql)
+
+
+def _horizon(conn: Connection, table: str) -> int:
+    """site.sql _mm_horizon: every position of `table` below it is final."""
+    return int(conn.exec_driver_sql("CALL _mm_horizon(%s)", (table,)).scalar_one())
 
 
 @contextmanager
