@@ -548,8 +548,12 @@ def test_park_colliding_inserts_in_one_batch(backend: Backend, tmp_path: Any) ->
     for s in cl.urls:
         cl.execute(s, "CREATE UNIQUE INDEX ux_sku ON stock (sku)")
     api.init(cl.topo)
+    # the claims' order is their versions' (each site's clock): apart by more than a millisecond,
+    # as under load two sites' inserts in one millisecond could sort either way
     cl.execute("s2", "INSERT INTO stock (sku, name) VALUES (7, 'bob')")
+    time.sleep(0.01)
     cl.execute("s1", "INSERT INTO stock (sku, name) VALUES (7, 'ann')")
+    time.sleep(0.01)
     cl.execute("s3", "INSERT INTO stock (sku, name) VALUES (7, 'cid')")
     cl.refresh("s3", reconcile_=False)
     api.reconcile(cl.topo, "s3")
