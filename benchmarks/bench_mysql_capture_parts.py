@@ -26,6 +26,14 @@ part, by replacing the site's own objects after `init`:
 - ``no slot``: the key trigger calls `_mm_draw` without locking its connection's slot;
 - ``log row only``: one AFTER INSERT trigger writing the change-log row with a `UUID_SHORT()`
   position, nothing else (the floor of any trigger that logs a row);
+- ``slot read-locked``: the key trigger locks its slot with a locking read (`SELECT ... FOR
+  UPDATE`) instead of the UPDATE that writes the position into it (the slot's committed `cur`
+  would no longer move: a horizon could not pass a connection that keeps writing);
+- ``draw inline``: the draw's statements in the key trigger instead of a call of `_mm_draw`, the
+  slot's UPDATE writing a session variable (not a design: the slot's `cur` then lags a draw);
+- ``read-locked + inline``: both;
+- ``ver not unique`` / ``no ver index`` / ``no txn index``: the change log's UNIQUE (ver) as a
+  plain index, dropped; its index of transactions dropped (what one more index costs a row);
 - ``no triggers``: the site with multimaster's triggers on the table dropped (should read ~1.0).
 
 Each round runs every variant once, in a shuffled order: `--rows` rows inserted by `--clients`
@@ -146,6 +154,51 @@ END"""
     )
 
 
+def _no_ver_unique(cur: Any, natural: bool) -> None:
+    """The change log's UNIQUE (ver) as a plain index (a local entry's version is its position
+    formatted, unique by the primary key already)."""
+    cur.execute("ALTER TABLE _mm_log_items DROP INDEX ver, ADD INDEX ver (ver)")
+
+
+def _no_ver_index(cur: Any, natural: bool) -> None:
+    cur.execute("ALTER TABLE _mm_log_items DROP INDEX ver")
+
+
+def _no_txn_index(cur: Any, natural: bool) -> None:
+    cur.execute("DROP INDEX _mm_logt_items ON _mm_log_items")
+
+
+#: the key trigger's draw through a slot known to exist (dialects/mysql/dialect.py `_draw`)
+_SLOT_DRAW = "UPDATE _mm_slots SET cur = (@mm_p := _mm_draw()) WHERE tbl = 'items' AND conn = CONNECTION_ID();"
+_WALL = "CAST(UNIX_TIMESTAMP(SYSDATE(3)) * 1000 AS SIGNED) * 65536"
+_INLINE = (
+    "INSERT INTO _mm_tick (t) VALUES (NULL); SET @mm_p = LAST_INSERT_ID();"
+    f" IF @mm_p + 65536 < {_WALL} THEN"
+    f" BEGIN DECLARE CONTINUE HANDLER FOR 1062 SET @mm_p = NULL;"
+    f" SET @mm_p = {_WALL} + 32768 + MOD(CONNECTION_ID() * 40503, 32768); INSERT INTO _mm_tick (t) VALUES (@mm_p); END;"
+    " IF @mm_p IS NULL THEN INSERT INTO _mm_tick (t) VALUES (NULL); SET @mm_p = LAST_INSERT_ID(); END IF;"
+    " END IF;"
+)
+
+
+def _slot_read_locked(cur: Any, natural: bool) -> None:
+    name = "_mm_cap_i_items" if natural else "_mm_rank_items"
+    lock = "SELECT cur INTO @mm_c FROM _mm_slots WHERE tbl = 'items' AND conn = CONNECTION_ID() FOR UPDATE;"
+    _retrigger(cur, name, lambda b: b.replace(_SLOT_DRAW, lock + " SET @mm_p = _mm_draw();", 1))
+
+
+def _draw_inline(cur: Any, natural: bool) -> None:
+    name = "_mm_cap_i_items" if natural else "_mm_rank_items"
+    upd = "UPDATE _mm_slots SET cur = @mm_q WHERE tbl = 'items' AND conn = CONNECTION_ID();"
+    _retrigger(cur, name, lambda b: b.replace(_SLOT_DRAW, "SET @mm_q = 1; " + upd + " " + _INLINE, 1))
+
+
+def _both(cur: Any, natural: bool) -> None:
+    name = "_mm_cap_i_items" if natural else "_mm_rank_items"
+    lock = "SELECT cur INTO @mm_c FROM _mm_slots WHERE tbl = 'items' AND conn = CONNECTION_ID() FOR UPDATE;"
+    _retrigger(cur, name, lambda b: b.replace(_SLOT_DRAW, lock + " " + _INLINE, 1))
+
+
 def _no_triggers(cur: Any, natural: bool) -> None:
     for name in ("_mm_rank_items", "_mm_cap_i_items"):
         cur.execute(f"DROP TRIGGER IF EXISTS {name}")
@@ -161,6 +214,12 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "no shadow row": _no_shadow,
     "no slot": _no_slot,
     "log row only": _log_only,
+    "slot read-locked": _slot_read_locked,
+    "draw inline": _draw_inline,
+    "read-locked + inline": _both,
+    "ver not unique": _no_ver_unique,
+    "no ver index": _no_ver_index,
+    "no txn index": _no_txn_index,
     "no triggers": _no_triggers,
 }
 

@@ -305,3 +305,35 @@ def test_the_stamp_gives_every_entry_of_a_transaction_one_name_whichever_release
     assert t1 != t2 and t1.startswith(f"{conn_id}:0.") and t2 == f"{conn_id}:0.{trx}", names
     cl.refresh_until_quiet()
     cl.assert_converged()
+
+
+def test_a_trim_that_fails_gives_the_session_its_lock_wait_timeout_back(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The stamping's trim of the clock waits for no lock (innodb_lock_wait_timeout 0 for its
+    DELETEs). When it fails for another reason, the error reaches the reader and the session's
+    timeout is the one it had: left at 0, every later lock wait of that pooled connection (a
+    refresh's locked watermark read, the reconciler's row locks) would fail at once."""
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
+    for i in range(3):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
+    r = cl.db("s1")
+    try:
+        _one(
+            r,
+            "CREATE TRIGGER refuse_trim BEFORE DELETE ON _mm_tick FOR EACH ROW SIGNAL SQLSTATE '45000' SET MESSAGE_TEXT = 'no trim'",
+        )
+        _one(r, "SET SESSION innodb_lock_wait_timeout = 7")
+        _one(r, "SET @mm_trimmed = NULL")
+        try:
+            MySQLBackend.stamp(r, "stock")
+        except Exception as e:  # noqa: BLE001 - the server's error, whatever the driver's class
+            failed = str(e)
+        else:
+            failed = ""
+        assert "no trim" in failed, failed
+        assert int(_one(r, "SELECT @@session.innodb_lock_wait_timeout")[0][0]) == 7
+        _one(r, "DROP TRIGGER refuse_trim")
+    finally:
+        r.close()
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert len(cl.rows("s2", "stock")) == 3

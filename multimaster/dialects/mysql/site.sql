@@ -287,12 +287,25 @@ BEGIN
   -- inserted, its transaction still open) makes the trim give up at once. The table is
   -- system-versioned: what the previous trims deleted is its history, which goes first (DELETE HISTORY records
   -- nothing in mysql.transaction_registry; purge truncates that: Dialect.trim_registry).
+  -- The session's lock wait timeout is set back however the trim ends: left at 0, every later
+  -- lock wait of the session (a pooled connection the engine uses again) failed at once.
   IF hz - coalesce(@mm_trimmed, 0) > 65536000 THEN
+    SET @mm_lwt = @@session.innodb_lock_wait_timeout;
     BEGIN
-      DECLARE CONTINUE HANDLER FOR 1205, 1213 ROLLBACK;
+      DECLARE EXIT HANDLER FOR 1205, 1213
+        BEGIN
+          ROLLBACK;
+          SET SESSION innodb_lock_wait_timeout = @mm_lwt;
+          SET @mm_trimmed = hz;
+        END;
+      DECLARE EXIT HANDLER FOR SQLEXCEPTION
+        BEGIN
+          ROLLBACK;
+          SET SESSION innodb_lock_wait_timeout = @mm_lwt;
+          RESIGNAL;
+        END;
       SELECT LEAST(max(t), (SELECT coalesce(min(coalesce(s.upto, 0)), max(t)) FROM _mm_tables r LEFT JOIN _mm_stamps s ON s.tbl = r.tbl))
         INTO top FROM _mm_tick;
-      SET @mm_lwt = @@session.innodb_lock_wait_timeout;
       SET SESSION innodb_lock_wait_timeout = 0;
       DELETE HISTORY FROM _mm_tick;
       DELETE FROM _mm_tick WHERE t < LEAST(hz, coalesce(top, 0)) ORDER BY t LIMIT 100000;
