@@ -437,14 +437,24 @@ def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> i
 
 
 def release(
-    conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None, held: bool = False
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    peers: Sequence[str],
+    relay_of: RelayOf,
+    held: bool = False,
 ) -> isolate.RetryResult:
     """In a write transaction at `site`: apply the changes of `info` that waited for columns the
-    site has now, and the later changes of their rows that waited behind them (the error queue's
-    retry, engine/isolate.py). `held`: also the held inserts of `info` (rows no capture saw took
-    their keys; capture_unseen_rows took those rows out)."""
+    site has now, the later changes of their rows that waited behind them, and the changes of
+    their source transactions held with them (``txn``; in any table, and their rows' later
+    changes): a transaction is applied whole or stays held whole (the error queue's retry,
+    engine/isolate.py). `relay_of`: what a table relays at `site`. `held`: also the held inserts of `info` (rows no capture saw
+    took their keys; capture_unseen_rows took those rows out)."""
     d = site.dialect
     out = isolate.RetryResult(site.name)
+    # the table's reconcilers wait: one holds a change behind a held change of its row only while
+    # it holds this lock, so the queue read here is the one the retry acts on
+    d.lock_for_apply(conn, info)
     firsts = [
         q
         for q in store.errorqueue.rows(conn, d, info.name, states=("failed",))
@@ -452,20 +462,41 @@ def release(
     ]
     if not firsts:
         return out
+    opened = store.errorqueue.rows(conn, d)
+    by_txn: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for q in opened:
+        if q["txn"] is not None:
+            by_txn.setdefault((str(q["origin"]), str(q["txn"])), []).append(q)
     queued: dict[int, dict[str, Any]] = {}
-    for q in firsts:
-        for r in store.errorqueue.chain(conn, d, q):
-            queued[int(r["id"])] = r
-    base = store.tables.base_max(conn, d, info.name)
-    others = [q for q in store.errorqueue.rows(conn, d) if int(q["id"]) not in queued]  # held, not retried here
+    todo = list(firsts)
+    while todo:  # each change taken, what waits behind it and its transaction's, to the end
+        q = todo.pop()
+        for r in [q, *store.errorqueue.chain(conn, d, q)]:
+            if int(r["id"]) not in queued:
+                queued[int(r["id"])] = r
+                todo.append(r)
+                if r["txn"] is not None:
+                    todo += [c for c in by_txn.get((str(r["origin"]), str(r["txn"])), []) if int(c["id"]) not in queued]
+    tables = sorted({str(q["tbl"]) for q in queued.values()} | {info.name})
+    infos = {info.name: info}
+    for tb in tables:
+        if tb not in infos:
+            other = site.known_info(tb, conn)
+            if other is None:  # a table no longer replicated here: its changes stay held
+                queued = {i: q for i, q in queued.items() if q["tbl"] != tb}
+            else:
+                infos[tb] = other
+                d.lock_for_apply(conn, other)
+    base = {tb: store.tables.base_max(conn, d, tb) for tb in infos}
+    others = [q for q in opened if int(q["id"]) not in queued]  # held, not retried here
     isolate.retry(
         conn,
         site,
-        {info.name: info},
-        [info.name],
+        infos,
+        [tb for tb in tables if tb in infos],
         peers,
-        {info.name: base},
-        {info.name: relay},
+        base,
+        {tb: relay_of(i) for tb, i in infos.items()},
         list(queued.values()),
         others,
         out,
@@ -487,12 +518,22 @@ def follow(
     names = list(tables if tables is not None else topo.tables)
     with site.read() as conn:
         todo = changed_tables(conn, site, names)
+        behind = _described_behind(conn, site, names)
+        waiting = _waiting_tables(conn, site, names)
+    for tb in behind:
+        site.forget(tb)
     out: list[Evolved] = []
     peers = topo.peers_of(site.name)
     for tb in todo:
         elsewhere = others(tb) if others else None
         with site.write() as conn:
+            # the table's reconcilers wait for this transaction (they hold its snapshots, then the
+            # table), then its applications (they take the table, then what their capture
+            # writes): the steps below take them the other way round, and would deadlock with either
+            site.dialect.lock_for_apply(conn, site.info(conn, tb, topo))
+            site.dialect.lock_for_install(conn, [tb])
             if tb not in changed_tables(conn, site, [tb]):
+                site.forget(tb)
                 continue  # another process followed it meanwhile
             try:
                 ev = evolve_table(conn, site, topo, tb, peers, elsewhere)
@@ -504,6 +545,65 @@ def follow(
         if ev.released or ev.unseen:
             with site.write() as conn:
                 info = site.info(conn, tb, topo)
-                r = release(conn, site, info, peers, relay_of(info), held=bool(ev.unseen))
+                r = release(conn, site, info, peers, relay_of, held=bool(ev.unseen))
                 ev.released = len(r.applied)
+    for tb in waiting - set(todo):
+        late = _release_late(site, topo, tb, peers, relay_of)
+        if late is not None:
+            out.append(late)
     return out
+
+
+def _described_behind(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:
+    """The tables of `tables` that `site` (this process's description of it) describes in a schema
+    version other than the one recorded there now: another process followed them since."""
+    d = site.dialect
+    if not store.schemas.exists(conn, d):
+        return []
+    out = []
+    for tb in tables:
+        known = site.known_info(tb)
+        if known is not None:
+            cur = store.schemas.current(conn, d, tb)
+            if cur is not None and cur[0] != known.version:
+                out.append(tb)
+    return out
+
+
+def _waiting_tables(conn: Connection, site: Site, tables: Sequence[str]) -> set[str]:
+    """The tables of `tables` with changes held at `site` for columns it did not have (state
+    ``schema``), or ready to be applied since it has them (``failed`` without an error: the
+    transaction that was to apply them failed)."""
+    d = site.dialect
+    if not store.schemas.exists(conn, d) or d.table_kind(conn, "_mm_errors") is None:
+        return set()  # (a site installed before them: init follows its schema before it adds them)
+    return set(store.errorqueue.waiting_tables(conn, d)) & set(tables)
+
+
+def _release_late(site: Site, topo: Topology, table: str, peers: Sequence[str], relay_of: RelayOf) -> Evolved | None:
+    """Changes of `table` held for columns `site` has now, though it followed its schema already:
+    a refresher that described the table as it was before another process followed it holds them
+    after that follow released what waited (two refreshers of one site: the daemon and a refresh
+    run by hand, or the pulling side's follow); and changes made ready whose release failed (a
+    lock timeout). They get their values and are applied, as :func:`evolve_table` and
+    :func:`release` do for those held before. None: nothing was ready."""
+    d = site.dialect
+    with site.read() as conn:
+        info = site.info(conn, table, topo)
+        have = set(info.column_names)
+        wanted: set[str] = set()
+        for p in peers:
+            snap = d.obj(table, p).snapshot()
+            for (text,) in conn.exec_driver_sql(f"SELECT pending FROM {snap} WHERE pending IS NOT NULL"):
+                wanted |= set(decode_pending(text))
+        ready = any(q["error"] is None for q in store.errorqueue.rows(conn, d, table, states=("failed",)))
+    if wanted & have:
+        with site.write() as conn:
+            info = site.info(conn, table, topo)
+            ready = sum(_fill_pending(conn, site, info, d.obj(table, p).snapshot()) for p in peers) > 0 or ready
+    if not ready:
+        return None
+    with site.write() as conn:
+        info = site.info(conn, table, topo)
+        r = release(conn, site, info, peers, relay_of)
+    return Evolved(site.name, table, info.version, None, len(r.applied))

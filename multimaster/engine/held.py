@@ -89,10 +89,15 @@ def hold_behind(conn: Connection, d: Dialect, info: TableInfo, snaps: dict[str, 
         return 0
     behind = conn.exec_driver_sql(
         f"SELECT c.ver, c.origin, c.rid, c.op FROM {cand} c JOIN ({store.errorqueue.open_rids(d, info.name)}) e "
-        "ON e.rid = c.rid WHERE c.ver > e.first ORDER BY c.ver"
+        "ON e.rid = c.rid WHERE c.ver >= e.first ORDER BY c.ver"
     ).all()
     at = now_iso()
+    held_vers = store.errorqueue.open_versions(conn, d, info.name, [str(r[0]) for r in behind])
     for ver, origin, rid, op in behind:
+        if ver in held_vers:  # this very change, held already (it came over another route too)
+            mark(conn, d, list(snaps.values()), ver)
+            conn.exec_driver_sql(f"DELETE FROM {cand} WHERE ver = {d.caps.placeholder}", (ver,))
+            continue
         first = store.errorqueue.blocker(conn, d, info.name, rid)
         h = Held(info.name, peer_of(conn, d, snaps, ver), ver, origin, rid, op)
         store.errorqueue.hold(conn, d, h, "waiting", at, blocked_by=first)
@@ -181,7 +186,16 @@ def hold_groups(conn: Connection, d: Dialect, infos: Sequence[TableInfo], peers:
     cs = pending(conn, d, infos, peers, states=(0, 2))
     if not cs:
         return []
-    plan = plan_holds(cs, store.errorqueue.rows(conn, d), [i.name for i in infos])
+    queued = store.errorqueue.rows(conn, d)
+    # a change held already, come over another route too: the same change, it stays held once
+    twins = {(str(q["tbl"]), str(q["ver"])) for q in queued}
+    for c in cs:
+        if (str(c["tbl"]), str(c["ver"])) in twins:
+            mark(conn, d, [d.obj(c["tbl"], p).snapshot() for p in peers], c["ver"])
+    cs = [c for c in cs if (str(c["tbl"]), str(c["ver"])) not in twins]
+    if not cs:
+        return []
+    plan = plan_holds(cs, queued, [i.name for i in infos])
     at = now_iso()
     ids: dict[int, int] = {}
     for i, state, ref in plan:

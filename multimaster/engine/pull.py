@@ -65,7 +65,38 @@ def read_entries(
     Each entry is carried by column name from the schema version it was written in
     (core/schemas.py translate, the source's ``_mm_schemas``): `pending` is None, or the values of
     columns the entry needs and the target does not have yet (the change waits for them). `sup`
-    (the heads the change superseded) comes last, after `pending`, as the source's log holds it."""
+    (the heads the change superseded) comes last, after `pending`, as the source's log holds it.
+
+    The source's schema versions are read before its entries, each in a statement of its own: a
+    version recorded (and its first entries committed) between the two is read again, and the
+    entries with it (a site following its schema meanwhile records a version before its capture
+    writes an entry of it, engine/evolve.py)."""
+    for attempt in range(3):
+        try:
+            return _read_entries(sconn, source, target, info, watermark, below, limit, have)
+        except _UnknownVersion as e:
+            if attempt == 2:
+                raise CorruptChange(
+                    info.name, source.name, e.seq, f"written in schema version {e.version}, which the source does not record"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+class _UnknownVersion(Exception):
+    def __init__(self, seq: Any, version: int) -> None:
+        self.seq, self.version = seq, version
+
+
+def _read_entries(
+    sconn: Connection,
+    source: Site,
+    target: str,
+    info: TableInfo,
+    watermark: int,
+    below: int | None,
+    limit: int | None,
+    have: Mapping[str, str] | None,
+) -> list[tuple[Any, ...]]:
     d = source.dialect
     o = d.obj(info.name)
     ph = d.caps.placeholder
@@ -111,7 +142,7 @@ def _in_layout(
         refs, txn, sv, sup = body[6 + 2 * nu : 6 + 2 * nu + nr], body[-3], body[-2], body[-1]
         v = first if sv is None else int(sv)
         if v not in picks:
-            raise CorruptChange(info.name, "?", r[2], f"written in schema version {v}, which the source does not record")
+            raise _UnknownVersion(r[2], v)
         new = tuple(n_all[i] for i in picks[v])
         old = tuple(o_all[i] for i in picks[v])
         op, mask = body[2], body[5]
@@ -385,10 +416,14 @@ def _hold_for_columns(
     their rows wait behind them there."""
     d = site.dialect
     snap = d.obj(info.name, peer).snapshot()
+    # a change here already (come over another route too): applied, it is stored as seen; held,
+    # this copy is held with it (its values for the column too), not queued a second time
+    held_here, done = _here_already(conn, site, info, [str(r[1]) for r in rows])
     conn.exec_driver_sql(
         d.insert_ignore_into(snap, ", ".join(cols) + ", applied, pending", f"VALUES ({d.ph(len(cols) + 2)})"),
-        [(*r[:-1], HELD, r[-1]) for r in rows],
+        [(*r[:-1], 1, None) if str(r[1]) in done else (*r[:-1], HELD, r[-1]) for r in rows],
     )
+    rows = [r for r in rows if str(r[1]) not in done and str(r[1]) not in held_here]
     at = now_iso()
     for r in rows:
         ver, origin, op, rid = r[1], r[2], r[3], r[4]
@@ -396,6 +431,28 @@ def _hold_for_columns(
         store.errorqueue.hold(
             conn, d, Held(info.name, peer, ver, origin, rid, op), SCHEMA, at, schema_behind(site.name, info.name, missing)
         )
+
+
+def _here_already(conn: Connection, site: Site, info: TableInfo, vers: Sequence[str]) -> tuple[set[str], set[str]]:
+    """Of the versions `vers` of `info`'s changes, those this site holds (in the error queue, or
+    held in a snapshot), and those it applied (in a snapshot, applied) and does not hold: they came
+    over another route too (a mesh, a relay). Held again for a column, such a change would be
+    applied a second time when released (the error queue's retry applies a held change whatever
+    _mm_origins says), or wait behind itself."""
+    d = site.dialect
+    ph = d.caps.placeholder
+    held_here = set(store.errorqueue.open_versions(conn, d, info.name, vers))
+    done: set[str] = set()
+    for p in sorted(store.watermarks.peers_of(conn, d, info.name)):
+        snap = d.obj(info.name, p).snapshot()
+        for i in range(0, len(vers), 500):
+            part = list(vers[i : i + 500])
+            for v, applied in conn.exec_driver_sql(
+                f"SELECT ver, applied FROM {snap} WHERE ver IN ({', '.join([ph] * len(part))}) AND applied IN (1, {HELD})",
+                tuple(part),
+            ):
+                (done if int(applied) == 1 else held_here).add(str(v))
+    return held_here, done - held_here
 
 
 def schema_behind(site: str, table: str, missing: Sequence[str]) -> str:

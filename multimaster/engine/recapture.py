@@ -176,7 +176,7 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
             if refused is not None:
                 raise RecaptureRefused(site, table, refused)
             if out.inserted:  # the changes of peers that collided with them apply now
-                evolve.release(conn, s, info, t.peers_of(site), relay_origins(t, site, info), held=True)
+                evolve.release(conn, s, info, t.peers_of(site), lambda i: relay_origins(t, site, i), held=True)
         here = _rows(conn, s, info, cols, info, s)
         rids, keys = _in_flight(queries, sites, table)
         live = _live(conn, s, table)

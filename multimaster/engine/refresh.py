@@ -714,6 +714,11 @@ def _apply_batch(
     for tb in tables:  # locked: no other refresher moves them until this one commits
         if store.watermarks.read_locked(conn, tgt.dialect, source, tb) != wms[tb]:
             return None  # another refresher moved it: read again
+    # the tables' reconcilers (other links' refreshers, a release of what waited for a column, an
+    # errors retry) wait from here: what this batch holds in the error queue behind a held change
+    # (hold_waiting, a column this site lacks) is never behind one another applies meanwhile
+    for link in tables.values():
+        tgt.dialect.lock_for_apply(conn, link.info)
     for tb, link in tables.items():
         if rows.get(tb):
             _check_clock_offset(link, rows[tb])

@@ -133,5 +133,5 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         return rep
     with s.write() as conn:  # what waited for a column the site has now
         info = s.info(conn, table, t)
-        rep.released = len(evolve.release(conn, s, info, t.peers_of(n), relay_origins(t, n, info)).applied)
+        rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
     return rep

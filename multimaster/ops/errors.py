@@ -108,11 +108,13 @@ def _retry_at(
     def go(conn: Any) -> isolate.RetryResult:
         res = isolate.RetryResult(n)
         s.require_installed(conn, t)
+        infos = {tb: s.info(conn, tb, t) for tb in t.tables}
+        order = apply_order(t, infos)
+        for tb in order:  # the reconcilers wait: the queue read below is the one the retry acts on
+            s.dialect.lock_for_apply(conn, infos[tb])
         if skip is not None:
             skip(conn, s)
         queued, others = queued_of(conn, s)
-        infos = {tb: s.info(conn, tb, t) for tb in t.tables}
-        order = apply_order(t, infos)
         base = {tb: store.tables.base_max(conn, s.dialect, tb) for tb in t.tables}
         relay = {tb: relay_origins(t, n, infos[tb]) for tb in t.tables}
         mine = [q for q in queued if str(q["tbl"]) in t.tables]

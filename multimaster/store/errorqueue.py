@@ -25,6 +25,7 @@ __all__ = [
     "OPEN",
     "hold",
     "blocker",
+    "open_versions",
     "any_open",
     "open_rids",
     "rows",
@@ -43,6 +44,7 @@ __all__ = [
     "PARKED",
     "SCHEMA",
     "schema_waits",
+    "waiting_tables",
     "ready",
     "ready_failed",
     "forget_table",
@@ -140,6 +142,22 @@ def open_rids(d: Dialect, table: str) -> str:
     return f"SELECT rid, min(ver) AS first FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL}) GROUP BY rid"
 
 
+def open_versions(conn: Connection, d: Dialect, table: str, vers: Sequence[str]) -> set[str]:
+    """Of the versions `vers` of `table`'s changes, those held here (open)."""
+    p = d.caps.placeholder
+    out: set[str] = set()
+    for i in range(0, len(vers), 500):
+        part = vers[i : i + 500]
+        out |= {
+            str(r[0])
+            for r in conn.exec_driver_sql(
+                f"SELECT ver FROM {_t(d)} WHERE tbl = {p} AND ver IN ({', '.join([p] * len(part))}) AND state IN ({_OPEN_SQL})",
+                (table, *part),
+            )
+        }
+    return out
+
+
 def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
     """The id of the earliest held change of identity `rid` of `table` (later changes of the row
     wait behind it), None when none is held."""
@@ -175,14 +193,16 @@ def get(conn: Connection, d: Dialect, id_: int) -> dict[str, Any] | None:
 
 
 def chain(conn: Connection, d: Dialect, first: dict[str, Any]) -> list[dict[str, Any]]:
-    """The held change `first` and every open change of its row after it, in version order."""
+    """The held change `first` and every open change of its row after it, in version order, and
+    those of its row that wait behind it with an earlier version (from another origin, pulled
+    after it: a row's changes wait behind its held one whatever their versions, engine/held.py)."""
     p = d.caps.placeholder
     return [
         dict(zip(_COLS, r))
         for r in conn.exec_driver_sql(
-            f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND ver >= {p} "
+            f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND (ver >= {p} OR blocked_by = {p}) "
             f"AND state IN ({_OPEN_SQL}) ORDER BY ver, id",
-            (first["tbl"], first["rid"], first["ver"]),
+            (first["tbl"], first["rid"], first["ver"], first["id"]),
         )
     ]
 
@@ -297,6 +317,17 @@ def schema_waits(conn: Connection, d: Dialect, table: str | None = None) -> list
     """The changes waiting for columns this site does not have yet (state ``schema``), in version
     order."""
     return rows(conn, d, table, states=(SCHEMA,))
+
+
+def waiting_tables(conn: Connection, d: Dialect) -> list[str]:
+    """The tables with changes waiting for columns (``schema``) or ready to be applied since the
+    site has them (``failed`` without an error, :func:`ready`, :func:`ready_failed`)."""
+    return [
+        str(r[0])
+        for r in conn.exec_driver_sql(
+            f"SELECT DISTINCT tbl FROM {_t(d)} WHERE state = '{SCHEMA}' OR (state = 'failed' AND error IS NULL AND op <> '?')"
+        )
+    ]
 
 
 def ready(conn: Connection, d: Dialect, id_: int, at: str) -> None:
