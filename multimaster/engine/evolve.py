@@ -448,8 +448,8 @@ def release(
     site has now, the later changes of their rows that waited behind them, and the changes of
     their source transactions held with them (``txn``; in any table, and their rows' later
     changes): a transaction is applied whole or stays held whole (the error queue's retry,
-    engine/isolate.py). `relay_of`: what a table relays at `site`. `held`: also the held inserts of `info` (rows no capture saw
-    took their keys; capture_unseen_rows took those rows out)."""
+    engine/isolate.py). `relay_of`: what a table relays at `site`. `held`: also the held inserts
+    of `info` (rows no capture saw took their keys; capture_unseen_rows took those rows out)."""
     d = site.dialect
     out = isolate.RetryResult(site.name)
     # the table's reconcilers wait: one holds a change behind a held change of its row only while
@@ -586,7 +586,8 @@ def _release_late(site: Site, topo: Topology, table: str, peers: Sequence[str], 
     after that follow released what waited (two refreshers of one site: the daemon and a refresh
     run by hand, or the pulling side's follow); and changes made ready whose release failed (a
     lock timeout). They get their values and are applied, as :func:`evolve_table` and
-    :func:`release` do for those held before. None: nothing was ready."""
+    :func:`release` do for those held before. None: nothing was ready. (It reads the pending
+    values of every snapshot of the table: only while changes wait for a column, at each follow.)"""
     d = site.dialect
     with site.read() as conn:
         info = site.info(conn, table, topo)

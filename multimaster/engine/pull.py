@@ -71,18 +71,20 @@ def read_entries(
     version recorded (and its first entries committed) between the two is read again, and the
     entries with it (a site following its schema meanwhile records a version before its capture
     writes an entry of it, engine/evolve.py)."""
-    for attempt in range(3):
+    unknown = _UnknownVersion(None, 0)
+    for _ in range(3):
         try:
             return _read_entries(sconn, source, target, info, watermark, below, limit, have)
         except _UnknownVersion as e:
-            if attempt == 2:
-                raise CorruptChange(
-                    info.name, source.name, e.seq, f"written in schema version {e.version}, which the source does not record"
-                ) from None
-    raise AssertionError("unreachable")
+            unknown = e
+    raise CorruptChange(
+        info.name, source.name, unknown.seq, f"written in schema version {unknown.version}, which the source does not record"
+    )
 
 
 class _UnknownVersion(Exception):
+    """An entry of a schema version the source's versions, as read, do not hold."""
+
     def __init__(self, seq: Any, version: int) -> None:
         self.seq, self.version = seq, version
 
