@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import sqlite3
 import subprocess
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pytest
 import yaml
@@ -159,6 +160,29 @@ class TestCluster:
             ref = self.rows(next(iter(self.urls)), tb)
             for s in self.urls:
                 assert self.rows(s, tb) == ref, f"{tb} differs at {s}"
+
+
+def keep_writing(
+    stop: threading.Event, problems: list[str], site: str, seed: int, step: Callable[[random.Random, int], None]
+) -> None:
+    """An application at `site` until `stop` is set: `step(rnd, i)` runs its i-th transaction;
+    what one raises is what the application would see, recorded in `problems`."""
+    rnd = random.Random(seed)
+    i = 0
+    while not stop.is_set():
+        i += 1
+        try:
+            step(rnd, i)
+        except Exception as e:  # noqa: BLE001 - what an application would see
+            problems.append(f"application at {site}: {type(e).__name__}: {e}")
+
+
+def keep_refreshing(cl: TestCluster, stop: threading.Event, problems: list[str], site: str, **kw: Any) -> None:
+    """A refresher of `site` (the daemon's loop) until `stop` is set; every link's error is recorded
+    in `problems`."""
+    with api.Cluster(cl.topo) as c:
+        while not stop.is_set():
+            problems.extend(f"refresh {r.peer}->{r.site}: {r.error}" for r in api.refresh(c, site, **kw) if r.error)
 
 
 def apply_path(fast: bool) -> Any:

@@ -3,10 +3,12 @@ late copies over another route stay duplicates after their log entry is gone, ex
 
 from __future__ import annotations
 
+import random
+import threading
 import time
 
 import pytest
-from clusters import make_cluster
+from clusters import keep_refreshing, keep_writing, make_cluster
 
 from multimaster import api
 from multimaster.ops.purge import PurgePolicy, purge, purge_site
@@ -333,9 +335,6 @@ def test_writers_refreshers_and_purges_all_at_once(backend, tmp_path):  # type: 
     and the sites converge with the sum exact. (It found, each in seconds: a lost update of a
     watermark on PostgreSQL; MariaDB applications rolled back as deadlock victims of the
     reconciler; docs/decisions.md, session 27.)"""
-    import random
-    import threading
-
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": [("stock", 1, "bolts", 100)]})
     cl.refresh_until_quiet()
     stop = threading.Event()
@@ -343,25 +342,17 @@ def test_writers_refreshers_and_purges_all_at_once(backend, tmp_path):  # type: 
     added = [0, 0, 0, 0]
 
     def writer(w: int, site: str) -> None:
-        rnd = random.Random(w)
-        i = 0
-        while not stop.is_set():
-            i += 1
-            try:
-                if rnd.random() < 0.5:
-                    cl.execute(site, "INSERT INTO stock (name, qty) VALUES (?, 0)", (f"{site}-{w}-{i}",))
-                else:
-                    cl.execute(site, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
-                    added[w] += 1
-            except Exception as e:  # noqa: BLE001 - what an application would see
-                problems.append(f"application at {site}: {type(e).__name__}: {e}")
+        def step(rnd: random.Random, i: int) -> None:
+            if rnd.random() < 0.5:
+                cl.execute(site, "INSERT INTO stock (name, qty) VALUES (?, 0)", (f"{site}-{w}-{i}",))
+            else:
+                cl.execute(site, "UPDATE stock SET qty = qty + 1 WHERE id = 1")
+                added[w] += 1
+
+        keep_writing(stop, problems, site, w, step)
 
     def refresher(site: str, batch: int) -> None:
-        with api.Cluster(cl.topo) as c:
-            while not stop.is_set():
-                problems.extend(
-                    f"refresh {r.peer}->{r.site}: {r.error}" for r in api.refresh(c, site, batch_size=batch) if r.error
-                )
+        keep_refreshing(cl, stop, problems, site, batch_size=batch)
 
     def purger(site: str) -> None:
         with api.Cluster(cl.topo) as c:

@@ -7,13 +7,15 @@ plain DB-API clients."""
 from __future__ import annotations
 
 import json
+import random
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import BACKENDS, Backend, TestCluster, keep_refreshing, keep_writing, make_cluster, server_unavailable
 from typer.testing import CliRunner
 
 from multimaster import api
@@ -390,9 +392,6 @@ def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(
     (a refresher describing the table as before), never applied; a change released without the
     changes of its transaction held with it; rows waiting behind a change applied meanwhile,
     never applied (docs/decisions.md, session 28)."""
-    import random
-    import time
-
     if backend.name == "mysql":
         pytest.skip("MariaDB: a column added while applications write is not safe yet (docs/schema-changes.md, Limits)")
     spec = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
@@ -405,29 +404,23 @@ def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(
     col = "note VARCHAR(40)" if backend.name != "sqlite" else "note TEXT"
 
     def writer(w: int, site: str) -> None:
-        rnd = random.Random(w)
-        i = 0
-        while not stop.is_set():
-            i += 1
-            try:
-                r = rnd.random()
-                if r < 0.4:
-                    if has[site]:
-                        cl.execute(site, "INSERT INTO items (name, qty, note) VALUES (?, 0, ?)", (f"{site}{w}-{i}", f"n{i}"))
-                    else:
-                        cl.execute(site, "INSERT INTO items (name, qty) VALUES (?, 0)", (f"{site}{w}-{i}",))
-                elif r < 0.75 or not has[site]:
-                    cl.execute(site, "UPDATE items SET qty = qty + 1 WHERE id = 1")
-                    added[w] += 1
+        def step(rnd: random.Random, i: int) -> None:
+            r = rnd.random()
+            if r < 0.4:
+                if has[site]:
+                    cl.execute(site, "INSERT INTO items (name, qty, note) VALUES (?, 0, ?)", (f"{site}{w}-{i}", f"n{i}"))
                 else:
-                    cl.execute(site, "UPDATE items SET note = ? WHERE id = 1", (f"{site}{w}-{i}",))
-            except Exception as e:  # noqa: BLE001 - what an application would see
-                problems.append(f"application at {site}: {type(e).__name__}: {e}")
+                    cl.execute(site, "INSERT INTO items (name, qty) VALUES (?, 0)", (f"{site}{w}-{i}",))
+            elif r < 0.75 or not has[site]:
+                cl.execute(site, "UPDATE items SET qty = qty + 1 WHERE id = 1")
+                added[w] += 1
+            else:
+                cl.execute(site, "UPDATE items SET note = ? WHERE id = 1", (f"{site}{w}-{i}",))
+
+        keep_writing(stop, problems, site, w, step)
 
     def refresher(site: str) -> None:
-        with api.Cluster(cl.topo) as c:
-            while not stop.is_set():
-                problems.extend(f"refresh {r.peer}->{r.site}: {r.error}" for r in api.refresh(c, site) if r.error)
+        keep_refreshing(cl, stop, problems, site)
 
     threads = [threading.Thread(target=writer, args=(w, ("a", "b")[w % 2])) for w in range(4)]
     threads += [threading.Thread(target=refresher, args=(s,)) for s in ("a", "b")]

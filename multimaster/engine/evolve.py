@@ -50,6 +50,7 @@ __all__ = [
     "capture_unseen_rows",
     "unseen_rows",
     "release",
+    "waited_columns",
     "registered_columns",
 ]
 
@@ -580,6 +581,17 @@ def _waiting_tables(conn: Connection, site: Site, tables: Sequence[str]) -> set[
     return set(store.errorqueue.waiting_tables(conn, d)) & set(tables)
 
 
+def waited_columns(conn: Connection, site: Site, table: str, peers: Sequence[str]) -> set[str]:
+    """The columns the changes of `table` held at `site` for columns it lacked wait for (their
+    values kept in the snapshots of `peers`, `pending`)."""
+    d = site.dialect
+    out: set[str] = set()
+    for p in peers:
+        for (text,) in conn.exec_driver_sql(f"SELECT pending FROM {d.obj(table, p).snapshot()} WHERE pending IS NOT NULL"):
+            out |= set(decode_pending(text))
+    return out
+
+
 def _release_late(site: Site, topo: Topology, table: str, peers: Sequence[str], relay_of: RelayOf) -> Evolved | None:
     """Changes of `table` held for columns `site` has now, though it followed its schema already:
     a refresher that described the table as it was before another process followed it holds them
@@ -592,11 +604,7 @@ def _release_late(site: Site, topo: Topology, table: str, peers: Sequence[str], 
     with site.read() as conn:
         info = site.info(conn, table, topo)
         have = set(info.column_names)
-        wanted: set[str] = set()
-        for p in peers:
-            snap = d.obj(table, p).snapshot()
-            for (text,) in conn.exec_driver_sql(f"SELECT pending FROM {snap} WHERE pending IS NOT NULL"):
-                wanted |= set(decode_pending(text))
+        wanted = waited_columns(conn, site, table, peers)
         ready = any(q["error"] is None for q in store.errorqueue.rows(conn, d, table, states=("failed",)))
     if wanted & have:
         with site.write() as conn:

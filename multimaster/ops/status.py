@@ -246,8 +246,6 @@ def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
     followed them (the next refresh follows them), and per table the changes that wait for
     columns the site does not have yet: how many, which columns, their types at the sites that
     have them (docs/schema-changes.md)."""
-    from multimaster.core.schemas import decode_pending
-
     d = s.dialect
     if not store.schemas.exists(conn, d):
         return {}
@@ -259,11 +257,7 @@ def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
     out["capture_gaps"] = store.gaps.read_open(conn, d)
     waits = store.errorqueue.schema_waits(conn, d)
     for tb in sorted({str(w["tbl"]) for w in waits}):
-        cols: set[str] = set()
-        for p in t.peers_of(s.name):
-            snap = d.obj(tb, p).snapshot()
-            for (text,) in conn.exec_driver_sql(f"SELECT pending FROM {snap} WHERE pending IS NOT NULL"):
-                cols |= set(decode_pending(text))
+        cols = evolve.waited_columns(conn, s, tb, t.peers_of(s.name))
         n = sum(1 for w in waits if w["tbl"] == tb)
         out["schema_behind"][tb] = {"changes": n, "columns": sorted(cols), "types": {}}
     return out
