@@ -382,25 +382,31 @@ def test_a_table_added_to_the_topology_while_sites_write(backend, tmp_path):  # 
     assert len(cl.rows("b", "items")) == 31
 
 
-def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(backend, tmp_path):  # type: ignore[no-untyped-def]
-    """Applications at both sites write all along (new rows; a hot row every one of them adds to;
+@pytest.mark.parametrize("nsites", [2, 3])
+def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(backend, tmp_path, nsites):  # type: ignore[no-untyped-def]
+    """Applications at every site write all along (new rows; a hot row every one of them adds to;
     once their site has it, the new column), each site's refresher runs over and over (the
-    daemon), and the column is added by hand at one site, then at the other. No application
-    write fails, no refresh errs, and once both have it nothing is held and the sites converge
-    with the sum exact. On PostgreSQL it found: applications rolled back as deadlock victims of
+    daemon), and the column is added by hand at one site, then at the next. No application
+    write fails, no refresh errs, and once all have it nothing is held and the sites converge
+    with the sum exact; with three sites in a mesh every site relays. On PostgreSQL it found: applications rolled back as deadlock victims of
     the capture following the ALTER; changes held for the column after the site had followed it
     (a refresher describing the table as before), never applied; a change released without the
     changes of its transaction held with it; rows waiting behind a change applied meanwhile,
-    never applied (docs/decisions.md, session 28)."""
+    never applied (docs/decisions.md, session 28); a few increments of the hot row lost at one
+    site in one run in two on SQLite, entries carried into the columns of a description another
+    process's follow had made stale; with three sites, rows of one origin missing at a third site,
+    nothing held: later changes relayed past a held one, and a held insert keeping its rank marked
+    its version applied above inserts stored before it (docs/decisions.md, session 29)."""
     if backend.name == "mysql":
         pytest.skip("MariaDB: a column added while applications write is not safe yet (docs/schema-changes.md, Limits)")
     spec = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
-    cl = make_cluster(backend, tmp_path, ["a", "b"], spec, base={"a": [("items", 1, "hot", 100)]})
+    sites = ["a", "b", "c"][:nsites]
+    cl = make_cluster(backend, tmp_path, sites, spec, base={"a": [("items", 1, "hot", 100)]})
     cl.refresh_until_quiet()
     stop = threading.Event()
     problems: list[str] = []
-    added = [0, 0, 0, 0]
-    has = {"a": False, "b": False}
+    added = [0] * (2 * nsites)
+    has = dict.fromkeys(sites, False)
     col = "note VARCHAR(40)" if backend.name != "sqlite" else "note TEXT"
 
     def writer(w: int, site: str) -> None:
@@ -422,12 +428,12 @@ def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(
     def refresher(site: str) -> None:
         keep_refreshing(cl, stop, problems, site)
 
-    threads = [threading.Thread(target=writer, args=(w, ("a", "b")[w % 2])) for w in range(4)]
-    threads += [threading.Thread(target=refresher, args=(s,)) for s in ("a", "b")]
+    threads = [threading.Thread(target=writer, args=(w, sites[w % nsites])) for w in range(2 * nsites)]
+    threads += [threading.Thread(target=refresher, args=(s,)) for s in sites]
     for t in threads:
         t.start()
     try:
-        for s in ("a", "b"):
+        for s in sites:
             time.sleep(3)
             cl.execute(s, f"ALTER TABLE items ADD COLUMN {col}")
             has[s] = True
@@ -440,12 +446,11 @@ def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(
     _cols(cl, "name", "qty", "note")
     cl.refresh_until_quiet(20)
     assert not api.list_errors(cl.topo)
-    ra, rb = cl.rows("a", "items"), cl.rows("b", "items")
-    assert [r[:2] + r[3:] for r in ra] == [r[:2] + r[3:] for r in rb]  # every row: its key, name and note
-    if ra != rb or ra[0][2] != 100 + sum(added):
-        # open (docs/schema-changes.md, Limits): a few increments of the hot row, lost or applied
-        # twice at one site, in about one run in five; everything above holds in every run
-        pytest.xfail(f"the hot row's sum: {ra[0]} at a, {rb[0]} at b, {100 + sum(added)} written")
+    rows = {s: cl.rows(s, "items") for s in sites}
+    for s in sites[1:]:
+        assert {r[1] for r in rows[s]} == {r[1] for r in rows["a"]}, f"rows differ at {s}"
+        assert rows[s] == rows["a"], f"{s} differs"
+    assert rows["a"][0][2] == 100 + sum(added), f"the hot row's sum: {[rows[s][0] for s in sites]}, {100 + sum(added)} written"
 
 
 def test_a_version_recorded_between_the_read_of_versions_and_of_entries_is_read_again(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
@@ -476,3 +481,39 @@ def test_a_version_recorded_between_the_read_of_versions_and_of_entries_is_read_
     assert len(calls) >= 2
     _cols(cl, "name", "qty", "color")
     assert [r[1:] for r in cl.rows("b", "items")] == [("red one", 3, "red")]
+
+
+def test_a_schema_followed_by_another_process_while_a_refresh_runs_is_described_again(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A refresher describes its site's tables, then pulls; when another process (the refresher of
+    a link from this site, `multimaster ddl`) follows this site's schema in between, the entries
+    were carried into the columns as described before: an increment's mask named another column
+    (lost), and a change writing the new column was held for a column the site has. Found by the
+    test above (the hot row's sum, session 29). The batch now sees the description is behind (under
+    the reconcilers' lock a follow takes first), and the refresh describes the tables again."""
+    from multimaster.engine import refresh as R
+
+    cl = make_cluster(backend, tmp_path, ["a", "b"], _items(), base={"a": [("items", 1, "hot", 100)]})
+    cl.refresh_until_quiet()
+    col = "note VARCHAR(40)" if backend.name != "sqlite" else "note TEXT"
+    cl.execute("a", f"ALTER TABLE items ADD COLUMN {col}")
+    assert not _refresh_errors(cl)  # a follows: version 2 there
+    cl.execute("a", "UPDATE items SET qty = qty + 5 WHERE id = 1")
+    cl.execute("a", "INSERT INTO items (name, qty, note) VALUES ('new', 1, 'with a note')")
+    real = R._refresh_batches
+    once: list[int] = []
+
+    def followed_meanwhile(tables, *args, **kw):  # type: ignore[no-untyped-def]
+        if not once and next(iter(tables.values())).target == "b":
+            once.append(1)
+            cl.execute("b", f"ALTER TABLE items ADD COLUMN {col}")
+            with api.Cluster(cl.topo) as other:  # another process: its refresher of b -> a follows b
+                assert [p for ev in R.follow_site(other, "b") for p in ev.problems] == []
+        return real(tables, *args, **kw)
+
+    monkeypatch.setattr(R, "_refresh_batches", followed_meanwhile)
+    res = api.refresh(cl.topo, "b", "a")
+    assert [r.error for r in res if r.error] == []
+    assert once
+    _cols(cl, "name", "qty", "note")
+    assert cl.rows("b", "items") == [(1, "hot", 105, None), (2, "new", 1, "with a note")]
+    assert not api.list_errors(cl.topo)

@@ -30,8 +30,8 @@ from multimaster.core.errorqueue import MALFORMED, Holds, is_version, refusal, u
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import held
-from multimaster.engine.pull import log_select_columns, store_batch
+from multimaster.engine import held, relays
+from multimaster.engine.pull import store_batch
 from multimaster.engine.reconcile import ReconcileResult, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
@@ -370,17 +370,9 @@ def _insert_at_rank(
     collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
     conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *vals))
     d.after_apply(conn, info)
-    if relay is None or h.origin in relay:
-        lcols = log_select_columns(site, info)
-        d.append_log(
-            conn,
-            info.name,
-            [*lcols, "sv"],
-            select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {snap} WHERE ver = {ph}",
-            params=(h.ver,),
-        )
-    d.set_applying(conn, False)
     held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
+    relays.relay_one(conn, site, info, snap, list(snaps.values()), h.ver, h.origin, relay)
+    d.set_applying(conn, False)
     return ReconcileResult(info.name, applied=1, inserted=1)
 
 
@@ -466,6 +458,10 @@ def retry(
             out.applied.append(i)
         for tb, r in done.items():
             out.result.setdefault(tb, ReconcileResult(tb)).add(r)
+    # what waited to be relayed behind the changes applied or skipped now goes, in version order
+    for tb in order:
+        if tb in infos and (relay[tb] is None or relay[tb]):
+            relays.released(conn, site, infos[tb], list(_snaps(d, infos[tb], peers).values()), relay[tb])
 
 
 def _held_with(

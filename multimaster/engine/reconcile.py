@@ -21,7 +21,7 @@ from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, hea
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import fastpath, held, references, uniques
+from multimaster.engine import fastpath, held, references, relays, uniques
 from multimaster.engine.apply import Applied, execute_plan, keys_locked, keys_ranked_now, keys_unranked, normalize_keys
 from multimaster.engine.pull import log_select_columns
 from multimaster.engine.site import Site
@@ -180,10 +180,13 @@ def _reconcile(
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
     # 5. what is applied is known for good: the highest version per origin
-    _mark_applied(conn, d, info, cands, bool(p.parked))
+    if only is None:
+        _mark_applied(conn, d, info, cands, bool(p.parked))
+    elif not rank_only:  # a held insert keeping its rank is not applied: nothing to mark
+        _mark_applied_below_gaps(conn, d, info, list(snaps.values()), list(cands.per_origin))
     # 6. relay: changes some peer of this site needs enter the change log
     if relay is None or relay:
-        _relay(conn, site, info, cands, relay)
+        relays.relay(conn, site, info, cands.table, cands.columns, relay, list(snaps.values()))
     # 7. the clock moves past every version received
     d.advance_clock(conn, max_hlc, info.name)
     d.after_apply(conn, info)
@@ -410,20 +413,38 @@ def _mark_applied(conn: Connection, d: Dialect, info: TableInfo, cands: _Candida
         store.origins.mark_applied(conn, d, info.name, origin, top)
 
 
-def _relay(conn: Connection, site: Site, info: TableInfo, cands: _Candidates, relay: Sequence[str] | None) -> None:
-    """Step 6: the applied changes whose origin is in `relay` (None: all) enter the change log with
-    their own version and origin (each entry is its own second-order record: the second-order log is a view)."""
-    d = site.dialect
+def _mark_applied_below_gaps(conn: Connection, d: Dialect, info: TableInfo, snaps: Sequence[str], origins: Sequence[str]) -> None:
+    """Step 5 for changes applied one by one whatever `_mm_origins` says (a held change retried or
+    released, a batch applied change by change): their versions may lie above changes of their
+    origin this site stored and did not apply yet (new in a snapshot, or waiting for their row).
+    Raising the mark past those would make the reconciler take them for duplicates and drop them
+    (session 29: a held insert keeping its rank marked its version applied, and the batch's earlier
+    inserts of its origin, stored a moment before, were never applied). So per origin the mark
+    rises to the highest version applied (in a snapshot, ``applied`` 1 or 4) below the lowest one
+    not applied yet (``applied`` 0 or 2) above it; changes held in the error queue do not stop it
+    (a retry applies them whatever the mark)."""
     ph = d.caps.placeholder
-    lcols = cands.columns
-    inn = "" if relay is None else f" WHERE origin IN ({', '.join([ph] * len(relay))})"
-    d.append_log(
-        conn,
-        info.name,
-        [*lcols, "sv"],  # written in this site's current schema version (store/schemas.py)
-        select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {cands.table}{inn} ORDER BY ver",
-        params=tuple(relay or ()),
-    )
+    past = store.origins.not_applied(d, info.name, "s")
+    for origin in origins:
+        lows = [
+            conn.exec_driver_sql(
+                f"SELECT min(s.ver) FROM {snap} s WHERE s.origin = {ph} AND s.applied IN (0, {held.WAITING}) AND {past}",
+                (origin,),
+            ).scalar()
+            for snap in snaps
+        ]
+        low = min((str(v) for v in lows if v is not None), default=None)
+        below = "" if low is None else f" AND s.ver < {ph}"
+        tops = [
+            conn.exec_driver_sql(
+                f"SELECT max(s.ver) FROM {snap} s WHERE s.origin = {ph} AND s.applied IN (1, {relays.RELAY_WAITS}){below}",
+                (origin,) if low is None else (origin, low),
+            ).scalar()
+            for snap in snaps
+        ]
+        top = max((str(v) for v in tops if v is not None), default=None)
+        if top is not None:
+            store.origins.mark_applied(conn, d, info.name, origin, top)
 
 
 def _to_change(info: TableInfo, r: tuple[Any, ...], peer: str) -> Change:

@@ -9,7 +9,7 @@ import random
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -130,30 +130,11 @@ def refresh_link(
     res = RefreshResult(target, source)
     t0 = time.perf_counter()
     tell = _Tell.of(progress, f"{source} -> {target}", t0, t.refresh.lock_wait_warn_seconds())
-    peers = t.peers_of(target)
     try:
-        problems = _follow_schemas(cl, target, source, followed)
-        with tgt.read() as conn:
-            tgt.require_installed(conn, t)
-            if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
-                raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
-            res.gaps = evolve.gap_messages(conn, tgt)
-            tables = {}
-            infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
-            known = isolate.known_origins(conn, tgt, list(t.sites))
-            warned = any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
-            skew: dict[str, float] = {}
-            for tb in apply_order(t, infos):
-                tables[tb] = _LinkTable(
-                    t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_, known, skew
-                )
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
-        touched = _refresh_batches(tables, batch, res, tell, stop)
-        if reconcile_ and not (stop is not None and stop()):
-            for tb, link in tables.items():
-                if tb not in touched:
-                    res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None))
+        tables, warned, problems = _pull_described(cl, target, source, followed, reconcile_, res, batch, tell, stop)
+        skew = next(iter(tables.values())).skew if tables else {}
         if reconcile_:
             _note_waits(tgt, t, source, res)
         if res.held_back and not res.pulled and not isinstance(src, AgentSite):
@@ -178,6 +159,67 @@ def refresh_link(
         _record_error(tgt, source, res.error)
     res.seconds = time.perf_counter() - t0
     return res
+
+
+def _pull_described(
+    cl: Cluster,
+    target: str,
+    source: str,
+    followed: dict[str, list[str]] | None,
+    reconcile_: bool,
+    res: RefreshResult,
+    batch: int,
+    tell: _Tell | None,
+    stop: Callable[[], bool] | None,
+) -> tuple[dict[str, _LinkTable], bool, list[str]]:
+    """Follow the sites' schemas, describe the link's tables, pull and apply every batch: again,
+    described anew, when another process followed the target's schema meanwhile (what committed
+    stays). Returns the tables, whether the target had warned about the source's clock, and the
+    schema changes refused."""
+    attempt = 0
+    while True:
+        problems = _follow_schemas(cl, target, source, followed)
+        tables, warned = _describe(cl, target, source, reconcile_, res)
+        try:
+            touched = _refresh_batches(tables, batch, res, tell, stop)
+            if reconcile_ and not (stop is not None and stop()):
+                for tb, link in tables.items():
+                    if tb not in touched:
+                        res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None))
+            return tables, warned, problems
+        except _DescribedBehind as e:
+            for tb in e.tables:
+                cl.site(target).forget(tb)
+            attempt += 1
+            if attempt == DESCRIBE_ATTEMPTS:
+                raise SchemaError(
+                    [f"site '{target}': {e}, {DESCRIBE_ATTEMPTS} times in one refresh; the next refresh goes on"]
+                ) from None
+
+
+def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: RefreshResult) -> tuple[dict[str, _LinkTable], bool]:
+    """The link's tables as the target describes them now, in apply order (sharing one `skew`), and
+    whether the target warned about the source's clock before; `res.gaps` noted."""
+    t = cl.topo
+    tgt, src = cl.site(target), cl.site(source)
+    with tgt.read() as conn:
+        tgt.require_installed(conn, t)
+        if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
+            raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
+        res.gaps = evolve.gap_messages(conn, tgt)
+        infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
+        known = isolate.known_origins(conn, tgt, list(t.sites))
+        warned = any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
+        versioned = store.schemas.exists(conn, tgt.dialect)
+        skew: dict[str, float] = {}
+        peers = t.peers_of(target)
+        tables = {
+            tb: _LinkTable(
+                t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_, known, skew, versioned
+            )
+            for tb in apply_order(t, infos)
+        }
+    return tables, warned
 
 
 def apply_entries(
@@ -402,6 +444,9 @@ class _LinkTable:
     #: per origin, the furthest ahead of this site's clock its versions came past refresh.clock_warn
     #: (shared by the link's tables, filled as batches are applied; docs/clock.md)
     skew: dict[str, float] = field(default_factory=dict)
+    #: whether the target records schema versions (``_mm_schemas``; a site installed before them
+    #: does not until `init`): a batch then checks `info` still describes the recorded one
+    versioned: bool = True
 
 
 Rows = list[tuple[Any, ...]]
@@ -495,6 +540,30 @@ def _refresh_batches(
 
 class _Moved(Exception):
     """Another refresher moved a watermark of the link while this one read: read again."""
+
+
+class _DescribedBehind(Exception):
+    """The target's schema was followed (by another process: a refresher of a link from it, `ddl`)
+    after this refresh described its tables: entries read in that description would be stored in
+    the wrong columns, and changes held for columns the target has. Describe them again, read again."""
+
+    def __init__(self, tables: list[str]) -> None:
+        super().__init__(f"the schema of {tables} was followed meanwhile")
+        self.tables = tables
+
+
+def _check_described(conn: Connection, tables: Iterable[_LinkTable]) -> None:
+    """In the target's write transaction, once it holds the tables' reconcilers' lock (which a
+    follow takes first, engine/evolve.py): raise _DescribedBehind when a table's recorded schema
+    version is not the one its description was made in."""
+    behind = []
+    for lt in tables:
+        if lt.versioned:
+            cur = store.schemas.current_version(conn, lt.tgt.dialect, lt.table)
+            if cur is not None and cur != lt.info.version:
+                behind.append(lt.table)
+    if behind:
+        raise _DescribedBehind(behind)
 
 
 def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResult, tell: _Tell | None) -> set[str]:
@@ -679,6 +748,8 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
     """In a write transaction at the target: what _unsettled found (`isolating`: change by change,
     holding those rejected, engine/isolate.py)."""
     tgt, info = link.tgt, link.info
+    tgt.dialect.lock_for_apply(conn, info)
+    _check_described(conn, [link])
     todo = _unsettled(conn, link)
     if todo == "apply":
         relay = relay_origins(link.topo, link.target, info)
@@ -719,6 +790,7 @@ def _apply_batch(
     # (hold_waiting, a column this site lacks) is never behind one another applies meanwhile
     for link in tables.values():
         tgt.dialect.lock_for_apply(conn, link.info)
+    _check_described(conn, tables.values())
     for tb, link in tables.items():
         if rows.get(tb):
             _check_clock_offset(link, rows[tb])
@@ -785,6 +857,11 @@ def _check_clock_offset(link: _LinkTable, rows: list[tuple[Any, ...]]) -> None:
             ahead = seconds_ahead(ver, now_ms)
             if ahead > limit:
                 raise ClockAhead(link.source, link.target, link.table, r[2], str(r[4]), ahead, limit)
+
+
+#: times one refresh of a link describes the target's tables again when their schema was followed
+#: by another process while it ran (_DescribedBehind), before it reports it
+DESCRIBE_ATTEMPTS = 3
 
 
 #: attempts of one write transaction that failed transiently (deadlock, serialization failure, lock timeout)

@@ -38,6 +38,7 @@ __all__ = [
     "skip",
     "counts",
     "open_of_origin",
+    "lowest_open",
     "park",
     "unpark",
     "parked_rids",
@@ -295,6 +296,17 @@ def open_of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, tuple
         (origin,),
     ).all()
     return {str(t): (str(v), int(n)) for t, v, n in rows}
+
+
+def lowest_open(conn: Connection, d: Dialect, table: str) -> dict[str, str]:
+    """Per origin, the lowest version of its changes of `table` still held here (the open states;
+    not a malformed entry, which has no version)."""
+    rows = conn.exec_driver_sql(
+        f"SELECT origin, min(ver) FROM {_t(d)} WHERE tbl = {d.caps.placeholder} AND state IN ({_OPEN_SQL}) AND op <> '?' "
+        "GROUP BY origin",
+        (table,),
+    ).all()
+    return {str(o): str(v) for o, v in rows}
 
 
 def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, columns: Sequence[str]) -> dict[str, Any] | None:

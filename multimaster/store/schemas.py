@@ -67,6 +67,12 @@ def current(conn: Connection, d: Dialect, table: str) -> tuple[int, list[Col], s
     return None if r is None else (int(r[0]), _cols(r[1]), str(r[2]))
 
 
+def current_version(conn: Connection, d: Dialect, table: str) -> int | None:
+    """The number of `table`'s current version (None when it has none)."""
+    v = conn.exec_driver_sql(f"SELECT max(version) FROM {_t(d)} WHERE tbl = {d.caps.placeholder}", (table,)).scalar()
+    return None if v is None else int(v)
+
+
 def versions(conn: Connection, d: Dialect, table: str) -> dict[int, list[Col]]:
     """Every version of `table`: version -> its columns."""
     p = d.caps.placeholder
