@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/bench_relay.py                      # SQLite, PostgreSQL, MariaDB
     .venv/bin/python benchmarks/bench_relay.py --servers sqlite --changes 4000 --rounds 5
+    .venv/bin/python benchmarks/bench_relay.py --servers postgresql,mysql --rules mesh --batch 10   # small batches
 
 A mesh of three sites (a, b, c), one latest/additive table; b's applications write `--changes`
 inserts and as many updates, in transactions of 10; a refreshes from b (pull + reconcile), timed.
@@ -16,7 +17,9 @@ Two settings, run alternately, each round on a fresh cluster:
 
 Prints per server the changes/s applied under each rule and the ratio mesh ÷ need (median of
 rounds and the median of paired ratios), the log rows a holds afterwards, then a's pull by c:
-rows that travelled with a body and as positions only (c had pulled b first).
+rows that travelled with a body and as positions only (c had pulled b first). `--batch N`: a
+refreshes in batches of N changes (the per-batch work: locks, checks, relay step) instead of the
+topology's default; `--rules mesh` runs the default rule alone (a whole-process A/B of two trees).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _backends(names: list[str]) -> dict[str, Any]:
     return out
 
 
-def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
+def one_round(b: Any, tmp: Path, rule: str, n: int, batch: int | None = None) -> dict[str, float]:
     d = Path(tempfile.mkdtemp(dir=tmp))
     urls = {s: b.new_site(d, f"{d.name[-6:].lower()}_{s}") for s in ("a", "b", "c")}  # unique database names
     for u in urls.values():
@@ -78,7 +81,7 @@ def one_round(b: Any, tmp: Path, rule: str, n: int) -> dict[str, float]:
     with api.Cluster(topo) as cl:
         api.refresh(cl, "c", "b")
         t0 = time.perf_counter()
-        api.refresh(cl, "a", "b")
+        api.refresh(cl, "a", "b", batch_size=batch)
         dt = time.perf_counter() - t0
         s = cl.site("a")
         with s.read() as conn:
@@ -96,16 +99,25 @@ def main() -> None:
     ap.add_argument("--servers", default="sqlite,postgresql,mysql")
     ap.add_argument("--changes", type=int, default=2000, help="inserts at b (as many updates follow)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=None, help="a refreshes in batches of this many changes")
+    ap.add_argument("--rules", default="need,mesh", help="need,mesh (side by side) or one of them")
     a = ap.parse_args()
+    rules = a.rules.split(",")
     backends = _backends(a.servers.split(","))
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for name, b in backends.items():
-                res: dict[str, list[dict[str, float]]] = {"need": [], "mesh": []}
+                res: dict[str, list[dict[str, float]]] = {r: [] for r in rules}
                 for r in range(a.rounds):
-                    order = ("need", "mesh") if r % 2 == 0 else ("mesh", "need")
-                    for rule in order:
-                        res[rule].append(one_round(b, Path(tmp), rule, a.changes))
+                    for rule in rules if r % 2 == 0 else rules[::-1]:
+                        res[rule].append(one_round(b, Path(tmp), rule, a.changes, a.batch))
+                if len(rules) == 1:
+                    rates = [x["rate"] for x in res[rules[0]]]
+                    print(
+                        f"{name}: {2 * a.changes} changes applied at a ({rules[0]}); {statistics.median(rates):,.0f}/s",
+                        flush=True,
+                    )
+                    continue
                 need = [x["rate"] for x in res["need"]]
                 mesh = [x["rate"] for x in res["mesh"]]
                 paired = [m / nd for m, nd in zip(mesh, need)]

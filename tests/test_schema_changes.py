@@ -434,10 +434,10 @@ def test_columns_added_at_each_site_while_applications_write_and_refreshers_run(
         t.start()
     try:
         for s in sites:
-            time.sleep(3)
+            time.sleep(3 if nsites == 2 else 2)
             cl.execute(s, f"ALTER TABLE items ADD COLUMN {col}")
             has[s] = True
-        time.sleep(3)
+        time.sleep(3 if nsites == 2 else 2)
     finally:
         stop.set()
         for t in threads:
