@@ -517,3 +517,32 @@ def test_a_schema_followed_by_another_process_while_a_refresh_runs_is_described_
     _cols(cl, "name", "qty", "note")
     assert cl.rows("b", "items") == [(1, "hot", 105, None), (2, "new", 1, "with a note")]
     assert not api.list_errors(cl.topo)
+
+
+def test_a_table_being_altered_while_the_refresh_describes_it_is_described_again(mysql_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """MariaDB's information_schema refuses to describe a table whose ALTER runs at that moment
+    (error 1684, "skipped since its definition is being modified by concurrent DDL statement"):
+    seen as a link error in the stress of a column added by hand while refreshers run (session 29).
+    The refresh reads again after a short backoff, as for a deadlock."""
+    import pymysql
+    from sqlalchemy.exc import OperationalError
+
+    from multimaster.engine import refresh as R
+
+    cl = make_cluster(mysql_backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('one', 1)")
+    real = R._describe
+    calls: list[int] = []
+
+    def altered_meanwhile(*args, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            why = "Table 'db'.'items' was skipped since its definition is being modified by concurrent DDL statement"
+            raise OperationalError("SELECT ... FROM information_schema.COLUMNS", {}, pymysql.err.OperationalError(1684, why))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(R, "_describe", altered_meanwhile)
+    res = api.refresh(cl.topo, "b", "a")
+    assert [r.error for r in res if r.error] == []
+    assert len(calls) == 2
+    assert [r[1:] for r in cl.rows("b", "items")] == [("one", 1)]

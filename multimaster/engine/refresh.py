@@ -178,8 +178,7 @@ def _pull_described(
     schema changes refused."""
     attempt = 0
     while True:
-        problems = _follow_schemas(cl, target, source, followed)
-        tables, warned = _describe(cl, target, source, reconcile_, res)
+        problems, tables, warned = _follow_and_describe(cl, target, source, followed, reconcile_, res)
         try:
             touched = _refresh_batches(tables, batch, res, tell, stop)
             if reconcile_ and not (stop is not None and stop()):
@@ -195,6 +194,27 @@ def _pull_described(
                 raise SchemaError(
                     [f"site '{target}': {e}, {DESCRIBE_ATTEMPTS} times in one refresh; the next refresh goes on"]
                 ) from None
+
+
+def _follow_and_describe(
+    cl: Cluster, target: str, source: str, followed: dict[str, list[str]] | None, reconcile_: bool, res: RefreshResult
+) -> tuple[list[str], dict[str, _LinkTable], bool]:
+    """_follow_schemas, then _describe: again after a jittered backoff (as write_retrying) when a
+    read fails transiently — MariaDB refuses to describe a table whose ALTER runs at that moment
+    ("skipped since its definition is being modified by concurrent DDL statement")."""
+    delay, attempt = 0.01, 0
+    while True:
+        try:
+            problems = _follow_schemas(cl, target, source, followed)
+            tables, warned = _describe(cl, target, source, reconcile_, res)
+            return problems, tables, warned
+        except DBAPIError as e:
+            attempt += 1
+            transient = cl.site(target).dialect.is_retryable(e) or cl.site(source).dialect.is_retryable(e)
+            if attempt == RETRIES or not transient:
+                raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
 
 
 def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: RefreshResult) -> tuple[dict[str, _LinkTable], bool]:

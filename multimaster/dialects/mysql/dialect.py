@@ -39,8 +39,9 @@ from multimaster.dialects.base import (
 from multimaster.dialects.schema import TableInfo, names
 from multimaster.errors import MultimasterError
 
-#: MySQL error numbers worth a retry: deadlock, lock wait timeout, and the "try restarting" family
-_RETRY_CODES = {1213, 1205, 1020, 1412}
+#: MySQL error numbers worth a retry: deadlock, lock wait timeout, the "try restarting" family, and
+#: a table skipped by information_schema while concurrent DDL modifies it (1684)
+_RETRY_CODES = {1213, 1205, 1020, 1412, 1684}
 #: every session's isolation level: each statement of the reconciler sees what was committed
 #: before it (engine_kwargs), set again on each connection going back to the pool (prepare_engine)
 _LEVEL = "READ COMMITTED"
