@@ -192,7 +192,7 @@ def evolve_table(
     ready = 0
     if changed:
         for peer, snap in zip(peers, snaps):
-            _remap(conn, site, snap, old_names, new_names)
+            _remap(conn, site, table, snap, old_names, new_names)
             ready += _fill_pending(conn, site, info, snap)
             # its applied rows keep the old layout's masks: none of them is given on (core/salvage.py)
             store.purges.raise_snapshot_horizon(conn, d, peer, table, store.watermarks.read(conn, d, peer, table))
@@ -390,8 +390,10 @@ def _park_columns(conn: Connection, site: Site, info: TableInfo) -> None:
         )
 
 
-def _remap(conn: Connection, site: Site, snap: str, old: list[str], new: list[str]) -> None:
-    """The masks of `snap`'s rows not applied yet, from layout `old` to layout `new`."""
+def _remap(conn: Connection, site: Site, table: str, snap: str, old: list[str], new: list[str]) -> None:
+    """The masks of `snap`'s rows not applied yet, and of every copy of a change of `table` held
+    in the error queue (a copy that came later over another route is stored applied, as a
+    duplicate, and a retry may apply it), from layout `old` to layout `new`."""
     if old == new:
         return
     parts = []
@@ -400,7 +402,10 @@ def _remap(conn: Connection, site: Site, snap: str, old: list[str], new: list[st
         if m:
             parts.append(f"(CASE WHEN (mask & {1 << i}) <> 0 THEN {m} ELSE 0 END)")
     expr = " + ".join(parts) if parts else "0"
-    conn.exec_driver_sql(f"UPDATE {snap} SET mask = {expr} WHERE applied <> 1")
+    held = ""
+    if site.dialect.table_kind(conn, "_mm_errors") is not None:  # (init follows a site's schema before it adds the queue)
+        held = f" OR ver IN ({store.errorqueue.open_versions_sql(site.dialect, table)})"
+    conn.exec_driver_sql(f"UPDATE {snap} SET mask = {expr} WHERE applied <> 1{held}")
 
 
 def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> int:

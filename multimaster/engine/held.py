@@ -30,6 +30,7 @@ __all__ = [
     "as_held",
     "only_versions",
     "mark",
+    "unhold",
     "peer_of",
     "rank_only",
     "rank_kept",
@@ -66,10 +67,22 @@ def only_versions(only: Sequence[str] | None, prefix: str = "") -> str:
     return f" AND {prefix}ver IN ({', '.join(repr(str(v)) for v in only)})"
 
 
-def mark(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str, applied: int = HELD) -> None:
-    """Set `applied` of the snapshot rows of `ver` (in every snapshot of `snaps`)."""
+def mark(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str, applied: int = HELD, was: int | None = None) -> None:
+    """Set `applied` of the snapshot rows of `ver` (in every snapshot of `snaps`; with `was`, only
+    those whose `applied` is `was`)."""
+    only = "" if was is None else f" AND applied = {int(was)}"
     for snap in snaps:
-        conn.exec_driver_sql(f"UPDATE {snap} SET applied = {int(applied)} WHERE ver = {d.caps.placeholder}", (ver,))
+        conn.exec_driver_sql(f"UPDATE {snap} SET applied = {int(applied)} WHERE ver = {d.caps.placeholder}{only}", (ver,))
+
+
+def unhold(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str) -> None:
+    """The held snapshot rows of `ver` (``applied = 3``) become new (0), to be applied now (a retry,
+    a held insert keeping its rank). Only those: a copy of the same change stored later as a
+    duplicate (``applied = 1``: `_mm_origins` had passed it) stays as it is. Its mask is in the
+    layout of the day it came (a follow remaps only rows not applied); made new too, it was
+    applied instead of the held copy with its bits naming other columns, and an increment was
+    lost (session 29, a column added while three sites relay)."""
+    mark(conn, d, snaps, ver, 0, was=HELD)
 
 
 def peer_of(conn: Connection, d: Dialect, snaps: dict[str, str], ver: str) -> str:

@@ -282,7 +282,7 @@ def _keep_rank_held(
     if c["op"] != "I" or not info.spec.renumber or not is_version(c["ver"]):
         return
     snaps = list(_snaps(site.dialect, info, peers).values())
-    held.mark(conn, site.dialect, snaps, c["ver"], applied=0)
+    held.unhold(conn, site.dialect, snaps, c["ver"])
     _keep_rank(conn, site, info, peers, base_max, held.as_held(c))
     held.mark(conn, site.dialect, snaps, c["ver"])
 
@@ -443,7 +443,7 @@ def retry(
             holds.hold(members, ids, pos)
             continue
         for m in members:
-            held.mark(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"], applied=0)
+            held.unhold(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
         done, pos, why = _apply_unit(conn, site, infos, peers, base_max, relay, members, retry=True)
         if done is None:
             assert why is not None

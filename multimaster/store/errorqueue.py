@@ -39,6 +39,7 @@ __all__ = [
     "counts",
     "open_of_origin",
     "lowest_open",
+    "open_versions_sql",
     "park",
     "unpark",
     "parked_rids",
@@ -307,6 +308,12 @@ def lowest_open(conn: Connection, d: Dialect, table: str) -> dict[str, str]:
         (table,),
     ).all()
     return {str(o): str(v) for o, v in rows}
+
+
+def open_versions_sql(d: Dialect, table: str) -> str:
+    """SQL: the versions of the changes of `table` held here (the open states). `table` is a
+    checked plain identifier."""
+    return f"SELECT ver FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL})"
 
 
 def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, columns: Sequence[str]) -> dict[str, Any] | None:
