@@ -529,6 +529,14 @@ class Dialect:
         o = self.obj(info.name)
         self.drop_triggers(conn, info.name, (o.cap_i, o.cap_u, o.cap_d))
 
+    def lock_follow(self, conn: Connection, table: str) -> None:
+        """Before a follow of `table`'s schema (engine/evolve.py): keep every other follow of it
+        out until unlock_follow, also across the commits DDL makes. Default: none (DDL is
+        transactional: the follow's transaction holds its locks to the end)."""
+
+    def unlock_follow(self, conn: Connection, table: str) -> None:
+        """After a follow of `table`: what lock_follow took. Default: none."""
+
     def drop_triggers(self, conn: Connection, table: str, names: Sequence[str]) -> None:
         """DROP TRIGGER IF EXISTS each trigger of `names` (on `table`, where the database names
         triggers per table)."""

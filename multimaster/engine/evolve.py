@@ -226,7 +226,12 @@ def _make_capture(conn: Connection, site: Site, info: TableInfo, peers: Sequence
     rows took meanwhile, Dialect.before_capture_again)."""
     d = site.dialect
     references.install(conn, site, info, peers)
-    d.drop_capture(conn, info)
+    if d.caps.transactional_ddl or again:
+        # where DDL commits at once (MariaDB), the triggers are replaced in one statement each
+        # (install_capture, CREATE OR REPLACE): dropped first, every write in between went by
+        # uncaptured (no change-log entry, no shadow row: its row then collided with a rank, and
+        # its updates failed with "Column 'rid' cannot be null"; session 29)
+        d.drop_capture(conn, info)
     if again:
         d.before_capture_again(conn, info)
     d.install_capture(conn, info)
@@ -533,21 +538,17 @@ def follow(
     for tb in todo:
         elsewhere = others(tb) if others else None
         with site.write() as conn:
-            # the table's reconcilers wait for this transaction (they hold its snapshots, then the
-            # table), then its applications (they take the table, then what their capture
-            # writes): the steps below take them the other way round, and would deadlock with either
-            site.dialect.lock_for_apply(conn, site.info(conn, tb, topo))
-            site.dialect.lock_for_install(conn, [tb])
-            if tb not in changed_tables(conn, site, [tb]):
-                site.forget(tb)
-                continue  # another process followed it meanwhile
+            site.dialect.lock_follow(conn, tb)
             try:
-                ev = evolve_table(conn, site, topo, tb, peers, elsewhere)
-            except SchemaError as e:
-                cur = store.schemas.current(conn, site.dialect, tb)
-                out.append(Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)))
-                continue
-            out.append(ev)
+                done = _follow_table(conn, site, topo, tb, peers, elsewhere)
+            finally:
+                site.dialect.unlock_follow(conn, tb)
+        if done is None:
+            continue
+        ev, refused = done
+        out.append(ev)
+        if refused:
+            continue
         if ev.released or ev.unseen:
             with site.write() as conn:
                 info = site.info(conn, tb, topo)
@@ -558,6 +559,26 @@ def follow(
         if late is not None:
             out.append(late)
     return out
+
+
+def _follow_table(
+    conn: Connection, site: Site, topo: Topology, tb: str, peers: Sequence[str], elsewhere: Mapping[str, set[str]] | None
+) -> tuple[Evolved, bool] | None:
+    """follow's transaction for one table: what it did and whether the change was refused (its
+    problems), or None when another process followed it meanwhile."""
+    # the table's reconcilers wait for this transaction (they hold its snapshots, then the
+    # table), then its applications (they take the table, then what their capture
+    # writes): the steps below take them the other way round, and would deadlock with either
+    site.dialect.lock_for_apply(conn, site.info(conn, tb, topo))
+    site.dialect.lock_for_install(conn, [tb])
+    if tb not in changed_tables(conn, site, [tb]):
+        site.forget(tb)
+        return None  # another process followed it meanwhile
+    try:
+        return evolve_table(conn, site, topo, tb, peers, elsewhere), False
+    except SchemaError as e:
+        cur = store.schemas.current(conn, site.dialect, tb)
+        return Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)), True
 
 
 def _described_behind(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:

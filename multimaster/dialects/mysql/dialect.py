@@ -37,11 +37,13 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.schema import TableInfo, names
-from multimaster.errors import MultimasterError
+from multimaster.errors import MultimasterError, SchemaError
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, the "try restarting" family, and
 #: a table skipped by information_schema while concurrent DDL modifies it (1684)
 _RETRY_CODES = {1213, 1205, 1020, 1412, 1684}
+#: seconds a follow of a table's schema waits for another process's follow of it (lock_follow)
+FOLLOW_LOCK_WAIT = 300
 #: every session's isolation level: each statement of the reconciler sees what was committed
 #: before it (engine_kwargs), set again on each connection going back to the pool (prepare_engine)
 _LEVEL = "READ COMMITTED"
@@ -723,6 +725,25 @@ class MySQLDialect(Dialect):
     # ---- apply -----------------------------------------------------------------------------
     def set_applying(self, conn: Connection, on: bool) -> None:
         conn.exec_driver_sql("SET @mm_applying = %s", (1 if on else None,))
+
+    def lock_follow(self, conn: Connection, table: str) -> None:
+        """A named lock (GET_LOCK: held by the session, not the transaction, so the commits each
+        DDL statement makes do not release it), waited for up to FOLLOW_LOCK_WAIT seconds: two
+        processes following the table at once (a site's refresher, a refresher of a link from it)
+        each altered the change log and recorded the version (Duplicate column name, Duplicate
+        entry for the schema's key; session 29)."""
+        got = conn.exec_driver_sql(
+            "SELECT GET_LOCK(CONCAT('mm-follow-', MD5(CONCAT(%s, '@', DATABASE()))), %s)", (table, FOLLOW_LOCK_WAIT)
+        ).scalar()
+        if got != 1:
+            raise SchemaError(
+                [
+                    f"table '{table}': another process has been following its schema for {FOLLOW_LOCK_WAIT} s; the next refresh tries again"
+                ]
+            )
+
+    def unlock_follow(self, conn: Connection, table: str) -> None:
+        conn.exec_driver_sql("SELECT RELEASE_LOCK(CONCAT('mm-follow-', MD5(CONCAT(%s, '@', DATABASE()))))", (table,)).scalar()
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
         """The table's _mm_clock row, which only reconcilers lock."""
