@@ -213,8 +213,7 @@ def _follow_and_describe(
             transient = cl.site(target).dialect.is_retryable(e) or cl.site(source).dialect.is_retryable(e)
             if attempt == RETRIES or not transient:
                 raise
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            delay = _back_off(delay)
 
 
 def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: RefreshResult) -> tuple[dict[str, _LinkTable], bool]:
@@ -888,6 +887,12 @@ DESCRIBE_ATTEMPTS = 3
 RETRIES = 10
 
 
+def _back_off(delay: float) -> float:
+    """Sleep about `delay` seconds (jittered by ±50 %); the next delay, doubled up to 1 s."""
+    time.sleep(delay * (0.5 + random.random()))
+    return min(delay * 2, 1.0)
+
+
 def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | None = None) -> T:
     """Run `fn` in one write transaction at `site`. A transient failure rolls the whole transaction
     back (nothing of the batch stays) and runs it again after a jittered exponential backoff
@@ -904,8 +909,7 @@ def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | Non
                     raise
                 if lw is not None:
                     lw.retrying()
-                time.sleep(delay * (0.5 + random.random()))
-                delay = min(delay * 2, 1.0)
+                delay = _back_off(delay)
     raise AssertionError("unreachable")
 
 

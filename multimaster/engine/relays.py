@@ -78,13 +78,7 @@ def relay(
         _mark(conn, d, snaps, vers, 1, RELAY_WAITS)
         to = f"({to}) AND NOT ({behind})"
         params += bparams
-    d.append_log(
-        conn,
-        info.name,
-        [*lcols, "sv"],
-        select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {cand} WHERE {to} ORDER BY ver",
-        params=tuple(params),
-    )
+    _append(conn, d, info, lcols, cand, f"{to} ORDER BY ver", params)
 
 
 def relay_one(
@@ -107,14 +101,7 @@ def relay_one(
     if low is not None and ver > low:
         _mark(conn, d, snaps, [ver], 1, RELAY_WAITS)
         return
-    lcols = log_select_columns(site, info)
-    d.append_log(
-        conn,
-        info.name,
-        [*lcols, "sv"],
-        select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {snap} WHERE ver = {d.caps.placeholder}",
-        params=(ver,),
-    )
+    _append(conn, d, info, log_select_columns(site, info), snap, f"ver = {d.caps.placeholder}", [ver])
 
 
 def released(conn: Connection, site: Site, info: TableInfo, snaps: Sequence[str], relay_to: Sequence[str] | None) -> int:
@@ -138,17 +125,25 @@ def released(conn: Connection, site: Site, info: TableInfo, snaps: Sequence[str]
         vers = [str(r[0]) for r in conn.exec_driver_sql(f"SELECT ver FROM {tmp}")]
         if relay_to is None or relay_to:
             to, params = _to(d, relay_to)
-            d.append_log(
-                conn,
-                info.name,
-                [*lcols, "sv"],
-                select=f"SELECT {cols}, {int(info.version)} FROM {tmp} WHERE {to} ORDER BY ver",
-                params=tuple(params),
-            )
+            _append(conn, d, info, lcols, tmp, f"{to} ORDER BY ver", params)
         _mark(conn, d, present, vers, RELAY_WAITS, 1)
     finally:
         d.drop_temp(conn, tmp)
     return len(vers)
+
+
+def _append(
+    conn: Connection, d: Dialect, info: TableInfo, lcols: Sequence[str], source: str, where: str, params: Sequence[Any]
+) -> None:
+    """The rows of `source` (a snapshot or a scratch table with the change log's columns `lcols`)
+    matching `where` enter the change log, written in this site's current schema version."""
+    d.append_log(
+        conn,
+        info.name,
+        [*lcols, "sv"],
+        select=f"SELECT {', '.join(lcols)}, {int(info.version)} FROM {source} WHERE {where}",
+        params=tuple(params),
+    )
 
 
 def _mark(conn: Connection, d: Dialect, snaps: Sequence[str], vers: Sequence[str], was: int, now: int) -> None:
