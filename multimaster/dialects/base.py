@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import importlib
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -536,6 +537,14 @@ class Dialect:
 
     def unlock_follow(self, conn: Connection, table: str) -> None:
         """After a follow of `table`: what lock_follow took. Default: none."""
+
+    @contextmanager
+    def short_ddl_waits(self, conn: Connection) -> Iterator[None]:
+        """Around a follow's DDL: where a DDL statement waiting for a table's metadata lock makes
+        every later statement on the table queue behind it (MariaDB), it waits briefly and fails
+        as a lock wait, which the caller retries. Default: nothing (DDL takes its locks inside the
+        follow's transaction, in the order the follow takes them)."""
+        yield
 
     def drop_triggers(self, conn: Connection, table: str, names: Sequence[str]) -> None:
         """DROP TRIGGER IF EXISTS each trigger of `names` (on `table`, where the database names

@@ -24,6 +24,7 @@ only columns the table still has), and the problem is reported.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -140,12 +141,16 @@ def evolve_table(
     peers: Sequence[str],
     others: Mapping[str, set[str]] | None = None,
     capture_dropped: bool = False,
+    locks: Callable[[Connection], None] | None = None,
 ) -> Evolved:
     """In a write transaction at `site`: make its replication objects of `table` follow the
     table's columns now (the steps in the module's description). Raises SchemaError, changing
     nothing, for a change that cannot be made online. Capture triggers found missing (the table
     was made again, or they were dropped) are made again and a gap is recorded (store/gaps.py),
-    unless `capture_dropped`: the caller dropped them (multimaster ddl)."""
+    unless `capture_dropped`: the caller dropped them (multimaster ddl). `locks`: where each DDL
+    statement commits at once (MariaDB), the caller's locks, taken after the columns are added
+    (that DDL committed whatever the transaction held before): the records of the new version are
+    then one transaction under them, which the capture's DDL ends."""
     d = site.dialect
     cur = store.schemas.current(conn, d, table)
     if cur is None:
@@ -170,19 +175,11 @@ def evolve_table(
     )
     snaps = [d.obj(table, p).snapshot() for p in peers]
     # 1. the columns of the added columns; widened ones widened (idempotent)
-    by = {c.name: c for c in live.columns}
-    add = [(p + c, d.wide_type(by[c].type_sql)) for c in ev.added for p in ("n_", "o_")]
-    old_types = {c.name: c.type_sql for c in old_cols}
-    widen = [c for c in ev.retyped if d.wide_type(by[c].type_sql) != d.wide_type(old_types[c])]
-    for rel in [o.log, *snaps]:
-        d.add_columns(conn, rel, add)
-        for c in widen:
-            for p in ("n_", "o_"):
-                d.retype_column(conn, rel, p + c, d.wide_type(by[c].type_sql))
-    d.add_columns(conn, o.shadow, [("v_" + s.name, d.version_type) for s in live.spec.slots])
-    d.install_heads(conn, live)
-    _park_columns(conn, site, live)
-    # 2. the new version; snapshot rows carried to it; waiting changes get their columns
+    _add_columns(conn, site, live, ev, old_cols, [o.log, *snaps])
+    if locks is not None:
+        locks(conn)
+    # 2. the new version; snapshot rows carried to it; waiting changes get their columns (no DDL
+    #    from here to step 3: where DDL commits at once, this is one transaction under `locks`)
     if changed:
         version += 1
         store.schemas.record(conn, d, table, version, new_cols, "")
@@ -218,6 +215,26 @@ def evolve_table(
     # 4. followed
     store.schemas.set_sig(conn, d, table, version, d.table_signature(conn, table))
     return Evolved(site.name, table, version, ev, ready, gap=missing, unseen=unseen)
+
+
+def _add_columns(
+    conn: Connection, site: Site, live: TableInfo, ev: Evolution, old_cols: Sequence[Col], rels: Sequence[str]
+) -> None:
+    """evolve_table's step 1 (DDL, idempotent): the change log's and snapshots' (`rels`) columns
+    of the added columns, those of retyped ones widened, the shadow's and the heads' columns."""
+    d = site.dialect
+    by = {c.name: c for c in live.columns}
+    add = [(p + c, d.wide_type(by[c].type_sql)) for c in ev.added for p in ("n_", "o_")]
+    old_types = {c.name: c.type_sql for c in old_cols}
+    widen = [c for c in ev.retyped if d.wide_type(by[c].type_sql) != d.wide_type(old_types[c])]
+    for rel in rels:
+        d.add_columns(conn, rel, add)
+        for c in widen:
+            for p in ("n_", "o_"):
+                d.retype_column(conn, rel, p + c, d.wide_type(by[c].type_sql))
+    d.add_columns(conn, d.obj(live.name).shadow, [("v_" + s.name, d.version_type) for s in live.spec.slots])
+    d.install_heads(conn, live)
+    _park_columns(conn, site, live)
 
 
 def _make_capture(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], again: bool) -> None:
@@ -521,11 +538,14 @@ def follow(
     relay_of: RelayOf,
     others: Callable[[str], Mapping[str, set[str]]] | None = None,
     tables: Sequence[str] | None = None,
+    write: Writer | None = None,
 ) -> list[Evolved]:
     """Make `site`'s capture follow every table (of `tables`, default all) whose columns changed
     there, each in a write transaction of its own, and apply what waited for the columns it
     gained. `others(table)`: the columns of the table's schema at the other sites (for the NOT
-    NULL refusal; read before the site's write transaction). A refused change is reported in the result's `problems`, nothing else changes."""
+    NULL refusal; read before the site's write transaction). A refused change is reported in the result's `problems`, nothing else changes.
+    `write(site, fn)`: runs a table's follow in a write transaction (the refresh's runs it again
+    after a transient failure, a lock wait of its DDL among them); default: once."""
     names = list(tables if tables is not None else topo.tables)
     with site.read() as conn:
         todo = changed_tables(conn, site, names)
@@ -535,14 +555,10 @@ def follow(
         site.forget(tb)
     out: list[Evolved] = []
     peers = topo.peers_of(site.name)
+    run = write or _write_once
     for tb in todo:
         elsewhere = others(tb) if others else None
-        with site.write() as conn:
-            site.dialect.lock_follow(conn, tb)
-            try:
-                done = _follow_table(conn, site, topo, tb, peers, elsewhere)
-            finally:
-                site.dialect.unlock_follow(conn, tb)
+        done = run(site, functools.partial(_follow_locked, site=site, topo=topo, tb=tb, peers=peers, elsewhere=elsewhere))
         if done is None:
             continue
         ev, refused = done
@@ -561,21 +577,53 @@ def follow(
     return out
 
 
+#: runs fn(conn) in a write transaction at the site (refresh.write_retrying: again after a transient failure)
+Writer = Callable[[Site, Callable[[Connection], Any]], Any]
+
+
+def _write_once(site: Site, fn: Callable[[Connection], Any]) -> Any:
+    with site.write() as conn:
+        return fn(conn)
+
+
+def _follow_locked(
+    conn: Connection, site: Site, topo: Topology, tb: str, peers: Sequence[str], elsewhere: Mapping[str, set[str]] | None
+) -> tuple[Evolved, bool] | None:
+    """:func:`_follow_table` holding the table's follow lock, its DDL waiting for metadata locks
+    only briefly (Dialect.short_ddl_waits)."""
+    d = site.dialect
+    d.lock_follow(conn, tb)
+    try:
+        with d.short_ddl_waits(conn):
+            return _follow_table(conn, site, topo, tb, peers, elsewhere)
+    finally:
+        d.unlock_follow(conn, tb)
+
+
 def _follow_table(
     conn: Connection, site: Site, topo: Topology, tb: str, peers: Sequence[str], elsewhere: Mapping[str, set[str]] | None
 ) -> tuple[Evolved, bool] | None:
     """follow's transaction for one table: what it did and whether the change was refused (its
     problems), or None when another process followed it meanwhile."""
-    # the table's reconcilers wait for this transaction (they hold its snapshots, then the
-    # table), then its applications (they take the table, then what their capture
-    # writes): the steps below take them the other way round, and would deadlock with either
-    site.dialect.lock_for_apply(conn, site.info(conn, tb, topo))
-    site.dialect.lock_for_install(conn, [tb])
+    d = site.dialect
+    info = site.info(conn, tb, topo)
+
+    def locks(c: Connection) -> None:
+        # the table's reconcilers wait for this transaction (they hold its snapshots, then the
+        # table), then its applications (they take the table, then what their capture
+        # writes): the steps of the follow take them the other way round, and would deadlock with either
+        d.lock_for_apply(c, info)
+        d.lock_for_install(c, [tb])
+
+    if d.caps.transactional_ddl:
+        locks(conn)
+    # (else the first ALTER would commit and release them: evolve_table takes them after its DDL;
+    # the follow lock keeps other follows out meanwhile)
     if tb not in changed_tables(conn, site, [tb]):
         site.forget(tb)
         return None  # another process followed it meanwhile
     try:
-        return evolve_table(conn, site, topo, tb, peers, elsewhere), False
+        return evolve_table(conn, site, topo, tb, peers, elsewhere, locks=None if d.caps.transactional_ddl else locks), False
     except SchemaError as e:
         cur = store.schemas.current(conn, site.dialect, tb)
         return Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)), True

@@ -407,7 +407,12 @@ def follow_site(cl: Cluster, site: str, tables: Sequence[str] | None = None) -> 
     """Site `site`'s capture follows its tables' schema (of `tables`, default all; engine/evolve.py
     follow), with what the site relays and the other sites' columns."""
     return evolve.follow(
-        cl.site(site), cl.topo, functools.partial(relay_origins, cl.topo, site), schemas_elsewhere(cl, site), tables
+        cl.site(site),
+        cl.topo,
+        functools.partial(relay_origins, cl.topo, site),
+        schemas_elsewhere(cl, site),
+        tables,
+        write=write_retrying,
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any, Iterator, Mapping, Sequence
 
 from sqlalchemy import event
@@ -44,6 +44,9 @@ from multimaster.errors import MultimasterError, SchemaError
 _RETRY_CODES = {1213, 1205, 1020, 1412, 1684}
 #: seconds a follow of a table's schema waits for another process's follow of it (lock_follow)
 FOLLOW_LOCK_WAIT = 300
+#: seconds a follow's DDL waits for a table's metadata lock before it fails as a lock wait and the
+#: follow is tried again (short_ddl_waits): the longest an application's statement waits behind it
+DDL_LOCK_WAIT = 1
 #: every session's isolation level: each statement of the reconciler sees what was committed
 #: before it (engine_kwargs), set again on each connection going back to the pool (prepare_engine)
 _LEVEL = "READ COMMITTED"
@@ -744,6 +747,22 @@ class MySQLDialect(Dialect):
 
     def unlock_follow(self, conn: Connection, table: str) -> None:
         conn.exec_driver_sql("SELECT RELEASE_LOCK(CONCAT('mm-follow-', MD5(CONCAT(%s, '@', DATABASE()))))", (table,)).scalar()
+
+    @contextmanager
+    def short_ddl_waits(self, conn: Connection) -> Iterator[None]:
+        """`lock_wait_timeout` (metadata locks) at DDL_LOCK_WAIT seconds, given back after. An
+        ALTER or CREATE TRIGGER that waits for a table's metadata lock makes every statement on
+        the table that comes after it wait too; an application's transaction holding that lock
+        and waiting for a row a reconciler holds, while that reconciler waits behind the DDL,
+        is a cycle neither InnoDB nor the metadata locks see: the server's default (a day) left
+        applications failing with InnoDB's lock wait timeout (50 s; session 30)."""
+        was = int(conn.exec_driver_sql("SELECT @@SESSION.lock_wait_timeout").scalar() or 0)
+        conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {DDL_LOCK_WAIT}")
+        try:
+            yield
+        finally:
+            with suppress(DBAPIError):  # (a connection that broke is discarded by the pool)
+                conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {was}")
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
         """The table's _mm_clock row, which only reconcilers lock."""
