@@ -27,6 +27,7 @@ __all__ = [
     "retry_order",
     "group_key",
     "units",
+    "in_halves",
     "Holds",
     "plan_holds",
     "retry_set",
@@ -209,6 +210,28 @@ def _components(n: int, succ: Sequence[set[int]]) -> list[int]:
 
 #: what a held change waits for: a queue id (``int``), or a change held in the same pass (``("new", index)``)
 Ref = Any
+
+
+def in_halves(n: int, together: Callable[[int, int], bool], one: Callable[[int], None], whole: bool = True) -> None:
+    """Apply the units 0..n-1 in order, as few at a time as the database allows: a span [lo, hi)
+    of two or more all at once (`together(lo, hi)`: True when it applied every one, False when it
+    applied none), and when that fails, its first half, then its second, in the same way, down to
+    single units (`one(i)`, which applies the unit or holds it). `whole`: try 0..n-1 at once first
+    (False: the caller saw that fail already). One unit the database rejects among n costs about
+    2·log2(n) attempts of shrinking spans instead of n attempts of one unit each."""
+
+    def span(lo: int, hi: int, first: bool) -> None:
+        if hi - lo == 1:
+            one(lo)
+            return
+        if first and together(lo, hi):
+            return
+        mid = (lo + hi) // 2
+        span(lo, mid, True)
+        span(mid, hi, True)
+
+    if n > 0:
+        span(0, n, whole)
 
 
 class Holds:

@@ -15,6 +15,7 @@ SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Sequence
 
 from sqlalchemy import event
@@ -54,6 +55,20 @@ FEW_SNAPSHOT_ROWS = 64
 
 def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
+
+
+class _AbortedPipeline(logging.Filter):
+    """psycopg runs an executemany in a pipeline; when a row is rejected it raises the database's
+    error and, ending the pipeline, logs a warning that it is aborted ("error ignored terminating
+    <psycopg.Pipeline ...>: pipeline aborted"), which Python prints on stderr when nothing
+    configured logging. The error itself is raised and handled (a rejected change is held,
+    engine/isolate.py): the warning only repeats it, so it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.msg == "error ignored terminating %r: %s" and "pipeline aborted" in record.getMessage())
+
+
+logging.getLogger("psycopg").addFilter(_AbortedPipeline())
 
 
 class PostgreSQLDialect(Dialect):
