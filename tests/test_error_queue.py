@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from multimaster import api
 from multimaster.config.topology import load_topology
-from multimaster.core.errorqueue import in_halves, is_version, malformed
+from multimaster.core.errorqueue import in_halves, is_version, malformed, shortest_failing
 from multimaster.engine import isolate
 from multimaster.engine.site import Site
 from multimaster.ops.metrics import health, render
@@ -548,3 +548,20 @@ def test_in_halves_applies_every_unit_once_in_order_and_the_rejected_ones_alone(
         assert len(tries) == (1 if whole else sum(1 for h in (n // 2, n - n // 2) if h >= 2))
     depth = max(1, n.bit_length())
     assert len(tries) <= 1 + 2 * max(len(bad), 1) * depth
+
+
+@given(st.integers(1, 500), st.data())
+def test_shortest_failing_finds_the_change_at_fault_in_logarithmic_tries(n, data):  # type: ignore[no-untyped-def]
+    """core.errorqueue.shortest_failing against a reference: a unit of n changes fails from the
+    change at fault on (a prefix fails once it holds it); the search names it, trying only
+    prefixes shorter than n, about log2(n) of them."""
+    fault = data.draw(st.integers(0, n - 1))
+    tried: list[int] = []
+
+    def fails(k: int) -> bool:
+        assert 1 <= k < n
+        tried.append(k)
+        return k > fault
+
+    assert shortest_failing(n, fails) - 1 == fault
+    assert len(tried) <= max(1, n.bit_length())

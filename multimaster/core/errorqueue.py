@@ -28,6 +28,7 @@ __all__ = [
     "group_key",
     "units",
     "in_halves",
+    "shortest_failing",
     "Holds",
     "plan_holds",
     "retry_set",
@@ -232,6 +233,20 @@ def in_halves(n: int, together: Callable[[int, int], bool], one: Callable[[int],
 
     if n > 0:
         span(0, n, whole)
+
+
+def shortest_failing(n: int, fails: Callable[[int], bool]) -> int:
+    """The length of the shortest prefix of n changes that fails, when all n fail together:
+    `fails(k)` tries the first k (1 <= k < n). A prefix fails once it holds the change at fault,
+    so the search halves: about log2(n) tries. The change at fault is the last of that prefix."""
+    lo, hi = 1, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if fails(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return hi
 
 
 class Holds:
