@@ -497,6 +497,43 @@ def test_a_follow_on_mariadb_records_the_new_version_holding_the_reconcilers_loc
     assert cl.rows("b", "items") == cl.rows("a", "items") == [(1, "red one", 3, "red")]
 
 
+def test_a_follow_stopped_after_its_records_captures_the_new_column_when_run_again(mysql_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """On MariaDB a follow's records commit before its capture triggers are made, and the trigger
+    DDL gives up after 1 s waiting for a metadata lock (the refresh then runs the follow again).
+    The run again finds the version recorded and the columns there: the values an application
+    wrote to the new column before the capture followed must be captured all the same (the
+    first run stopped before it got to them, and the second once saw no column added)."""
+    import pymysql
+    from sqlalchemy.exc import OperationalError
+
+    from multimaster.engine import evolve
+
+    cl = make_cluster(mysql_backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    cl.refresh_until_quiet()
+    for s in ("a", "b"):
+        cl.execute(s, "ALTER TABLE items ADD COLUMN color VARCHAR(20)")
+    cl.execute("a", "UPDATE items SET color = 'red' WHERE name = 'x'")  # before a's capture follows
+    real = evolve._make_capture
+    calls: list[str] = []
+
+    def make(conn, site, info, peers, again):  # type: ignore[no-untyped-def]
+        calls.append(site.name)
+        if site.name == "a" and calls.count("a") == 1:  # the trigger DDL waited its second:
+            conn.exec_driver_sql("COMMIT")  # (as every DDL statement does first on MariaDB)
+            raise OperationalError(
+                "CREATE OR REPLACE TRIGGER", {}, pymysql.err.OperationalError(1205, "Lock wait timeout exceeded")
+            )
+        return real(conn, site, info, peers, again)
+
+    monkeypatch.setattr(evolve, "_make_capture", make)
+    assert not _refresh_errors(cl)
+    assert calls.count("a") == 2  # run again
+    cl.refresh_until_quiet()
+    _cols(cl, "name", "qty", "color")
+    assert cl.rows("b", "items") == cl.rows("a", "items") == [(1, "x", 1, "red")]
+
+
 def test_a_version_recorded_between_the_read_of_versions_and_of_entries_is_read_again(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
     """A puller reads the source's schema versions, then its entries, each in a statement of its
     own. When the source follows its schema in between, the entries hold a version the first read

@@ -209,12 +209,21 @@ def evolve_table(
         d.guard_writes(conn, info, site.name, site.name in topo.read_only)
         unseen, _now, refused = capture_unseen_rows(conn, site, info)
         store.gaps.open_gap(conn, d, table, now_iso(), missing, 0 if refused else len(unseen), refused)
-    # 3b. values written to an added column before its capture existed
-    for c in ev.added:
+    # 3b. values written to an added column before its capture existed: the columns added now, or
+    #     those its recorded version added, when a follow recorded it and stopped before the end
+    #     (where DDL commits at once, the records commit before the triggers: a lock wait of the
+    #     trigger DDL, which the refresh retries, or a crash)
+    for c in ev.added or (_added_by(conn, site, table, version, new_cols) if not _sig and not changed else []):
         _capture_window(conn, site, info, c)
     # 4. followed
     store.schemas.set_sig(conn, d, table, version, d.table_signature(conn, table))
     return Evolved(site.name, table, version, ev, ready, gap=missing, unseen=unseen)
+
+
+def _added_by(conn: Connection, site: Site, table: str, version: int, cols: Sequence[Col]) -> list[str]:
+    """The columns of `cols` (schema version `version` of `table`) that its previous version lacks."""
+    prev = store.schemas.versions(conn, site.dialect, table).get(version - 1)
+    return [] if prev is None else [c.name for c in cols if c.name not in {p.name for p in prev}]
 
 
 def _add_columns(
