@@ -467,12 +467,7 @@ def retry(
         )
         if done is None:
             return False
-        for _ms, ids in group:
-            for i in ids:
-                store.errorqueue.release(conn, d, i)
-                out.applied.append(i)
-        for tb, r in done.items():
-            out.result.setdefault(tb, ReconcileResult(tb)).add(r)
+        _released(conn, d, [i for _ms, ids in group for i in ids], done, out)
         return True
 
     def one(k: int) -> None:
@@ -506,17 +501,19 @@ def _retry_unit(
     d = site.dialect
     if _blocked(conn, d, holds, members, ids, at, out):  # behind a unit held again just now
         return
-    for m in members:
-        held.unhold(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
+    # (_apply_many makes its snapshot rows new inside its savepoint: a failure leaves them held)
     done, pos, why = _apply_unit(conn, site, infos, peers, base_max, relay, members, retry=True)
     if done is None:
         assert why is not None
         store.errorqueue.failed_again(conn, d, ids[pos], why, at)
         _held_with(conn, d, ids, pos, at, out, why, attempt=True)
-        for m in members:
-            held.mark(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
         holds.hold(members, ids, pos)
         return
+    _released(conn, d, ids, done, out)
+
+
+def _released(conn: Connection, d: Dialect, ids: Sequence[int], done: Mapping[str, ReconcileResult], out: RetryResult) -> None:
+    """Held changes `ids` applied (`done`, per table): out of the queue, counted in `out`."""
     for i in ids:
         store.errorqueue.release(conn, d, i)
         out.applied.append(i)
