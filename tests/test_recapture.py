@@ -339,16 +339,22 @@ def test_writers_at_both_sites_lose_nothing_across_a_table_made_again(backend: B
                 time.sleep(0.05)
         raise AssertionError("the table did not come back")
 
+    errors: list[str] = []
+
     def writer(site: str, n: int) -> None:
         for i in range(n):
             name = f"{site}{i % 8}"
             with lock:
                 new = name not in last
                 last[name] = i
-            if new:
-                write(site, "INSERT INTO items (name, qty) VALUES (?, ?)", (name, i))
-            else:
-                write(site, "UPDATE items SET qty = ? WHERE name = ?", (i, name))
+            try:
+                if new:
+                    write(site, "INSERT INTO items (name, qty) VALUES (?, ?)", (name, i))
+                else:
+                    write(site, "UPDATE items SET qty = ? WHERE name = ?", (i, name))
+            except BaseException as e:  # a writer that stopped: said here, not only on stderr
+                errors.append(f"writer at {site!r}, write {i} of {name!r}: {type(e).__name__}: {e}")
+                raise
 
     def refresher(stop: threading.Event) -> None:
         while not stop.is_set():
@@ -363,6 +369,7 @@ def test_writers_at_both_sites_lose_nothing_across_a_table_made_again(backend: B
         t.join()
     stop.set()
     ts[2].join()
+    assert errors == []
     for _ in range(6):
         api.refresh(cl.topo)
         run = _cli(cl, "recapture", "--site", "a", "--table", "items", "--json")

@@ -12,6 +12,7 @@ names it.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import re
 from typing import Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
@@ -32,6 +33,7 @@ __all__ = [
     "Holds",
     "plan_holds",
     "retry_set",
+    "closure",
     "group_of",
     "released_by",
 ]
@@ -316,23 +318,59 @@ def retry_set(queued: Sequence[Mapping[str, Any]], start: int) -> list[int]:
     """The open queue rows (`queued`, each with ``id``) one retry of `start` takes: its source
     transaction's held changes, every later held change of their rows, and so on (their
     transactions, their rows) until nothing is added. Ids, ascending."""
+    return closure(queued, [start])
+
+
+def closure(queued: Sequence[Mapping[str, Any]], starts: Iterable[int], behind: bool = False) -> list[int]:
+    """The open queue rows (`queued`, each with ``id``) that go with the changes `starts`: their
+    source transactions' held changes, every held change of their rows at or after them (and,
+    with `behind`, those of their rows that wait behind them, ``blocked_by``, whatever their
+    versions), and so on until nothing is added. Ids, ascending.
+
+    Each row's changes are taken as a suffix in version order, each transaction once: linear in
+    the queue (a loop that read a row's later changes again for each one it took cost the square
+    of a hot row's changes, docs/performance.md "Releasing held changes")."""
     by_id = {int(q["id"]): q for q in queued}
-    if start not in by_id:
-        return []
-    txn: dict[Hashable, list[int]] = {}
-    rows: dict[tuple[str, str], list[int]] = {}
+    groups: dict[Hashable, list[int]] = {}
+    rows: dict[tuple[Any, Any], list[tuple[str, int]]] = {}
+    waits: dict[int, list[int]] = {}
     for i, q in by_id.items():
-        txn.setdefault(group_key(q, i), []).append(i)
-        rows.setdefault((q["tbl"], q["rid"]), []).append(i)
-    got = {start}
-    todo = [start]
+        groups.setdefault(group_key(q, i), []).append(i)
+        rows.setdefault((q["tbl"], q["rid"]), []).append((str(q["ver"]), i))
+        if behind and q.get("blocked_by") is not None:
+            waits.setdefault(int(q["blocked_by"]), []).append(i)
+    for lst in rows.values():
+        lst.sort()
+    taken_from = {k: len(lst) for k, lst in rows.items()}  # each row's suffix taken so far
+    seen_groups: set[Hashable] = set()
+    got: set[int] = set()
+    todo: list[int] = []
+
+    def take(j: int) -> None:
+        if j not in got:
+            got.add(j)
+            todo.append(j)
+
+    for s in starts:
+        if int(s) in by_id:
+            take(int(s))
     while todo:
-        q = by_id[todo.pop()]
-        more = txn[group_key(q, int(q["id"]))] + [j for j in rows[(q["tbl"], q["rid"])] if by_id[j]["ver"] >= q["ver"]]
-        for j in more:
-            if j not in got:
-                got.add(j)
-                todo.append(j)
+        i = todo.pop()
+        q = by_id[i]
+        g = group_key(q, i)
+        if g not in seen_groups:
+            seen_groups.add(g)
+            for j in groups[g]:
+                take(j)
+        k = (q["tbl"], q["rid"])
+        lst = rows[k]
+        at = bisect.bisect_left(lst, (str(q["ver"]), -1))
+        for _v, j in lst[at : taken_from[k]]:
+            take(j)
+        taken_from[k] = min(at, taken_from[k])
+        for j in waits.get(i, ()):
+            if (by_id[j]["tbl"], by_id[j]["rid"]) == k:
+                take(j)
     return sorted(got)
 
 

@@ -32,6 +32,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.config.topology import Topology
+from multimaster.core.errorqueue import closure
 from multimaster.core.schemas import Col, Evolution, decode_pending, encode_pending, evolution, remap_mask
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo, names
@@ -442,12 +443,17 @@ def _remap(conn: Connection, site: Site, table: str, snap: str, old: list[str], 
 def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> int:
     """The changes of `snap` that waited for columns `info` has now get their values (converted as
     this site stores them exactly); those that wait for nothing more are ready to apply (held as
-    ``failed`` until :func:`release` applies them). Returns how many are ready."""
+    ``failed`` until :func:`release` applies them). Returns how many are ready.
+
+    The rows are updated with one statement per set of columns (an executemany), and the queue's
+    rows made ready 500 at a time: a loop that read the whole queue again for each change made
+    ready cost the square of the changes held (docs/performance.md "Releasing held changes")."""
     d = site.dialect
     ph = d.caps.placeholder
     at = {c: i for i, c in enumerate(info.column_names)}
     adapters = d.value_adapters(info)
-    ready = 0
+    ready: list[str] = []
+    updates: dict[str, list[tuple[Any, ...]]] = {}
     rows = conn.exec_driver_sql(f"SELECT pseq, ver, mask, pending FROM {snap} WHERE pending IS NOT NULL").all()
     for pseq, ver, mask, text in rows:
         pending = decode_pending(text)
@@ -464,13 +470,18 @@ def _fill_pending(conn: Connection, site: Site, info: TableInfo, snap: str) -> i
             m |= 1 << at[c]
         sets += [f"mask = {ph}", f"pending = {ph}"]
         params += [m, encode_pending(rest) if rest else None]
-        conn.exec_driver_sql(f"UPDATE {snap} SET {', '.join(sets)} WHERE pseq = {ph}", (*params, pseq))
+        updates.setdefault(f"UPDATE {snap} SET {', '.join(sets)} WHERE pseq = {ph}", []).append((*params, pseq))
         if not rest:
-            for q in store.errorqueue.rows(conn, d, info.name, states=(store.errorqueue.SCHEMA,)):
-                if q["ver"] == ver:
-                    store.errorqueue.ready(conn, d, int(q["id"]), now_iso())
-            ready += 1
-    return ready
+            ready.append(str(ver))
+    for sql, many in updates.items():
+        conn.exec_driver_sql(sql, many)
+    if ready:
+        want = set(ready)
+        ids = [
+            int(q["id"]) for q in store.errorqueue.rows(conn, d, info.name, states=(store.errorqueue.SCHEMA,)) if q["ver"] in want
+        ]
+        store.errorqueue.ready(conn, d, ids, now_iso())
+    return len(ready)
 
 
 def release(
@@ -500,20 +511,9 @@ def release(
     if not firsts:
         return out
     opened = store.errorqueue.rows(conn, d)
-    by_txn: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for q in opened:
-        if q["txn"] is not None:
-            by_txn.setdefault((str(q["origin"]), str(q["txn"])), []).append(q)
-    queued: dict[int, dict[str, Any]] = {}
-    todo = list(firsts)
-    while todo:  # each change taken, what waits behind it and its transaction's, to the end
-        q = todo.pop()
-        for r in [q, *store.errorqueue.chain(conn, d, q)]:
-            if int(r["id"]) not in queued:
-                queued[int(r["id"])] = r
-                todo.append(r)
-                if r["txn"] is not None:
-                    todo += [c for c in by_txn.get((str(r["origin"]), str(r["txn"])), []) if int(c["id"]) not in queued]
+    by_id = {int(q["id"]): q for q in opened}
+    # each change taken, what waits behind it and its transaction's, to the end
+    queued = {i: by_id[i] for i in closure(opened, [int(q["id"]) for q in firsts], behind=True)}
     tables = sorted({str(q["tbl"]) for q in queued.values()} | {info.name})
     infos = {info.name: info}
     for tb in tables:

@@ -29,11 +29,15 @@ __all__ = [
     "pending",
     "as_held",
     "only_versions",
+    "only_table",
+    "ONLY_INLINE",
     "mark",
     "unhold",
     "peer_of",
     "rank_only",
     "rank_kept",
+    "ranks_kept",
+    "unhold_many",
     "tombstone",
 ]
 
@@ -56,15 +60,38 @@ def park(conn: Connection, d: Dialect, snaps: Sequence[str], cand: str, vers: Se
         conn.exec_driver_sql(f"DELETE FROM {cand} WHERE {among}", part)
 
 
-def only_versions(only: Sequence[str] | None, prefix: str = "") -> str:
-    """SQL: `` AND <prefix>ver IN (...)`` for `only` ('' for None). Every version must pass
+#: above this many versions, `only` is a scratch table, not a list in the statement's text (each
+#: version is ~30 bytes: a list of every held change made statements of megabytes, past MariaDB's
+#: max_allowed_packet, 16 MB, at about 500,000)
+ONLY_INLINE = 1000
+
+
+def only_versions(only: Sequence[str] | None, prefix: str = "", table: str | None = None) -> str:
+    """SQL: `` AND <prefix>ver IN (...)`` for `only` ('' for None); with `table` (from
+    :func:`only_table`), the versions are read from it. Every version must pass
     core.errorqueue.is_version (digits, ':' and a site name: safe as a literal)."""
     if only is None:
         return ""
+    if table is not None:
+        return f" AND {prefix}ver IN (SELECT ver FROM {table})"
     bad = [v for v in only if not is_version(v)]
     if bad or not only:
         raise ValueError(f"not versions: {bad or only!r}")
     return f" AND {prefix}ver IN ({', '.join(repr(str(v)) for v in only)})"
+
+
+def only_table(conn: Connection, d: Dialect, like: str, only: Sequence[str] | None) -> str | None:
+    """A scratch table (one column `ver`, unique) holding `only` when it has more than
+    :data:`ONLY_INLINE` versions, typed like the snapshot `like`; None otherwise (the list is
+    inlined). The caller drops it."""
+    if only is None or len(only) <= ONLY_INLINE:
+        return None
+    t = d.temp_name("_mm_tmp_only")
+    d.create_temp(conn, t, f"SELECT ver FROM {like} WHERE 1 = 0", keys="ver", index=None)
+    vers = sorted({str(v) for v in only})
+    for i in range(0, len(vers), 5000):
+        conn.exec_driver_sql(f"INSERT INTO {t} (ver) VALUES ({d.caps.placeholder})", [(v,) for v in vers[i : i + 5000]])
+    return t
 
 
 def mark(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str, applied: int = HELD, was: int | None = None) -> None:
@@ -83,6 +110,17 @@ def unhold(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str) -> None
     applied instead of the held copy with its bits naming other columns, and an increment was
     lost (session 29, a column added while three sites relay)."""
     mark(conn, d, snaps, ver, 0, was=HELD)
+
+
+def unhold_many(conn: Connection, d: Dialect, snaps: Sequence[str], vers: Sequence[str]) -> None:
+    """:func:`unhold` for each of `vers`, 500 versions a statement."""
+    ph = d.caps.placeholder
+    for i in range(0, len(vers), 500):
+        part = tuple(vers[i : i + 500])
+        for snap in snaps:
+            conn.exec_driver_sql(
+                f"UPDATE {snap} SET applied = 0 WHERE ver IN ({', '.join([ph] * len(part))}) AND applied = {HELD}", part
+            )
 
 
 def peer_of(conn: Connection, d: Dialect, snaps: dict[str, str], ver: str) -> str:
@@ -138,6 +176,22 @@ def rank_kept(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> int | 
         (rid,),
     ).first()
     return None if r is None else int(r[0])
+
+
+def ranks_kept(conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str]) -> dict[str, int]:
+    """:func:`rank_kept` of each of `rids` that kept one (rid -> key), 500 a statement."""
+    q = d.quote
+    ph = d.caps.placeholder
+    out: dict[str, int] = {}
+    for i in range(0, len(rids), 500):
+        part = tuple(dict.fromkeys(rids[i : i + 500]))
+        for rid, key in conn.exec_driver_sql(
+            f"SELECT s.rid, s.{d.key_col} FROM {d.obj(info.name).shadow} s WHERE s.rid IN ({', '.join([ph] * len(part))}) "
+            f"AND s.deleted IS NULL AND NOT EXISTS (SELECT 1 FROM {q(info.name)} t WHERE t.{q(info.key.name)} = s.{d.key_col})",
+            part,
+        ):
+            out[str(rid)] = int(key)
+    return out
 
 
 def tombstone(conn: Connection, d: Dialect, info: TableInfo, rid: str, ver: str) -> None:

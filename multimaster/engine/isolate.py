@@ -514,9 +514,8 @@ def _retry_unit(
 
 def _released(conn: Connection, d: Dialect, ids: Sequence[int], done: Mapping[str, ReconcileResult], out: RetryResult) -> None:
     """Held changes `ids` applied (`done`, per table): out of the queue, counted in `out`."""
-    for i in ids:
-        store.errorqueue.release(conn, d, i)
-        out.applied.append(i)
+    store.errorqueue.release_many(conn, d, list(ids))
+    out.applied.extend(ids)
     for tb, r in done.items():
         out.result.setdefault(tb, ReconcileResult(tb)).add(r)
 
@@ -609,17 +608,23 @@ def _apply_many(
     sp = conn.begin_nested()
     try:
         if retry:
-            for m in members:
-                held.unhold(conn, d, list(_snaps(d, infos[m["tbl"]], peers).values()), m["ver"])
+            for tb in sorted({str(m["tbl"]) for m in members}):
+                vers = [str(m["ver"]) for m in members if m["tbl"] == tb]
+                held.unhold_many(conn, d, list(_snaps(d, infos[tb], peers).values()), vers)
         for tb in order:
             mine = sorted((m for m in members if m["tbl"] == tb), key=lambda m: str(m["ver"]))
             if not mine:
                 continue
             info = infos[tb]
             rest: list[str] = []
+            kept = (
+                held.ranks_kept(conn, d, info, [str(m["rid"]) for m in mine if m["op"] == "I"])
+                if retry and info.spec.renumber
+                else {}
+            )
             for m in mine:
                 h = held.as_held(m)
-                key = held.rank_kept(conn, d, info, h.rid) if retry and h.op == "I" and info.spec.renumber else None
+                key = kept.get(str(h.rid)) if h.op == "I" else None
                 if key is None:
                     rest.append(h.ver)
                 else:

@@ -426,13 +426,17 @@ def _hold_for_columns(
         [(*r[:-1], 1, None) if str(r[1]) in done else (*r[:-1], HELD, r[-1]) for r in rows],
     )
     rows = [r for r in rows if str(r[1]) not in done and str(r[1]) not in held_here]
-    at = now_iso()
-    for r in rows:
-        ver, origin, op, rid = r[1], r[2], r[3], r[4]
-        missing = sorted(decode_pending(r[-1]))
-        store.errorqueue.hold(
-            conn, d, Held(info.name, peer, ver, origin, rid, op), SCHEMA, at, schema_behind(site.name, info.name, missing)
-        )
+    # none of them is open in the queue (held_here): queued in one statement
+    store.errorqueue.hold_new(
+        conn,
+        d,
+        [
+            (Held(info.name, peer, r[1], r[2], r[4], r[3]), schema_behind(site.name, info.name, sorted(decode_pending(r[-1]))))
+            for r in rows
+        ],
+        SCHEMA,
+        now_iso(),
+    )
 
 
 def _here_already(conn: Connection, site: Site, info: TableInfo, vers: Sequence[str]) -> tuple[set[str], set[str]]:

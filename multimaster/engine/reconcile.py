@@ -251,18 +251,22 @@ def _candidates(
     d = site.dialect
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
-    counts, selects = _new_rows(conn, d, info, snaps, lcols, fresh, only)
+    only_t = held.only_table(conn, d, next(iter(snaps.values())), only) if snaps else None
+    counts, selects = _new_rows(conn, d, info, snaps, lcols, fresh, only, only_t)
     sources = [p_ for p_, n in counts.items() if n]
+    if sources:
+        if len(sources) == 1:  # one peer's log holds each version once: no de-duplication needed
+            d.create_temp(conn, cand, selects[sources[0]], index=None)
+        else:  # the same change may come from several peers: keep one
+            d.create_temp(conn, cand, f"SELECT {', '.join(lcols)} FROM {snaps[sources[0]]} WHERE 1 = 0", keys="ver", index=None)
+            for p_ in sources:
+                conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
+        for p_ in sources:
+            conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0{held.only_versions(only, table=only_t)}")
+    if only_t is not None:
+        d.drop_temp(conn, only_t)
     if not sources:
         return None
-    if len(sources) == 1:  # one peer's log holds each version once: no de-duplication needed
-        d.create_temp(conn, cand, selects[sources[0]], index=None)
-    else:  # the same change may come from several peers: keep one
-        d.create_temp(conn, cand, f"SELECT {', '.join(lcols)} FROM {snaps[sources[0]]} WHERE 1 = 0", keys="ver", index=None)
-        for p_ in sources:
-            conn.exec_driver_sql(d.insert_ignore_into(cand, ", ".join(lcols), selects[p_]))
-    for p_ in sources:
-        conn.exec_driver_sql(f"UPDATE {snaps[p_]} SET applied = 1 WHERE applied = 0{held.only_versions(only)}")
     # references: to keys here; a change referencing an identity not held here waits
     references.resolve(conn, site, info, cand, snaps)
     per_origin = {
@@ -294,12 +298,14 @@ def _new_rows(
     lcols: list[str],
     fresh: dict[str, int] | None,
     only: Sequence[str] | None = None,
+    only_t: str | None = None,
 ) -> tuple[dict[str, int], dict[str, str]]:
     """Per peer, how many snapshot rows are new, and the SELECT of those not applied here yet.
 
     New: not applied yet (rows that waited for their row, `applied = 2`, are tried again) or pulled
     in this transaction (`fresh`: peer -> lowest pseq stored). Applied here: `_mm_origins` holds a
-    version at least as high from the same origin."""
+    version at least as high from the same origin. `only_t`: the scratch table holding `only`
+    (held.only_table), when it is long."""
     counts: dict[str, int] = {}
     selects: dict[str, str] = {}
     for p_, snap in snaps.items():
@@ -310,7 +316,7 @@ def _new_rows(
         )
         applied_here = store.origins.not_applied(d, info.name, "s")
         if only is not None:  # these versions, whatever _mm_origins says
-            new_rows, applied_here = f"s.applied = 0{held.only_versions(only, 's.')}", "1 = 1"
+            new_rows, applied_here = f"s.applied = 0{held.only_versions(only, 's.', only_t)}", "1 = 1"
         counts[p_] = conn.exec_driver_sql(f"SELECT count(*) FROM {snap} s WHERE {new_rows}").scalar() or 0
         # (table names are checked plain identifiers)
         selects[p_] = f"SELECT {', '.join('s.' + c for c in lcols)} FROM {snap} s WHERE ({new_rows}) AND {applied_here}"

@@ -61,17 +61,22 @@ def errors_at(s: Site, topo: Topology, table: str | None = None, include_skipped
     with s.read() as conn:
         if not s.installed_tables(conn):
             return out
-        for r in store.errorqueue.rows(conn, s.dialect, table, states):
-            r = dict(r, site=s.name, table=r.pop("tbl"))
-            info = s.info(conn, r["table"], topo) if r["table"] in topo.tables else None
+        queued = [dict(r, site=s.name, table=r.pop("tbl")) for r in store.errorqueue.rows(conn, s.dialect, table, states)]
+        infos = {tb: s.info(conn, tb, topo) for tb in {str(r["table"]) for r in queued} if tb in topo.tables}
+        held: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}  # (table, peer) -> ver -> change
+        for tb, peer in {(str(r["table"]), str(r["peer"])) for r in queued}:
+            info = infos.get(tb)
+            if info is not None:
+                vers = [str(r["ver"]) for r in queued if (r["table"], r["peer"]) == (tb, peer) and r["op"] not in ("?", "P")]
+                held[(tb, peer)] = store.errorqueue.changes(conn, s.dialect, tb, peer, vers, info.column_names)
+        for r in queued:
+            info = infos.get(str(r["table"]))
             if r["state"] == store.errorqueue.PARKED:
                 r["change"] = None if info is None else uniques.parked_change(conn, s.dialect, info, r["rid"])
+            elif info is None or r["op"] in ("?", "P"):  # P: a parked row, skipped
+                r["change"] = None
             else:
-                r["change"] = (
-                    None
-                    if info is None or r["op"] in ("?", "P")  # P: a parked row, skipped
-                    else store.errorqueue.change(conn, s.dialect, r["table"], r["peer"], r["ver"], info.column_names)
-                )
+                r["change"] = held.get((str(r["table"]), str(r["peer"])), {}).get(str(r["ver"]))
             out.append(r)
     return out
 

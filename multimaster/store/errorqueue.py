@@ -24,17 +24,18 @@ __all__ = [
     "Held",
     "OPEN",
     "hold",
+    "hold_new",
     "blocker",
     "open_versions",
     "any_open",
     "open_rids",
     "rows",
     "get",
-    "chain",
     "failed_again",
     "held_with",
     "waits_behind",
     "release",
+    "release_many",
     "skip",
     "counts",
     "open_of_origin",
@@ -48,6 +49,7 @@ __all__ = [
     "schema_waits",
     "waiting_tables",
     "ready",
+    "changes",
     "ready_failed",
     "forget_table",
 ]
@@ -128,6 +130,19 @@ def hold(
     return int(conn.exec_driver_sql(f"SELECT max(id) FROM {t} WHERE tbl = {p} AND ver = {p}", (h.table, h.ver)).scalar_one())
 
 
+def hold_new(conn: Connection, d: Dialect, held: Sequence[tuple[Held, str | None]], state: str, at: str) -> None:
+    """Queue each change of `held` (with its error) as `state`, in one executemany: changes the
+    caller knows are not open in the queue (:func:`open_versions`), which :func:`hold` would have
+    looked up one by one."""
+    if not held:
+        return
+    conn.exec_driver_sql(
+        f"INSERT INTO {_t(d)} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts, txn) "
+        f"VALUES ({d.ph(11)}, 1, {d.caps.placeholder})",
+        [(h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, None, _cut(e), at, at, h.txn) for h, e in held],
+    )
+
+
 def _cut(msg: str | None) -> str | None:
     return None if msg is None else msg[:2000]
 
@@ -194,21 +209,6 @@ def get(conn: Connection, d: Dialect, id_: int) -> dict[str, Any] | None:
     return None if r is None else dict(zip(_COLS, r))
 
 
-def chain(conn: Connection, d: Dialect, first: dict[str, Any]) -> list[dict[str, Any]]:
-    """The held change `first` and every open change of its row after it, in version order, and
-    those of its row that wait behind it with an earlier version (from another origin, pulled
-    after it: a row's changes wait behind its held one whatever their versions, engine/held.py)."""
-    p = d.caps.placeholder
-    return [
-        dict(zip(_COLS, r))
-        for r in conn.exec_driver_sql(
-            f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE tbl = {p} AND rid = {p} AND (ver >= {p} OR blocked_by = {p}) "
-            f"AND state IN ({_OPEN_SQL}) ORDER BY ver, id",
-            (first["tbl"], first["rid"], first["ver"], first["id"]),
-        )
-    ]
-
-
 def failed_again(conn: Connection, d: Dialect, id_: int, error: str, at: str) -> None:
     """A retry of `id_` failed: it is `failed` (again), with this error."""
     p = d.caps.placeholder
@@ -240,6 +240,14 @@ def held_with(conn: Connection, d: Dialect, id_: int, head: int, at: str, attemp
 def release(conn: Connection, d: Dialect, id_: int) -> None:
     """`id_` was applied: it leaves the queue."""
     conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE id = {d.caps.placeholder}", (id_,))
+
+
+def release_many(conn: Connection, d: Dialect, ids: Sequence[int]) -> None:
+    """`ids` were applied: they leave the queue, 500 a statement."""
+    p = d.caps.placeholder
+    for i in range(0, len(ids), 500):
+        part = tuple(ids[i : i + 500])
+        conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE id IN ({', '.join([p] * len(part))})", part)
 
 
 def skip(conn: Connection, d: Dialect, id_: int, reason: str, at: str) -> None:
@@ -316,20 +324,26 @@ def open_versions_sql(d: Dialect, table: str) -> str:
     return f"SELECT ver FROM {_t(d)} WHERE tbl = '{table}' AND state IN ({_OPEN_SQL})"
 
 
-def change(conn: Connection, d: Dialect, table: str, peer: str, ver: str, columns: Sequence[str]) -> dict[str, Any] | None:
-    """The held change `ver` as its snapshot (of `peer`) holds it: its key and the new values of
-    the columns it set (`columns`: the replicated columns, bit i of the mask = columns[i]); None
-    when the snapshot does not hold it (a malformed entry is not stored)."""
+def changes(
+    conn: Connection, d: Dialect, table: str, peer: str, vers: Sequence[str], columns: Sequence[str]
+) -> dict[str, dict[str, Any]]:
+    """The held changes `vers` as the snapshot of `peer` holds them (ver -> its key and the new
+    values of the columns it set; `columns`: the replicated columns, bit i of the mask =
+    columns[i]); a version the snapshot does not hold (a malformed entry) is absent. 500 a
+    statement: `multimaster errors` of 20,000 held changes read them one by one in 8 s."""
     ncols = ", ".join(d.quote("n_" + c) for c in columns)
-    r = conn.exec_driver_sql(
-        f"SELECT {d.key_col}, mask{', ' + ncols if ncols else ''} FROM {d.obj(table, peer).snapshot()} "
-        f"WHERE ver = {d.caps.placeholder}",
-        (ver,),
-    ).first()
-    if r is None:
-        return None
-    mask = int(r[1] or 0)
-    return {"key": r[0], "values": {c: r[2 + i] for i, c in enumerate(columns) if mask >> i & 1}}
+    p = d.caps.placeholder
+    out: dict[str, dict[str, Any]] = {}
+    for i in range(0, len(vers), 500):
+        part = tuple(dict.fromkeys(vers[i : i + 500]))
+        for r in conn.exec_driver_sql(
+            f"SELECT ver, {d.key_col}, mask{', ' + ncols if ncols else ''} FROM {d.obj(table, peer).snapshot()} "
+            f"WHERE ver IN ({', '.join([p] * len(part))})",
+            part,
+        ):
+            mask = int(r[2] or 0)
+            out[str(r[0])] = {"key": r[1], "values": {c: r[3 + k] for k, c in enumerate(columns) if mask >> k & 1}}
+    return out
 
 
 def schema_waits(conn: Connection, d: Dialect, table: str | None = None) -> list[dict[str, Any]]:
@@ -349,11 +363,16 @@ def waiting_tables(conn: Connection, d: Dialect) -> list[str]:
     ]
 
 
-def ready(conn: Connection, d: Dialect, id_: int, at: str) -> None:
-    """`id_` waited for columns the site has now: it is held as ``failed`` (no error) until it is
-    applied (engine/evolve.py), like any held change."""
+def ready(conn: Connection, d: Dialect, ids: Sequence[int], at: str) -> None:
+    """`ids` waited for columns the site has now: they are held as ``failed`` (no error) until
+    they are applied (engine/evolve.py), like any held change. One statement per 500."""
     p = d.caps.placeholder
-    conn.exec_driver_sql(f"UPDATE {_t(d)} SET state = 'failed', error = NULL, last_at = {p} WHERE id = {p}", (at, id_))
+    for i in range(0, len(ids), 500):
+        part = tuple(ids[i : i + 500])
+        conn.exec_driver_sql(
+            f"UPDATE {_t(d)} SET state = 'failed', error = NULL, last_at = {p} WHERE id IN ({', '.join([p] * len(part))})",
+            (at, *part),
+        )
 
 
 def ready_failed(conn: Connection, d: Dialect, table: str, at: str) -> int:

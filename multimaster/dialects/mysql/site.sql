@@ -93,6 +93,10 @@ CREATE TABLE IF NOT EXISTS _mm_errors (
 --
 ALTER TABLE _mm_errors ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- a site installed before it
 --
+-- a change is found in the queue by its version (holding one, releasing many): without this index
+-- each lookup read the whole queue, and holding N changes cost N^2 (docs/performance.md)
+CREATE INDEX IF NOT EXISTS _mm_errors_ver ON _mm_errors (tbl, ver);
+--
 -- The clock (docs/mysql.md "How capture works with many writers"). A change-log entry's position
 -- is a value of this table's AUTO_INCREMENT, drawn by the transaction that writes the entry
 -- (INSERT ... VALUES (NULL), LAST_INSERT_ID()), and a change captured here has that value as its

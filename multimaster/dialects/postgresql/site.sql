@@ -84,6 +84,10 @@ ALTER TABLE _mm._mm_errors ADD COLUMN IF NOT EXISTS txn text;  -- a site install
 --
 CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm._mm_errors (tbl, rid);
 --
+-- a change is found in the queue by its version (holding one, releasing many): without this index
+-- each lookup read the whole queue, and holding N changes cost N^2 (docs/performance.md)
+CREATE INDEX IF NOT EXISTS _mm_errors_ver ON _mm._mm_errors (tbl, ver);
+--
 -- The clock. A sequence, not a row: ticking it never waits for another writer. Its value is the
 -- hybrid logical clock (wall-clock ms * 65536 + counter): nextval() gives every change a unique,
 -- increasing value; when the wall clock is ahead by more than one millisecond (CLOCK_SLACK,

@@ -76,3 +76,7 @@ CREATE TABLE IF NOT EXISTS _mm_errors (
 );
 --
 CREATE INDEX IF NOT EXISTS _mm_errors_rid ON _mm_errors (tbl, rid);
+--
+-- a change is found in the queue by its version (holding one, releasing many): without this index
+-- each lookup read the whole queue, and holding N changes cost N^2 (docs/performance.md)
+CREATE INDEX IF NOT EXISTS _mm_errors_ver ON _mm_errors (tbl, ver);
