@@ -109,7 +109,7 @@ def unhold(conn: Connection, d: Dialect, snaps: Sequence[str], ver: str) -> None
     layout of the day it came (a follow remaps only rows not applied); made new too, it was
     applied instead of the held copy with its bits naming other columns, and an increment was
     lost (session 29, a column added while three sites relay)."""
-    mark(conn, d, snaps, ver, 0, was=HELD)
+    unhold_many(conn, d, snaps, [ver])
 
 
 def unhold_many(conn: Connection, d: Dialect, snaps: Sequence[str], vers: Sequence[str]) -> None:
@@ -168,18 +168,12 @@ def rank_only(p: Plan) -> None:
 def rank_kept(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> int | None:
     """The key identity `rid` ranks to when a held insert kept its rank here (its shadow row alive,
     its table row absent), None otherwise."""
-    q = d.quote
-    ph = d.caps.placeholder
-    r = conn.exec_driver_sql(
-        f"SELECT s.{d.key_col} FROM {d.obj(info.name).shadow} s WHERE s.rid = {ph} AND s.deleted IS NULL AND NOT EXISTS "
-        f"(SELECT 1 FROM {q(info.name)} t WHERE t.{q(info.key.name)} = s.{d.key_col})",
-        (rid,),
-    ).first()
-    return None if r is None else int(r[0])
+    return ranks_kept(conn, d, info, [rid]).get(rid)
 
 
 def ranks_kept(conn: Connection, d: Dialect, info: TableInfo, rids: Sequence[str]) -> dict[str, int]:
-    """:func:`rank_kept` of each of `rids` that kept one (rid -> key), 500 a statement."""
+    """The keys the identities `rids` rank to where a held insert kept its rank here (its shadow row
+    alive, its table row absent): rid -> key, for those that did. 500 a statement."""
     q = d.quote
     ph = d.caps.placeholder
     out: dict[str, int] = {}

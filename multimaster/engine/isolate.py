@@ -514,7 +514,7 @@ def _retry_unit(
 
 def _released(conn: Connection, d: Dialect, ids: Sequence[int], done: Mapping[str, ReconcileResult], out: RetryResult) -> None:
     """Held changes `ids` applied (`done`, per table): out of the queue, counted in `out`."""
-    store.errorqueue.release_many(conn, d, list(ids))
+    store.errorqueue.release(conn, d, list(ids))
     out.applied.extend(ids)
     for tb, r in done.items():
         out.result.setdefault(tb, ReconcileResult(tb)).add(r)

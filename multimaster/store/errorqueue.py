@@ -35,7 +35,6 @@ __all__ = [
     "held_with",
     "waits_behind",
     "release",
-    "release_many",
     "skip",
     "counts",
     "open_of_origin",
@@ -122,11 +121,7 @@ def hold(
             (state, _cut(error), blocked_by, at, cur[0]),
         )
         return int(cur[0])
-    conn.exec_driver_sql(
-        f"INSERT INTO {t} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts, txn) "
-        f"VALUES ({d.ph(11)}, 1, {p})",
-        (h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, blocked_by, _cut(error), at, at, h.txn),
-    )
+    _insert(conn, d, [(h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, blocked_by, _cut(error), at, at, h.txn)])
     return int(conn.exec_driver_sql(f"SELECT max(id) FROM {t} WHERE tbl = {p} AND ver = {p}", (h.table, h.ver)).scalar_one())
 
 
@@ -134,12 +129,17 @@ def hold_new(conn: Connection, d: Dialect, held: Sequence[tuple[Held, str | None
     """Queue each change of `held` (with its error) as `state`, in one executemany: changes the
     caller knows are not open in the queue (:func:`open_versions`), which :func:`hold` would have
     looked up one by one."""
-    if not held:
-        return
+    if held:
+        _insert(conn, d, [(h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, None, _cut(e), at, at, h.txn) for h, e in held])
+
+
+def _insert(conn: Connection, d: Dialect, rows: Sequence[tuple[Any, ...]]) -> None:
+    """New queue rows (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at,
+    last_at, txn), one attempt each: an executemany when several."""
     conn.exec_driver_sql(
         f"INSERT INTO {_t(d)} (tbl, peer, ver, origin, rid, op, state, blocked_by, error, first_at, last_at, attempts, txn) "
         f"VALUES ({d.ph(11)}, 1, {d.caps.placeholder})",
-        [(h.table, h.peer, h.ver, h.origin, h.rid, h.op, state, None, _cut(e), at, at, h.txn) for h, e in held],
+        rows[0] if len(rows) == 1 else list(rows),
     )
 
 
@@ -237,12 +237,7 @@ def held_with(conn: Connection, d: Dialect, id_: int, head: int, at: str, attemp
     )
 
 
-def release(conn: Connection, d: Dialect, id_: int) -> None:
-    """`id_` was applied: it leaves the queue."""
-    conn.exec_driver_sql(f"DELETE FROM {_t(d)} WHERE id = {d.caps.placeholder}", (id_,))
-
-
-def release_many(conn: Connection, d: Dialect, ids: Sequence[int]) -> None:
+def release(conn: Connection, d: Dialect, ids: Sequence[int]) -> None:
     """`ids` were applied: they leave the queue, 500 a statement."""
     p = d.caps.placeholder
     for i in range(0, len(ids), 500):

@@ -159,6 +159,28 @@ def test_a_transaction_is_held_with_its_failed_change() -> None:
     assert plan_holds(new, q) == [(0, "txn", 2)]
 
 
+def model_closure(queued: list[dict[str, Any]], starts: list[int], behind: bool = False) -> set[int]:
+    """Brute force: the rule applied until nothing is added. A taken change takes its
+    transaction's changes, its row's changes at or after it, and with `behind` those of its row
+    held behind it (blocked_by) whatever their versions."""
+    by_id = {q["id"]: q for q in queued}
+    want = {s for s in starts if s in by_id}
+    grown = True
+    while grown:
+        grown = False
+        for q in queued:
+            if q["id"] in want:
+                continue
+            for p in (by_id[i] for i in list(want)):
+                same_txn = q["txn"] is not None and (q["origin"], q["txn"]) == (p["origin"], p["txn"])
+                same_row = (q["tbl"], q["rid"]) == (p["tbl"], p["rid"])
+                if same_txn or (same_row and (q["ver"] >= p["ver"] or (behind and q.get("blocked_by") == p["id"]))):
+                    want.add(q["id"])
+                    grown = True
+                    break
+    return want
+
+
 @settings(max_examples=300)
 @given(queues(), st.integers(0, 5))
 def test_a_retry_takes_the_transactions_and_the_rows_behind(queued: list[dict[str, Any]], k: int) -> None:
@@ -167,22 +189,7 @@ def test_a_retry_takes_the_transactions_and_the_rows_behind(queued: list[dict[st
         return
     start = queued[k % len(queued)]["id"]
     got = set(retry_set(queued, start))
-    want = {start}
-    grown = True
-    while grown:
-        grown = False
-        for q in queued:
-            if q["id"] in want:
-                continue
-            for p in queued:
-                if p["id"] not in want:
-                    continue
-                same_txn = q["txn"] is not None and (q["origin"], q["txn"]) == (p["origin"], p["txn"])
-                behind = (q["tbl"], q["rid"]) == (p["tbl"], p["rid"]) and q["ver"] >= p["ver"]
-                if same_txn or behind:
-                    want.add(q["id"])
-                    grown = True
-                    break
+    want = model_closure(queued, [start])
     assert got == want
     g = set(group_of(queued, start))
     s = queued_by(queued, start)
@@ -216,19 +223,4 @@ def test_the_closure_of_many_starts_is_the_fixpoint_of_the_rule(data: st.DataObj
             }
         )
     starts = data.draw(st.lists(st.sampled_from([q["id"] for q in queued] + [99]), max_size=4)) if queued else [99]
-    by_id = {q["id"]: q for q in queued}
-    want = {s for s in starts if s in by_id}
-    grown = True
-    while grown:
-        grown = False
-        for q in queued:
-            if q["id"] in want:
-                continue
-            for p in (by_id[i] for i in list(want)):
-                same_txn = q["txn"] is not None and (q["origin"], q["txn"]) == (p["origin"], p["txn"])
-                same_row = (q["tbl"], q["rid"]) == (p["tbl"], p["rid"])
-                if same_txn or (same_row and (q["ver"] >= p["ver"] or (behind and q["blocked_by"] == p["id"]))):
-                    want.add(q["id"])
-                    grown = True
-                    break
-    assert closure(queued, starts, behind=behind) == sorted(want)
+    assert closure(queued, starts, behind=behind) == sorted(model_closure(queued, starts, behind))
