@@ -7,10 +7,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, err, execute
+from multimaster.config.secrets import redact
 from multimaster.config.topology import load_topology
 from multimaster.errors import ConfigError
 
@@ -64,14 +66,19 @@ def _table(rows: list[dict[str, Any]]) -> Table:
 
 
 def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool, as_json: bool, traceback: bool) -> None:
-    def go() -> None:
-        rows = api.list_errors(load_topology(topology), site, table, include_skipped=all_)
+    def go() -> int:
+        unreachable: dict[str, str] = {}
+        rows = api.list_errors(load_topology(topology), site, table, include_skipped=all_, unreachable=unreachable)
+        for why in unreachable.values():  # the others' queues are listed all the same
+            err.print(f"[bold red]not reached:[/] {escape(redact(why))}", markup=True, highlight=False, soft_wrap=True)
+        code = 1 if unreachable else 0
         if as_json:
             dump(rows)
-            return
+            return code
         if not rows:
-            console.print("no change is held in the error queue", highlight=False)
-            return
+            where = " of the sites reached" if unreachable else ""
+            console.print(f"no change is held in the error queue{where}", highlight=False)
+            return code
         console.print(_table(rows))
         if any(r["state"] in ("failed", "waiting", "txn") for r in rows):
             console.print(
@@ -91,8 +98,11 @@ def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool,
                 markup=False,
                 soft_wrap=True,
             )
+        return code
 
-    execute(go, traceback)
+    code = execute(go, traceback)
+    if code:
+        raise typer.Exit(code)
 
 
 SITE = typer.Option(None, "--site", help="Only this site's queue.")
@@ -110,7 +120,8 @@ def errors(
     traceback: bool = TRACEBACK,
 ) -> None:
     """The changes held in the error queue of every site: the change, the database's error, when,
-    and the changes of the same row waiting behind it. Exits 0.
+    and the changes of the same row waiting behind it. Exits 0; 1 when a site was not reached
+    (named on stderr; the queues of the others are listed all the same).
 
     Examples:
       multimaster errors -t topo.yaml

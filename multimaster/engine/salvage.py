@@ -27,6 +27,7 @@ from multimaster.dialects.schema import TableInfo, names
 from multimaster.engine import references
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.refresh import apply_entries
+from multimaster.engine.relays import RELAY_WAITS
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly
@@ -43,6 +44,8 @@ class Held:
     applied: str | None  # the highest version of the site's own changes applied here (_mm_origins)
     waiting: int  # snapshot rows not applied here (waiting, or held in the error queue)
     layout: tuple[Any, ...]  # the table's columns and references here: a giver must have the receiver's
+    held: int = 0  # changes that came from the site still held in the error queue here (values in the snapshot)
+    relays: int = 0  # snapshot rows applied here whose relay waits behind a change held here
 
 
 @dataclass
@@ -69,6 +72,7 @@ def survey(cl: Cluster, site: str, source: str) -> Survey:
         s.require_installed(conn, t)
         d = s.dialect
         top = store.origins.of_origin(conn, d, source)
+        held = store.errorqueue.open_from(conn, d, source)
         for tb in t.tables:
             info = s.info(conn, tb, t)
             wm = store.watermarks.find(conn, d, source, tb)
@@ -77,10 +81,11 @@ def survey(cl: Cluster, site: str, source: str) -> Survey:
                 continue
             h = store.purges.snapshot_horizon(conn, d, source, tb)
             kept = wm if h is None else max(0, min(h, wm))
-            waiting = int(
-                conn.exec_driver_sql(f"SELECT count(*) FROM {d.obj(tb, source).snapshot()} WHERE applied <> 1").scalar() or 0
-            )
-            out.tables[tb] = Held(wm, kept, top.get(tb), waiting, _layout(info))
+            waiting, relays = conn.exec_driver_sql(
+                f"SELECT count(*), coalesce(sum(CASE WHEN applied = {RELAY_WAITS} THEN 1 ELSE 0 END), 0) "
+                f"FROM {d.obj(tb, source).snapshot()} WHERE applied <> 1"
+            ).one()
+            out.tables[tb] = Held(wm, kept, top.get(tb), int(waiting), _layout(info), held.get(tb, 0), int(relays))
     return out
 
 

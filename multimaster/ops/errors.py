@@ -12,12 +12,13 @@ from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.core.errorqueue import group_of, released_by, retry_set
 from multimaster.core.versions import now_iso
+from multimaster.dialects.schema import names
 from multimaster.engine import held, isolate, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError
+from multimaster.errors import ConfigError, SiteUnreachable
 
 __all__ = ["list_errors", "errors_at", "retry_errors", "skip_error", "STATES"]
 
@@ -32,13 +33,19 @@ def _sites(cl: Cluster, site: str | None) -> list[str]:
 
 
 def list_errors(
-    topo: Topology | Cluster, site: str | None = None, table: str | None = None, include_skipped: bool = False
+    topo: Topology | Cluster,
+    site: str | None = None,
+    table: str | None = None,
+    include_skipped: bool = False,
+    unreachable: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The changes held at every site (or `site`), per site and table in version order: id, site,
     table, state, op, rid, ver, origin, peer, error, blocked_by, first_at, last_at, attempts,
     reason, and `change` (its key and the values it sets, as its snapshot holds it; None for a
     malformed entry). `include_skipped`: skipped ones too (with their reason). A site reached
-    through its agent is read by its agent (the same rows, read there)."""
+    through its agent is read by its agent (the same rows, read there). A site that cannot be
+    reached raises SiteUnreachable; with `unreachable` (a dict) it goes there instead (site ->
+    why) and the other sites are read."""
     cl, own = as_cluster(topo)
     try:
         if table is not None and table not in cl.topo.tables:
@@ -46,7 +53,15 @@ def list_errors(
         out: list[dict[str, Any]] = []
         for n in _sites(cl, site):
             s = cl.site(n)
-            out += s.errors(table, include_skipped) if isinstance(s, AgentSite) else errors_at(s, cl.topo, table, include_skipped)
+            try:
+                if isinstance(s, AgentSite):
+                    out += s.errors(table, include_skipped)
+                else:
+                    out += errors_at(s, cl.topo, table, include_skipped)
+            except SiteUnreachable as e:
+                if unreachable is None:
+                    raise
+                unreachable[n] = str(e)
         return out
     finally:
         if own:
@@ -66,7 +81,8 @@ def errors_at(s: Site, topo: Topology, table: str | None = None, include_skipped
         held: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}  # (table, peer) -> ver -> change
         for tb, peer in {(str(r["table"]), str(r["peer"])) for r in queued}:
             info = infos.get(tb)
-            if info is not None:
+            # a snapshot dropped by remove-site before it kept them for held changes: values unknown
+            if info is not None and s.dialect.table_kind(conn, names(tb, peer).snapshot()) is not None:
                 vers = [str(r["ver"]) for r in queued if (r["table"], r["peer"]) == (tb, peer) and r["op"] not in ("?", "P")]
                 held[(tb, peer)] = store.errorqueue.changes(conn, s.dialect, tb, peer, vers, info.column_names)
         for r in queued:

@@ -95,7 +95,9 @@ class SiteNotDrained(MultimasterError):
     def __init__(self, site: str, details: list[str]):
         super().__init__(
             f"site '{site}' still has changes its pullers have not applied ({'; '.join(details)}). "
-            f"Refresh them first (multimaster refresh -t FILE), or pass --force to drop those changes."
+            f"Refresh them first (multimaster refresh -t FILE); changes held in an error queue are listed by "
+            f"'multimaster errors -t FILE', to retry or skip. Or pass --force to drop the changes still waiting "
+            f"(held ones keep the snapshots until they are retried or skipped)."
         )
 
 
@@ -1147,6 +1149,7 @@ def _verdicts(
                     "fix": fix,
                 }
             )
+    keep += _held_there(name, tables, surveys)
     if not keep:  # the snapshots go, and with them the changes that wait in them
         for s, sv in sorted(surveys.items()):
             for tb in tables:
@@ -1157,6 +1160,28 @@ def _verdicts(
     except Exception:  # noqa: BLE001 - the site is gone: what it made and nobody pulled is unknown
         rep.not_pulled = None
     return keep
+
+
+def _held_there(name: str, tables: list[str], surveys: dict[str, salvage.Survey]) -> list[str]:
+    """Why a puller's snapshots of `name` must stay for the changes its error queue holds from
+    `name`, and for those it applied from them whose relay waits behind a held change: the values
+    of both are only in that snapshot (dropped, the held ones could be neither retried nor listed,
+    and the waiting relays would never reach the puller's own peers)."""
+    out: list[str] = []
+    for s, sv in sorted(surveys.items()):
+        for tb in tables:
+            h = sv.tables[tb]
+            if not (h.held or h.relays):
+                continue
+            what = [f"{h.held} change(s) from '{name}' held in its error queue"] if h.held else []
+            if h.relays:
+                what.append(f"{h.relays} change(s) applied from '{name}' whose relay waits behind a change held there")
+            out.append(
+                f"'{s}' has, in table '{tb}', {' and '.join(what)}: fix the cause and "
+                f"'multimaster errors retry -t FILE --site {s} --all', or drop them with "
+                f"'multimaster errors skip -t FILE --site {s} --id ID --reason TEXT', then run remove-site again"
+            )
+    return out
 
 
 def _why_behind(

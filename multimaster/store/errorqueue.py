@@ -302,6 +302,16 @@ def open_of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, tuple
     return {str(t): (str(v), int(n)) for t, v, n in rows}
 
 
+def open_from(conn: Connection, d: Dialect, peer: str) -> dict[str, int]:
+    """Per table, how many changes that came over the link from `peer` are still held here (the
+    open states); their values are in this site's snapshot of `peer`."""
+    rows = conn.exec_driver_sql(
+        f"SELECT tbl, count(*) FROM {_t(d)} WHERE peer = {d.caps.placeholder} AND state IN ({_OPEN_SQL}) GROUP BY tbl",
+        (peer,),
+    ).all()
+    return {str(t): int(n) for t, n in rows}
+
+
 def lowest_open(conn: Connection, d: Dialect, table: str) -> dict[str, str]:
     """Per origin, the lowest version of its changes of `table` still held here (the open states;
     not a malformed entry, which has no version)."""
