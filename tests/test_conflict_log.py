@@ -85,3 +85,27 @@ def test_init_adds_the_image_columns_once(sqlite_backend, tmp_path):  # type: ig
             assert store.conflicts.install(conn, s.dialect) == []
     finally:
         s.dispose()
+
+
+def test_the_conflict_logs_of_the_sites_reached_are_listed_when_one_is_down(sqlite_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """`multimaster conflicts` with one site down lists the others' logs, names the site not
+    reached on stderr and exits 1 (before: exit 1 with nothing listed)."""
+    import json
+
+    from clusters import cli
+    from test_remove_dead_site import kill
+
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES)
+    cl.execute("s1", "INSERT INTO notes (body) VALUES ('hello')")
+    cl.refresh_until_quiet()
+    cl.execute("s1", "UPDATE notes SET body = 'from s1' WHERE id = 1")
+    cl.execute("s2", "UPDATE notes SET body = 'from s2' WHERE id = 1")
+    cl.refresh_until_quiet()
+    kill(cl, "s3", tmp_path)
+    r = cli("conflicts", "-t", str(cl.topo.path), "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "not reached: site 's3'" in r.stderr
+    rows = json.loads(r.stdout)
+    assert {x["site"] for x in rows} == {"s1", "s2"} and {x["kind"] for x in rows} == {"update_update"}
+    with pytest.raises(Exception, match="s3"):
+        api.conflicts(cl.topo)  # the function without a place for the sites not reached raises

@@ -13,6 +13,7 @@ from rich.table import Table
 from multimaster import api
 from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, redraw
 from multimaster.cli.progress import Reporter
+from multimaster.config.secrets import redact
 from multimaster.config.topology import load_topology
 from multimaster.ops.install import untracked_message
 
@@ -482,12 +483,15 @@ def conflicts(
             execute(lambda: _re_resolve(topology, policy, site, table, kind, since, apply, at, as_json), traceback) or 0
         )
 
-    def go() -> None:
+    def go() -> int:
         since_at = parse_since(since)
-        rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind)
+        unreachable: dict[str, str] = {}
+        rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind, unreachable=unreachable)
+        for why in unreachable.values():  # the others' logs are listed all the same
+            err.print(f"[bold red]not reached:[/] {escape(redact(why))}", markup=True, highlight=False, soft_wrap=True)
         if as_json:
             dump(rows)
-            return
+            return 1 if unreachable else 0
         t = Table(title=f"conflicts ({len(rows)})")
         for c in ("site", "id", "detected", "table", "key", "kind", "columns", "local", "remote", "rule", "winner"):
             t.add_column(c)
@@ -506,8 +510,11 @@ def conflicts(
                 r["winner"],
             )
         console.print(t)
+        return 1 if unreachable else 0
 
-    execute(go, traceback)
+    code = execute(go, traceback)
+    if code:
+        raise typer.Exit(code)
 
 
 def _re_resolve(

@@ -17,7 +17,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, NotConnected
+from multimaster.errors import ConfigError, MultimasterError, NotConnected, SiteUnreachable
 from multimaster.ops.install import untracked, untracked_message
 from multimaster.ops.verifications import last
 
@@ -294,13 +294,16 @@ def conflicts(
     *,
     since: str | None = None,
     kind: str | None = None,
+    unreachable: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The conflict log of every site (or `site`), oldest first, at most the last `limit` (0:
     all): only of `table`, of `kind`, recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS')
     when given. Each row: what ``_mm_conflicts`` holds (values and row images decoded) plus, per
     side, the site that wrote its version and whether that was this site (``local``) or another
     (``replicated``), and ``winner`` (``local``, ``remote``, ``both`` for a merge, ``delete``).
-    A site reached through its agent is read by its agent (conflicts_at, run there).
+    A site reached through its agent is read by its agent (conflicts_at, run there). A site that
+    cannot be reached raises SiteUnreachable; with `unreachable` (a dict) it goes there instead
+    (site -> why) and the other sites are read.
     Raises ConfigError for a site, table or kind that does not exist."""
     cl, own = as_cluster(topo)
     try:
@@ -318,9 +321,15 @@ def conflicts(
         rows: list[dict[str, Any]] = []
         for n in [site] if site else list(cl.topo.sites):
             s = cl.site(n)
-            rows += (
-                s.conflicts(table, limit, since, kind) if isinstance(s, AgentSite) else conflicts_at(s, table, limit, since, kind)
-            )
+            try:
+                if isinstance(s, AgentSite):
+                    rows += s.conflicts(table, limit, since, kind)
+                else:
+                    rows += conflicts_at(s, table, limit, since, kind)
+            except SiteUnreachable as e:
+                if unreachable is None:
+                    raise
+                unreachable[n] = str(e)
         rows.sort(key=lambda r: (r["detected_at"], r["site"], r["id"]))
         return rows[-limit:] if limit else rows
     finally:
