@@ -39,7 +39,9 @@ def main(directory: Path) -> int:
     for site in ("paris", "new_york"):
         with sqlite3.connect(directory / f"{site}.db") as c:
             c.execute("DROP TABLE IF EXISTS flights")
-            c.execute("CREATE TABLE flights (id INTEGER PRIMARY KEY, code TEXT, seats_left INTEGER, last_passenger TEXT)")
+            c.execute(
+                "CREATE TABLE flights (id INTEGER PRIMARY KEY AUTOINCREMENT, code TEXT, seats_left INTEGER, last_passenger TEXT)"
+            )
     with sqlite3.connect(directory / "paris.db") as c:  # the common base: init copies it to new_york
         c.execute("INSERT INTO flights (code, seats_left) VALUES ('AF006', 1)")
     topo = load_topology(directory / "topology.yaml")

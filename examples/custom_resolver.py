@@ -70,7 +70,7 @@ def main(directory: Path) -> int:
     for site in ("s1", "s2"):
         with sqlite3.connect(directory / f"{site}.db") as c:
             c.execute("DROP TABLE IF EXISTS customers")
-            c.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT, tier TEXT)")
+            c.execute("CREATE TABLE customers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT, tier TEXT)")
     with sqlite3.connect(directory / "s1.db") as c:
         c.execute("INSERT INTO customers (name, tier) VALUES ('Ada', 'silver'), ('Grace', 'silver')")
     topo = load_topology(directory / "topology.yaml")

@@ -40,7 +40,7 @@ def main(directory: Path) -> int:
     for site in SITES:
         with sqlite3.connect(directory / f"{site}.db") as c:
             c.execute("DROP TABLE IF EXISTS stock")
-            c.execute("CREATE TABLE stock (id INTEGER PRIMARY KEY, item TEXT NOT NULL, qty INTEGER NOT NULL)")
+            c.execute("CREATE TABLE stock (id INTEGER PRIMARY KEY AUTOINCREMENT, item TEXT NOT NULL, qty INTEGER NOT NULL)")
     with sqlite3.connect(directory / "lyon.db") as c:
         c.executemany("INSERT INTO stock (item, qty) VALUES (?, ?)", ITEMS.items())
     topo = load_topology(directory / "topology.yaml")

@@ -49,7 +49,7 @@ def main(directory: Path) -> int:
     for site in SITES:
         with sqlite3.connect(directory / f"{site}.db") as c:
             c.execute("DROP TABLE IF EXISTS orders")
-            c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY, customer TEXT, status TEXT, amount INTEGER)")
+            c.execute("CREATE TABLE orders (id INTEGER PRIMARY KEY AUTOINCREMENT, customer TEXT, status TEXT, amount INTEGER)")
     with sqlite3.connect(directory / "hq.db") as c:
         c.executemany("INSERT INTO orders (customer, status, amount) VALUES (?, 'open', ?)", [(f"c{i}", 100) for i in range(20)])
     topo = load_topology(directory / "topology.yaml")

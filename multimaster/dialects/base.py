@@ -652,6 +652,12 @@ class Dialect:
         sequence, a counter) past the highest key (forward only: local inserts may be in flight)."""
         raise NotImplementedError
 
+    def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
+        """What an application inserting into renumbered table `info` here is told of the new
+        row's key that may not be its key (init says it); None: the key it is told is the row's
+        until the next reconcile moves it (as it moves any key)."""
+        return None
+
     def before_capture_again(self, conn: Connection, info: TableInfo) -> None:
         """Just before the capture of a table made again is installed (engine/evolve.py): where
         DDL commits at once, applications keep inserting between the statements that make the

@@ -51,9 +51,9 @@ links: mesh
 """
 
 SCHEMA = """
-CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, email TEXT, street TEXT, city TEXT,
+CREATE TABLE customers (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, email TEXT, street TEXT, city TEXT,
                         tier TEXT, balance REAL NOT NULL DEFAULT 0);
-CREATE TABLE flights (id INTEGER PRIMARY KEY, code TEXT NOT NULL, seats_left INTEGER NOT NULL, last_passenger TEXT);
+CREATE TABLE flights (id INTEGER PRIMARY KEY AUTOINCREMENT, code TEXT NOT NULL, seats_left INTEGER NOT NULL, last_passenger TEXT);
 """
 
 

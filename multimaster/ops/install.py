@@ -32,6 +32,9 @@ class InitReport:
     evolved: dict[str, list[str]] = field(default_factory=dict)  # site -> tables whose capture followed a schema change
     #: site -> tables installed there but no longer under tables: (untracked_message says what to do)
     untracked: dict[str, list[str]] = field(default_factory=dict)
+    #: site -> what applications inserting into a renumbered table there are told of the new key that
+    #: may not be its key (Dialect.insert_key_caveat)
+    caveats: dict[str, list[str]] = field(default_factory=dict)
 
 
 def _rows_sorted(conn: Connection, site: Site, info: TableInfo, chunk: int = 5000):  # type: ignore[no-untyped-def]
@@ -239,6 +242,8 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
                 store.tables.register(conn, s.dialect, info)
             references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
             s.dialect.install_capture(conn, info)
+            if caveat := s.dialect.insert_key_caveat(conn, info):
+                rep.caveats.setdefault(n, []).append(caveat)
             s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
             evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly

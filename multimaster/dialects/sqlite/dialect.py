@@ -261,6 +261,8 @@ class SQLiteDialect(Dialect):
             )
         for sql in stmts:
             conn.exec_driver_sql(sql)
+        if spec.renumber:
+            self.after_apply(conn, info)
 
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
         o = self.obj(info.name)
@@ -394,8 +396,38 @@ class SQLiteDialect(Dialect):
         """Nothing to lock: BEGIN IMMEDIATE made the apply transaction the only writer."""
 
     def after_apply(self, conn: Connection, info: TableInfo) -> None:
-        """Nothing to move: a plain insert takes max(rowid) + 1, and with AUTOINCREMENT
-        sqlite_sequence follows every larger key inserted."""
+        """A renumbered table with AUTOINCREMENT: its sqlite_sequence past every identity's key,
+        deleted ones included, so that SQLite gives a local insert its rank itself and
+        `cursor.lastrowid` / `RETURNING` name the row's key (docs/sqlite.md "Keys the application
+        is told"). A key inserted here moves the sequence by itself; an identity that was inserted
+        and deleted at another site before this one pulled it never was a row here. A table
+        without AUTOINCREMENT takes max(rowid) + 1, which nothing but a row moves."""
+        if not info.spec.renumber or not self._autoincrement(conn, info.name):
+            return
+        shadow = self.obj(info.name).shadow
+        top = conn.exec_driver_sql(f"SELECT max({self.key_col}) FROM {shadow}").scalar()
+        if top is None:
+            return
+        n = conn.exec_driver_sql("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (int(top), info.name))
+        if not n.rowcount:
+            conn.exec_driver_sql("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (info.name, int(top)))
+
+    def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
+        if not info.spec.renumber or self._autoincrement(conn, info.name):
+            return None
+        return (
+            f"{info.name} has no AUTOINCREMENT here: after its newest row is deleted (here, or at another site "
+            "before this one pulled it), the next insert's cursor.lastrowid and RETURNING name the key SQLite chose, "
+            "not the row's key, which is one more; declare the key INTEGER PRIMARY KEY AUTOINCREMENT where "
+            "applications use them (docs/sqlite.md)"
+        )
+
+    @staticmethod
+    def _autoincrement(conn: Connection, table: str) -> bool:
+        """Whether `table` was created with AUTOINCREMENT (it then has a row in sqlite_sequence from
+        its first insert on, and SQLite never gives a key below that row's seq again)."""
+        sql = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).scalar()
+        return bool(sql) and "AUTOINCREMENT" in str(sql).upper()
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """The site's floor ``_mm_state.hlc``, which every capture trigger reads."""
