@@ -557,3 +557,48 @@ def test_refused_actions_at_init(backend: Backend, tmp_path: Path) -> None:
     with pytest.raises(SchemaError) as e:
         api.init(cl.topo)
     assert "'child'" in str(e.value) and "'parent'" in str(e.value) and "ON UPDATE SET NULL" in str(e.value)
+
+
+#: how an application locks the row it read a key of, per database (docs/foreign-keys.md "Keys read
+#: by an application"); SQLite: a write transaction from its start (BEGIN IMMEDIATE) instead
+SHARE_LOCK = {"postgresql": " FOR SHARE", "mysql": " LOCK IN SHARE MODE", "sqlite": ""}
+
+
+def test_a_key_read_under_a_share_lock_stays_the_rows_until_commit(backend: Backend, tmp_path: Path) -> None:
+    """An application reads a parent's key, then inserts a child with it, in one transaction, while
+    a refresh ranks an earlier parent from another site before it. The parent's key moves only
+    after COMMIT when the transaction locked the row it read (SHARE_LOCK): the child it inserted
+    references that parent at every site. (A plain read does not hold the key: the reconciler
+    moves keys while no *writer* of the table is in flight.)"""
+    import threading
+    import time
+
+    cl = fk_cluster(backend, tmp_path, ["a", "b"])
+    q = _q(cl, "a")
+    app(cl, "b", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-b",)))  # the earlier one: ranks first
+    app(cl, "a", (f"INSERT INTO parent ({q}name{q}) VALUES (?)", ("p-a",)))
+    be = _be(cl, "a")
+    c = cl.db("a")
+    done: list[Any] = []
+    try:
+        cur = c.cursor()
+        if be.name == "sqlite":
+            cur.execute("PRAGMA foreign_keys = ON")
+            c.execute("BEGIN IMMEDIATE")
+        cur.execute(f"SELECT id FROM parent WHERE {q}name{q} = 'p-a'{SHARE_LOCK[be.name]}")
+        (pid,) = cur.fetchone()
+        assert pid == 1
+        t = threading.Thread(target=lambda: done.append(api.refresh(cl.topo, "a", "b")))
+        t.start()
+        time.sleep(1.0)  # the refresh reaches the parent's move and waits for this transaction
+        cur.execute(f"INSERT INTO child ({q}name{q}, parent_id) VALUES ({be.param()}, {be.param()})", ("c-a", pid))
+        c.commit()
+    finally:
+        c.close()
+    t.join(120)
+    assert done and not [r.error for r in done[0] if r.error]
+    cl.refresh_until_quiet()
+    for s in cl.urls:
+        assert families(cl, s) == {("-", "c-a", "p-a")}, s
+    assert parent_key(cl, "a", "p-a") == 2
+    cl.assert_converged()
