@@ -602,3 +602,25 @@ def test_a_key_read_under_a_share_lock_stays_the_rows_until_commit(backend: Back
         assert families(cl, s) == {("-", "c-a", "p-a")}, s
     assert parent_key(cl, "a", "p-a") == 2
     cl.assert_converged()
+
+
+def test_a_child_deleted_by_cascade_has_no_current_key_anywhere(backend: Backend, tmp_path: Path) -> None:
+    """A parent deleted where children reference it ON DELETE CASCADE: `keys --key` of a child says
+    null at every site, MariaDB's included, whose cascade runs no trigger and leaves the child's
+    identity live in its shadow (before: its key, for a row that is gone)."""
+    from clusters import mm
+
+    cl = fk_cluster(backend, tmp_path, ["a", "b"], _tables(on_delete="CASCADE"))
+    add_family(cl, "a", "a")
+    cl.refresh_until_quiet()
+    cid = parent_key(cl, "a", "p-a")
+    q = _q(cl)
+    app(cl, "a", (f"DELETE FROM parent WHERE {q}name{q} = ?", ("p-a",)))
+    cl.refresh_until_quiet()
+    topo = str(tmp_path / "topology.yaml")
+    for s in ("a", "b"):
+        for tb in ("child", "grand"):
+            r = mm("keys", "-t", topo, "--site", s, "--table", tb, "--key", str(cid), "--json")
+            assert r.returncode == 0, r.stdout + r.stderr
+            assert json.loads(r.stdout)["current_key"] is None, (s, tb)
+    cl.assert_converged()
