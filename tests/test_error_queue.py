@@ -432,6 +432,37 @@ def test_a_corrupt_change_log_entry_is_held_not_blocking(backend: Backend, tmp_p
     assert _errors(topo) == []
 
 
+def test_a_site_added_from_a_peer_with_a_corrupt_entry_gets_its_later_changes(backend: Backend, tmp_path: Path) -> None:
+    """A version damaged by hand in s1's change log sorts above every version: add-site of s3 from
+    s1 took it for s1's newest change applied, and every later change of s1 was then dropped at s3
+    as a duplicate, with nothing held and `status` green. The copy now counts s1's well-formed
+    versions only (store.origins.newest_own)."""
+    import yaml
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
+    topo = _topology_file(tmp_path)
+    _seed(cl)
+    cl.execute("s1", "UPDATE items SET qty = 9 WHERE name = 'apple'")
+    _corrupt_log_entry(cl, "s1")
+    cl.refresh_until_quiet()
+    url = backend.new_site(tmp_path, "s3")
+    for tb, spec in TABLES.items():
+        backend.create_table(url, tb, spec["key"], spec["columns"])
+    doc = yaml.safe_load(Path(topo).read_text())
+    doc["sites"]["s3"] = {"url": url}
+    grown = tmp_path / "grown.yaml"
+    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = mm("add-site", "-t", str(grown), "s3", "--from", "s1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('plum', 3)")
+    cl.execute("s1", "UPDATE items SET qty = 7 WHERE name = 'pear'")
+    big = TestCluster(backend, load_topology(grown), {**cl.urls, "s3": url}, TABLES)
+    big.refresh_until_quiet()
+    assert big.rows("s3", "items") == big.rows("s1", "items") == [(1, "apple", 9), (2, "pear", 7), (3, "plum", 3)]
+    held = _errors(str(grown), "--site", "s2")
+    assert [h["op"] for h in held] == ["?"]  # the damaged entry, held where it was pulled
+
+
 def test_a_lock_held_by_an_application_is_waited_for_not_held(backend: Backend, tmp_path: Path) -> None:
     """A transient failure (a lock another connection holds: lock timeout, busy) keeps the backoff:
     the change applies once the lock goes, nothing enters the error queue."""

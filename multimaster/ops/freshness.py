@@ -127,9 +127,7 @@ def token_at(s: Site, topo: Topology) -> str:
         s.require_installed(conn, topo)
         hlc = d.read_clock(conn) or 0
         for tb in topo.tables:  # SQLite's clock floor leaves out its own captures: they are in the log
-            top = conn.exec_driver_sql(
-                f"SELECT max(ver) FROM {d.obj(tb).log} WHERE origin = {d.caps.placeholder}", (s.name,)
-            ).scalar()
+            top = store.origins.newest_own(conn, d, tb, s.name)
             if top:
                 hlc = max(hlc, ver_hlc(str(top)))
     return make_ver(hlc, s.name)

@@ -55,6 +55,7 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import hidden_url
+from multimaster.core.errorqueue import malformed
 from multimaster.core.progress import Progress, ProgressEvent
 from multimaster.core.salvage import Behind, CatchUp, Copy, Holding, verdict
 from multimaster.core.salvage import plan as plan_copies
@@ -633,12 +634,12 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
     )
     lq = ", ".join(pd.quote(c) for c in rcols)
     for raw in _stream(pconn, f"SELECT {lq} FROM {po.log} ORDER BY seq", size=size):
-        yield piece("log", [_current_layout(r, union, layouts, list(pi.column_names)) for r in raw])
+        # an entry damaged by hand is held by every puller of the peer already (docs/errors.md):
+        # copied, the new site would relay it, and its pullers would hold it once more
+        ok = [r for r in raw if malformed(r[0], r[1], r[2], r[3], r[5]) is None]
+        yield piece("log", [_current_layout(r, union, layouts, list(pi.column_names)) for r in ok])
     # the peer's own changes up to the capture point are in the copy: applied at the new site too
-    ph = pd.caps.placeholder
-    own_top = pconn.exec_driver_sql(
-        f"SELECT max(ver) FROM {po.log} WHERE origin = {ph} AND seq <= {ph}", (psite.name, pos)
-    ).scalar()
+    own_top = store.origins.newest_own(pconn, pd, tb, psite.name, upto_seq=pos)
     yield {"kind": "applied", "table": tb, "origins": store.origins.read(pconn, pd, tb), "own_top": own_top or None}
     # ... and the entries past it that the snapshot holds (committed between the horizon and the
     # snapshot) are in the copy too: stored as applied in the new site's snapshot of the peer, so

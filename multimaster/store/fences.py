@@ -29,9 +29,7 @@ def observe(conn: Connection, d: Dialect, table: str, site: str) -> Observation:
     highest version it wrote itself: in its change log, or purged from it (purge raises
     ``_mm_origins`` of the site's own origin to the highest version it purged)."""
     applied = dict(origins.read(conn, d, table))
-    logged = conn.exec_driver_sql(
-        f"SELECT max(ver) FROM {d.obj(table).log} WHERE origin = {d.caps.placeholder}", (site,)
-    ).scalar()
+    logged = origins.newest_own(conn, d, table, site)
     own = max((v for v in (logged, applied.get(site)) if v), default=None)
     return Observation(site, applied, own, now_iso())
 

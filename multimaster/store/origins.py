@@ -9,6 +9,7 @@ from typing import Any
 
 from sqlalchemy.engine import Connection
 
+from multimaster.core.errorqueue import is_version
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
@@ -52,6 +53,29 @@ def not_applied(d: Dialect, table: str, alias: str) -> str:
         f"NOT EXISTS (SELECT 1 FROM {d.mm_table('_mm_origins')} g WHERE g.tbl = '{table}' AND g.origin = {alias}.origin "
         f"AND g.max_ver >= {alias}.ver)"
     )
+
+
+def newest_own(conn: Connection, d: Dialect, table: str, site: str, upto_seq: int | None = None) -> str | None:
+    """The highest version of `site`'s own changes in its change log of `table` (at positions up to
+    `upto_seq` when given), None when there is none. Only a well-formed version of `site` counts: an
+    entry whose version was damaged by hand ('garbage' sorts above every version) is held by every
+    puller as malformed, and taken for the newest here it would make every later change look
+    applied (add-site's copy, docs/errors.md)."""
+    ph = d.caps.placeholder
+    where = f"origin = {ph}"
+    params: list[Any] = [site]
+    if upto_seq is not None:
+        where += f" AND seq <= {ph}"
+        params.append(upto_seq)
+    res = conn.exec_driver_sql(f"SELECT ver FROM {d.obj(table).log} WHERE {where} ORDER BY ver DESC", tuple(params))
+    try:
+        while part := res.fetchmany(100):
+            for (v,) in part:
+                if is_version(v) and v[20:] == site:
+                    return str(v)
+        return None
+    finally:
+        res.close()
 
 
 def read(conn: Connection, d: Dialect, table: str) -> list[tuple[str, str]]:
