@@ -397,3 +397,36 @@ def test_a_link_that_cannot_progress_is_reported_stalled_with_its_fix(sites):  #
     assert r.returncode == 0, r.stdout + r.stderr
     assert mm("status", "-t", str(topo)).returncode == 0
     assert sorted(r[1:] for r in rows(d / "s1.db")) == sorted(r[1:] for r in rows(d / "s2.db")) == [("x", 5), ("z", 7)]
+
+
+def test_status_exits_1_while_a_site_is_down_or_a_link_keeps_failing(sites):  # type: ignore[no-untyped-def]
+    """status exits 1 while a site cannot be reached (named on stderr; before: exit 0, the site
+    marked unreachable in the table only), and once a link's refreshes have failed for
+    refresh.stall_after, with the error they fail with; exit 0 again once both are over."""
+    d, topo = sites
+    topo.write_text(topo.read_text() + "refresh: {stall_after: 1s}\n")
+    assert mm("init", "-t", str(topo)).returncode == 0
+    with sqlite3.connect(d / "s1.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('x', 1)")
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("status", "-t", str(topo)).returncode == 0
+    (d / "s3.db").rename(d / "away.db")
+    r = mm("status", "-t", str(topo), "--json")
+    assert r.returncode == 1 and "site 's3' not reached" in r.stderr, r.stderr
+    assert json.loads(r.stdout)["failing"][0].startswith("site 's3' not reached")
+    (d / "away.db").rename(d / "s3.db")
+    assert mm("status", "-t", str(topo)).returncode == 0
+    # s2's snapshot of s1 refuses every row (a trigger made by hand): every refresh of s1 -> s2 fails
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("CREATE TRIGGER full_disk BEFORE INSERT ON _mm_snap_items__s1 BEGIN SELECT RAISE(ABORT, 'no space left'); END")
+    with sqlite3.connect(d / "s1.db") as c:
+        c.execute("INSERT INTO items (name, qty) VALUES ('y', 2)")
+    assert mm("refresh", "-t", str(topo), "--site", "s2", "--peer", "s1").returncode == 1
+    time.sleep(1.2)  # past refresh.stall_after since its last success
+    r = mm("status", "-t", str(topo))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "link s1 -> s2 failing: no refresh of it succeeded since" in r.stderr and "no space left" in r.stderr
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("DROP TRIGGER full_disk")
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("status", "-t", str(topo)).returncode == 0

@@ -129,8 +129,8 @@ def _refresh_table(results: list[Any]) -> Table:
 
 
 def _stalled_exit(messages: list[str]) -> int:
-    """1 when a link is stalled (docs/operations.md "Stalled links"), each named on stderr with its
-    fix; else 0."""
+    """1 when a link is stalled (docs/operations.md "Stalled links") or failing (a site not
+    reached, refreshes that fail), each named on stderr with its fix; else 0."""
     for m in messages:
         err.print(m, markup=False, highlight=False, soft_wrap=True)
     return 1 if messages else 0
@@ -353,7 +353,8 @@ def status(
     """Per link: changes waiting, watermark, last refresh, age of the oldest waiting change; per
     site: rows, log sizes, conflicts (and conflicts since --since), changes held in the error
     queue (exit 1 while some are held: see `multimaster errors`), sites whose clock was found
-    ahead past refresh.clock_warn (a warning: exit 0).
+    ahead past refresh.clock_warn (a warning: exit 0). Exit 1 also while a site cannot be reached
+    or a link's refreshes have failed for refresh.stall_after, each named on stderr.
 
     Examples:
       multimaster status -t topo.yaml
@@ -372,6 +373,7 @@ def status(
                 return max(
                     _held_exit(st, as_json),
                     _stalled_exit(st.get("stalled") or []),
+                    _stalled_exit(st.get("failing") or []),
                     _untracked_exit(st),
                     _gaps_exit(st.get("capture_gaps") or []),
                 )
@@ -381,6 +383,7 @@ def status(
                 return max(
                     _held_exit(st, as_json),
                     _stalled_exit(st.get("stalled") or []),
+                    _stalled_exit(st.get("failing") or []),
                     _untracked_exit(st),
                     _gaps_exit(st.get("capture_gaps") or []),
                 )

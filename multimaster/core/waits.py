@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from multimaster.core.versions import BASE_VER, ver_ms
 
-__all__ = ["Wait", "reason", "stalled", "fix"]
+__all__ = ["Wait", "reason", "stalled", "fix", "failing"]
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,26 @@ def stalled(w: Wait | None, now_ms: int, after_s: float | None) -> bool:
     """Whether a link whose oldest waiting change is `w` is stalled: something waits, and for
     longer than `after_s` seconds (None: never)."""
     return w is not None and w.count > 0 and after_s is not None and w.age_s(now_ms) >= after_s
+
+
+def failing(last_success_at: str | None, last_error_at: str | None, now: str, after_s: float | None) -> bool:
+    """Whether a link cannot make progress because its refreshes fail: its last refresh failed (an
+    error recorded after the last success) and no refresh has succeeded for `after_s` seconds (the
+    same grace as :func:`stalled`; None: never), or none ever did. Times are the bookkeeping's UTC
+    text ('2026-01-02T03:04:05Z'), which sorts as time."""
+    if last_error_at is None or after_s is None:
+        return False
+    if last_success_at is None:
+        return True
+    if last_success_at >= last_error_at:
+        return False
+    return _seconds(now) - _seconds(last_success_at) >= after_s
+
+
+def _seconds(at: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
 
 
 def fix(target: str) -> str:

@@ -9,8 +9,8 @@ from typing import Any, Mapping
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
-from multimaster.core.versions import ver_ms, ver_origin
-from multimaster.core.waits import Wait, fix, reason, stalled
+from multimaster.core.versions import now_iso, ver_ms, ver_origin
+from multimaster.core.waits import Wait, failing, fix, reason, stalled
 from multimaster.dialects.base import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
@@ -93,6 +93,11 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 entry["error"] = redact(str(e))
                 out["links"].append(entry)
                 continue
+            except Exception as e:  # noqa: BLE001 - a link whose bookkeeping is damaged: reported, not raised
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                entry["error"] = redact(f"its state cannot be read: {type(e).__name__}: {first}")
+                out["links"].append(entry)
+                continue
             pending_local = at["unapplied"]
             _waits(entry, [w for w in at["parked"] if w is not None], now_ms, t.refresh.stall_after_seconds(), ln.target)
             waiting_total = 0
@@ -111,6 +116,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             out["links"].append(entry)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
+        out["failing"] = _failing(site_data, out["links"], t.refresh.stall_after_seconds())
         warn, limit = t.refresh.clock_warn_seconds(), t.refresh.max_offset_seconds()
         out["clock_warnings"] = [
             clock_warning(n, w["peer"], w["origin"], w["ahead_s"], warn, limit) + f" (seen {w['observed_at']})"
@@ -284,6 +290,27 @@ def _types_elsewhere(cl: Cluster, site_data: dict[str, dict[str, Any]]) -> None:
 #: what the planner records (docs/conflicts.md, "The conflict log")
 CONFLICT_KINDS = ("update_update", "insert_insert", "update_delete", "delete_update", "insert_replaces", "unique", "orphan")
 _WINNER = {"local": "local", "remote": "remote", "merged": "both", "delete": "delete", "null": "null"}
+
+
+def _failing(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], after_s: float | None) -> list[str]:
+    """What keeps links from making progress other than waiting changes (those are `stalled`): a
+    site that cannot be reached, and a link whose refreshes have failed for `after_s` (the stall
+    grace; core/waits.py failing), each with what its error says."""
+    out = [f"site '{n}' not reached: {d.get('error')}" for n, d in site_data.items() if not d.get("reachable")]
+    now = now_iso()
+    down = {n for n, d in site_data.items() if not d.get("reachable")}
+    for ln in links:
+        if ln["from"] in down or ln["to"] in down:
+            continue  # named with its site above
+        if ln.get("error"):  # not connected, not installed, its bookkeeping unreadable
+            out.append(f"link {ln['from']} -> {ln['to']}: {ln['error']}")
+        elif failing(ln.get("last_success_at"), ln.get("last_error_at"), now, after_s):
+            since = ln.get("last_success_at") or "it was set up"
+            out.append(
+                f"link {ln['from']} -> {ln['to']} failing: no refresh of it succeeded since {since}; the last one, at "
+                f"{ln['last_error_at']}, failed: {ln.get('last_error')}"
+            )
+    return out
 
 
 def conflicts(

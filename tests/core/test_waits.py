@@ -36,3 +36,27 @@ def test_stalled_exactly_when_the_oldest_is_older_than_the_limit(made_ms: int, l
     assert stalled(w, now, after) == (after is not None and later_ms / 1000 >= after)
     assert not stalled(None, now, after)
     assert not stalled(Wait(0, "t", w.ver, "s1", "U", w.rid, True), now, after)
+
+
+def _iso(s: int) -> str:
+    import time
+
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(s))
+
+
+@given(
+    st.one_of(st.none(), st.integers(0, 10_000)),
+    st.one_of(st.none(), st.integers(0, 10_000)),
+    st.integers(0, 20_000),
+    st.one_of(st.none(), st.integers(0, 3_000)),
+)
+def test_a_link_fails_when_its_last_refresh_failed_and_none_succeeded_for_the_grace(
+    ok: int | None, bad: int | None, now: int, after: int | None
+) -> None:
+    """core/waits.py failing against the rule in seconds: an error after the last success (or no
+    success at all), and the last success at least `after` seconds ago; never without an error or
+    without a grace ('off')."""
+    from multimaster.core.waits import failing
+
+    want = bad is not None and after is not None and (ok is None or (ok < bad and now - ok >= after))
+    assert failing(None if ok is None else _iso(ok), None if bad is None else _iso(bad), _iso(now), after) == want
