@@ -149,17 +149,15 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
 
 def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
     """The horizon trims the clock's history (DELETE HISTORY, a privilege of its own) as the user
-    who ran init: init run by a user granted the usual privileges one by one, without it, stops
-    before writing anything, naming the GRANT; with it granted, init and replication go on."""
+    who ran init, and init creates routines (CREATE ROUTINE, ALTER ROUTINE, EXECUTE): init run by a
+    user granted the usual privileges one by one, without them, stops before writing anything,
+    naming each GRANT; with them granted, init and replication go on."""
     import yaml
 
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
     user = "mm_site_" + uuid.uuid4().hex[:8]
     db = cl.urls["s1"].rsplit("/", 1)[1].split("?")[0]
-    grants = (
-        "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, TRIGGER, CREATE VIEW, CREATE TEMPORARY TABLES, "
-        "CREATE ROUTINE, ALTER ROUTINE, EXECUTE"
-    )
+    grants = "SELECT, INSERT, UPDATE, DELETE, CREATE, DROP, ALTER, INDEX, TRIGGER, CREATE VIEW, CREATE TEMPORARY TABLES"
     mysql_backend._admin(f"CREATE USER '{user}'@'%'")
     try:
         mysql_backend._admin(f"GRANT {grants} ON `{db}`.* TO '{user}'@'%'")
@@ -172,7 +170,9 @@ def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, 
         assert r.returncode != 0, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())
         assert "may not DELETE HISTORY" in out and f"GRANT DELETE HISTORY ON `{db}`.* TO '{user}'@'%'" in out, out
-        mysql_backend._admin(f"GRANT DELETE HISTORY ON `{db}`.* TO '{user}'@'%'")
+        assert "may not create, replace and call routines" in out, out
+        assert f"GRANT CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON `{db}`.* TO '{user}'@'%'" in out, out
+        mysql_backend._admin(f"GRANT DELETE HISTORY, CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON `{db}`.* TO '{user}'@'%'")
         r = cli("init", "-t", str(as_user))
         assert r.returncode == 0, r.stdout + r.stderr
         cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 1)")

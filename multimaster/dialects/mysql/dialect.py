@@ -403,6 +403,8 @@ class MySQLDialect(Dialect):
         out = super().install_problems(conn, tables)
         history = self._history_problem(conn)
         out += [history] if history else []
+        routines = self._routine_problem(conn)
+        out += [routines] if routines else []
         row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").one()
         log_bin, trust = _on(row[0]), _on(row[1])
         if not log_bin or trust:
@@ -432,6 +434,37 @@ class MySQLDialect(Dialect):
             )
         finally:
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
+        return None
+
+    def _routine_problem(self, conn: Connection) -> str | None:
+        """init creates a function (`_mm_draw`, called by every capture trigger) and procedures
+        (`_mm_horizon`, `_mm_stamp`, called by every reader): CREATE ROUTINE, and ALTER ROUTINE
+        and EXECUTE to replace and call them, privileges a list of grants often lacks. Tried on a
+        scratch function, so a privilege held through a role counts too, before anything is
+        written (until session 32 init stopped at `_mm_draw` with the driver's error, tables made
+        and no triggers, and a second init refused the site as half-installed). Where binary logging
+        keeps a user without SUPER from creating routines at all (error 1419), the trigger check
+        below says so instead."""
+        probe = "_mm_probe_routine"
+        try:
+            conn.exec_driver_sql(f"CREATE OR REPLACE FUNCTION {probe}() RETURNS INT DETERMINISTIC NO SQL RETURN 1")
+            conn.exec_driver_sql(f"SELECT {probe}()")
+            conn.exec_driver_sql(f"DROP FUNCTION IF EXISTS {probe}")
+        except DBAPIError as e:
+            code = e.orig.args[0] if e.orig is not None and e.orig.args else None
+            if code == 1419:
+                return None
+            if code not in (1044, 1142, 1370):
+                raise
+            user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
+            name, _, host = user.rpartition("@")
+            db = self.quote(str(conn.exec_driver_sql("SELECT DATABASE()").scalar()))
+            return (
+                f"the user running init, {user}, may not create, replace and call routines in {db}: capture draws "
+                "through the function _mm_draw and every reader calls the procedures _mm_horizon and _mm_stamp "
+                f"(docs/mysql.md). As an administrator: GRANT CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON {db}.* "
+                f"TO '{name}'@'{host}'"
+            )
         return None
 
     def has_super(self, conn: Connection) -> bool:
