@@ -39,7 +39,12 @@ class ConfigError(MultimasterError):
         self.problems = list(problems)
         self.source = source
         head = f"{source}: " if source else ""
-        lines = [f"{head}{len(self.problems)} problem(s) in the topology:"]
+        # a command's options checked against the topology ('--id 3: no change with this id') are
+        # not problems of the file
+        where = (
+            "with the command's options" if self.problems and all(p.startswith("-") for p in self.problems) else "in the topology"
+        )
+        lines = [f"{head}{len(self.problems)} problem(s) {where}:"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
 
