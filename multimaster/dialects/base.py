@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Sequence
 
 from sqlalchemy.engine import Connection, Engine
 
@@ -267,6 +267,12 @@ class Dialect:
         """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""
         raise NotImplementedError
 
+    def names_missing_column(self, exc: BaseException) -> bool:
+        """The statement named a column the table does not have: the engine's description of the
+        table is older than the table (an ALTER ... DROP COLUMN ran since it was read), never a
+        change the site rejects (engine/isolate.py permanent)."""
+        return False
+
     # ---- lock waits (engine/lockwatch.py, docs/cli.md "Progress and lock waits") ---------------
     def backend_id(self, dbapi_conn: Any) -> int | None:
         """The server's id of the session of a DB-API connection, as the driver knows it (no
@@ -366,6 +372,15 @@ class Dialect:
 
     def install_capture(self, conn: Connection, info: TableInfo) -> None:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
+        raise NotImplementedError
+
+    def capture_without(self, conn: Connection, info: TableInfo, columns: Collection[str]) -> None:
+        """Where DDL commits at once (not caps.transactional_ddl), just before an ALTER that drops
+        `columns`: the capture triggers of `info` as they are, but naming none of those columns
+        (captured as not set: an insert leaves them to each site's default, an update never carries
+        them), so that no application write fails between the ALTER and the capture's follow
+        (`multimaster ddl`). Where DDL is transactional the triggers are dropped and made again in
+        the ALTER's transaction instead, and this is never called."""
         raise NotImplementedError
 
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
@@ -826,19 +841,26 @@ def shadow_key_index(table: str) -> str:
     return f"_mm_shadowk_{table}"
 
 
-def capture_fragments(quote: Any, cols: Any, spec: Any, new: str, old: str, own: list[str]) -> dict[str, Any]:
+def capture_fragments(
+    quote: Any, cols: Any, spec: Any, new: str, old: str, own: list[str], absent: Collection[str] = ()
+) -> dict[str, Any]:
     """The column lists every dialect's capture triggers splice into their templates: `new` / `old`
     name the row references (NEW/OLD, or transition-table aliases), `own` is each column's own
-    "changed" condition in the dialect's SQL."""
+    "changed" condition in the dialect's SQL. `absent`: columns about to be dropped, which the
+    triggers must not name (their values NULL, their `own` conditions FALSE: Dialect.capture_without)."""
     diff = group_diffs(own, spec)
+
+    def val(row: str, c: Any) -> str:
+        return "NULL" if c.name in absent else f"{row}.{quote(c.name)}"
+
     return {
         "ncols": "".join(f", {quote('n_' + c.name)}" for c in cols),
         "ocols": "".join(f", {quote('o_' + c.name)}" for c in cols),
-        "newvals": "".join(f", {new}.{quote(c.name)}" for c in cols),
-        "oldvals": "".join(f", {old}.{quote(c.name)}" for c in cols),
+        "newvals": "".join(f", {val(new, c)}" for c in cols),
+        "oldvals": "".join(f", {val(old, c)}" for c in cols),
         "diff": diff,
-        "updnew": "".join(f", CASE WHEN {d} THEN {new}.{quote(c.name)} END" for d, c in zip(diff, cols)),
-        "updold": "".join(f", CASE WHEN {d} THEN {old}.{quote(c.name)} END" for d, c in zip(diff, cols)),
+        "updnew": "".join(f", CASE WHEN {d} THEN {val(new, c)} END" for d, c in zip(diff, cols)),
+        "updold": "".join(f", CASE WHEN {d} THEN {val(old, c)} END" for d, c in zip(diff, cols)),
     }
 
 

@@ -61,9 +61,15 @@ __all__ = [
 def permanent(d: Dialect, e: BaseException) -> bool:
     """Whether `e`, raised while applying a batch, is the database rejecting a change for good: a
     malformed change, or a database error that is neither transient (Dialect.is_retryable) nor a
-    lost connection (those stay link errors, retried with backoff)."""
+    lost connection nor a column the engine's description has and the table no longer has
+    (Dialect.names_missing_column; those stay link errors, retried with backoff)."""
     if isinstance(e, CorruptChange):
         return True
+    if isinstance(e, DBAPIError) and d.names_missing_column(e):
+        # the batch was built from a description older than the table (a column dropped since,
+        # by `multimaster ddl` or by hand): a link error; the next refresh describes it again.
+        # Held, the changes waited for an `errors retry` that nothing calls for (session 32)
+        return False
     return isinstance(e, DBAPIError) and not e.connection_invalidated and not d.is_retryable(e)
 
 

@@ -157,6 +157,9 @@ def refresh_link(
     except Exception as e:  # noqa: BLE001 - recorded for status, re-raised by the caller when asked
         res.error = redact(f"{type(e).__name__}: {str(getattr(e, 'orig', e)).splitlines()[0] if str(e) else ''}")
         _record_error(tgt, source, res.error)
+        if isinstance(e, DBAPIError) and tgt.dialect.names_missing_column(e):
+            for tb in t.tables:  # described again by the next refresh (isolate.permanent)
+                tgt.forget(tb)
     res.seconds = time.perf_counter() - t0
     return res
 

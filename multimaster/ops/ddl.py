@@ -12,11 +12,18 @@ that waited for a column the site now has are applied.
 
 from __future__ import annotations
 
+import random
 import re
+import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.topology import Topology
+from multimaster.dialects import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import follow_site, relay_origins, schemas_elsewhere
@@ -25,6 +32,17 @@ from multimaster.errors import ConfigError, SchemaError
 __all__ = ["DdlReport", "ddl", "table_of"]
 
 _ALTER = re.compile(r"^\s*ALTER\s+TABLE\s+(?:IF\s+EXISTS\s+)?(?:ONLY\s+)?([`\"]?)([A-Za-z_][A-Za-z0-9_$]*)\1", re.IGNORECASE)
+
+
+#: `DROP [COLUMN] [IF EXISTS] name` of an ALTER TABLE; the other DROP clauses name no column
+_DROP = re.compile(r"\bDROP\s+(?:COLUMN\s+)?(?:IF\s+EXISTS\s+)?([`\"]?)([A-Za-z_][A-Za-z0-9_$]*)\1", re.IGNORECASE)
+_NOT_COLUMNS = {"index", "key", "primary", "foreign", "constraint", "check", "partition", "period", "system", "unique"}
+
+
+def dropped_columns(statement: str, columns: list[str]) -> list[str]:
+    """The replicated `columns` an ALTER TABLE `statement` drops (`DROP [COLUMN] name` clauses)."""
+    named = {m.group(2).lower() for m in _DROP.finditer(statement) if m.group(2).lower() not in _NOT_COLUMNS}
+    return [c for c in columns if c.lower() in named]
 
 
 def table_of(statement: str) -> str:
@@ -94,21 +112,20 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         rep.status, rep.version = "would apply", cur[0] if cur else None
         rep.message = f"{d.title} commits DDL at once: not run (a dry run runs it and rolls back only where DDL is transactional)"
         return rep
+    if not d.caps.transactional_ddl:
+        return _at_committing(cl, n, table, statement)
     others = schemas_elsewhere(cl, n)(table)  # read before the site's write transaction
     try:
         with s.write() as conn:
             s.require_installed(conn, t)
             info = s.info(conn, table, t)
-            if d.caps.transactional_ddl:
-                d.drop_capture(conn, info)  # made again below, in this transaction
+            # as a follow takes them (engine/evolve.py _follow_table): the table's reconcilers
+            # first, then its writers; dropping the triggers first deadlocked with a refresher
+            d.lock_for_apply(conn, info)
+            d.lock_for_install(conn, [table])
+            d.drop_capture(conn, info)  # made again below, in this transaction
             conn.exec_driver_sql(statement)
-            try:
-                ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=d.caps.transactional_ddl)
-            except SchemaError:
-                if not d.caps.transactional_ddl:
-                    s.forget(table)
-                    d.install_capture(conn, s.info(conn, table, t))  # the previous version's capture
-                raise
+            ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=True)
             rep.version = ev.version
             if ev.change is not None:
                 rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)
@@ -121,17 +138,99 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
     except SchemaError as e:
         s.forget(table)
         rep.status, rep.message = "refused", "; ".join(e.problems)
-        if not d.caps.transactional_ddl:
-            rep.message += f" ({d.title} commits DDL at once: the statement has run; capture stays in the previous schema)"
         return rep
     except Exception as e:  # noqa: BLE001 - reported per site; the next site is tried
         s.forget(table)
-        rep.status, rep.message = (
-            "failed",
-            str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__,
-        )
+        rep.status, rep.message = "failed", _first_line(e)
         return rep
     with s.write() as conn:  # what waited for a column the site has now
         info = s.info(conn, table, t)
         rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
+    return rep
+
+
+def _first_line(e: BaseException) -> str:
+    return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+
+
+#: how long `ddl` keeps trying a DDL statement that waits for a table's metadata lock, where each
+#: try waits at most Dialect.short_ddl_waits (MariaDB: 1 s)
+DDL_TRIES = 60
+
+
+def _briefly(conn: Connection, d: Dialect, fn: Callable[[], Any]) -> Any:
+    """Run the DDL of `fn` waiting only briefly for the table's metadata lock, again (after a
+    backoff) while that wait is what fails it: a DDL statement waiting for the lock makes every
+    application statement on the table queue behind it, and an application transaction that holds
+    the lock while it waits for a row one of those queued holds is a cycle neither InnoDB nor the
+    metadata locks see (applications waited out innodb_lock_wait_timeout, 50 s; session 30)."""
+    delay = 0.02
+    for attempt in range(DDL_TRIES):
+        try:
+            with d.short_ddl_waits(conn):
+                return fn()
+        except DBAPIError as e:
+            if attempt == DDL_TRIES - 1 or not d.is_retryable(e):
+                raise
+            time.sleep(delay * (0.5 + random.random()))
+            delay = min(delay * 2, 1.0)
+    raise AssertionError("unreachable")
+
+
+def _at_committing(cl: Cluster, n: str, table: str, statement: str) -> DdlReport:
+    """`ddl` at a site whose DDL commits at once (MariaDB). Holding the table's follow lock (no other
+    process follows it meanwhile): the capture triggers stop naming the columns the statement
+    drops (Dialect.capture_without: between the ALTER and the follow, a trigger naming one failed
+    every application write of the table, "Unknown column 'c' in 'NEW'"), then the statement;
+    each waiting for the table's metadata lock only briefly (_briefly). Then the site's capture
+    follows, as a refresher's follow does (engine/evolve.py follow: its own locks, retried), which a
+    refresher running meanwhile may have done already."""
+    t = cl.topo
+    s = cl.site(n)
+    d = s.dialect
+    rep = DdlReport(n, "applied")
+    try:
+        with s.write() as conn:
+            s.require_installed(conn, t)
+            info = s.info(conn, table, t)
+            gone = dropped_columns(statement, list(info.column_names))
+            d.lock_follow(conn, table)
+            try:
+                if gone:
+                    _briefly(conn, d, lambda: d.capture_without(conn, info, gone))
+                try:
+                    _briefly(conn, d, lambda: conn.exec_driver_sql(statement))
+                except Exception:
+                    if gone:  # the statement did not run: the capture as it was
+                        _briefly(conn, d, lambda: d.install_capture(conn, info))
+                    raise
+            finally:
+                d.unlock_follow(conn, table)
+    except Exception as e:  # noqa: BLE001 - reported per site; the next site is tried
+        s.forget(table)
+        rep.status, rep.message = "failed", _first_line(e)
+        return rep
+    s.forget(table)
+    before = list(info.column_names)
+    try:
+        evs = [ev for ev in follow_site(cl, n, [table]) if ev.table == table]
+    except Exception as e:  # noqa: BLE001 - the statement ran; the next refresh's follow tries again
+        rep.status = "failed"
+        rep.message = f"{_first_line(e)} ({d.title} commits DDL at once: the statement has run; the next refresh makes the capture follow it)"
+        return rep
+    if any(ev.problems for ev in evs):
+        rep.status = "refused"
+        rep.message = "; ".join(p for ev in evs for p in ev.problems)
+        rep.message += f" ({d.title} commits DDL at once: the statement has run; capture stays in the previous schema)"
+        return rep
+    with s.read() as conn:
+        cur = store.schemas.current(conn, d, table)
+        after = list(s.info(conn, table, t).column_names)
+    rep.version = cur[0] if cur else None
+    rep.added = [c for c in after if c not in before]
+    rep.dropped = [c for c in before if c not in after]
+    for ev in evs:
+        if ev.change is not None:
+            rep.retyped = list(ev.change.retyped)
+        rep.released += ev.released
     return rep

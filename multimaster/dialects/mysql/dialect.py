@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import re
 from contextlib import contextmanager, suppress
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -189,6 +189,10 @@ class MySQLDialect(Dialect):
         orig = getattr(exc, "orig", exc)
         args: tuple[Any, ...] = getattr(orig, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
+
+    def names_missing_column(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(getattr(exc, "orig", exc), "args", ())
+        return bool(args) and args[0] == 1054  # ER_BAD_FIELD_ERROR: Unknown column
 
     def backend_id(self, dbapi_conn: Any) -> int | None:
         tid = getattr(dbapi_conn, "thread_id", None)  # PyMySQL, mysqlclient: CONNECTION_ID()
@@ -556,7 +560,11 @@ class MySQLDialect(Dialect):
             ):
                 conn.exec_driver_sql(f"ALTER TABLE {o.shadow} ADD INDEX {q(shadow_key_index(info.name))} (`key`)")
 
-    def install_capture(self, conn: Connection, info: TableInfo) -> None:
+    def capture_without(self, conn: Connection, info: TableInfo, columns: Collection[str]) -> None:
+        self.install_capture(conn, info, absent=frozenset(columns))
+
+    def install_capture(self, conn: Connection, info: TableInfo, absent: Collection[str] = ()) -> None:
+        """The capture triggers of `info`; `absent`: columns they must not name (capture_without)."""
         q = self.quote
         o = self.obj(info.name)
         key = q(info.key.name)
@@ -565,11 +573,14 @@ class MySQLDialect(Dialect):
         site = _lit(str(conn.exec_driver_sql("SELECT site FROM _mm_state").scalar()))
 
         def differs(c: Any) -> str:
+            if c.name in absent:
+                return "FALSE"
             return f"NOT ({as_bytes(c.type_sql, 'OLD.' + q(c.name))} <=> {as_bytes(c.type_sql, 'NEW.' + q(c.name))})"
 
         own = [differs(c) for c in cols]
         anychanged = " OR ".join(own) if own else "FALSE"
-        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own)
+        fr = capture_fragments(q, cols, spec, "NEW", "OLD", own, absent)
+        allmask = spec.all_mask & ~sum(1 << i for i, c in enumerate(cols) if c.name in absent)
         diff = fr["diff"]
         updmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END) << {i})" for i, d in enumerate(diff)) if diff else "0"
         stamps = []
@@ -630,7 +641,7 @@ class MySQLDialect(Dialect):
             insrid=insrid,
             insdraw=insdraw,
             posvar=posvar,
-            allmask=str(spec.all_mask),
+            allmask=str(allmask),
             anychanged=anychanged,
             updmask=updmask,
             slotstamp=slotstamp,

@@ -133,6 +133,9 @@ class PostgreSQLDialect(Dialect):
         orig = getattr(exc, "orig", exc)
         return getattr(orig, "sqlstate", None) in _RETRY_STATES
 
+    def names_missing_column(self, exc: BaseException) -> bool:
+        return getattr(getattr(exc, "orig", exc), "sqlstate", None) == "42703"  # undefined_column
+
     def backend_id(self, dbapi_conn: Any) -> int | None:
         info = getattr(dbapi_conn, "info", None)  # psycopg 3
         pid = getattr(info, "backend_pid", None)

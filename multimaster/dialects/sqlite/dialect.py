@@ -61,6 +61,9 @@ class SQLiteDialect(Dialect):
     def is_retryable(self, exc: BaseException) -> bool:
         return "database is locked" in str(getattr(exc, "orig", exc))
 
+    def names_missing_column(self, exc: BaseException) -> bool:
+        return "no such column" in str(getattr(exc, "orig", exc))
+
     def temp_name(self, name: str) -> str:
         return f"temp.{self.quote(name)}"
 
