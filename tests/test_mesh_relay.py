@@ -176,3 +176,36 @@ def test_relay_setting_is_checked(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         load_topology(p)
     assert "relay" in str(e.value) and "t.yaml" in str(e.value)
+
+
+def test_remove_site_counts_only_the_removed_sites_own_changes_as_waiting(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """In a mesh s3 relays what it applies. s3 never wrote; it applied s1's insert and relayed it,
+    and s2 has not pulled it yet (from s1 or from s3). remove-site s3 goes on: what waits on the
+    link s3 -> s2 is s1's change, which s2 gets from s1 (before: refused, "'s2': 1 waiting", and
+    under steady writes never otherwise). A change of s3's own that s2 has not pulled still makes
+    it refuse."""
+    import yaml
+
+    from multimaster.config.topology import load_topology
+
+    cl = make_cluster(backend, tmp_path, ["s1", "s2", "s3"], STOCK)
+    topo = str(tmp_path / "topology.yaml")
+    cl.execute("s3", "INSERT INTO stock (name, qty) VALUES ('own', 1)")
+    cl.refresh("s1", "s3")
+    r = cli("remove-site", "-t", topo, "s3")
+    assert r.returncode != 0 and "'s2': 1 waiting" in r.stderr, r.stdout + r.stderr
+    cl.refresh("s2", "s3")
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 5)")
+    cl.refresh("s3", "s1")  # s3 applies x and relays it; s2 has it from neither yet
+    st = api.status(cl.topo)
+    assert [ln["waiting"] for ln in st["links"] if (ln["from"], ln["to"]) == ("s3", "s2")] == [1]
+    r = cli("remove-site", "-t", topo, "s3")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = yaml.safe_load(Path(topo).read_text())
+    del doc["sites"]["s3"]
+    Path(topo).write_text(yaml.safe_dump(doc, sort_keys=False))
+    cl.topo = load_topology(topo)
+    del cl.urls["s3"]
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    assert sorted(r[1] for r in cl.rows("s2", "stock")) == ["own", "x"]

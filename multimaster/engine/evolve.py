@@ -396,7 +396,9 @@ def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) 
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
-    col = next(c for c in info.columns if c.name == column)
+    col = next((c for c in info.columns if c.name == column), None)
+    if col is None:
+        return 0  # not a column of the version described now (dropped again since): nothing to capture
     if col.has_default and col.default is None:
         return 0  # an expression (now(), a sequence): not a constant the rows were given
     key, tbl, qc = q(info.key.name), q(info.name), q(column)

@@ -64,27 +64,40 @@ def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int,
 
 
 def waiting(
-    conn: Connection, d: Dialect, table: str, watermark: int, puller: str, have: Mapping[str, str] | None = None
+    conn: Connection,
+    d: Dialect,
+    table: str,
+    watermark: int,
+    puller: str,
+    have: Mapping[str, str] | None = None,
+    origin: str | None = None,
 ) -> tuple[int, str | None]:
     """Changes in this site's logs past `watermark` that `puller` has not pulled yet: how many, the
     oldest version. `have` (origin -> the highest version of it `puller` applied): entries at or
     below it are not counted (in a mesh, relayed changes the puller has: they travel as positions
-    only, engine/pull.py read_entries)."""
-    n, oldest, _ = waiting_from(conn, d, table, watermark, puller, have)
+    only, engine/pull.py read_entries). `origin`: only that origin's changes."""
+    n, oldest, _ = waiting_from(conn, d, table, watermark, puller, have, origin)
     return n, oldest
 
 
 def waiting_from(
-    conn: Connection, d: Dialect, table: str, watermark: int, puller: str, have: Mapping[str, str] | None = None
+    conn: Connection,
+    d: Dialect,
+    table: str,
+    watermark: int,
+    puller: str,
+    have: Mapping[str, str] | None = None,
+    origin: str | None = None,
 ) -> tuple[int, str | None, int | None]:
     """:func:`waiting`, and the lowest position of those changes (None: none)."""
     o = d.obj(table)
     p = d.caps.placeholder
     had, had_args = origins.beyond(d, have)
+    only, only_args = (f" AND l.origin = {p}", [origin]) if origin is not None else ("", [])
     r = conn.exec_driver_sql(
         f"SELECT count(*), min(l.ver), min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
-        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}",
-        (watermark, puller, *had_args),
+        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}{only}",
+        (watermark, puller, *had_args, *only_args),
     ).first()
     if not r:
         return 0, None, None
