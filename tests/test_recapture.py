@@ -416,3 +416,36 @@ def test_a_peers_insert_that_collided_with_a_row_no_capture_saw_is_applied_after
     assert _cli(cl, "recapture", "--site", "a").exit_code == 0
     cl.refresh_until_quiet()
     assert cl.rows("a", "items") == cl.rows("b", "items") == [(1, "a0", 1), (2, "b0", 9), (3, "X", 1)]
+
+
+def test_a_recapture_chosen_as_a_deadlock_victim_runs_again(mysql_backend, tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With applications writing, MariaDB can choose recapture's transaction as a deadlock victim
+    (seen: 1213 on its clock read). It is rolled back whole and run again, as a batch is, instead
+    of failing the command; the report is the second run's alone. The deadlock is raised once,
+    by hand, where the first run reads the rows it compares."""
+    import pymysql
+    from sqlalchemy.exc import OperationalError
+
+    import multimaster.engine.recapture as rc
+
+    cl = make_cluster(mysql_backend, tmp_path, ["a", "b"], _items())
+    for n in ("x", "y"):
+        cl.execute("a", "INSERT INTO items (name, qty) VALUES (?, 1)", (n,))
+    cl.refresh_until_quiet()
+    _remake(cl, "a")
+    cl.execute("a", "UPDATE items SET qty = 7 WHERE name = 'x'")  # no capture saw it
+    api.refresh(cl.topo)  # finds the capture missing, makes it again
+    real, calls = rc._rows, []
+
+    def rows_once_deadlocked(*a, **kw):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 2:  # the peer's rows first, then the first run's own
+            raise OperationalError("SELECT ...", {}, pymysql.err.OperationalError(1213, "Deadlock found when trying to get lock"))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(rc, "_rows", rows_once_deadlocked)
+    r = _cli(cl, "recapture", "--site", "a", "--table", "items")
+    assert r.exit_code == 0, r.output
+    assert len(calls) == 3
+    api.refresh(cl.topo)
+    assert cl.rows("a", "items") == cl.rows("b", "items")

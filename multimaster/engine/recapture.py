@@ -38,7 +38,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, inflight
 from multimaster.engine.cluster import Cluster
-from multimaster.engine.refresh import follow_site, relay_origins
+from multimaster.engine.refresh import follow_site, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, RecaptureRefused
@@ -152,7 +152,6 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
     s, p = sites[site], sites[peer]
     # capture exists and writes the table's current columns
     follow_site(cl, site, [table])
-    out = Recaptured(site, table, peer, dry_run)
     queries = inflight.reads(t, table, {n: x.dialect for n, x in sites.items()}, {n: x.engine for n, x in sites.items()})
     with p.read() as pc:
         p_info = p.info(pc, table, t)
@@ -164,7 +163,11 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
         there = _rows(pc, p, p_info, cols, info, s)
         p_live = _live(pc, p, table)
     d = s.dialect
-    with s.write() as conn:
+
+    def run(conn: Connection) -> Recaptured:
+        # a fresh report each attempt: a deadlock victim (MariaDB, applications writing) is rolled
+        # back whole and run again (write_retrying), where it failed the command at once
+        out = Recaptured(site, table, peer, dry_run)
         d.lock_table_writes(conn, table)
         if renumber and d.caps.concurrent_capture:  # no local insert in flight: keys are ranks
             d.lock_for_apply(conn, info)
@@ -191,6 +194,9 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
         _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, out)
         if not dry_run and out.ok:
             out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
+        return out
+
+    out = write_retrying(s, run)
     return out
 
 
