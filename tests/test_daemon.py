@@ -289,3 +289,39 @@ def test_the_purge_job_drops_tombstones_and_conflicts_every_site_has(backend, tm
     finally:
         d.stop()
     assert any("purge" in r.getMessage() and "tombstones=1" in r.getMessage() for r in caplog.records)
+
+
+def test_a_follow_that_keeps_failing_is_logged_once_in_one_line(sqlite_backend, tmp_path, caplog, monkeypatch):  # type: ignore[no-untyped-def]
+    """The schema follow runs every refresh.follow_every (1 s): a site that is down logged its error
+    every second, with the driver's statement over several lines. Now one line, and the same error
+    again only after FOLLOW_ERROR_REPEAT; a new error, or the same one after it cleared, at once."""
+    import logging
+
+    import multimaster.ops.daemon as dm
+
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK)
+    d = Daemon(cl.topo, ["s1"])
+    fail = [RuntimeError("no connection\n[SQL: SELECT a long statement]")]
+
+    def follow(cl_, n, tables=None):  # type: ignore[no-untyped-def]
+        if fail:
+            raise fail[0]
+        return []
+
+    monkeypatch.setattr(dm, "follow_site", follow)
+    caplog.set_level(logging.INFO, logger="multimaster.ops.daemon")
+    try:
+        for _ in range(3):
+            d._follow()
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("schema")]
+        assert lines == ["schema site=s1 error=RuntimeError: no connection"]
+        fail[0] = RuntimeError("another cause")
+        d._follow()
+        fail.clear()
+        d._follow()  # cleared
+        fail.append(RuntimeError("another cause"))
+        d._follow()
+        lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("schema")]
+        assert lines[1:] == ["schema site=s1 error=RuntimeError: another cause"] * 2
+    finally:
+        d.cluster.close()

@@ -55,6 +55,10 @@ __all__ = ["Daemon", "DaemonAlreadyRunning", "LinkState", "SiteLock", "cron_trig
 
 log = logging.getLogger("multimaster.ops.daemon")
 
+#: seconds before the daemon logs again the same error of a site's schema follow (which runs every
+#: refresh.follow_every, 1 s: a site that is down would log it every second)
+FOLLOW_ERROR_REPEAT = 60.0
+
 
 class DaemonAlreadyRunning(MultimasterError):
     def __init__(self, site: str, where: str, holder: str = ""):
@@ -196,6 +200,9 @@ class Daemon:
         if not self.links:
             raise ConfigError([f"no link pulls into {self.sites} (see 'links' in the topology)"])
         self.purge_every = purge_every
+        #: per site, the follow's last error logged and when (time.monotonic): the same error is
+        #: logged again only after FOLLOW_ERROR_REPEAT seconds, not at every follow_every
+        self._follow_errors: dict[str, tuple[str, float]] = {}
         self.purge_policy = purge_policy or PurgePolicy()
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -414,7 +421,16 @@ class Daemon:
                     else:
                         _emit("schema", self.log_format, site=n, table=ev.table, version=ev.version, released=ev.released or None)
             except Exception as e:  # noqa: BLE001 - logged, tried again at the next run and by every refresh
-                _emit("schema", self.log_format, site=n, error=redact(f"{type(e).__name__}: {e}"))
+                # one line (a driver's message carries the statement), once while it repeats
+                first = str(getattr(e, "orig", e)).strip().splitlines()
+                msg = redact(f"{type(e).__name__}: {first[0] if first else ''}")
+                last = self._follow_errors.get(n)
+                now = time.monotonic()
+                if last is None or last[0] != msg or now - last[1] >= FOLLOW_ERROR_REPEAT:
+                    self._follow_errors[n] = (msg, now)
+                    _emit("schema", self.log_format, site=n, error=msg)
+                continue
+            self._follow_errors.pop(n, None)
 
     def _purge(self) -> None:
         for s in self.sites:
