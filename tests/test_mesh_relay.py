@@ -201,6 +201,11 @@ def test_remove_site_counts_only_the_removed_sites_own_changes_as_waiting(backen
     assert [ln["waiting"] for ln in st["links"] if (ln["from"], ln["to"]) == ("s3", "s2")] == [1]
     r = cli("remove-site", "-t", topo, "s3")
     assert r.returncode == 0, r.stdout + r.stderr
+    # run again (a script, a second operator): it says so, and changes nothing (before: "not connected")
+    r = cli("remove-site", "-t", topo, "s3", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["already_removed"] is True, r.stdout + r.stderr
+    r = cli("remove-site", "-t", topo, "s3")
+    assert r.returncode == 0 and "s3 was removed already" in r.stdout, r.stdout + r.stderr
     doc = yaml.safe_load(Path(topo).read_text())
     del doc["sites"]["s3"]
     Path(topo).write_text(yaml.safe_dump(doc, sort_keys=False))

@@ -301,6 +301,13 @@ def remove_site(
 
 
 def _print_removal(rep: Any, name: str, topology: Path) -> None:
+    if rep.already_removed:
+        console.print(
+            f"[green]✓[/] {name} was removed already: every other site records it as removed and keeps nothing of it",
+            highlight=False,
+        )
+        console.print(f"Next: remove '{name}' and its links from {topology} and restart the daemons.", highlight=False)
+        return
     for r in rep.relayed:
         console.print(
             f"[green]✓[/] {r['site']}: {r['table']}: positions {r['after'] + 1}..{r['upto']} of {name}'s change log "

@@ -163,6 +163,9 @@ class RemoveSiteReport:
     not_pulled: dict[str, int] | None = None
     #: why the snapshots of the site stay at its pullers (run remove-site again); empty: dropped
     kept: list[str] = field(default_factory=list)
+    #: an earlier remove-site did all of it: every other site records the site as removed and
+    #: keeps nothing of it (nothing was done this time)
+    already_removed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -926,6 +929,9 @@ def remove_site(
         rep = RemoveSiteReport(name)
         pullers = [ln.target for ln in t.links if ln.source == name]
         sources = t.peers_of(name)
+        if _removed_already(cl, name):
+            rep.already_removed = True
+            return rep
         if not force:
             _check_drained(cl, name)
         keep = _salvage(cl, name, pullers, rep, say)
@@ -1221,6 +1227,27 @@ def _why_behind(
     if h.waiting:
         return f"they wait at '{b.site}' (status: the link from '{name}') and go with its snapshot of '{name}'", fix, False
     return f"they reached '{b.furthest}' relayed by another site, not through the snapshots of '{name}'", fix, False
+
+
+def _removed_already(cl: Cluster, name: str) -> bool:
+    """Whether an earlier remove-site of `name` finished: every other site answers, records `name`
+    as removed and keeps no snapshot of it. (Run again, remove-site used to refuse, saying the
+    pullers were "not connected" to the site.) A site reached through its agent is not read here:
+    then False, and remove-site runs as usual."""
+    for n in cl.topo.sites:
+        if n == name:
+            continue
+        s = cl.site(n)
+        if isinstance(s, AgentSite):
+            return False
+        try:
+            with s.read() as conn:
+                d = s.dialect
+                if name not in store.retired.read(conn, d) or store.watermarks.tables_of(conn, d, name):
+                    return False
+        except Exception:  # noqa: BLE001 - not reached: remove-site itself says so
+            return False
+    return True
 
 
 def _check_drained(cl: Cluster, name: str) -> None:
