@@ -325,3 +325,50 @@ def test_a_follow_that_keeps_failing_is_logged_once_in_one_line(sqlite_backend, 
         assert lines[1:] == ["schema site=s1 error=RuntimeError: another cause"] * 2
     finally:
         d.cluster.close()
+
+
+def test_a_daemon_waits_for_its_site_to_answer_at_start(pg_backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    """A daemon started while its site's database does not answer (a server that starts after it,
+    a restart) waits for it, logging `site_down` once, and runs once it answers (`site_up`); it
+    stops cleanly if asked while it waits. Before, it exited at once."""
+    import logging
+    import threading
+
+    cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"]))
+    db = cl.urls["s2"].rsplit("/", 1)[1].split("?")[0]
+    pg_backend._admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+    pg_backend._admin(f"ALTER DATABASE {db} RENAME TO {db}_away")
+    caplog.set_level(logging.INFO, logger="multimaster.ops.daemon")
+    d = Daemon(cl.topo, ["s2"])
+    started = threading.Thread(target=d.start)
+    started.start()
+    try:
+        time.sleep(2.5)
+        assert started.is_alive()  # waiting, not failed
+        logged = [r.getMessage() for r in caplog.records]
+        assert sum(m.startswith("site_down site=s2") for m in logged) == 1, logged
+        pg_backend._admin(f"ALTER DATABASE {db}_away RENAME TO {db}")
+        started.join(60)
+        assert not started.is_alive()
+        assert any(m.startswith("site_up site=s2") for m in (r.getMessage() for r in caplog.records))
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('after', 1)")
+        deadline = time.time() + 30
+        while time.time() < deadline and [r[1] for r in cl.rows("s2", "stock")] != ["after"]:
+            time.sleep(0.2)
+        assert [r[1] for r in cl.rows("s2", "stock")] == ["after"]
+    finally:
+        d.stop()
+    # asked to stop while it waits: it returns, and stops with nothing scheduled
+    pg_backend._admin(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+    pg_backend._admin(f"ALTER DATABASE {db} RENAME TO {db}_away")
+    try:
+        d2 = Daemon(cl.topo, ["s2"])
+        waiting = threading.Thread(target=d2.start)
+        waiting.start()
+        time.sleep(1.5)
+        d2.request_stop("test")
+        waiting.join(30)
+        assert not waiting.is_alive()
+        d2.stop()
+    finally:
+        pg_backend._admin(f"ALTER DATABASE {db}_away RENAME TO {db}")

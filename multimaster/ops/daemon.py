@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
 from multimaster.config.cron import cron_trigger
 from multimaster.config.secrets import redact
@@ -47,7 +48,7 @@ from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
 from multimaster.engine.refresh import follow_site, refresh_link
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, ConfigError, MultimasterError
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError, SiteUnreachable
 from multimaster.ops import verifications
 from multimaster.ops.purge import PurgePolicy, purge_site
 
@@ -230,7 +231,8 @@ class Daemon:
         try:
             for s in self.sites:
                 lock = SiteLock(self.cluster.site(s))
-                lock.acquire()
+                if not self._acquire_when_up(lock):
+                    return  # stopped while it waited: nothing was scheduled
                 self._locks.append(lock)
         except BaseException:
             self._release()
@@ -307,6 +309,30 @@ class Daemon:
         self.cluster.close()
         self._release()
         _emit("stopped", self.log_format, sites=",".join(self.sites))
+
+    def _acquire_when_up(self, lock: SiteLock) -> bool:
+        """Take `lock`, waiting while its site's database does not answer (a server that starts
+        after the daemon, a restart): logged once as `site_down`, tried again after a backoff
+        (1 s doubling to 30 s), then `site_up`. False when the daemon was asked to stop
+        meanwhile. Another daemon holding the lock is an error at once."""
+        delay, said = 1.0, None
+        while True:
+            try:
+                lock.acquire()
+                if said is not None:
+                    _emit("site_up", self.log_format, site=lock.site.name)
+                return True
+            except DaemonAlreadyRunning:
+                raise
+            except (SiteUnreachable, OperationalError) as e:
+                first = str(getattr(e, "orig", e)).strip().splitlines()
+                msg = redact(first[0] if first else type(e).__name__)
+                if msg != said:
+                    _emit("site_down", self.log_format, site=lock.site.name, error=msg, waiting="until it answers")
+                    said = msg
+            if self._stopping.wait(delay):
+                return False
+            delay = min(delay * 2, 30.0)
 
     def _release(self) -> None:
         for lock in self._locks:
