@@ -706,3 +706,41 @@ def test_park_added_site_keeps_the_parked_row(backend: Backend, tmp_path: Any) -
     big.assert_converged()
     assert _stock(big, "s3") == {"ann": 8, "bob": 7}
     assert _parked(str(grown)) == []
+
+
+def test_a_sqlite_text_unique_beside_a_varchar_one_is_refused_with_the_declaration_to_make(tmp_path: Any) -> None:
+    """The usual SQLite DDL, `email TEXT UNIQUE`, beside `email VARCHAR(255) UNIQUE` on PostgreSQL:
+    init refuses it (a losing row's mark is cut to the column's length, and every site must cut it
+    alike) and says what to declare at the SQLite site; declared so, init goes on."""
+    import sqlite3
+
+    import yaml
+    from clusters import BACKENDS, cli, server_unavailable
+
+    try:
+        pg = BACKENDS["postgresql"]()
+    except ConnectionError as e:
+        server_unavailable("postgresql", str(e))
+    try:
+        url = pg.new_site(tmp_path, "pg")
+        with pg.connect(url) as c:
+            c.cursor().execute("CREATE TABLE users (id SERIAL PRIMARY KEY, email VARCHAR(255) UNIQUE, name TEXT)")
+            c.commit()
+        with sqlite3.connect(tmp_path / "lite.db") as c:
+            c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, email TEXT UNIQUE, name TEXT)")
+        doc = {
+            "sites": {"lite": {"url": f"sqlite:///{tmp_path / 'lite.db'}"}, "pg": {"url": url}},
+            "tables": {"users": {"key": "id"}},
+            "links": "mesh",
+        }
+        (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
+        r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "'lite' declares no length for email: declare it VARCHAR(255) there" in " ".join(r.stderr.split())
+        with sqlite3.connect(tmp_path / "lite.db") as c:
+            c.execute("DROP TABLE users")
+            c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, email VARCHAR(255) UNIQUE, name TEXT)")
+        r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+        assert r.returncode == 0, r.stdout + r.stderr
+    finally:
+        pg.cleanup()

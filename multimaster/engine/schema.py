@@ -273,6 +273,7 @@ def compare_schemas(
             problems.append(
                 f"table '{table}': its UNIQUE sets differ between sites '{ref_site}' ({_show_uniques(ref)}) and '{site}' "
                 f"({_show_uniques(info)}); declare the same UNIQUE constraints (and lengths of their text columns) at every site"
+                + _unbounded_hint(ref_site, ref, site, info)
             )
         if same_dialect[site] == same_dialect[ref_site] and not common_only:  # (a type may be widened site by site)
             for ca, cb in zip((ref.key, *ref.columns), (info.key, *info.columns)):
@@ -289,6 +290,25 @@ def _only(info: TableInfo, names: set[str]) -> TableInfo:
     from dataclasses import replace
 
     return replace(info, columns=tuple(c for c in info.columns if c.name in names), uniques=())
+
+
+def _unbounded_hint(a_site: str, a: TableInfo, b_site: str, b: TableInfo) -> str:
+    """Where the sets are the same but for a mark column's length that one site does not declare
+    (SQLite's TEXT: the usual DDL there), how to say it: the mark is cut to that length, and every
+    site must cut it alike."""
+    if [(u.name, u.policy) for u in a.uniques] != [(u.name, u.policy) for u in b.uniques]:
+        return ""
+    out = []
+    for ua, ub in zip(a.uniques, b.uniques):
+        if ua.max_len == ub.max_len or (ua.max_len is not None and ub.max_len is not None):
+            continue
+        (site, info, n) = (a_site, a, ub.max_len) if ua.max_len is None else (b_site, b, ua.max_len)
+        col = info.columns[ua.mark].name
+        out.append(
+            f"'{site}' declares no length for {col}: declare it VARCHAR({n}) there (SQLite keeps the text whatever the "
+            "length; multimaster cuts a losing row's mark to it, the same at every site)"
+        )
+    return ("; " + "; ".join(out)) if out else ""
 
 
 def _show_uniques(info: TableInfo) -> str:
