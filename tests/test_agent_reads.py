@@ -253,3 +253,9 @@ def test_errors_and_conflicts_listed_through_an_agent(backend: Backend, tmp_path
         assert any(h["state"] == "skipped" and h["reason"] == "negative stock is a typo" for h in every)
         assert api.list_errors(topo, include_skipped=True) == every
         assert api.list_errors(topo) == api.list_errors(direct) == []
+    # s2's agent gone: the listings name it (exit 1) and list s1's all the same
+    run = _cli("conflicts", "-t", str(peer), "--json", check=False)
+    assert run.returncode == 1 and f"not reached: site 's2' (agent {urls['s2']})" in run.stderr, run.stdout + run.stderr
+    assert {r["site"] for r in json.loads(run.stdout)} == {"s1"}
+    run = _cli("errors", "-t", str(peer), "--all", "--json", check=False)
+    assert run.returncode == 1 and "not reached: site 's2'" in run.stderr and json.loads(run.stdout) == []

@@ -18,7 +18,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, SiteUnreachable
+from multimaster.errors import AgentError, ConfigError, SiteUnreachable
 
 __all__ = ["list_errors", "errors_at", "retry_errors", "skip_error", "STATES"]
 
@@ -58,7 +58,7 @@ def list_errors(
                     out += s.errors(table, include_skipped)
                 else:
                     out += errors_at(s, cl.topo, table, include_skipped)
-            except SiteUnreachable as e:
+            except (SiteUnreachable, AgentError) as e:  # down, or its agent does not answer
                 if unreachable is None:
                     raise
                 unreachable[n] = str(e)

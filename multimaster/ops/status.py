@@ -17,7 +17,7 @@ from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, NotConnected, SiteUnreachable
+from multimaster.errors import AgentError, ConfigError, MultimasterError, NotConnected, SiteUnreachable
 from multimaster.ops.install import untracked, untracked_message
 from multimaster.ops.verifications import last
 
@@ -353,7 +353,7 @@ def conflicts(
                     rows += s.conflicts(table, limit, since, kind)
                 else:
                     rows += conflicts_at(s, table, limit, since, kind)
-            except SiteUnreachable as e:
+            except (SiteUnreachable, AgentError) as e:  # down, or its agent does not answer
                 if unreachable is None:
                     raise
                 unreachable[n] = str(e)
