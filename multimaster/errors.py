@@ -21,7 +21,16 @@ __all__ = [
     "AgentError",
     "AgentOnly",
     "NotConnected",
+    "first_line",
 ]
+
+
+def first_line(e: BaseException) -> str:
+    """The first line of an error's message, its driver's own where it wraps one (a driver's
+    message goes on with the statement it ran, over several lines); the error's type when it has
+    no message. Not masked: callers that show it pass it through config.secrets.redact."""
+    text = str(getattr(e, "orig", None) or e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 class MultimasterError(Exception):

@@ -374,7 +374,6 @@ def test_held_changes_are_not_on_their_way_and_add_site_refuses_their_holder(sql
     from multimaster.spark.waiting import waiting_changes, waiting_reads
 
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], TABLES)
-    topo = _topology_file(tmp_path)
     _seed(cl)
     _reject_one(cl, "s2")
     cl.refresh_until_quiet()
@@ -386,15 +385,9 @@ def test_held_changes_are_not_on_their_way_and_add_site_refuses_their_holder(sql
     finally:
         for e in engines.values():
             e.dispose()
-    import yaml
+    from test_add_site import grow
 
-    url = sqlite_backend.new_site(tmp_path, "s3")
-    for tb, spec in TABLES.items():
-        sqlite_backend.create_table(url, tb, spec["key"], spec["columns"])
-    doc = yaml.safe_load(Path(topo).read_text())
-    doc["sites"]["s3"] = {"url": url}
-    grown = tmp_path / "grown.yaml"
-    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    grown = grow(cl, tmp_path, "s3").topo.path
     r = mm("add-site", "-t", str(grown), "s3", "--from", "s2")
     assert r.returncode == 1 and "error queue" in r.stderr and "errors retry" in r.stderr, r.stderr
     assert cl.rows("s1", "items")  # nothing changed; from a site holding nothing it goes ahead
@@ -437,26 +430,19 @@ def test_a_site_added_from_a_peer_with_a_corrupt_entry_gets_its_later_changes(ba
     s1 took it for s1's newest change applied, and every later change of s1 was then dropped at s3
     as a duplicate, with nothing held and `status` green. The copy now counts s1's well-formed
     versions only (store.origins.newest_own)."""
-    import yaml
+    from test_add_site import grow
 
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], TABLES)
-    topo = _topology_file(tmp_path)
     _seed(cl)
     cl.execute("s1", "UPDATE items SET qty = 9 WHERE name = 'apple'")
     _corrupt_log_entry(cl, "s1")
     cl.refresh_until_quiet()
-    url = backend.new_site(tmp_path, "s3")
-    for tb, spec in TABLES.items():
-        backend.create_table(url, tb, spec["key"], spec["columns"])
-    doc = yaml.safe_load(Path(topo).read_text())
-    doc["sites"]["s3"] = {"url": url}
-    grown = tmp_path / "grown.yaml"
-    grown.write_text(yaml.safe_dump(doc, sort_keys=False))
+    big = grow(cl, tmp_path, "s3")
+    grown = big.topo.path
     r = mm("add-site", "-t", str(grown), "s3", "--from", "s1")
     assert r.returncode == 0, r.stdout + r.stderr
     cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('plum', 3)")
     cl.execute("s1", "UPDATE items SET qty = 7 WHERE name = 'pear'")
-    big = TestCluster(backend, load_topology(grown), {**cl.urls, "s3": url}, TABLES)
     big.refresh_until_quiet()
     assert big.rows("s3", "items") == big.rows("s1", "items") == [(1, "apple", 9), (2, "pear", 7), (3, "plum", 3)]
     held = _errors(str(grown), "--site", "s2")

@@ -11,9 +11,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, redraw
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, not_reached, redraw
 from multimaster.cli.progress import Reporter
-from multimaster.config.secrets import redact
 from multimaster.config.topology import load_topology
 from multimaster.ops.install import untracked_message
 
@@ -493,11 +492,10 @@ def conflicts(
         since_at = parse_since(since)
         unreachable: dict[str, str] = {}
         rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind, unreachable=unreachable)
-        for why in unreachable.values():  # the others' logs are listed all the same
-            err.print(f"[bold red]not reached:[/] {escape(redact(why))}", markup=True, highlight=False, soft_wrap=True)
+        code = not_reached(unreachable)  # the others' logs are listed all the same
         if as_json:
             dump(rows)
-            return 1 if unreachable else 0
+            return code
         t = Table(title=f"conflicts ({len(rows)})")
         for c in ("site", "id", "detected", "table", "key", "kind", "columns", "local", "remote", "rule", "winner"):
             t.add_column(c)
@@ -516,7 +514,7 @@ def conflicts(
                 r["winner"],
             )
         console.print(t)
-        return 1 if unreachable else 0
+        return code
 
     code = execute(go, traceback)
     if code:

@@ -49,6 +49,14 @@ TOPOLOGY = typer.Option(..., "-t", "--topology", help="Topology file (YAML).", e
 TRACEBACK = typer.Option(False, "--traceback", help="Show the Python traceback on errors.")
 
 
+def not_reached(unreachable: dict[str, str]) -> int:
+    """Name on stderr each site a listing could not read (site -> why; the others are listed all
+    the same): 1 when there is one, else 0."""
+    for why in unreachable.values():
+        err.print(f"[bold red]not reached:[/] {escape(redact(why))}", markup=True, highlight=False, soft_wrap=True)
+    return 1 if unreachable else 0
+
+
 def execute(fn: Callable[[], Any], traceback: bool) -> Any:
     """Run a command's function: an error becomes one line on stderr (with `traceback`, the Python
     traceback) and its exit code. No password the process has read appears in either

@@ -7,12 +7,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, err, execute
-from multimaster.config.secrets import redact
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute, not_reached
 from multimaster.config.topology import load_topology
 from multimaster.errors import ConfigError
 
@@ -69,9 +67,7 @@ def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool,
     def go() -> int:
         unreachable: dict[str, str] = {}
         rows = api.list_errors(load_topology(topology), site, table, include_skipped=all_, unreachable=unreachable)
-        for why in unreachable.values():  # the others' queues are listed all the same
-            err.print(f"[bold red]not reached:[/] {escape(redact(why))}", markup=True, highlight=False, soft_wrap=True)
-        code = 1 if unreachable else 0
+        code = not_reached(unreachable)  # the others' queues are listed all the same
         if as_json:
             dump(rows)
             return code

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 from multimaster.config.topology import Topology
 from multimaster.core.progress import Progress
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError
+from multimaster.errors import AgentError, ConfigError, SiteUnreachable
 
-__all__ = ["Cluster", "as_cluster", "open_site", "Progress"]
+__all__ = ["Cluster", "as_cluster", "open_site", "Progress", "read_each"]
+
+T = TypeVar("T")
 
 
 class Cluster:
@@ -57,3 +59,24 @@ def as_cluster(topo_or_cluster: Topology | Cluster) -> tuple[Cluster, bool]:
 
 # ---------------------------------------------------------------------------------------------
 # init / uninstall
+
+
+def read_each(
+    cl: Cluster,
+    names: Iterable[str],
+    read: Callable[[Site | AgentSite], list[T]],
+    unreachable: dict[str, str] | None = None,
+) -> list[T]:
+    """`read(site)` for each site of `names`, the results joined. A site that cannot be reached (its
+    database down, or its agent not answering) raises; with `unreachable` (a dict) it goes there
+    instead (site -> why) and the other sites are read: a listing (`errors`, `conflicts`) shows
+    what it can while a site is down, which is when an operator reads it."""
+    out: list[T] = []
+    for n in names:
+        try:
+            out += read(cl.site(n))
+        except (SiteUnreachable, AgentError) as e:
+            if unreachable is None:
+                raise
+            unreachable[n] = str(e)
+    return out

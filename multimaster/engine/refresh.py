@@ -54,6 +54,7 @@ __all__ = [
     "check_not_purged",
     "read_link",
     "RETRIES",
+    "back_off",
     "clock_warning",
 ]
 
@@ -216,7 +217,7 @@ def _follow_and_describe(
             transient = cl.site(target).dialect.is_retryable(e) or cl.site(source).dialect.is_retryable(e)
             if attempt == RETRIES or not transient:
                 raise
-            delay = _back_off(delay)
+            delay = back_off(delay)
 
 
 def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: RefreshResult) -> tuple[dict[str, _LinkTable], bool]:
@@ -895,7 +896,7 @@ DESCRIBE_ATTEMPTS = 3
 RETRIES = 10
 
 
-def _back_off(delay: float) -> float:
+def back_off(delay: float) -> float:
     """Sleep about `delay` seconds (jittered by ±50 %); the next delay, doubled up to 1 s."""
     time.sleep(delay * (0.5 + random.random()))
     return min(delay * 2, 1.0)
@@ -917,7 +918,7 @@ def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | Non
                     raise
                 if lw is not None:
                     lw.retrying()
-                delay = _back_off(delay)
+                delay = back_off(delay)
     raise AssertionError("unreachable")
 
 

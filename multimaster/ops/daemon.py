@@ -48,7 +48,7 @@ from multimaster.engine.cluster import Cluster
 from multimaster.engine.reconcile import RefreshResult
 from multimaster.engine.refresh import follow_site, refresh_link
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, ConfigError, MultimasterError, SiteUnreachable
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError, SiteUnreachable, first_line
 from multimaster.ops import verifications
 from multimaster.ops.purge import PurgePolicy, purge_site
 
@@ -325,8 +325,7 @@ class Daemon:
             except DaemonAlreadyRunning:
                 raise
             except (SiteUnreachable, OperationalError) as e:
-                first = str(getattr(e, "orig", e)).strip().splitlines()
-                msg = redact(first[0] if first else type(e).__name__)
+                msg = redact(first_line(e))
                 if msg != said:
                     _emit("site_down", self.log_format, site=lock.site.name, error=msg, waiting="until it answers")
                     said = msg
@@ -448,8 +447,7 @@ class Daemon:
                         _emit("schema", self.log_format, site=n, table=ev.table, version=ev.version, released=ev.released or None)
             except Exception as e:  # noqa: BLE001 - logged, tried again at the next run and by every refresh
                 # one line (a driver's message carries the statement), once while it repeats
-                first = str(getattr(e, "orig", e)).strip().splitlines()
-                msg = redact(f"{type(e).__name__}: {first[0] if first else ''}")
+                msg = redact(f"{type(e).__name__}: {first_line(e)}")
                 last = self._follow_errors.get(n)
                 now = time.monotonic()
                 if last is None or last[0] != msg or now - last[1] >= FOLLOW_ERROR_REPEAT:

@@ -12,9 +12,7 @@ that waited for a column the site now has are applied.
 
 from __future__ import annotations
 
-import random
 import re
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -26,8 +24,8 @@ from multimaster.config.topology import Topology
 from multimaster.dialects import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
-from multimaster.engine.refresh import follow_site, relay_origins, schemas_elsewhere
-from multimaster.errors import ConfigError, SchemaError
+from multimaster.engine.refresh import back_off, follow_site, relay_origins, schemas_elsewhere
+from multimaster.errors import ConfigError, SchemaError, first_line
 
 __all__ = ["DdlReport", "ddl", "table_of"]
 
@@ -141,16 +139,12 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         return rep
     except Exception as e:  # noqa: BLE001 - reported per site; the next site is tried
         s.forget(table)
-        rep.status, rep.message = "failed", _first_line(e)
+        rep.status, rep.message = "failed", first_line(e)
         return rep
     with s.write() as conn:  # what waited for a column the site has now
         info = s.info(conn, table, t)
         rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
     return rep
-
-
-def _first_line(e: BaseException) -> str:
-    return str(getattr(e, "orig", e)).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 #: how long `ddl` keeps trying a DDL statement that waits for a table's metadata lock, where each
@@ -172,8 +166,7 @@ def _briefly(conn: Connection, d: Dialect, fn: Callable[[], Any]) -> Any:
         except DBAPIError as e:
             if attempt == DDL_TRIES - 1 or not d.is_retryable(e):
                 raise
-            time.sleep(delay * (0.5 + random.random()))
-            delay = min(delay * 2, 1.0)
+            delay = back_off(delay)
     raise AssertionError("unreachable")
 
 
@@ -208,7 +201,7 @@ def _at_committing(cl: Cluster, n: str, table: str, statement: str) -> DdlReport
                 d.unlock_follow(conn, table)
     except Exception as e:  # noqa: BLE001 - reported per site; the next site is tried
         s.forget(table)
-        rep.status, rep.message = "failed", _first_line(e)
+        rep.status, rep.message = "failed", first_line(e)
         return rep
     s.forget(table)
     before = list(info.column_names)
@@ -216,7 +209,7 @@ def _at_committing(cl: Cluster, n: str, table: str, statement: str) -> DdlReport
         evs = [ev for ev in follow_site(cl, n, [table]) if ev.table == table]
     except Exception as e:  # noqa: BLE001 - the statement ran; the next refresh's follow tries again
         rep.status = "failed"
-        rep.message = f"{_first_line(e)} ({d.title} commits DDL at once: the statement has run; the next refresh makes the capture follow it)"
+        rep.message = f"{first_line(e)} ({d.title} commits DDL at once: the statement has run; the next refresh makes the capture follow it)"
         return rep
     if any(ev.problems for ev in evs):
         rep.status = "refused"

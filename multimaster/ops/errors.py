@@ -14,11 +14,11 @@ from multimaster.core.errorqueue import group_of, released_by, retry_set
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import names
 from multimaster.engine import held, isolate, uniques
-from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.cluster import Cluster, as_cluster, read_each
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import AgentError, ConfigError, SiteUnreachable
+from multimaster.errors import ConfigError
 
 __all__ = ["list_errors", "errors_at", "retry_errors", "skip_error", "STATES"]
 
@@ -50,19 +50,13 @@ def list_errors(
     try:
         if table is not None and table not in cl.topo.tables:
             raise ConfigError([f"--table: table '{table}' is not defined under tables"])
-        out: list[dict[str, Any]] = []
-        for n in _sites(cl, site):
-            s = cl.site(n)
-            try:
-                if isinstance(s, AgentSite):
-                    out += s.errors(table, include_skipped)
-                else:
-                    out += errors_at(s, cl.topo, table, include_skipped)
-            except (SiteUnreachable, AgentError) as e:  # down, or its agent does not answer
-                if unreachable is None:
-                    raise
-                unreachable[n] = str(e)
-        return out
+
+        def read(s: Site | AgentSite) -> list[dict[str, Any]]:
+            if isinstance(s, AgentSite):
+                return s.errors(table, include_skipped)
+            return errors_at(s, cl.topo, table, include_skipped)
+
+        return read_each(cl, _sites(cl, site), read, unreachable)
     finally:
         if own:
             cl.close()

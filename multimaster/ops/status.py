@@ -13,11 +13,11 @@ from multimaster.core.versions import now_iso, ver_ms, ver_origin
 from multimaster.core.waits import Wait, failing, fix, reason, stalled
 from multimaster.dialects.base import Dialect
 from multimaster.engine import evolve
-from multimaster.engine.cluster import Cluster, as_cluster
+from multimaster.engine.cluster import Cluster, as_cluster, read_each
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import AgentError, ConfigError, MultimasterError, NotConnected, SiteUnreachable
+from multimaster.errors import ConfigError, MultimasterError, NotConnected, first_line
 from multimaster.ops.install import untracked, untracked_message
 from multimaster.ops.verifications import last
 
@@ -94,8 +94,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 out["links"].append(entry)
                 continue
             except Exception as e:  # noqa: BLE001 - a link whose bookkeeping is damaged: reported, not raised
-                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                entry["error"] = redact(f"its state cannot be read: {type(e).__name__}: {first}")
+                entry["error"] = redact(f"its state cannot be read: {type(e).__name__}: {first_line(e)}")
                 out["links"].append(entry)
                 continue
             pending_local = at["unapplied"]
@@ -345,18 +344,13 @@ def conflicts(
             problems.append(f"--limit: {limit} is negative (0 lists every conflict)")
         if problems:
             raise ConfigError(problems)
-        rows: list[dict[str, Any]] = []
-        for n in [site] if site else list(cl.topo.sites):
-            s = cl.site(n)
-            try:
-                if isinstance(s, AgentSite):
-                    rows += s.conflicts(table, limit, since, kind)
-                else:
-                    rows += conflicts_at(s, table, limit, since, kind)
-            except (SiteUnreachable, AgentError) as e:  # down, or its agent does not answer
-                if unreachable is None:
-                    raise
-                unreachable[n] = str(e)
+
+        def read(s: Site | AgentSite) -> list[dict[str, Any]]:
+            if isinstance(s, AgentSite):
+                return s.conflicts(table, limit, since, kind)
+            return conflicts_at(s, table, limit, since, kind)
+
+        rows = read_each(cl, [site] if site else list(cl.topo.sites), read, unreachable)
         rows.sort(key=lambda r: (r["detected_at"], r["site"], r["id"]))
         return rows[-limit:] if limit else rows
     finally:
