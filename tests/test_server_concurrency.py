@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from clusters import ITEMS, make_cluster
@@ -252,3 +253,45 @@ def test_a_transient_failure_is_retried_and_leaves_nothing_half_done(backend, tm
             api.write_retrying(site, lambda conn: conn.exec_driver_sql("SELECT * FROM no_such_table"))
     finally:
         site.dispose()
+
+
+def test_an_application_holding_a_row_is_neither_waited_behind_nor_rolled_back(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """An application locks a row (SELECT ... FOR UPDATE) and thinks, while a refresh brings a
+    peer's update of that row and a new row, so the reconciler takes the table's writers' lock.
+    Another application's insert goes through meanwhile, and the first one's UPDATE and COMMIT
+    succeed: holding the writers back, the reconciler waits for no row; it gives up, lets them go,
+    and runs its batch again. Before: the insert waited behind the reconciler for as long as the
+    application thought (on MariaDB up to innodb_lock_wait_timeout, on PostgreSQL up to the
+    reconciler's lock_timeout, made long here), and MariaDB rolled the application back as the
+    smaller transaction of a deadlock (its UPDATE waits for its slot, which the reconciler held)."""
+    _servers_only(backend)
+    if backend.name == "postgresql":  # however long the reconciler would wait for a lock
+        monkeypatch.setattr("multimaster.dialects.postgresql.dialect.APPLY_LOCK_TIMEOUT", "60s")
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, base={"s1": BASE, "s2": BASE})
+    cl.execute("s2", "UPDATE items SET name = ? WHERE id = 1", ("from-s2",))
+    cl.execute("s2", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("new-s2", 1, 1.0))
+    holder = cl.db("s1")
+    cur = holder.cursor()
+    cur.execute("SELECT name FROM items WHERE id = 1 FOR UPDATE")  # the application's transaction
+    done: list[Any] = []
+    refresher = threading.Thread(target=lambda: done.append(api.refresh(cl.topo, "s1", "s2")))
+    refresher.start()
+    time.sleep(1.0)  # the refresh reaches row 1 while the application keeps it
+    other = threading.Thread(
+        target=cl.execute, args=("s1", "INSERT INTO items (name, qty, price) VALUES (?, ?, ?)", ("new-s1", 1, 1.0))
+    )
+    other.start()
+    other.join(timeout=30)
+    try:
+        assert not other.is_alive(), "an insert waited behind the reconciler, which waited for the application's row"
+        cur.execute(f"UPDATE items SET name = {backend.param()} WHERE id = 1", ("from-s1",))
+        holder.commit()  # not rolled back as a deadlock victim
+    finally:
+        holder.close()
+    refresher.join(120)
+    other.join(60)
+    assert done and not [r.error for r in done[0] if r.error]
+    cl.refresh_until_quiet()
+    cl.assert_converged()
+    names = sorted(r[1] for r in cl.rows("s1", "items"))
+    assert names == ["base-2", "from-s1", "new-s1", "new-s2"]

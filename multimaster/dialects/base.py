@@ -30,7 +30,17 @@ from multimaster.core.progress import Blocker
 from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
-__all__ = ["Capabilities", "Dialect", "get_dialect", "templates_dir", "shadow_key_index", "read_only_message", "table_relations"]
+__all__ = [
+    "BRIEF_NOW",
+    "BRIEF_WAITS",
+    "Capabilities",
+    "Dialect",
+    "get_dialect",
+    "templates_dir",
+    "shadow_key_index",
+    "read_only_message",
+    "table_relations",
+]
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,13 @@ CLOCK_SLACK = 65536
 _RELATIONS = ("log", "log2", "shadow", "tombstones", "snap", "keyseq")
 #: an install template's ALTER TABLE <relation> ADD COLUMN IF NOT EXISTS <column> (Dialect.run_install)
 _ADD_IF_MISSING = re.compile(r"\s*ALTER\s+TABLE\s+(\S+)\s+ADD\s+COLUMN\s+IF\s+NOT\s+EXISTS\s+(\S+)", re.I)
+
+
+#: execution option of a write transaction (Site.write(brief=True)): once it holds the writers'
+#: lock of a table (Dialect.lock_writers), its lock waits give up at once (a retryable error)
+BRIEF_WAITS = "mm_brief_waits"
+#: Connection.info key: this transaction's lock waits are brief now (the dialect set them so)
+BRIEF_NOW = "mm_brief_now"
 
 
 class Dialect:
@@ -582,7 +599,16 @@ class Dialect:
         """Wait for the local writers of renumbered `info` in flight and hold back new ones until
         the transaction ends: taken by the reconciler before it gives keys (new identities, key
         shifts, normalize_keys) and before it locks any row, so the identities it ranks are all
-        there. Default: none (the write transaction is the only writer)."""
+        there. Default: none (the write transaction is the only writer).
+
+        In a write transaction with brief waits (the BRIEF_WAITS execution option, Site.write),
+        every lock wait after it, for the rest of the transaction, gives up at once instead of
+        waiting (a retryable error, and the caller runs the transaction again): holding back the
+        table's writers, the reconciler never waits for a row an application holds, so no
+        application waits behind a reconciler that waits for another application, and none is
+        the victim of a deadlock with it (a writer that locked its row before the lock the
+        reconciler holds). The wait for the writers' lock itself, and lock_for_apply's, stay
+        patient. docs/concepts.md "Many writers"."""
 
     def read_horizon(self, conn: Connection, table: str) -> int | None:
         """The position below which every change-log entry of `table` at this site is final: its
@@ -644,6 +670,11 @@ class Dialect:
         """Lock the rows (user table, then shadow) of the identities listed in `tmp`, before they are
         read, so an application's concurrent update waits instead of being overwritten."""
         raise NotImplementedError
+
+    def lock_keys(self, conn: Connection, info: TableInfo, keys: Sequence[int]) -> None:
+        """Before the reconciler moves the keys `keys` of `info` (apply.normalize_keys): lock
+        their rows where a plain UPDATE's wait would not do (MariaDB with brief waits,
+        _lock_or_retry). Default: nothing (the UPDATE's own wait is bounded)."""
 
     def shift_keys(self, conn: Connection, info: TableInfo, shifts: Iterable[tuple[int, int | None, int]], offset: int) -> None:
         """Move existing keys: rows with low < key <= high get key + delta, in the user table and the

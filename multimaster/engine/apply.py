@@ -114,6 +114,7 @@ def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int,
             f"SELECT {d.greatest(f'(SELECT coalesce(max({key}), 0) FROM {q(info.name)})', f'(SELECT max({d.key_col}) FROM {o.shadow})')}"
         ).scalar()
         off = int(top or 0) + 1
+        d.lock_keys(conn, info, [old for old, _new in moves])
         # through keys above every key (no unique key collides on the way), then down to the ranks;
         # referencing columns follow (engine/references.py)
         with references.deferred(conn, d, references.involved(conn, d, info)):

@@ -905,13 +905,16 @@ def back_off(delay: float) -> float:
 def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | None = None) -> T:
     """Run `fn` in one write transaction at `site`. A transient failure rolls the whole transaction
     back (nothing of the batch stays) and runs it again after a jittered exponential backoff
-    (10 ms doubling to 1 s); after RETRIES attempts, or on any other error, it raises. `watch`:
-    lock waits of every attempt are watched as one (engine/lockwatch.py)."""
+    (10 ms doubling to 1 s); after RETRIES attempts, or on any other error, it raises. Every
+    attempt but the last waits briefly for locks once it holds a table's writers' lock (Site.write
+    brief, Dialect.lock_writers): applications never wait behind it for long; the last one waits
+    as long as the site lets it, so a row an application keeps locked delays the batch, never
+    starves it. `watch`: lock waits of every attempt are watched as one (engine/lockwatch.py)."""
     delay = 0.01
     with watching(site, watch) as lw:
         for attempt in range(RETRIES):
             try:
-                with site.write(lw) as conn:
+                with site.write(lw, brief=attempt < RETRIES - 1) as conn:
                     return fn(conn)
             except DBAPIError as e:
                 if attempt == RETRIES - 1 or not site.dialect.is_retryable(e):

@@ -28,6 +28,8 @@ from sqlalchemy.exc import DBAPIError
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.base import (
+    BRIEF_NOW,
+    BRIEF_WAITS,
     CLOCK_SLACK,
     Capabilities,
     Dialect,
@@ -169,12 +171,15 @@ class MySQLDialect(Dialect):
         @event.listens_for(engine, "reset")
         def _on_reset(dbapi_conn: Any, _rec: Any, _state: Any = None) -> None:
             # a connection going back to the pool never keeps the capture guard set, the checks
-            # off, or a level other than the engine's (a procedure that left one: _keeping_isolation)
+            # off, a level other than the engine's (a procedure that left one: _keeping_isolation),
+            # or the brief lock waits of a reconciler (lock_writers)
             try:
                 cur = dbapi_conn.cursor()
                 cur.execute(
-                    f"SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = '{_LEVEL.replace(' ', '-')}'"
+                    f"SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = '{_LEVEL.replace(' ', '-')}', "
+                    "SESSION innodb_lock_wait_timeout = coalesce(@mm_rwait, @@SESSION.innodb_lock_wait_timeout), @mm_rwait = NULL"
                 )
+                _rec.info.pop(BRIEF_NOW, None)
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
@@ -809,15 +814,37 @@ class MySQLDialect(Dialect):
                 conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {was}")
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
-        """The table's _mm_clock row, which only reconcilers lock."""
+        """The table's _mm_clock row, which only reconcilers lock (waited for patiently)."""
+        brief = bool(conn.info.get(BRIEF_NOW))
+        if brief:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = @mm_rwait")
         conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        if brief:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 0")
 
     def lock_writers(self, conn: Connection, info: TableInfo) -> None:
         """The table's gate, then every slot of the table (site.sql): waits for the transactions
         that captured a change of it and are still running, and holds back every new one (an
-        existing slot is locked, a new one needs the gate) until this transaction ends."""
+        existing slot is locked, a new one needs the gate) until this transaction ends.
+
+        With brief waits (Dialect.lock_writers), every lock wait after it fails at once
+        (innodb_lock_wait_timeout 0: error 1205, retried): an application's UPDATE or DELETE locks
+        its row before its trigger locks its slot, so a reconciler that waited for that row while
+        holding the slots was a deadlock InnoDB broke by rolling the application back (the
+        smaller transaction), and one that waited for a row an application had read FOR UPDATE
+        held every writer of the table back meanwhile. The session's own timeout comes back for
+        the next framework lock (lock_for_apply, lock_writers) and when the connection goes back
+        to the pool (prepare_engine's reset)."""
+        brief = bool(conn.info.get(BRIEF_NOW))
+        if brief:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = @mm_rwait")
         conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
         conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        if brief:
+            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 0")
+        elif conn.get_execution_options().get(BRIEF_WAITS):
+            conn.exec_driver_sql("SET @mm_rwait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
+            conn.info[BRIEF_NOW] = True
 
     def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
         """Of the connections whose slot some transaction holds (a read that skips the free ones,
@@ -997,26 +1024,61 @@ class MySQLDialect(Dialect):
         trigger's shadow row). The rows are named through an IN subquery, which InnoDB reads
         without locking: a join locks every table it reads, in the join's order (the shadow row
         first), and deadlocked with an application updating the same row (MariaDB rolled the
-        application back: docs/decisions.md, session 27)."""
+        application back: docs/decisions.md, session 27). With brief waits (lock_writers), none
+        is waited for (_lock_or_retry)."""
         q = self.quote
         o = self.obj(info.name)
         key = q(info.key.name)
-        conn.exec_driver_sql(
-            f"SELECT 1 FROM {q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid) "
-            f"ORDER BY t.{key} FOR UPDATE"
-        ).all()
-        conn.exec_driver_sql(f"SELECT 1 FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid ORDER BY s.`key` FOR UPDATE").all()
+        self._lock_or_retry(
+            conn,
+            f"{q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid)",
+            f"t.{key}",
+        )
+        self._lock_or_retry(conn, f"{o.shadow} s JOIN {tmp} r ON r.rid = s.rid", "s.`key`")
         if info.spec.renumber:
             # rows whose key a new identity may shift: those with a later identity than the earliest new one
             first_new = conn.exec_driver_sql(
                 f"SELECT r.rid FROM {tmp} r LEFT JOIN {o.shadow} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
             ).scalar()
             if first_new is not None:
-                conn.exec_driver_sql(
-                    f"SELECT 1 FROM {q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s WHERE s.rid > %s) "
-                    f"ORDER BY t.{key} FOR UPDATE",
+                self._lock_or_retry(
+                    conn,
+                    f"{q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s WHERE s.rid > %s)",
+                    f"t.{key}",
                     (first_new,),
-                ).all()
+                )
+
+    def lock_keys(self, conn: Connection, info: TableInfo, keys: Sequence[int]) -> None:
+        """With brief waits: lock the rows whose keys move, waiting for none (_lock_or_retry). An
+        application that updates a row it has just inserted locks the row, then waits for its
+        slot: the reconciler's UPDATE of that row's key would be a deadlock it loses."""
+        if not conn.info.get(BRIEF_NOW):
+            return
+        t, key = self.quote(info.name), self.quote(info.key.name)
+        for i in range(0, len(keys), 1000):
+            part = ", ".join(str(int(k)) for k in keys[i : i + 1000])
+            self._lock_or_retry(conn, f"{t} t WHERE t.{key} IN ({part})", f"t.{key}")
+
+    def _lock_or_retry(self, conn: Connection, rows: str, order: str, params: tuple[Any, ...] = ()) -> None:
+        """Lock `rows` (FROM ... WHERE ...) FOR UPDATE, in `order`. With brief waits (this
+        transaction holds a table's writers' lock: lock_writers), wait for none of them: InnoDB
+        checks a wait for deadlocks before it times out, and an application whose UPDATE locked
+        its row and now waits for its slot would be rolled back as the smaller transaction. So
+        the rows are locked SKIP LOCKED, and when fewer were locked than there are, the statement
+        fails with 1205 (lock wait timeout): the batch is rolled back, the slots given back, and
+        run again (is_retryable)."""
+        if not conn.info.get(BRIEF_NOW):
+            conn.exec_driver_sql(f"SELECT 1 FROM {rows} ORDER BY {order} FOR UPDATE", params).all()
+            return
+        conn.exec_driver_sql(
+            "BEGIN NOT ATOMIC DECLARE n, m BIGINT; "
+            f"SELECT count(*) INTO n FROM {rows}; "
+            f"SELECT count(*) INTO m FROM {rows} FOR UPDATE SKIP LOCKED; "
+            "IF m < n THEN SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, "
+            "MESSAGE_TEXT = 'multimaster: a row this batch changes is locked by another transaction; the batch runs again'; "
+            "END IF; END",
+            params + params,
+        )
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:
         """Move the clock past `hlc`, and the site's floor ``_mm_state.hlc`` with it when no table

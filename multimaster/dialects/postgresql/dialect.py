@@ -22,7 +22,16 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
-from multimaster.dialects.base import CLOCK_SLACK, Capabilities, Dialect, capture_fragments, shadow_key_index, table_relations
+from multimaster.dialects.base import (
+    BRIEF_NOW,
+    BRIEF_WAITS,
+    CLOCK_SLACK,
+    Capabilities,
+    Dialect,
+    capture_fragments,
+    shadow_key_index,
+    table_relations,
+)
 from multimaster.dialects.schema import TableInfo, names
 
 SCHEMA = "_mm"
@@ -35,6 +44,10 @@ APPLY_LOCK_CLASS = 28014
 #: retrying the batch: shorter than PostgreSQL's default deadlock_timeout (1 s), so in a deadlock
 #: with an application transaction the reconciler is normally the one that gives up
 APPLY_LOCK_TIMEOUT = "500ms"
+#: ... and, with brief waits, once it holds a table's writers' lock (lock_writers): any lock wait
+#: (a row an application locked) gives up at once and the batch is retried, the writers' lock
+#: given back meanwhile (PostgreSQL's smallest lock_timeout; 0 would mean no timeout)
+HELD_LOCK_TIMEOUT = "1ms"
 #: sqlstates worth a retry: serialization_failure, deadlock_detected, lock_not_available
 _RETRY_STATES = {"40001", "40P01", "55P03"}
 #: the wall clock in ticks of the clock (whole milliseconds << 16), what the clock's rule compares
@@ -562,13 +575,26 @@ class PostgreSQLDialect(Dialect):
         another order than the reconciler, or waits for the writers' lock while holding a row the
         reconciler needs, is not the deadlock victim — the reconciler gives up first and its batch
         is retried (is_retryable)."""
+        brief = bool(conn.info.get(BRIEF_NOW))
+        if brief:  # (this transaction holds another table's writers' lock: lock_writers)
+            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
         conn.exec_driver_sql(
             f"SELECT pg_advisory_xact_lock({APPLY_LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),)
         )
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
+        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (HELD_LOCK_TIMEOUT if brief else APPLY_LOCK_TIMEOUT,))
 
     def lock_writers(self, conn: Connection, info: TableInfo) -> None:
+        """The table's writers' lock, exclusively (waiting APPLY_LOCK_TIMEOUT for it). With brief
+        waits (Dialect.lock_writers), every lock wait after it gives up after HELD_LOCK_TIMEOUT:
+        a reconciler that waited APPLY_LOCK_TIMEOUT for a row an application had locked (FOR
+        UPDATE, FOR SHARE, a foreign key's check) held every writer of the table back that long."""
+        brief = bool(conn.info.get(BRIEF_NOW))
+        if brief:
+            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
+        if brief or conn.get_execution_options().get(BRIEF_WAITS):
+            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (HELD_LOCK_TIMEOUT,))
+            conn.info[BRIEF_NOW] = True
 
     def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
         """The registered transaction with the lowest bound (the advisory lock _mm_horizon reads,
