@@ -89,7 +89,7 @@ def one(server: str, seconds: float, tmp: Path) -> str:
         c.run(f"CREATE TABLE items (id {KEY[server]} PRIMARY KEY, name VARCHAR(60), qty INT)")
         c.close()
     topo = tmp / f"{server}.yaml"
-    sites = "\n".join(f"  {s}: {{url: \"{URL[server].format(db=db)}\"}}" for s, db in zip("ab", dbs))
+    sites = "\n".join(f'  {s}: {{url: "{URL[server].format(db=db)}"}}' for s, db in zip("ab", dbs))
     topo.write_text(f"sites:\n{sites}\ntables:\n  items: {{key: id, columns: {{qty: additive}}}}\nlinks: mesh\n")
     try:
         r = mm("init", "-t", str(topo))
