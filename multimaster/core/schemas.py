@@ -142,6 +142,10 @@ def _args(t: str) -> list[int]:
     return [int(x) for x in m.group(1).split(",")] if m else []
 
 
+#: text types only MySQL and MariaDB name, beside whose TEXT (65,535 bytes) is not the widest
+_MYSQL_TEXTS = frozenset({"TINYTEXT", "MEDIUMTEXT", "LONGTEXT"})
+
+
 def _text_rank(t: str) -> int | None:
     b = _base(t)
     if b in ("TEXT", "CLOB", "STRING", "LONGTEXT"):
@@ -164,6 +168,8 @@ def narrowing(old: str, new: str) -> bool:
         return False
     to, tn = _text_rank(old), _text_rank(new)
     if to is not None and tn is not None:
+        if {_base(old), _base(new)} & _MYSQL_TEXTS:  # MySQL's own names: its TEXT holds 65,535 bytes
+            to, tn = (65_535 if _base(t) == "TEXT" else r for t, r in ((old, to), (new, tn)))
         return tn < to
     bo, bn = _base(old), _base(new)
     if bo in _INT_RANK and bn in _INT_RANK:

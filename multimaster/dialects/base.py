@@ -171,6 +171,21 @@ class Dialect:
         unique key already exists."""
         raise NotImplementedError
 
+    def insert_new_into(self, table: str, cols: str, source: str, key: str) -> str:
+        """INSERT of `source` into `table` (`cols`) skipping the rows whose unique `key` exists, and
+        nothing else: a value the table cannot hold fails the statement, never cut or rounded to
+        fit (a snapshot holds what the peer sent, docs/decisions.md). Default: insert_ignore_into
+        (PostgreSQL's ON CONFLICT DO NOTHING and SQLite's OR IGNORE skip conflicts only)."""
+        return self.insert_ignore_into(table, cols, source)
+
+    def value_checks(self, info: TableInfo) -> list[Any]:
+        """Per replicated column of `info` here, a test of a value as value_adapters gives it: None
+        when the column stores it exactly, else a :class:`~multimaster.dialects.fit.Misfit` saying
+        why not; None for a column where every value of its kind fits (dialects/fit.py)."""
+        from multimaster.dialects import fit, types
+
+        return fit.checks(self.name, self.title, info.columns, [types.kind_of(self.name, c) for c in info.columns])
+
     def upsert(self, table: str, row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
         """(statement, parameters) inserting `row` (column -> value) into `table`, or, when a row
         with the same `keys` exists, setting its other columns to `row`'s values."""
@@ -218,7 +233,7 @@ class Dialect:
         # rewrites it into multi-row INSERTs only then)
         flag = 1 if applied else 0
         conn.exec_driver_sql(
-            self.insert_ignore_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols) + 1)})"),
+            self.insert_new_into(snap, ", ".join(cols) + ", applied", f"VALUES ({self.ph(len(cols) + 1)})", "pseq"),
             [(*r, flag) for r in rows],
         )
 
@@ -365,8 +380,13 @@ class Dialect:
                 **self.obj(info.name, peer).mapping(),
             ),
         )
-        # (a snapshot made by an earlier multimaster has no `pending` or `sup` column yet)
-        self.add_columns(conn, self.obj(info.name, peer).snapshot(), [("pending", self.long_text), ("sup", self.long_text)])
+        # (a snapshot made by an earlier multimaster has no `pending`, `sup` or `misfit` column yet;
+        # misfit: the values of a held change this site cannot store exactly, engine/pull.py)
+        self.add_columns(
+            conn,
+            self.obj(info.name, peer).snapshot(),
+            [("pending", self.long_text), ("sup", self.long_text), ("misfit", self.long_text)],
+        )
 
     def install_heads(self, conn: Connection, info: TableInfo) -> None:
         """The columns of concurrent heads (docs/conflicts.md "Concurrent heads"): the change log's

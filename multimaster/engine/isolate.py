@@ -38,7 +38,7 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import held, relays
-from multimaster.engine.pull import store_batch
+from multimaster.engine.pull import any_misfit, refit, store_batch
 from multimaster.engine.reconcile import ReconcileResult, reconcile_table
 from multimaster.engine.site import Site
 from multimaster.errors import CorruptChange
@@ -48,6 +48,7 @@ __all__ = [
     "permanent",
     "describe",
     "has_malformed",
+    "has_misfit",
     "known_origins",
     "refused_message",
     "apply_batch",
@@ -116,6 +117,13 @@ def has_malformed(rows: list[tuple[Any, ...]], known: Collection[str] | None = N
     return bool(bad or foreign)
 
 
+def has_misfit(site: Site, infos: Sequence[TableInfo], rows: Mapping[str, list[tuple[Any, ...]]]) -> bool:
+    """Whether pulled `rows` (per table of `infos`) hold a value `site` cannot store exactly: the
+    batch is applied in isolating mode, which holds it with its source transaction and the later
+    changes of its row (engine/pull.py store_batch)."""
+    return any(any_misfit(site, i, rows[i.name]) for i in infos if rows.get(i.name))
+
+
 def known_origins(conn: Connection, site: Site, topo_sites: Sequence[str]) -> frozenset[str]:
     """The origins a change pulled into `site` may have (store.retired.known_origins)."""
     return store.retired.known_origins(conn, site.dialect, list(topo_sites))
@@ -161,8 +169,11 @@ def apply_batch(
         if not part:
             continue
         good, bad, foreign = _split(part, known)
-        n, _last, _ = store_batch(conn, site, info, peer, good, applied=False)
+        unfit: list[dict[str, Any]] = []  # values this site cannot store exactly: held as stored
+        n, _last, _ = store_batch(conn, site, info, peer, good, applied=False, refused=unfit)
         stored += n
+        if unfit and reconcile_:
+            _keep_ranks_held(conn, site, {info.name: info}, peers, base_max, unfit)
         width = 3 + 6 + 2 * len(info.columns) + 2 * len(info.refs)  # the txn's place (pull.log_select_columns)
         for r, why in bad:
             ver = r[3] if is_version(r[3]) else f"?{peer}:{r[2]}"  # a position names it when its version cannot
@@ -462,7 +473,7 @@ def retry(
     queued = [q for q in queued if q["state"] != store.errorqueue.SCHEMA]
     holds = Holds(others)
     at = now_iso()
-    ready = _retry_ready(conn, d, queued, order, holds, known, at, out)
+    ready = _retry_ready(conn, d, queued, order, holds, known, at, out, _refit(conn, site, infos, queued))
 
     def together(lo: int, hi: int) -> bool:
         group = ready[lo:hi]
@@ -535,9 +546,11 @@ def _retry_ready(
     known: Collection[str] | None,
     at: str,
     out: RetryResult,
+    misfit: Mapping[tuple[str, str], str],
 ) -> list[tuple[list[dict[str, Any]], list[int]]]:
     """The units of `queued` a retry applies, in order, each as (its changes, their ids); those it
-    cannot stay held (a malformed entry, an origin not `known`, behind a held change)."""
+    cannot stay held (a malformed entry, an origin not `known`, a value this site still cannot
+    store exactly (`misfit`: (table, version) -> error), behind a held change)."""
     ready: list[tuple[list[dict[str, Any]], list[int]]] = []
     for unit in units(queued, order):
         members = [queued[i] for i in unit]
@@ -558,9 +571,33 @@ def _retry_ready(
             _held_with(conn, d, ids, alien, at, out, f"origin '{m['origin']}' is not a site of the topology", attempt=True)
             holds.hold(members, ids, alien)
             continue
+        unfit = next((k for k, m in enumerate(members) if (str(m["tbl"]), str(m["ver"])) in misfit), None)
+        if unfit is not None:  # a value this site still cannot store exactly (engine/pull.py refit)
+            err = misfit[(str(members[unfit]["tbl"]), str(members[unfit]["ver"]))]
+            store.errorqueue.failed_again(conn, d, ids[unfit], err[:2000], at)
+            _held_with(conn, d, ids, unfit, at, out, "a value this site cannot store exactly", attempt=True)
+            holds.hold(members, ids, unfit)
+            continue
         if not _blocked(conn, d, holds, members, ids, at, out):
             ready.append((members, ids))
     return ready
+
+
+def _refit(
+    conn: Connection, site: Site, infos: Mapping[str, TableInfo], queued: Sequence[Mapping[str, Any]]
+) -> dict[tuple[str, str], str]:
+    """The held changes of `queued` whose values were taken out as they were stored, because this
+    site could not store them exactly (engine/pull.py): put back where the columns hold them now;
+    returns those that still do not fit, (table, version) -> error."""
+    by: dict[tuple[str, str], set[str]] = {}
+    for q in queued:
+        if q["op"] != "?" and q["tbl"] in infos:
+            by.setdefault((str(q["tbl"]), str(q["peer"])), set()).add(str(q["ver"]))
+    out: dict[tuple[str, str], str] = {}
+    for (tb, peer), vers in sorted(by.items()):
+        for ver, err in refit(conn, site, infos[tb], peer, vers).items():
+            out[(tb, ver)] = err
+    return out
 
 
 def _blocked(

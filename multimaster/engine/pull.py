@@ -8,15 +8,17 @@ the target's write transaction of the batch (`store_batch`), which also reconcil
 from __future__ import annotations
 
 import bisect
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.core.schemas import decode_pending, encode_pending, translate
 from multimaster.core.versions import now_iso
+from multimaster.dialects.fit import Misfit
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
 from multimaster.engine.held import HELD
@@ -332,6 +334,7 @@ def store_batch(
     rows: list[tuple[Any, ...]],
     applied: bool = False,
     txn: str | None = None,
+    refused: list[dict[str, Any]] | None = None,
 ) -> tuple[int, int, int | None]:
     """Copy pulled rows into the snapshot of `peer`. Returns (stored, last seq2, lowest position
     stored or None). The second-order log is a view over the change log on every dialect, so every
@@ -345,7 +348,11 @@ def store_batch(
 
     Where this site records source transactions, each row keeps its transaction (relays copy it
     on); a row that came without one (from a site that records none, whose batch is one read of
-    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together."""
+    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together.
+
+    A change with a value this site cannot store exactly (Dialect.value_checks) is stored held, its
+    values kept aside, and held in the error queue (:func:`misfits`); the changes held so are
+    added to `refused` (as engine/held.py pending describes a change) when given."""
     d = site.dialect
     o = d.obj(info.name, peer)
     held: set[int] = set()
@@ -364,6 +371,8 @@ def store_batch(
     waiting: list[tuple[Any, ...]] = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
+    fits = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
+    unfit: list[tuple[tuple[Any, ...], str]] = []  # (row, error): values this site cannot store exactly
     for r in rows:
         _seq2, op2, seq = r[0], r[1], r[2]
         if op2 == "A":
@@ -382,7 +391,11 @@ def store_batch(
                 vals = (*vals, txn if t is None else str(t))
             pending = r[4 + width] if len(r) > 4 + width else None
             vals = (*vals, r[5 + width] if len(r) > 5 + width else None)  # sup, the snapshot's last column (cols_of)
-            if pending is not None:  # needs a column this site does not have yet: waits for it
+            bad = misfits(info, fits, vals) if fits else None
+            if bad is not None:  # a value this site cannot store exactly: held, kept aside whole
+                kept, stash, why = bad
+                unfit.append(((seq, *kept, pending, stash), misfit_message(site, info, peer, vals[1], why)))
+            elif pending is not None:  # needs a column this site does not have yet: waits for it
                 waiting.append((seq, *vals, pending))
             else:
                 appended.append((seq, *vals))
@@ -393,8 +406,169 @@ def store_batch(
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     if waiting:
         _hold_for_columns(conn, site, info, peer, cols_of(d, info, keep_txn), waiting)
+    if unfit:
+        got = _hold_misfits(conn, site, info, peer, cols_of(d, info, keep_txn), unfit)
+        if refused is not None:
+            refused.extend(got)
     last = rows[-1][0] if rows else 0
-    return len(appended) + len(waiting), last, min((a[0] for a in appended), default=None) if applied else None
+    return len(appended) + len(waiting) + len(unfit), last, min((a[0] for a in appended), default=None) if applied else None
+
+
+def any_misfit(site: Site, info: TableInfo, rows: Sequence[tuple[Any, ...]]) -> bool:
+    """Whether pulled `rows` (read_entries' layout) hold a value `site` cannot store exactly
+    (Dialect.value_checks): the batch is then applied in isolating mode, which holds the rest of
+    such a change's source transaction and the later changes of its row (engine/isolate.py)."""
+    d = site.dialect
+    tests = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
+    if not tests or not rows:
+        return False
+    adapt = d.value_adapters(info)
+    n = len(info.columns)
+    for r in rows:
+        if r[1] != "A" or r[3] is None:
+            continue
+        for i, f in tests:
+            for at in (9 + i, 9 + n + i):
+                v = r[at]
+                if v is not None and adapt[i] is not None:
+                    try:
+                        v = adapt[i](v)
+                    except (TypeError, ValueError, ArithmeticError):
+                        continue  # store_batch says so
+                if v is not None and f(v) is not None:
+                    return True
+    return False
+
+
+def misfits(
+    info: TableInfo, fits: Sequence[tuple[int, Any]], vals: Sequence[Any]
+) -> tuple[tuple[Any, ...], str, list[tuple[str, Misfit]]] | None:
+    """Of a change's snapshot values `vals` (ver, origin, op, rid, key, mask, n..., o..., ...; as
+    this site's driver is given them), those its columns cannot store exactly (`fits`: (column
+    index, Dialect.value_checks test)): None when all fit; else the values with those set to NULL,
+    the values taken out as the snapshot's ``misfit`` text (column -> (new, old), exact), and why
+    each one does not fit."""
+    n = len(info.columns)
+    out = list(vals)
+    stash: dict[str, tuple[Any, Any]] = {}
+    why: list[tuple[str, Misfit]] = []
+    for i, f in fits:
+        for at in (6 + i, 6 + n + i):
+            m = f(vals[at]) if vals[at] is not None else None
+            if m is None:
+                continue
+            name = info.columns[i].name
+            if name not in stash:
+                stash[name] = (vals[6 + i], vals[6 + n + i])
+                why.append((name, m))
+            out[6 + i] = out[6 + n + i] = None
+    return None if not stash else (tuple(out), encode_pending(stash), why)
+
+
+def misfit_message(site: Site, info: TableInfo, peer: str, origin: Any, why: Sequence[tuple[str, Misfit]]) -> str:
+    """The error queue's message for a change with values `site` cannot store exactly (`why`:
+    column, Misfit): the site, its database, the table, each column with its kind and the value,
+    and the fix."""
+    from multimaster.dialects.types import kind_of
+
+    d = site.dialect
+    kinds = {c.name: kind_of(d.name, c) for c in info.columns}
+    what = "; ".join(f"{info.name}.{c} ({kinds.get(c)}): {m.why}" for c, m in why)
+    head = (
+        f"value refused: site '{site.name}' ({d.title}) cannot store exactly a value of this change (written at "
+        f"'{origin}', pulled from '{peer}'): {what}. Nothing of the change was applied here"
+    )
+    if any(m.never for _, m in why):
+        return (
+            f"{head}. Fix: {d.title} has no column that holds it: write a value it can hold at '{origin}' (that update "
+            f"follows this change), then drop this one: 'multimaster errors skip -t FILE --site {site.name} --id ID --reason TEXT'; "
+            "'multimaster verify' shows the row until then (docs/types.md \"Values a site cannot store\")"
+        )
+    cols = ", ".join(c for c, _ in why)
+    return (
+        f"{head}. Fix: widen {info.name}.{cols} at '{site.name}' to hold it ('multimaster ddl', or ALTER TABLE there), then "
+        f"'multimaster errors retry -t FILE --site {site.name} --id ID'; or drop it: 'multimaster errors skip -t FILE "
+        f'--site {site.name} --id ID --reason TEXT\' (docs/types.md "Values a site cannot store")'
+    )
+
+
+def _hold_misfits(
+    conn: Connection, site: Site, info: TableInfo, peer: str, cols: list[str], rows: Sequence[tuple[tuple[Any, ...], str]]
+) -> list[dict[str, Any]]:
+    """Store changes with values this site cannot store exactly (each: the snapshot row with
+    those values NULL, then `pending` and ``misfit``, the values taken out; and the error) as held
+    (``applied = 3``) and hold them in the error queue, ``failed``; a change here already (come
+    over another route) is stored as seen, or held with its copy held here, as _hold_for_columns
+    does. `errors retry` puts the values back once they fit (:func:`refit`); the refresh then
+    holds the rest of their source transactions and the later changes of their rows
+    (engine/isolate.py hold_waiting)."""
+    d = site.dialect
+    snap = d.obj(info.name, peer).snapshot()
+    held_here, done = _here_already(conn, site, info, [str(r[1]) for r, _ in rows])
+    conn.exec_driver_sql(
+        d.insert_new_into(snap, ", ".join(cols) + ", applied, pending, misfit", f"VALUES ({d.ph(len(cols) + 3)})", "pseq"),
+        [(*r[:-2], 1 if str(r[1]) in done else HELD, r[-2], r[-1]) for r, _ in rows],
+    )
+    fresh = [(r, e) for r, e in rows if str(r[1]) not in done and str(r[1]) not in held_here]
+    hs = [(Held(info.name, peer, r[1], r[2], r[4], r[3], _txn_of(r, info, d.caps.txn_column)), e) for r, e in fresh]
+    store.errorqueue.hold_new(conn, d, hs, "failed", now_iso())
+    return [
+        {"tbl": h.table, "peer": h.peer, "ver": h.ver, "origin": h.origin, "rid": h.rid, "op": h.op, "txn": h.txn} for h, _ in hs
+    ]
+
+
+def _txn_of(row: tuple[Any, ...], info: TableInfo, keep_txn: bool) -> str | None:
+    """The source transaction of a snapshot row as store_batch builds it (pseq, ver, ..., txn, sup, ...)."""
+    if not keep_txn:
+        return None
+    t = row[1 + 6 + 2 * len(info.columns) + 2 * len(info.refs)]
+    return None if t is None else str(t)
+
+
+def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collection[str]) -> dict[str, str]:
+    """For `errors retry`: the held changes `vers` of `info` from `peer` with values taken out as
+    they were stored (``misfit``) get them back in their snapshot row when this site's columns
+    now hold them exactly (widened since); returns those that still do not fit, with the error."""
+    d = site.dialect
+    snap = d.obj(info.name, peer).snapshot()
+    ph = d.caps.placeholder
+    fits = dict((i, f) for i, f in enumerate(d.value_checks(info)) if f is not None)
+    by = {c.name: i for i, c in enumerate(info.columns)}
+    still: dict[str, str] = {}
+    want = set(vers)
+    for ver, origin, text in conn.exec_driver_sql(
+        f"SELECT ver, origin, misfit FROM {snap} WHERE misfit IS NOT NULL AND applied = {HELD}"
+    ).all():
+        if str(ver) not in want:
+            continue
+        stash = decode_pending(text)
+        why = [
+            (c, m) for c, (new, old) in stash.items() for m in [_first_misfit(fits.get(by.get(c, -1)), new, old)] if m is not None
+        ]
+        if c_missing := [c for c in stash if c not in by]:
+            why += [(c, Misfit(f"column {c} is no longer at this site")) for c in c_missing]
+        if why:
+            still[str(ver)] = misfit_message(site, info, peer, origin, why)
+            continue
+        sets = [f"{d.quote(p + c)} = {ph}" for c in stash for p in ("n_", "o_")]
+        params = [v for c in stash for v in stash[c]]
+        sp = conn.begin_nested()
+        try:
+            conn.exec_driver_sql(f"UPDATE {snap} SET {', '.join(sets)}, misfit = NULL WHERE ver = {ph}", (*params, ver))
+            sp.commit()
+        except DBAPIError as e:  # the snapshot's columns do not follow the table's yet (its schema follow failed)
+            sp.rollback()
+            err = str(getattr(e, "orig", e)).strip().splitlines()[0]
+            still[str(ver)] = misfit_message(
+                site, info, peer, origin, [(c, Misfit(f"the snapshot here refuses it: {err}")) for c in stash]
+            )
+    return still
+
+
+def _first_misfit(f: Any, new: Any, old: Any) -> Misfit | None:
+    if f is None:
+        return None
+    return next((m for v in (new, old) if v is not None and (m := f(v)) is not None), None)
 
 
 def cols_of(d: Any, info: TableInfo, keep_txn: bool) -> list[str]:

@@ -666,6 +666,7 @@ def _whole_link(
         if not any(read.rows.values()):
             break
         bad = any(isolate.has_malformed(rows, first.known) for rows in read.rows.values() if rows)
+        bad = bad or isolate.has_misfit(tgt, infos, read.rows)  # a value this site cannot store exactly
         done = _apply_batch(conn, tables=tables, rows=read.rows, wms=dict(wms), isolating=isolating or bad, token=token)
         if done is None:
             raise _Moved()
@@ -690,6 +691,8 @@ def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows],
     holding the changes at fault (engine/isolate.py)."""
     known = next(iter(tables.values())).known
     malformed = any(isolate.has_malformed(rows, known) for rows in part.values() if rows)
+    # a value this site cannot store exactly: held with its source transaction (engine/pull.py)
+    malformed = malformed or isolate.has_misfit(tgt, [t.info for t in tables.values()], part)
     try:
         return write_retrying(
             tgt, functools.partial(_apply_batch, tables=tables, rows=part, wms=dict(wms), isolating=malformed), watch

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
+from multimaster.core.schemas import decode_pending
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
@@ -342,12 +343,17 @@ def changes(
     for i in range(0, len(vers), 500):
         part = tuple(dict.fromkeys(vers[i : i + 500]))
         for r in conn.exec_driver_sql(
-            f"SELECT ver, {d.key_col}, mask{', ' + ncols if ncols else ''} FROM {d.obj(table, peer).snapshot()} "
+            f"SELECT ver, {d.key_col}, mask, misfit{', ' + ncols if ncols else ''} FROM {d.obj(table, peer).snapshot()} "
             f"WHERE ver IN ({', '.join([p] * len(part))})",
             part,
         ):
             mask = int(r[2] or 0)
-            out[str(r[0])] = {"key": r[1], "values": {c: r[3 + k] for k, c in enumerate(columns) if mask >> k & 1}}
+            # values this site cannot store exactly are kept aside (engine/pull.py store_batch)
+            aside = {c: nv for c, (nv, _ov) in decode_pending(r[3]).items()} if r[3] is not None else {}
+            out[str(r[0])] = {
+                "key": r[1],
+                "values": {c: aside.get(c, r[4 + k]) for k, c in enumerate(columns) if mask >> k & 1},
+            }
     return out
 
 

@@ -136,6 +136,11 @@ class MySQLDialect(Dialect):
     def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
         return f"INSERT IGNORE INTO {table} ({cols}) {source}"
 
+    def insert_new_into(self, table: str, cols: str, source: str, key: str) -> str:
+        # not INSERT IGNORE: besides duplicate keys it turns every strict-mode error into a warning
+        # and stores the value cut to fit (a TEXT of 100,000 characters as 65,535 bytes)
+        return f"INSERT INTO {table} ({cols}) {source} ON DUPLICATE KEY UPDATE {key} = {key}"
+
     def upsert(self, table: str, row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
         cols = list(row)
         upd = [c for c in cols if c not in keys]
@@ -165,7 +170,12 @@ class MySQLDialect(Dialect):
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
             cur = dbapi_conn.cursor()
-            cur.execute("SET SESSION time_zone = '+00:00', @mm_applying = NULL")
+            # strict for every table: a value a column cannot hold fails the statement (held in
+            # the error queue, docs/errors.md) instead of being stored cut or clamped with a warning
+            cur.execute(
+                "SET SESSION time_zone = '+00:00', @mm_applying = NULL, "
+                "sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
+            )
             cur.close()
 
         @event.listens_for(engine, "reset")

@@ -11,6 +11,7 @@ CREATE TABLE IF NOT EXISTS $snap (
   txn VARCHAR(64),  -- (the ALTERs below and install_snapshot add these to a snapshot created before them)
   pending LONGTEXT,
   sup LONGTEXT,
+  misfit LONGTEXT,  -- values of a held change this site cannot store exactly (engine/pull.py)
   KEY $snap_idx (applied)
 ) ENGINE=InnoDB DEFAULT CHARSET=utf8mb4 COLLATE=utf8mb4_bin;
 --

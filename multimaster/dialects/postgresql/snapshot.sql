@@ -10,7 +10,8 @@ CREATE TABLE IF NOT EXISTS $snap (
   applied smallint NOT NULL DEFAULT 0,
   txn text,  -- (the ALTERs below and install_snapshot add these to a snapshot created before them)
   pending text,
-  sup text
+  sup text,
+  misfit text  -- values of a held change this site cannot store exactly (engine/pull.py)
 );
 --
 ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn text;  -- the entry's source transaction (relays copy it)

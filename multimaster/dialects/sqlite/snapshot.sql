@@ -8,7 +8,8 @@ CREATE TABLE IF NOT EXISTS $snap (
   key $keytype,
   mask INTEGER NOT NULL$logcols,
   applied INTEGER NOT NULL DEFAULT 0,
-  pending TEXT  -- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
+  pending TEXT,  -- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
+  misfit TEXT  -- values of a held change this site cannot store exactly (engine/pull.py)
 );
 --
 CREATE INDEX IF NOT EXISTS $snap_idx ON $snap (applied) WHERE applied <> 1;

@@ -1,0 +1,200 @@
+"""Whether a value pulled from a peer fits a column of this site exactly (docs/types.md "Values a
+site cannot store").
+
+A column's kind (dialects/types.py) is the same at every site, but its declared type is each
+site's own: a PostgreSQL ``text`` may carry 100,000 characters to a MariaDB ``TEXT`` (65,535 bytes),
+a ``numeric(20,2)`` 12345678.99 to a ``DECIMAL(6,2)``, a ``double precision`` NaN to a MariaDB
+``DOUBLE`` (which has none) or to SQLite (which stores NULL for it). A database given such a value
+cuts it, rounds it, clamps it, turns it into NULL or fails the whole statement; none of that may
+happen to a replicated change. :func:`checks` gives, per column, a pure test of a value (as this
+site's driver is given it, after the value adapters): None when the column stores it exactly,
+otherwise why not (the value's kind and size, the column's type), and whether no column of this
+database could ever hold it (NaN where the database has none), for the fix the error names.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from decimal import Decimal, InvalidOperation
+from typing import Any, Callable, Sequence
+
+__all__ = ["Misfit", "checks"]
+
+
+@dataclass(frozen=True)
+class Misfit:
+    """Why a value does not fit a column: `why` (its kind and size, and the column's type), and
+    whether the database has no column type of the kind that could hold it (`never`)."""
+
+    why: str
+    never: bool = False
+
+
+Check = Callable[[Any], "Misfit | None"]
+
+#: MariaDB / MySQL: the bytes a TEXT / BLOB type holds
+_MY_LOB = {"TINY": 255, "": 65_535, "MEDIUM": 16_777_215, "LONG": 4_294_967_295}
+#: integer ranges by declared type (signed)
+_INT_BITS = {"TINYINT": 8, "SMALLINT": 16, "INT2": 16, "MEDIUMINT": 24, "INT": 32, "INTEGER": 32, "INT4": 32, "SERIAL": 32}
+_INT_BITS.update({"BIGINT": 64, "INT8": 64, "BIGSERIAL": 64, "SMALLSERIAL": 16})
+_LEN = re.compile(
+    r"^(?:NATIONAL\s+)?(CHARACTER VARYING|VARCHAR|NVARCHAR|CHARACTER|CHAR|NCHAR|VARBINARY|BINARY|BIT VARYING)\s*\(\s*(\d+)\s*\)"
+)
+_DEC = re.compile(r"^(?:NUMERIC|DECIMAL|DEC|FIXED)\s*(?:\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\))?")
+
+
+def checks(dialect: str, title: str, columns: Sequence[Any], kinds: Sequence[str | None]) -> list[Check | None]:
+    """Per column of `columns` (schema.Column, of kind `kinds[i]`) at a site of `dialect`
+    (`title` its name in messages), a test of a value as this site's driver is given it; None
+    where every value of the kind fits."""
+    return [_check(dialect, title, (c.type_sql or "").strip().upper(), k) for c, k in zip(columns, kinds)]
+
+
+def _check(dialect: str, title: str, ts: str, kind: str | None) -> Check | None:
+    if kind == "text":
+        return _text(dialect, title, ts)
+    if kind == "bytes":
+        return _bytes(dialect, title, ts)
+    if kind == "decimal":
+        return _decimal(dialect, title, ts)
+    if kind == "float":
+        return _float(dialect, title)
+    if kind == "int":
+        return _int(dialect, title, ts)
+    return None
+
+
+def _text(dialect: str, title: str, ts: str) -> Check | None:
+    m = _LEN.match(ts)
+    if m and dialect != "sqlite":  # SQLite keeps any length whatever the declared type
+        n = int(m.group(2))
+
+        def chars(v: Any) -> Misfit | None:
+            if isinstance(v, str) and len(v) > n:
+                return Misfit(f"text of {len(v):,} characters, longer than {title}'s {ts} holds ({n:,} characters)")
+            return None
+
+        return chars
+    if dialect == "mysql":
+        lob = re.match(r"^(TINY|MEDIUM|LONG|)TEXT\b", ts)
+        if lob:
+            limit = _MY_LOB[lob.group(1)]
+
+            def size(v: Any) -> Misfit | None:
+                if isinstance(v, str) and len(v) * 4 > limit and len(b := v.encode("utf-8")) > limit:
+                    return Misfit(
+                        f"text of {len(v):,} characters ({len(b):,} bytes), longer than {title}'s {ts} holds ({limit:,} bytes)"
+                    )
+                return None
+
+            return size
+    return None
+
+
+def _bytes(dialect: str, title: str, ts: str) -> Check | None:
+    if dialect != "mysql":
+        return None
+    m = _LEN.match(ts)
+    lob = re.match(r"^(TINY|MEDIUM|LONG|)BLOB\b", ts)
+    limit = int(m.group(2)) if m else _MY_LOB[lob.group(1)] if lob else None
+    if limit is None:
+        return None
+
+    def size(v: Any) -> Misfit | None:
+        if isinstance(v, (bytes, bytearray, memoryview)) and len(v) > limit:
+            return Misfit(f"bytes of length {len(v):,}, longer than {title}'s {ts} holds ({limit:,} bytes)")
+        return None
+
+    return size
+
+
+def _decimal(dialect: str, title: str, ts: str) -> Check | None:
+    m = _DEC.match(ts)
+    p: int | None
+    s: int | None
+    if dialect == "mysql":
+        p, s = (int(m.group(1)) if m and m.group(1) else 10), (int(m.group(2)) if m and m.group(2) else 0)
+    elif m and m.group(1) and dialect != "sqlite":  # SQLite does not enforce them
+        p, s = int(m.group(1)), int(m.group(2) or 0)
+    else:
+        p = s = None  # unconstrained (PostgreSQL numeric), or SQLite (which enforces neither)
+
+    def fits(v: Any) -> Misfit | None:
+        try:
+            d = v if isinstance(v, Decimal) else Decimal(str(v))
+        except (InvalidOperation, ValueError):
+            return None  # not a number at all: the database says so
+        if not d.is_finite():
+            if dialect == "postgresql":
+                return None  # numeric holds NaN and ±Infinity
+            return Misfit(f"decimal {d} (no {title} decimal column holds it)", never=True)
+        if dialect == "sqlite":
+            return _sqlite_numeric(d)
+        digits, exp = _digits(d)
+        if p is None or s is None:
+            return None
+        scale = max(0, -exp)
+        whole = max(0, digits + exp)
+        if scale > s:
+            return Misfit(f"decimal {d} with {scale} decimal places, more than {title}'s {ts} keeps ({s}): it would be rounded")
+        if whole > p - s:
+            return Misfit(
+                f"decimal {d} with {whole} digits before the point, out of the range of {title}'s {ts} ({p - s} at most)"
+            )
+        return None
+
+    return fits
+
+
+def _sqlite_numeric(d: Decimal) -> Misfit | None:
+    """SQLite's NUMERIC affinity keeps an integer of 64 bits as an INTEGER and anything else as the
+    nearest REAL: exact when that REAL reads back as the same decimal (15 significant digits
+    always do). SQLite does not enforce a declared precision or scale."""
+    if d == d.to_integral_value() and -(2**63) <= d < 2**63:
+        return None
+    if Decimal(repr(float(d))) == d:
+        return None
+    return Misfit(f"decimal {d}, which SQLite's NUMERIC would store as the nearest REAL, {float(d)!r}", never=True)
+
+
+def _digits(d: Decimal) -> tuple[int, int]:
+    """(significant digits, exponent) of `d` without trailing zeros (1.50 is 15e-1; 0 is 0e0)."""
+    if d.is_zero():
+        return 1, 0
+    t = d.normalize().as_tuple()
+    return len(t.digits), int(t.exponent)
+
+
+def _float(dialect: str, title: str) -> Check | None:
+    if dialect == "postgresql":
+        return None  # NaN and ±Infinity; an overflow of real the database refuses itself
+
+    def special(v: Any) -> Misfit | None:
+        if isinstance(v, float) and not math.isfinite(v):
+            if math.isnan(v):
+                what = "stores NULL for it" if dialect == "sqlite" else "has none"
+                return Misfit(f"float NaN ({title} {what})", never=True)
+            if dialect != "sqlite":  # SQLite's REAL holds ±Infinity
+                return Misfit(f"float {v} ({title} has no infinity)", never=True)
+        return None
+
+    return special
+
+
+def _int(dialect: str, title: str, ts: str) -> Check | None:
+    if dialect == "sqlite":
+        return None
+    m = re.match(r"^([A-Z0-9]+)(?:\s*\(\s*\d+\s*\))?(\s+UNSIGNED)?", ts)
+    bits = _INT_BITS.get(m.group(1)) if m else None
+    if bits is None:
+        return None
+    lo, hi = (0, 2**bits - 1) if m and m.group(2) else (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+
+    def fits(v: Any) -> Misfit | None:
+        if isinstance(v, int) and not lo <= v <= hi:
+            return Misfit(f"integer {v}, out of the range of {title}'s {ts} ({lo} to {hi})")
+        return None
+
+    return fits
