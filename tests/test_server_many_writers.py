@@ -619,45 +619,56 @@ def test_init_run_again_while_applications_write_loses_no_write(backend, tmp_pat
     assert _names(cl, "s2") == model
 
 
-def test_an_application_locking_a_row_the_reconciler_applies_to_is_not_deadlocked(backend, tmp_path):  # type: ignore[no-untyped-def]
-    """An application reads a row FOR UPDATE, then updates it (its capture then writes the row's
-    shadow row); meanwhile a refresh applies a peer's change of the same row and waits for the
-    application's lock. The reconciler must wait holding nothing the application's update needs:
-    it locks the rows first, their shadow rows after (the application's own order). MariaDB's
-    lock of the rows once read them through a join, which locked the shadow row first, and the
-    application's update was rolled back as a deadlock victim."""
-    from multimaster.engine.site import Site
+def test_init_run_again_while_applications_read_then_write(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """init runs again on a site whose applications read a row and then update it, in one
+    transaction. On PostgreSQL init locked the table SHARE ROW EXCLUSIVE, then DROP TRIGGER took
+    ACCESS EXCLUSIVE: an application holding ACCESS SHARE from its read waited for init at its
+    UPDATE, init for it at the DROP, and the deadlock check failed one of them (init, or the
+    application). Now init takes the strongest lock first, gives up waiting before a deadlock
+    check would run and runs again: every init and every application transaction succeeds."""
+    if backend.name == "sqlite":
+        pytest.skip("SQLite has one writer at a time: a read then a write waits for the file's lock")
+    if backend.name == "mysql":
+        pytest.skip(
+            "MariaDB: a changed trigger's CREATE OR REPLACE waits for the table's metadata lock, and the "
+            "deadlock a read-then-write application closes rolls the application back (docs/mysql.md Limits)"
+        )
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
+    p = backend.param()
+    for i in range(5):
+        cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"r{i}", 0))
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    done = [0]
 
-    _concurrent_only(backend)
-    # a table of some size: the join the rows were once locked through then read the few rows
-    # to apply first, their shadow rows, and the table's rows last
-    base = [("stock", i, "bolts" if i == 1 else f"n{i}", 100) for i in range(1, 301)]
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, base={"s1": base})
-    cl.refresh_until_quiet()
-    cl.execute("s2", "UPDATE stock SET qty = qty + 5 WHERE id = 1")
-    app = _Writer(cl, "s1")
-    done: list[Any] = []
-    try:
-        app.run("SELECT qty FROM stock WHERE id = 1 FOR UPDATE")
-        t = threading.Thread(target=lambda: done.extend(r.error for r in api.refresh(cl.topo, "s1", "s2")))
-        t.start()
-        time.sleep(1.5)  # the refresh waits for the application's row lock
-        assert t.is_alive(), done
-        probe = cl.db("s1")  # the row's shadow row is free meanwhile
+    def app(w: int) -> None:
+        conn = cl.db("s1")
+        cur = conn.cursor()
         try:
-            shadow = Site("s1", cl.urls["s1"]).dialect.obj("stock").shadow
-            cur = probe.cursor()
-            cur.execute(f"SELECT 1 FROM {shadow} WHERE rid LIKE '%#1' FOR UPDATE NOWAIT")
-            assert len(cur.fetchall()) == 1
+            while not stop.is_set():
+                cur.execute(f"SELECT qty FROM stock WHERE name = {p}", (f"r{w}",))
+                cur.fetchall()
+                time.sleep(0.01)  # the application's work between its read and its write
+                cur.execute(f"UPDATE stock SET qty = qty + 1 WHERE name = {p}", (f"r{w}",))
+                conn.commit()
+                done[0] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
         finally:
-            probe.rollback()
-            probe.close()
-        app.run("UPDATE stock SET qty = qty + 1 WHERE id = 1")
-        app.conn.commit()
-        t.join(60)
+            conn.close()
+
+    threads = [threading.Thread(target=app, args=(w,)) for w in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        for _ in range(6):
+            _age_capture(cl, "s1")
+            api.init(cl.topo)
     finally:
-        app.close()
-    assert done == [None], done
+        stop.set()
+        for t in threads:
+            t.join(timeout=60)
+    assert not errors, errors
     cl.refresh_until_quiet()
     cl.assert_converged()
-    assert cl.rows("s2", "stock")[0] == (1, "bolts", 106)
+    assert sum(_names(cl, "s2").values()) == done[0]

@@ -217,6 +217,10 @@ def _lock_keys(
         return False
     d.lock_writers(conn, info)
     keys_locked(conn, d, info, base_max)  # what a rollback would bring back: the counter stays past it
+    if cands is not None:
+        # the rows the batch changes, first: with brief waits (Dialect.lock_writers) a batch that
+        # finds one held by an application gives up before it did any work the writers wait for
+        _lock_candidate_rows(conn, d, info, cands.table)
     res.renumbered += normalize_keys(conn, d, info, base_max)
     return True
 

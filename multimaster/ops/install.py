@@ -14,8 +14,8 @@ from multimaster.core.progress import ProgressEvent
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
-from multimaster.engine.lockwatch import Watch, watching
-from multimaster.engine.refresh import follow_site
+from multimaster.engine.lockwatch import Watch
+from multimaster.engine.refresh import follow_site, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
@@ -216,36 +216,46 @@ def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progre
     s = chk.sites[n]
     say(f"installing at {n}")
     s.dialect.prepare_site(s.engine)
+
+    def run(conn: Connection) -> list[str]:
+        # writers wait for init, never deadlock with it; a lock not had in time: run again (write_retrying)
+        s.dialect.lock_for_install(conn, list(t.tables))
+        return _install_tables(conn, t, n, s, chk, rep, say)
+
+    return write_retrying(s, run, watch)
+
+
+def _install_tables(conn: Connection, t: Topology, n: str, s: Site, chk: _Checked, rep: InitReport, say: Progress) -> list[str]:
+    """_install_at's transaction, once its locks are taken (run again whole after a lock timeout)."""
     newly = []
-    with watching(s, watch) as lw, s.write(lw) as conn:
-        s.dialect.lock_for_install(conn, list(t.tables))  # writers wait for init, never deadlock with it
-        s.dialect.install_site(conn, n)
-        store.install(conn, s.dialect)
-        for tb in t.tables:
-            info = chk.infos[tb][n]
-            s.dialect.install_table(conn, info)
-            s.dialect.install_heads(conn, info)
-            uniques.install(conn, s.dialect, info)
-            for peer in t.peers_of(n):
-                s.dialect.install_snapshot(conn, info, peer)
-                store.links.ensure(conn, s.dialect, peer, tb)
-                # a new snapshot holds everything it will pull; one made before horizons were kept, nothing known
-                wm = store.watermarks.read(conn, s.dialect, peer, tb)
-                store.purges.ensure_snapshot_horizon(conn, s.dialect, peer, tb, wm)
-            if tb not in chk.installed[n]:
-                newly.append(tb)
-                if tb in chk.copy_from and n in chk.copy_from[tb][1]:
-                    src = chk.sites[chk.copy_from[tb][0]]
-                    rep.copied.setdefault(tb, {})[n] = _copy_rows(
-                        src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
-                    )
-                store.tables.register(conn, s.dialect, info)
-            references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
-            s.dialect.install_capture(conn, info)
-            if caveat := s.dialect.insert_key_caveat(conn, info):
-                rep.caveats.setdefault(n, []).append(caveat)
-            s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
-            evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
+    rep.caveats.pop(n, None)
+    s.dialect.install_site(conn, n)
+    store.install(conn, s.dialect)
+    for tb in t.tables:
+        info = chk.infos[tb][n]
+        s.dialect.install_table(conn, info)
+        s.dialect.install_heads(conn, info)
+        uniques.install(conn, s.dialect, info)
+        for peer in t.peers_of(n):
+            s.dialect.install_snapshot(conn, info, peer)
+            store.links.ensure(conn, s.dialect, peer, tb)
+            # a new snapshot holds everything it will pull; one made before horizons were kept, nothing known
+            wm = store.watermarks.read(conn, s.dialect, peer, tb)
+            store.purges.ensure_snapshot_horizon(conn, s.dialect, peer, tb, wm)
+        if tb not in chk.installed[n]:
+            newly.append(tb)
+            if tb in chk.copy_from and n in chk.copy_from[tb][1]:
+                src = chk.sites[chk.copy_from[tb][0]]
+                rep.copied.setdefault(tb, {})[n] = _copy_rows(
+                    src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
+                )
+            store.tables.register(conn, s.dialect, info)
+        references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
+        s.dialect.install_capture(conn, info)
+        if caveat := s.dialect.insert_key_caveat(conn, info):
+            rep.caveats.setdefault(n, []).append(caveat)
+        s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
+        evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly
 
 

@@ -235,10 +235,34 @@ class PostgreSQLDialect(Dialect):
         return True
 
     def lock_for_install(self, conn: Connection, tables: Sequence[str]) -> None:
-        # SHARE ROW EXCLUSIVE: what CREATE TRIGGER takes anyway, and it waits for every writer
-        existing = [t for t in tables if conn.exec_driver_sql("SELECT to_regclass(%s)", (self.quote(t),)).scalar() is not None]
-        if existing:
-            conn.exec_driver_sql(f"LOCK TABLE {', '.join(self.quote(t) for t in existing)} IN SHARE ROW EXCLUSIVE MODE")
+        """Every lock the install will take on the tables, up front: SHARE ROW EXCLUSIVE (what
+        CREATE TRIGGER takes; it waits for every writer) on a table without capture yet, ACCESS
+        EXCLUSIVE on one whose triggers init replaces (DROP TRIGGER takes it). Taking the weaker
+        one first and the stronger at the DROP was an upgrade: an application that had read the
+        table (ACCESS SHARE) and then wrote it waited for init, init for it, and PostgreSQL's
+        deadlock check rolled back whichever had waited longer, often the application. Each lock
+        is waited for at most APPLY_LOCK_TIMEOUT (below deadlock_timeout, so init gives up
+        first and is run again: ops/install.py), then the transaction's own timeout is back."""
+        q = self.quote
+        existing = [t for t in tables if conn.exec_driver_sql("SELECT to_regclass(%s)", (q(t),)).scalar() is not None]
+        if not existing:
+            return
+        captured = [
+            t
+            for t in existing
+            if conn.exec_driver_sql(
+                "SELECT EXISTS (SELECT 1 FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid "
+                "JOIN pg_namespace s ON s.oid = p.pronamespace WHERE t.tgrelid = %s::regclass AND s.nspname = %s "
+                "AND NOT t.tgisinternal)",
+                (q(t), SCHEMA),
+            ).scalar()
+        ]
+        was = conn.exec_driver_sql("SELECT current_setting('lock_timeout')").scalar()
+        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
+        for mode, group in (("ACCESS EXCLUSIVE", captured), ("SHARE ROW EXCLUSIVE", [t for t in existing if t not in captured])):
+            if group:
+                conn.exec_driver_sql(f"LOCK TABLE {', '.join(q(t) for t in group)} IN {mode} MODE")
+        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (was,))
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         self._check_names(info)
