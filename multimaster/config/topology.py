@@ -21,6 +21,7 @@ from sqlalchemy.engine import URL, make_url
 
 from multimaster.config import secrets
 from multimaster.core.unique import POLICIES
+from multimaster.dialects.liveness import Timeouts
 from multimaster.errors import ConfigError
 
 __all__ = [
@@ -98,6 +99,10 @@ class SiteConfig(_Strict):
     #: plain HTTP to (or served by) an agent on an address other than loopback: the token and the
     #: changes cross the network in clear; off unless written
     insecure_http: bool = False
+    #: this site's own bounds on a new connection to its database and on a wait that hears nothing
+    #: from it (None: refresh.connect_timeout / refresh.read_timeout; docs/configuration.md)
+    connect_timeout: float | str | None = None
+    read_timeout: float | str | None = None
 
     @property
     def agent(self) -> bool:
@@ -171,6 +176,12 @@ class RefreshConfig(_Strict):
     #: then, a table made again is not captured until then ('off': at refreshes only;
     #: docs/schema-changes.md)
     follow_every: bool | float | str = "1s"
+    #: the longest a new connection to a site's database may take (TCP, TLS, login) before it fails
+    connect_timeout: float | str = "10s"
+    #: how long a wait on a site's database may hear nothing from it before the server is checked
+    #: on a new connection (within connect_timeout): a server that answers is busy and the wait
+    #: goes on; one that does not (down, frozen, cut off) fails the wait (dialects/liveness.py)
+    read_timeout: float | str = "15s"
 
     def max_offset_seconds(self) -> float | None:
         """max_clock_offset in seconds, None when 'off'."""
@@ -194,6 +205,29 @@ class RefreshConfig(_Strict):
     def follow_every_seconds(self) -> float | None:
         """follow_every in seconds, None when 'off'."""
         return _duration_or_off(self.follow_every, "1s")
+
+
+#: the bounds a timeout setting may take (seconds): below a second a busy network trips it; a day
+#: is as good as none
+TIMEOUT_RANGE = (1.0, 86400.0)
+
+
+def _timeout(v: float | str, where: str, problems: list[str] | None = None) -> float:
+    """A connect_timeout or read_timeout in seconds, within TIMEOUT_RANGE; a problem (raised as
+    ValueError when `problems` is None) otherwise."""
+    lo, hi = TIMEOUT_RANGE
+    try:
+        if isinstance(v, bool):
+            raise ValueError("expected a duration such as '10s' ('off' is not allowed: a site that hangs would hang its callers)")
+        sec = parse_duration(v)
+        if not lo <= sec <= hi:
+            raise ValueError(f"{sec:g} s is out of range: between {lo:g} s and {hi:g} s ({hi / 86400:g} d)")
+        return sec
+    except ValueError as e:
+        if problems is None:
+            raise
+        problems.append(f"{where}: {e}")
+        return 0.0
 
 
 def _duration_or_off(v: bool | float | str, example: str) -> float | None:
@@ -296,6 +330,14 @@ class Topology:
 
     def site_url(self, name: str) -> str:
         return self.sites[name].url
+
+    def timeouts(self, name: str) -> Timeouts:
+        """Site `name`'s bounds: its own connect_timeout / read_timeout, else the refresh section's."""
+        s, r = self.sites[name], self.refresh
+        return Timeouts(
+            connect=_timeout(r.connect_timeout if s.connect_timeout is None else s.connect_timeout, "connect_timeout"),
+            read=_timeout(r.read_timeout if s.read_timeout is None else s.read_timeout, "read_timeout"),
+        )
 
 
 def is_agent_url(url: str) -> bool:
@@ -510,6 +552,7 @@ def check_topology(model: _TopologyModel, problems: list[str]) -> None:
             problems.append(f"links: site '{n}' is not defined under sites")
     _read_only_problems(model, problems)
     _refresh_problems(model.refresh, problems)
+    _timeout_problems(model, problems)
     if model.verify is not None:
         _verify_problems(model, problems)
     for name in ("tombstones_after", "conflicts_after"):
@@ -548,6 +591,20 @@ def _refresh_problems(r: RefreshConfig, problems: list[str]) -> None:
             )
     except ValueError:
         pass  # reported above
+
+
+def _timeout_problems(model: _TopologyModel, problems: list[str]) -> None:
+    """The problems of refresh.connect_timeout / read_timeout and of each site's own."""
+    r = model.refresh
+    _timeout(r.connect_timeout, "refresh.connect_timeout", problems)
+    _timeout(r.read_timeout, "refresh.read_timeout", problems)
+    for name, s in model.sites.items():
+        for field, v in (("connect_timeout", s.connect_timeout), ("read_timeout", s.read_timeout)):
+            if v is None:
+                continue
+            _timeout(v, f"sites.{name}.{field}", problems)
+            if is_agent_url(s.url):
+                problems.append(f"sites.{name}.{field}: a bound on a database connection, not on an agent url")
 
 
 def _table_problems(t: TableConfig, where: str, sites: set[str], problems: list[str]) -> None:
@@ -744,7 +801,13 @@ def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str])
         ca = None if s.ca is None else _expand_env(s.ca, f"{where}.ca", problems)
         if ca and base is not None and not os.path.isabs(ca):
             ca = str((base / ca).resolve())
-        extra: dict[str, Any] = {"token": token, "ca": ca, "insecure_http": s.insecure_http}
+        extra: dict[str, Any] = {
+            "token": token,
+            "ca": ca,
+            "insecure_http": s.insecure_http,
+            "connect_timeout": s.connect_timeout,
+            "read_timeout": s.read_timeout,
+        }
         seen: list[str] = []
         agent = _expand_env(s.url, f"{where}.url", seen).strip()
         if is_agent_url(agent) or (is_agent_url(s.url) and seen):

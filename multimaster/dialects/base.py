@@ -27,6 +27,7 @@ from typing import Any, Callable, Collection, Iterable, Iterator, Mapping, Seque
 from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
+from multimaster.dialects.liveness import Timeouts
 from multimaster.dialects.schema import Names, TableInfo, names
 from multimaster.errors import SchemaError
 
@@ -285,9 +286,14 @@ class Dialect:
         return stmts
 
     # ---- connections -------------------------------------------------------------------------
-    def engine_kwargs(self, url: str) -> dict[str, Any]:
-        """Extra arguments of create_engine for this database."""
+    def engine_kwargs(self, url: str, timeouts: Timeouts | None = None) -> dict[str, Any]:
+        """Extra arguments of create_engine for this database; `timeouts`: the site's bounds on a
+        new connection and on a wait that hears nothing from the server (dialects/liveness.py)."""
         return {}
+
+    def guard_engine(self, engine: Engine, timeouts: Timeouts) -> None:
+        """Make every wait of `engine`'s connections on their server end within `timeouts.bound`
+        once the server stops answering (dialects/liveness.py). Default: nothing (a local file)."""
 
     def prepare_engine(self, engine: Engine) -> None:
         """Install connection event hooks (session settings, transaction begin). Default: none."""

@@ -46,7 +46,7 @@ def open_site(topo: Topology, name: str, *, create: bool = False) -> Site:
     cfg = topo.sites[name]
     if cfg.agent:
         return AgentSite(name, cfg)
-    return Site(name, cfg.url, create=create)
+    return Site(name, cfg.url, create=create, timeouts=topo.timeouts(name))
 
 
 def as_cluster(topo_or_cluster: Topology | Cluster) -> tuple[Cluster, bool]:

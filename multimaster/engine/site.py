@@ -17,6 +17,7 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
 from multimaster.dialects.base import BRIEF_NOW, BRIEF_WAITS
+from multimaster.dialects.liveness import Timeouts
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.lockwatch import LockWatch
 from multimaster.engine.references import discover
@@ -41,10 +42,13 @@ def after_commit(conn: Connection, key: Hashable, fn: Callable[[Connection], Non
 
 
 class Site:
-    def __init__(self, name: str, url: str, *, create: bool = False):
+    def __init__(self, name: str, url: str, *, create: bool = False, timeouts: Timeouts | None = None):
         self.name = name
         self.url = url
         self.create = create
+        #: the bounds on a new connection and on a wait that hears nothing from the server
+        #: (topology: connect_timeout, read_timeout; dialects/liveness.py)
+        self.timeouts = timeouts or Timeouts()
         u = make_url(url)
         self.dialect: Dialect = get_dialect(u.get_backend_name())
         self._engine: Engine | None = None
@@ -65,7 +69,8 @@ class Site:
             db = self.dialect.database_file(self.url)  # connecting would create it empty
             if db is not None and not self.create and not os.path.exists(db):
                 raise SiteUnreachable(self.name, self.display_url, f"the database file {db} does not exist")
-            eng = create_engine(self.url, **self.dialect.engine_kwargs(self.url))
+            eng = create_engine(self.url, **self.dialect.engine_kwargs(self.url, self.timeouts))
+            self.dialect.guard_engine(eng, self.timeouts)
             self.dialect.prepare_engine(eng)
             try:
                 with eng.connect() as c:
@@ -160,7 +165,7 @@ def open_sites(topo: Topology, names: list[str] | None = None, *, create: bool =
     also opens sites reached through an agent)."""
     out = {}
     for n in names or list(topo.sites):
-        out[n] = Site(n, topo.sites[n].url, create=create)
+        out[n] = Site(n, topo.sites[n].url, create=create, timeouts=topo.timeouts(n))
     return out
 
 

@@ -98,7 +98,7 @@ class _Handlers:
 
     def __init__(self, topo: Topology, site: str):
         self.topo, self.name = topo, site
-        self.s = Site(site, topo.sites[site].url)
+        self.s = Site(site, topo.sites[site].url, timeouts=topo.timeouts(site))
 
     def hello(self, q: Mapping[str, str], body: bytes) -> Any:
         return {"site": self.name, "dialect": self.s.dialect.name, "protocol": wire.PROTOCOL, "now_ms": int(time.time() * 1000)}

@@ -38,7 +38,7 @@ def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
         raise ConfigError([f"site '{site}' is not defined under sites"])
     if topo.sites[site].agent:
         raise AgentOnly(site, topo.sites[site].url, "grants (statements run as the site's database owner)")
-    s = Site(site, topo.sites[site].url)
+    s = Site(site, topo.sites[site].url, timeouts=topo.timeouts(site))
     d = s.dialect
     pullers = sorted({ln.target for ln in topo.links if ln.source == site})
     out = []
@@ -55,7 +55,7 @@ def grant_statements(topo: Topology, site: str) -> list[PeerGrants]:
 def apply_grants(topo: Topology, site: str) -> list[PeerGrants]:
     """Run :func:`grant_statements` at `site` (after `init`: the logs must exist)."""
     plan = grant_statements(topo, site)
-    s = Site(site, topo.sites[site].url)
+    s = Site(site, topo.sites[site].url, timeouts=topo.timeouts(site))
     try:
         if not s.dialect.has_logins:  # nothing to run: the statements are comments
             return plan

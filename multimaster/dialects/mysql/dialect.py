@@ -18,6 +18,7 @@ SQL lives in triggers/mysql/*.sql. What differs from SQLite, and why (docs/mysql
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from contextlib import contextmanager, suppress
 from typing import Any, Collection, Iterator, Mapping, Sequence
@@ -38,6 +39,7 @@ from multimaster.dialects.base import (
     shadow_key_index,
     table_relations,
 )
+from multimaster.dialects.liveness import Address, Guard, Timeouts
 from multimaster.dialects.schema import TableInfo, names
 from multimaster.errors import MultimasterError, SchemaError
 
@@ -99,6 +101,38 @@ def trigger_privilege_problem(log_bin: bool, trust_function_creators: bool, has_
 _GRANT_SUPER = re.compile(r"^GRANT\s+(ALL(\s+PRIVILEGES)?|([A-Z_ ]+,\s*)*SUPER(\s*,\s*[A-Z_ ]+)*)\s+ON\s+\*\.\*\s", re.I)
 
 
+def _guarded_connection(guard: Guard) -> Any:
+    """A PyMySQL Connection class whose every read and write on its server (the greeting and the
+    login included) is watched by `guard` (dialects/liveness.py): cut when the server stops
+    answering, with the guard's message."""
+    import pymysql
+    from pymysql.constants import CR
+
+    class GuardedConnection(pymysql.connections.Connection):  # type: ignore[misc]
+        def _guarded(self, fn: Any, arg: Any) -> Any:
+            sock = self._sock
+            if sock is None:
+                return fn(arg)
+            addr: Address = ("unix", self.unix_socket, 0) if self.unix_socket else ("tcp", self.host, int(self.port))
+            with guard.waiting(sock.fileno(), addr) as w:
+                try:
+                    return fn(arg)
+                except Exception as e:
+                    if w.cut is None:
+                        raise
+                    self._force_close()
+                    # CR_SERVER_LOST: SQLAlchemy takes it for a disconnect and discards the connection
+                    raise pymysql.err.OperationalError(CR.CR_SERVER_LOST, guard.message(w)) from e
+
+        def _read_bytes(self, num_bytes: int) -> Any:
+            return self._guarded(super()._read_bytes, num_bytes)
+
+        def _write_bytes(self, data: Any) -> Any:
+            return self._guarded(super()._write_bytes, data)
+
+    return GuardedConnection
+
+
 class MySQLDialect(Dialect):
     name = "mysql"
     title = "MySQL"
@@ -152,7 +186,7 @@ class MySQLDialect(Dialect):
         )
 
     # ---- connections -----------------------------------------------------------------------
-    def engine_kwargs(self, url: str) -> dict[str, Any]:
+    def engine_kwargs(self, url: str, timeouts: Timeouts | None = None) -> dict[str, Any]:
         # READ COMMITTED: each statement of the reconciler sees what was committed before it, after
         # the locks it waited for (InnoDB's default REPEATABLE READ would read an older snapshot)
         import pymysql.converters as pc
@@ -161,10 +195,20 @@ class MySQLDialect(Dialect):
         # TIMESTAMP columns hold instants: read them as aware UTC datetimes (sessions run in UTC)
         conv = dict(pc.conversions)
         conv[FIELD_TYPE.TIMESTAMP] = _utc_timestamp
-        args: dict[str, Any] = {"conv": conv}
+        # connect_timeout bounds the TCP connect; the greeting, the login and every later read or
+        # write are watched by the guard (guard_engine), not cut by a socket timeout (read_timeout
+        # would cut a statement the server is busy with: it sends nothing until it ends)
+        args: dict[str, Any] = {"conv": conv, "connect_timeout": max(1, math.ceil((timeouts or Timeouts()).connect))}
         if _plain_loopback(url):
             args["ssl_disabled"] = True
         return {"isolation_level": _LEVEL, "pool_pre_ping": True, "connect_args": args}
+
+    def guard_engine(self, engine: Engine, timeouts: Timeouts) -> None:
+        cls = _guarded_connection(Guard("mysql", timeouts))
+
+        @event.listens_for(engine, "do_connect")
+        def _connect(_dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
+            return cls(*cargs, **cparams)
 
     def prepare_engine(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")

@@ -16,6 +16,7 @@ SQL lives in triggers/postgresql/*.sql. What differs from SQLite, and why (docs/
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Sequence
 
 from sqlalchemy import event
@@ -32,6 +33,7 @@ from multimaster.dialects.base import (
     shadow_key_index,
     table_relations,
 )
+from multimaster.dialects.liveness import Address, Guard, Timeouts
 from multimaster.dialects.schema import TableInfo, names
 
 SCHEMA = "_mm"
@@ -84,6 +86,45 @@ class _AbortedPipeline(logging.Filter):
 logging.getLogger("psycopg").addFilter(_AbortedPipeline())
 
 
+def _guarded_connection(guard: Guard) -> Any:
+    """A psycopg Connection class whose every wait on its server (a statement, COMMIT, a fetch, a
+    COPY) is watched by `guard` (dialects/liveness.py): cut when the server stops answering, with
+    the guard's message."""
+    import psycopg
+
+    class GuardedConnection(psycopg.Connection):  # type: ignore[type-arg]
+        _mm_addr: Address | None = None
+
+        @classmethod
+        def connect(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                return super().connect(*args, **kwargs)
+            except psycopg.errors.ConnectionTimeout as e:  # (psycopg: "connection timeout expired")
+                raise psycopg.errors.ConnectionTimeout(
+                    f"no connection within {guard.timeouts.connect:g} s (connect_timeout): the server is down, "
+                    "frozen or cut off by the network"
+                ) from e
+
+        def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                fd = self.pgconn.socket
+            except psycopg.OperationalError:
+                return super().wait(gen, *args, **kwargs)
+            if self._mm_addr is None:
+                host, port = self.info.hostaddr or self.info.host, int(self.info.port or 5432)
+                self._mm_addr = ("unix", f"{host}/.s.PGSQL.{port}", 0) if host.startswith("/") else ("tcp", host, port)
+            with guard.waiting(fd, self._mm_addr) as w:
+                try:
+                    return super().wait(gen, *args, **kwargs)
+                except Exception as e:
+                    if w.cut is None:
+                        raise
+                    self.close()  # (SQLAlchemy: a closed connection is a disconnect, discarded)
+                    raise psycopg.OperationalError(guard.message(w)) from e
+
+    return GuardedConnection
+
+
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
     title = "PostgreSQL"
@@ -116,6 +157,30 @@ class PostgreSQLDialect(Dialect):
         return out
 
     # ---- connections -----------------------------------------------------------------------
+    def engine_kwargs(self, url: str, timeouts: Timeouts | None = None) -> dict[str, Any]:
+        # libpq's connect_timeout bounds a new connection (psycopg's default is 130 s); TCP
+        # keepalives find a peer gone while a connection sits idle, and tcp_user_timeout a path
+        # that stopped acknowledging what was sent; a server that answers nothing while its kernel
+        # still acknowledges (frozen) is found by the guard (guard_engine)
+        t = timeouts or Timeouts()
+        return {
+            "connect_args": {
+                "connect_timeout": max(2, math.ceil(t.connect)),  # (libpq: whole seconds, at least 2)
+                "keepalives": 1,
+                "keepalives_idle": max(1, math.ceil(t.read)),
+                "keepalives_interval": max(1, math.ceil(t.read / 3)),
+                "keepalives_count": 3,
+                "tcp_user_timeout": int(t.bound * 1000),
+            }
+        }
+
+    def guard_engine(self, engine: Engine, timeouts: Timeouts) -> None:
+        cls = _guarded_connection(Guard("postgresql", timeouts))
+
+        @event.listens_for(engine, "do_connect")
+        def _connect(_dialect: Any, _rec: Any, cargs: Any, cparams: Any) -> Any:
+            return cls.connect(*cargs, **cparams)
+
     def prepare_engine(self, engine: Engine) -> None:
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:

@@ -15,6 +15,7 @@ from multimaster.dialects.base import (
     shadow_key_index,
     table_relations,
 )
+from multimaster.dialects.liveness import Timeouts
 from multimaster.dialects.schema import TableInfo, names
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
@@ -82,7 +83,8 @@ class SQLiteDialect(Dialect):
         conn.exec_driver_sql("CREATE TEMP TABLE IF NOT EXISTS _mm_tmp_rids (rid TEXT PRIMARY KEY)")
         return "temp._mm_tmp_rids"
 
-    def engine_kwargs(self, url: str) -> dict[str, Any]:
+    def engine_kwargs(self, url: str, timeouts: Timeouts | None = None) -> dict[str, Any]:
+        # a local file: no server to wait for (its locks wait busy_timeout, 30 s)
         # isolation_level=None: we emit BEGIN ourselves (pysqlite's own handling defers it).
         return {"connect_args": {"timeout": 30, "isolation_level": None, "check_same_thread": False}}
 
