@@ -79,3 +79,40 @@ def test_without_autoincrement_init_says_what_the_application_is_told(
     other = make_cluster(sqlite_backend, tmp_path / "auto", ["a", "b"], TABLES)
     r = cli("init", "-t", str(other.topo.path))
     assert r.returncode == 0 and "note:" not in r.stderr, r.stdout + r.stderr
+
+
+def test_a_server_application_is_told_how_to_read_a_new_key(backend: Backend, tmp_path: Path) -> None:
+    """PostgreSQL and MariaDB: the key trigger gives a renumbered table's row its key from
+    multimaster's counter. RETURNING and MariaDB's driver insert id report it; lastval() /
+    currval() of the column's sequence (PostgreSQL) and LAST_INSERT_ID() (MariaDB) do not, and
+    init names each such table with the way to read it (docs/postgresql.md, docs/mysql.md "Keys
+    the application is told")."""
+    if backend.name == "sqlite":
+        pytest.skip("SQLite's keys: the tests above")
+    cl = make_cluster(backend, tmp_path, ["a", "b"], TABLES)
+    r = cli("init", "-t", str(cl.topo.path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
+    assert [n.split(":")[1].strip() for n in notes] == ["a", "b"]
+    assert all("items's key comes from multimaster's key counter" in n and "RETURNING" in n for n in notes)
+    cl.execute("b", "INSERT INTO items (name, qty) VALUES (?, ?)", ("from-b", 1))
+    c = cl.db("a")
+    try:
+        cur = c.cursor()
+        p = backend.param()
+        cur.execute(f"INSERT INTO items (name, qty) VALUES ({p}, 1) RETURNING id", ("r",))
+        told = cur.fetchone()[0]
+        cur.execute(f"SELECT id FROM items WHERE name = {p}", ("r",))
+        assert told == cur.fetchone()[0]
+        cur.execute(f"INSERT INTO items (name, qty) VALUES ({p}, 1)", ("s",))
+        other = cur.lastrowid if backend.name == "mysql" else None
+        cur.execute("SELECT LAST_INSERT_ID()" if backend.name == "mysql" else "SELECT lastval()")
+        fn = cur.fetchone()[0]
+        cur.execute(f"SELECT id FROM items WHERE name = {p}", ("s",))
+        key = cur.fetchone()[0]
+        if backend.name == "mysql":
+            assert other == key  # the driver's insert id: the OK packet's, the key the row got
+        assert fn != key  # the documented difference
+        c.commit()
+    finally:
+        c.close()

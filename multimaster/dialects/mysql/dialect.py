@@ -867,6 +867,15 @@ class MySQLDialect(Dialect):
             with suppress(DBAPIError):  # (a connection that broke is discarded by the pool)
                 conn.exec_driver_sql(f"SET SESSION lock_wait_timeout = {was}")
 
+    def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
+        if not info.spec.renumber:
+            return None
+        return (
+            f"{info.name}'s key comes from multimaster's key counter: an application reads the new row's key with "
+            "INSERT ... RETURNING or the driver's insert id (cursor.lastrowid, mysql_insert_id()); LAST_INSERT_ID() "
+            'does not return it (docs/mysql.md "Keys the application is told")'
+        )
+
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
         """The table's _mm_clock row, which only reconcilers lock (waited for patiently)."""
         brief = bool(conn.info.get(BRIEF_NOW))

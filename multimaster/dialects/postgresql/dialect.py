@@ -299,6 +299,15 @@ class PostgreSQLDialect(Dialect):
         sp.commit()
         return True
 
+    def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
+        if not info.spec.renumber:
+            return None
+        return (
+            f"{info.name}'s key comes from multimaster's key counter: an application reads the new row's key with "
+            "INSERT ... RETURNING; lastval() returns the capture's clock and currval() of the column's own sequence "
+            'an unused value (docs/postgresql.md "Keys the application is told")'
+        )
+
     def lock_for_install(self, conn: Connection, tables: Sequence[str]) -> None:
         """Every lock the install will take on the tables, up front: SHARE ROW EXCLUSIVE (what
         CREATE TRIGGER takes; it waits for every writer) on a table without capture yet, ACCESS
