@@ -129,9 +129,22 @@ class NotConnected(MultimasterError):
 
 
 class NotInstalled(MultimasterError):
-    def __init__(self, site: str, what: str = "multimaster objects"):
+    """A site lacks what multimaster installs. `tables`: the tables of the topology file read that
+    it has no replication objects for: either they were added to the file and `init` has not run
+    since, or their replication was stopped (`uninstall --table`) and the file read still lists
+    them; the message gives both fixes (docs/schema-changes.md)."""
+
+    def __init__(self, site: str, what: str = "multimaster objects", tables: list[str] | None = None):
         self.site = site
-        super().__init__(f"site '{site}' has no {what}; run 'multimaster init -t TOPOLOGY' first")
+        self.tables = list(tables or [])
+        if self.tables:
+            super().__init__(
+                f"site '{site}' has no {what}. If they are to be replicated, run 'multimaster init -t FILE' to install "
+                f"them; if their replication was stopped ('multimaster uninstall --table'), remove them from tables: in "
+                "the topology file this command read (a running 'multimaster run' reloads it on its own)"
+            )
+        else:
+            super().__init__(f"site '{site}' has no {what}; run 'multimaster init -t FILE' first")
 
 
 class BaseRowsDiffer(MultimasterError):

@@ -111,6 +111,38 @@ def test_several_problems_are_all_reported(tmp_path):  # type: ignore[no-untyped
     assert len(e.value.problems) >= 3
 
 
+def test_a_field_pydantic_refuses_hides_no_other_problem(tmp_path):  # type: ignore[no-untyped-def]
+    """docs/configuration.md: one message per problem, also when one of them is a field of the wrong
+    shape or out of range (pydantic's), which used to stop the checks before the cross-references."""
+    text = """
+    sites:
+      a: {url: "sqlite:///a.db"}
+      A: {url: "sqlite:///b.db"}
+    tables: {items: {key: id, unique: {name: park}}}
+    links: [{from: a, to: A}, {from: A, to: a}, {from: a, to: zz}]
+    refresh: {batch_size: 0, max_clock_offset: 2s, clock_warn: 3s}
+    """
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, text))
+    got = e.value.problems
+    assert any(p.startswith("refresh.batch_size:") for p in got), got
+    assert any(p.startswith("sites.A: duplicate site name") for p in got), got
+    assert any(p.startswith("refresh.clock_warn:") for p in got), got
+    assert any("site 'zz' is not defined" in p for p in got), got
+    assert len(got) == len(set(got)) == 4, got
+    assert "4 problem(s) in the topology" in str(e.value)
+    # a required field refused: its own message, nothing made up besides
+    with pytest.raises(ConfigError) as e:
+        load_topology(write(tmp_path, "sites: {a: {}}\ntables: {items: {key: id}}\n"))
+    assert e.value.problems == ["sites.a.url: required field is missing"]
+
+
+def test_the_unique_policies_the_docs_give_load(tmp_path):  # type: ignore[no-untyped-def]
+    for pol in ("suffix", "null", "park"):
+        topo = load_topology(write(tmp_path, GOOD.replace("items: {key: id}", f"items: {{key: id, unique: {{code: {pol}}}}}")))
+        assert topo.tables["items"].unique == {"code": pol}
+
+
 def test_purge_retention_section(tmp_path):  # type: ignore[no-untyped-def]
     from multimaster.config.topology import parse_retention
     from multimaster.ops.purge import PurgePolicy
@@ -173,3 +205,12 @@ def test_clock_warn(tmp_path, refresh, seconds, problem):  # type: ignore[no-unt
             load_topology(write(tmp_path, text))
     else:
         assert load_topology(write(tmp_path, text)).refresh.clock_warn_seconds() == seconds
+
+
+def test_errors_retry_without_id_or_all_is_an_option_problem(tmp_path):  # type: ignore[no-untyped-def]
+    from clusters import mm_process
+
+    r = mm_process("errors", "retry", "-t", str(write(tmp_path, GOOD)))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "1 problem(s) with the command's options" in r.stderr and "in the topology" not in r.stderr, r.stderr
+    assert "--id N" in r.stderr and "--all" in r.stderr

@@ -135,6 +135,14 @@ class TableConfig(_Strict):
     #: ('suffix', 'null' or 'park'; docs/unique.md)
     unique: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("unique", mode="before")
+    @classmethod
+    def _bare_null(cls, v: Any) -> Any:
+        """`email: null` written bare is YAML's null: the policy 'null' (docs/unique.md writes it so)."""
+        if isinstance(v, dict):
+            return {k: "null" if p is None else p for k, p in v.items()}
+        return v
+
 
 class LinkConfig(_Strict):
     from_: str = Field(alias="from")
@@ -762,7 +770,7 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
     try:
         model = _TopologyModel.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_format_pydantic(e), source) from None
+        raise ConfigError(_format_pydantic(e) + _problems_besides(data, e, base), source) from None
     problems: list[str] = []
     check_topology(model, problems)
     sites = _site_configs(model, base, problems)
@@ -786,6 +794,48 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
         verify=model.verify,
         purge=model.purge,
     )
+
+
+def _problems_besides(data: dict[str, Any], err: ValidationError, base: Path | None) -> list[str]:
+    """The cross-reference problems of a file whose shape pydantic refused (`err`), so that one
+    problem does not hide the others (one message per problem): the file is checked again with
+    each field refused taken out (its default, where it has one). [] when it still does not
+    validate (a required field refused), or has no other problem."""
+    import copy
+
+    lenient = copy.deepcopy(data)
+    for e in err.errors():
+        _take_out(lenient, e["loc"])
+    try:
+        model = _TopologyModel.model_validate(lenient)
+    except ValidationError:
+        return []
+    problems: list[str] = []
+    check_topology(model, problems)
+    _site_configs(model, base, problems)
+    refused = {line.split(":", 1)[0] for line in _format_pydantic(err)}
+    return [p for p in dict.fromkeys(problems) if p.split(":", 1)[0] not in refused]
+
+
+def _take_out(doc: Any, loc: tuple[Any, ...]) -> None:
+    """Delete from `doc` the deepest element of path `loc` that it holds (a pydantic error's
+    location: keys and indexes, and union-branch tags that match nothing)."""
+    parent: Any = None
+    key: Any = None
+    node = doc
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            parent, key, node = node, part, node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            parent, key, node = node, part, node[part]
+        elif not isinstance(part, int) and not (isinstance(node, dict) and part in node):
+            continue  # a union branch's tag ('literal[...]', 'function-after[...]')
+        else:
+            break
+    if isinstance(parent, dict):
+        parent.pop(key, None)
+    elif isinstance(parent, list) and isinstance(key, int):
+        parent[key] = None  # (indexes of the others stay; validated again, the list is refused again)
 
 
 def _site_configs(model: _TopologyModel, base: Path | None, problems: list[str]) -> dict[str, SiteConfig]:

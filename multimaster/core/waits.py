@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from multimaster.core.versions import BASE_VER, ver_ms
 
-__all__ = ["Wait", "reason", "stalled", "fix", "failing"]
+__all__ = ["Wait", "reason", "stalled", "fix", "failing", "NEEDS_ACTION"]
 
 
 @dataclass(frozen=True)
@@ -61,17 +61,32 @@ def stalled(w: Wait | None, now_ms: int, after_s: float | None) -> bool:
     return w is not None and w.count > 0 and after_s is not None and w.age_s(now_ms) >= after_s
 
 
-def failing(last_success_at: str | None, last_error_at: str | None, now: str, after_s: float | None) -> bool:
-    """Whether a link cannot make progress because its refreshes fail: its last refresh failed (an
-    error recorded after the last success) and no refresh has succeeded for `after_s` seconds (the
-    same grace as :func:`stalled`; None: never), or none ever did. Times are the bookkeeping's UTC
-    text ('2026-01-02T03:04:05Z'), which sorts as time."""
-    if last_error_at is None or after_s is None:
+#: how a refresh records a failure that the next refresh meets again until someone acts (a table
+#: a site has no replication objects for, a link not connected, a watermark purged past: engine/
+#: refresh.py LASTING), before its message: `status` names such a link at once, not after a grace
+NEEDS_ACTION = "needs action: "
+
+
+def failing(
+    last_success_at: str | None, last_error_at: str | None, now: str, after_s: float | None, last_error: str | None = None
+) -> bool:
+    """Whether a link cannot make progress because its refreshes fail: its last refresh failed for
+    a reason that needs action (`last_error` starts with NEEDS_ACTION, which a success takes off:
+    it is not transient, the next refresh fails alike), or an error was recorded after the last
+    success and no refresh has
+    succeeded for `after_s` seconds (the same grace as :func:`stalled`, for failures that pass on
+    their own, a peer restarting or a network drop; None: never), or none ever did. Times are the
+    bookkeeping's UTC text ('2026-01-02T03:04:05Z'), which sorts as time."""
+    if last_error_at is None:
+        return False
+    if (last_error or "").startswith(NEEDS_ACTION):
+        return True  # (a success since would have taken the mark off: store/links.py stats)
+    if last_success_at is not None and last_success_at > last_error_at:
+        return False
+    if after_s is None or (last_success_at is not None and last_success_at == last_error_at):
         return False
     if last_success_at is None:
         return True
-    if last_success_at >= last_error_at:
-        return False
     return _seconds(now) - _seconds(last_success_at) >= after_s
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Iterable, TypeVar
 
 from multimaster.config.topology import Topology
@@ -31,6 +32,16 @@ class Cluster:
     def close(self) -> None:
         for s in self.sites.values():
             s.dispose()
+
+    def narrowed(self, tables: Iterable[str]) -> "Cluster":
+        """A view of this cluster whose topology replicates only `tables` (in the file's order),
+        sharing its open sites: a refresh of a link that leaves out a table one of its sites no
+        longer (or not yet) replicates (engine/refresh.py refresh_link)."""
+        keep = set(tables)
+        view = Cluster.__new__(Cluster)
+        view.topo = replace(self.topo, tables={tb: c for tb, c in self.topo.tables.items() if tb in keep})
+        view.sites = self.sites
+        return view
 
     def site(self, name: str) -> Site:
         if name not in self.sites:

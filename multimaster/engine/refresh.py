@@ -37,6 +37,7 @@ from multimaster.errors import (
     ConfigError,
     MultimasterError,
     NotConnected,
+    NotInstalled,
     PurgedPastWatermark,
     SchemaError,
 )
@@ -115,6 +116,65 @@ def refresh_link(
     stop: Callable[[], bool] | None = None,
     followed: dict[str, list[str]] | None = None,
 ) -> RefreshResult:
+    """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch
+    (_refresh_link).
+
+    A table of the topology that one of the link's sites has no replication objects for (added to
+    the file and `init` not run yet, or its replication stopped with `uninstall --table` while the
+    file read still lists it) does not block the others: the link's other tables are refreshed,
+    then the link's error names the table, the site and both fixes (errors.NotInstalled), and is
+    recorded after the refresh's success, for `status` to report at once (core/waits.py
+    NEEDS_ACTION). When a site lacks every table, the refresh fails as before."""
+    kw: dict[str, Any] = dict(batch_size=batch_size, reconcile_=reconcile_, progress=progress, stop=stop, followed=followed)
+    missing = _not_installed(cl, target, source)
+    lacking = {tb for tables in missing.values() for tb in tables}
+    rest = [tb for tb in cl.topo.tables if tb not in lacking]
+    if not lacking or not rest:
+        return _refresh_link(cl, target, source, **kw)
+    view = cl.narrowed(rest)
+    try:
+        res = _refresh_link(view, target, source, **kw)
+    finally:
+        for n in (target, source):  # described without the tables left out: described anew next time
+            for tb in rest:
+                cl.site(n).forget(tb)
+    why = "; ".join(str(NotInstalled(n, f"replication objects for table(s) {tables}", tables)) for n, tables in missing.items())
+    why = f"table(s) {sorted(lacking)} not refreshed on this link, its other tables were: {why}"
+    res.error = f"{res.error}; {why}" if res.error else why
+    _record_error(cl.site(target), source, res.error, lasting=True)
+    return res
+
+
+def _not_installed(cl: Cluster, target: str, source: str) -> dict[str, list[str]]:
+    """Per site of the link (its source when reached by its database), the topology's tables it
+    has no replication objects for; {} when it cannot be read (the refresh itself says why)."""
+    out: dict[str, list[str]] = {}
+    for n in (target, source):
+        s = cl.site(n) if n in cl.topo.sites else None
+        if s is None or isinstance(s, AgentSite):
+            continue  # a source read through its agent: its agent checks what it serves
+        try:
+            with s.read() as conn:
+                have = set(s.installed_tables(conn))
+        except Exception:  # noqa: BLE001 - unreachable, not installed at all: the refresh reports it
+            return {}
+        lack = [tb for tb in cl.topo.tables if tb not in have]
+        if lack:
+            out[n] = lack
+    return out
+
+
+def _refresh_link(
+    cl: Cluster,
+    target: str,
+    source: str,
+    *,
+    batch_size: int | None = None,
+    reconcile_: bool = True,
+    progress: Progress | None = None,
+    stop: Callable[[], bool] | None = None,
+    followed: dict[str, list[str]] | None = None,
+) -> RefreshResult:
     """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch.
 
     Every table's entries are read in one read at the source (engine/pull.py pull_link) and cut
@@ -154,7 +214,7 @@ def refresh_link(
             raise SchemaError(problems)
     except MultimasterError as e:
         res.error = redact(str(e))
-        _record_error(tgt, source, res.error)
+        _record_error(tgt, source, res.error, lasting=isinstance(e, LASTING))
     except Exception as e:  # noqa: BLE001 - recorded for status, re-raised by the caller when asked
         res.error = redact(f"{type(e).__name__}: {str(getattr(e, 'orig', e)).splitlines()[0] if str(e) else ''}")
         _record_error(tgt, source, res.error)
@@ -928,10 +988,16 @@ def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | Non
     raise AssertionError("unreachable")
 
 
-def _record_error(tgt: Site, source: str, msg: str) -> None:
+#: failures that the next refresh meets again until someone acts (install, connect, copy the site
+#: again): recorded as such, and `status` names the link at once (core/waits.py NEEDS_ACTION)
+LASTING = (NotInstalled, NotConnected, PurgedPastWatermark)
+
+
+def _record_error(tgt: Site, source: str, msg: str, *, lasting: bool = False) -> None:
+    """The link's last error, at its target; a `lasting` one marked so (core/waits.py NEEDS_ACTION)."""
     try:
         with tgt.write() as conn:
-            store.links.error(conn, tgt.dialect, source, msg, now_iso())
+            store.links.error(conn, tgt.dialect, source, (waits_core.NEEDS_ACTION if lasting else "") + msg, now_iso())
     except Exception:  # noqa: BLE001 - the target itself may be what failed
         pass
 

@@ -157,7 +157,7 @@ class Site:
         have = set(self.installed_tables(conn))
         missing = [t for t in topo.tables if t not in have]
         if missing:
-            raise NotInstalled(self.name, f"replication objects for table(s) {missing}")
+            raise NotInstalled(self.name, f"replication objects for table(s) {missing}", missing)
 
 
 def open_sites(topo: Topology, names: list[str] | None = None, *, create: bool = False) -> dict[str, Site]:

@@ -16,6 +16,16 @@ conflicts, duration, error. A write transaction of a refresh that waits for a lo
 again while it lasts, and ``lock_wait_ended`` when it ends. Optionally a purge job (``purge_every``) and a metrics endpoint in
 the Prometheus text format (:mod:`multimaster.ops.metrics`).
 
+The topology file is read again while the daemon runs (docs/operations.md "Editing the topology
+file"): every RELOAD_EVERY seconds the daemon compares the file with what it last read, and on
+SIGHUP it reads it at once. An edit is validated first: a broken one is logged with every problem
+(``topology_refused``) and the daemon keeps the topology it had; one that changes this daemon's
+own sites (a site it runs removed or given another url, sites added or removed while it runs every
+site) is logged as needing a restart, and kept out too. Otherwise it takes effect at once
+(``topology_reloaded``): links added, removed or rescheduled, tables added or removed, policies,
+batch size, stall and clock settings, the follow and verify schedules; refreshes already running
+finish on the topology they started with.
+
 Scheduled checks: when the topology has a ``verify:`` section and this daemon runs its site (or
 every site), a job on its cron runs ``multimaster.spark.verify`` in this process (one at a time;
 the SparkSession starts on the first run and is reused; nothing imports PySpark before) and stores
@@ -25,26 +35,28 @@ the result, or the error, in the site's ``_mm_verifications`` (:mod:`multimaster
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from multimaster.config.cron import cron_trigger
 from multimaster.config.secrets import redact
-from multimaster.config.topology import Link, Topology
+from multimaster.config.topology import Link, Topology, load_topology
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.versions import started_at_now
 from multimaster.engine import evolve
-from multimaster.engine.cluster import Cluster
+from multimaster.engine.cluster import Cluster, open_site
 from multimaster.engine.reconcile import RefreshResult
 from multimaster.engine.refresh import follow_site, refresh_link
 from multimaster.engine.site import Site
@@ -59,6 +71,8 @@ log = logging.getLogger("multimaster.ops.daemon")
 #: seconds before the daemon logs again the same error of a site's schema follow (which runs every
 #: refresh.follow_every, 1 s: a site that is down would log it every second)
 FOLLOW_ERROR_REPEAT = 60.0
+#: seconds between two looks at the topology file for an edit (SIGHUP: at once)
+RELOAD_EVERY = 1.0
 
 
 class DaemonAlreadyRunning(MultimasterError):
@@ -159,6 +173,8 @@ class DaemonStats:
     purge_errors: int = 0
     verifications: int = 0  # scheduled checks run
     verify_errors: int = 0  # of which could not complete
+    reloads: int = 0  # edits of the topology file taken
+    reloads_refused: int = 0  # edits refused (broken, or needing a restart)
     last_verification: dict[str, Any] | None = None  # what the last one stored (verifications.last's shape)
     started_at: float = field(default_factory=time.time)
 
@@ -192,6 +208,8 @@ class Daemon:
         if problems:
             raise ConfigError(problems)
         self.topo = topo
+        #: run without --site: every site of the file this host reaches by its database
+        self.every_site = not sites
         # a site reached through its agent is refreshed by the daemon on its own host (docs/agent.md)
         self.sites = list(sites) if sites else [n for n in topo.sites if not topo.sites[n].agent]
         remote = [n for n in self.sites if topo.sites[n].agent]
@@ -200,6 +218,16 @@ class Daemon:
         self.links = [ln for ln in topo.links if ln.target in self.sites]
         if not self.links:
             raise ConfigError([f"no link pulls into {self.sites} (see 'links' in the topology)"])
+        #: the topology file and what was last read of it (an edit is what differs), when it came from one
+        self.path = topo.path
+        self._seen = _digest(self.path)
+        self.loaded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self._reload_asked = threading.Event()  # SIGHUP
+        self._reload_lock = threading.Lock()
+        #: clusters of topologies replaced by an edit, closed once no job uses them; jobs in use per cluster
+        self._retired: list[Cluster] = []
+        self._uses: dict[int, int] = {}
+        self._uses_lock = threading.Lock()
         self.purge_every = purge_every
         #: per site, the follow's last error logged and when (time.monotonic): the same error is
         #: logged again only after FOLLOW_ERROR_REPEAT seconds, not at every follow_every
@@ -230,7 +258,7 @@ class Daemon:
 
         try:
             for s in self.sites:
-                lock = SiteLock(self.cluster.site(s))
+                lock = SiteLock(open_site(self.topo, s))  # its own engine: the cluster is replaced by an edit
                 if not self._acquire_when_up(lock):
                     return  # stopped while it waited: nothing was scheduled
                 self._locks.append(lock)
@@ -247,33 +275,13 @@ class Daemon:
             job_defaults={"coalesce": True, "max_instances": 1, "misfire_grace_time": None},
         )
         for st in self.stats.links.values():
-            ln = st.link
-            if ln.cron:
-                trig = cron_trigger(ln.cron, ln.jitter)
-                first = None
-            else:
-                trig = IntervalTrigger(seconds=max(ln.interval, 0.05), jitter=ln.jitter or None)
-                first = _now_dt()
-            sched.add_job(
-                self._refresh,
-                trig,
-                args=[st],
-                id=st.name,
-                name=f"refresh {st.name}",
-                **({"next_run_time": first} if first else {}),
-            )
+            _schedule_link(sched, self._refresh, st)
         if self.purge_every:
             sched.add_job(self._purge, IntervalTrigger(seconds=self.purge_every), id="purge", name="purge")
-        follow = self.topo.refresh.follow_every_seconds()
-        if follow:
-            sched.add_job(
-                self._follow, IntervalTrigger(seconds=follow), id="follow", name="follow schemas", next_run_time=_now_dt()
-            )
-        if self.verify_site is not None:
-            assert self.topo.verify is not None
-            sched.add_job(
-                self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify", max_instances=1, coalesce=True
-            )
+        self._schedule_follow(sched)
+        self._schedule_verify(sched)
+        if self.path is not None:
+            sched.add_job(self._look, IntervalTrigger(seconds=RELOAD_EVERY), id="topology", name="topology file")
         self._scheduler = sched
         if self.metrics_port is not None:
             from multimaster.ops.metrics import MetricsServer
@@ -307,6 +315,9 @@ class Daemon:
                 pass
         self._spark = None
         self.cluster.close()
+        for cl in self._retired:
+            cl.close()
+        self._retired = []
         self._release()
         _emit("stopped", self.log_format, sites=",".join(self.sites))
 
@@ -336,6 +347,7 @@ class Daemon:
     def _release(self) -> None:
         for lock in self._locks:
             lock.release()
+            lock.site.dispose()
         self._locks = []
 
     def run_forever(self, install_signals: bool = True) -> None:
@@ -343,10 +355,13 @@ class Daemon:
         if install_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 signal.signal(sig, lambda signum, _frame: self.request_stop(signal.Signals(signum).name))
+            if hasattr(signal, "SIGHUP"):
+                signal.signal(signal.SIGHUP, lambda _signum, _frame: self._reload_asked.set())
         self.start()
         try:
             while not self._stopping.wait(0.5):
-                pass
+                if self._reload_asked.is_set():
+                    self._look()
         finally:
             self.stop()
 
@@ -359,6 +374,149 @@ class Daemon:
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    # ---- the topology file -----------------------------------------------------------------
+    @contextmanager
+    def using(self) -> Iterator[Cluster]:
+        """The current cluster, for one job: one an edit replaced is closed only once no job uses it."""
+        with self._uses_lock:
+            cl = self.cluster
+            self._uses[id(cl)] = self._uses.get(id(cl), 0) + 1
+        try:
+            yield cl
+        finally:
+            with self._uses_lock:
+                self._uses[id(cl)] -= 1
+                if not self._uses[id(cl)]:
+                    del self._uses[id(cl)]
+
+    def _close_retired(self) -> None:
+        with self._uses_lock:
+            done = [cl for cl in self._retired if id(cl) not in self._uses]
+            self._retired = [cl for cl in self._retired if id(cl) in self._uses]
+        for cl in done:
+            cl.close()
+
+    def _look(self) -> None:
+        """The topology job (every RELOAD_EVERY seconds, and on SIGHUP): take an edit of the file."""
+        forced = self._reload_asked.is_set()
+        self._reload_asked.clear()
+        if self.stopping:
+            return
+        self.reload(force=forced)
+        self._close_retired()
+
+    def reload(self, force: bool = False) -> bool | None:
+        """Read the topology file again when it changed since it was last read (`force`: in any
+        case, SIGHUP) and take it: True when taken, False when refused (logged, with every problem:
+        the daemon keeps the topology it had), None when there was nothing to read."""
+        if self.path is None:
+            return None
+        with self._reload_lock:
+            seen = _digest(self.path)
+            if seen == self._seen and not force:
+                return None
+            self._seen = seen  # a broken edit is logged once, not at every look
+            keeping = f"the topology read at {self.loaded_at}"
+            try:
+                new = load_topology(self.path)
+            except ConfigError as e:
+                self.stats.reloads_refused += 1
+                _emit(
+                    "topology_refused",
+                    self.log_format,
+                    file=str(self.path),
+                    error=f"{len(e.problems)} problem(s) in the edited file; fix it (this daemon reads it again once it changes)",
+                    problems=e.problems,
+                    keeping=keeping,
+                )
+                return False
+            restart = self._needs_restart(new)
+            if restart:
+                self.stats.reloads_refused += 1
+                _emit(
+                    "topology_refused",
+                    self.log_format,
+                    file=str(self.path),
+                    error="the edit changes this daemon's own sites: restart the daemon to take it",
+                    problems=restart,
+                    keeping=keeping,
+                )
+                return False
+            self._take(new)
+            return True
+
+    def _needs_restart(self, new: Topology) -> list[str]:
+        """What in `new` changes this daemon's own sites (each named), which it takes only when it
+        starts again: it holds their one-daemon lock, and runs the sites it was started for."""
+        out = []
+        for n in self.sites:
+            if n not in new.sites:
+                out.append(f"site '{n}', which this daemon runs, is no longer under sites")
+            elif new.sites[n].url != self.topo.sites[n].url:
+                out.append(f"the url of site '{n}', which this daemon runs (and holds the lock of), changed")
+        if self.every_site and not out:
+            now = {n for n in new.sites if not new.sites[n].agent}
+            if now != set(self.sites):
+                out.append(f"this daemon runs every site ({', '.join(self.sites)}) and the file now has {', '.join(sorted(now))}")
+        if not out and not any(ln.target in self.sites for ln in new.links):
+            out.append(f"no link pulls into {self.sites} any more (see 'links' in the topology)")
+        return out
+
+    def _take(self, new: Topology) -> None:
+        """Run on `new` from now on: a cluster of its own (tables described anew: policies, keys),
+        each link's job added, removed or rescheduled, the follow and verify jobs too."""
+        old = self.topo
+        links = [ln for ln in new.links if ln.target in self.sites]
+        states: dict[str, LinkState] = {}
+        for ln in links:
+            name = f"{ln.source}->{ln.target}"
+            st = self.stats.links.get(name) or LinkState(ln)
+            changed = st.link != ln
+            st.link = ln
+            states[name] = st
+            if self._scheduler is not None and (changed or name not in self.stats.links):
+                if name in self.stats.links:
+                    self._scheduler.remove_job(name)
+                _schedule_link(self._scheduler, self._refresh, st)
+        gone = [name for name in self.stats.links if name not in states]
+        for name in gone:
+            if self._scheduler is not None:
+                self._scheduler.remove_job(name)
+        with self._uses_lock:
+            self._retired.append(self.cluster)
+            self.cluster = Cluster(new)
+        self.topo, self.links = new, links
+        self.stats.links = states
+        self.verify_site = new.verify_site if new.verify is not None and new.verify_site in self.sites else None
+        if self._scheduler is not None:
+            if new.refresh.follow_every != old.refresh.follow_every:
+                self._schedule_follow(self._scheduler, replace=True)
+            if new.verify != old.verify:
+                self._schedule_verify(self._scheduler, replace=True)
+        self.loaded_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.stats.reloads += 1
+        _emit("topology_reloaded", self.log_format, file=str(self.path), **_changes(old, new, self.sites))
+
+    def _schedule_follow(self, sched: Any, replace: bool = False) -> None:
+        from apscheduler.triggers.interval import IntervalTrigger
+
+        if replace and sched.get_job("follow") is not None:
+            sched.remove_job("follow")
+        follow = self.topo.refresh.follow_every_seconds()
+        if follow:
+            sched.add_job(
+                self._follow, IntervalTrigger(seconds=follow), id="follow", name="follow schemas", next_run_time=_now_dt()
+            )
+
+    def _schedule_verify(self, sched: Any, replace: bool = False) -> None:
+        if replace and sched.get_job("verify") is not None:
+            sched.remove_job("verify")
+        if self.verify_site is not None:
+            assert self.topo.verify is not None
+            sched.add_job(
+                self.run_verify, cron_trigger(self.topo.verify.cron), id="verify", name="verify", max_instances=1, coalesce=True
+            )
+
     # ---- jobs ------------------------------------------------------------------------------
     def backoff(self, st: LinkState) -> float:
         base = max(st.link.interval if not st.link.cron else 1.0, 1.0)
@@ -369,14 +527,15 @@ class Daemon:
             return
         st.running = True
         try:
-            res = refresh_link(
-                self.cluster,
-                st.link.target,
-                st.link.source,
-                batch_size=self.batch_size,
-                stop=self._stopping.is_set,
-                progress=functools.partial(self._lock_wait, st),
-            )
+            with self.using() as cl:
+                res = refresh_link(
+                    cl,
+                    st.link.target,
+                    st.link.source,
+                    batch_size=self.batch_size,
+                    stop=self._stopping.is_set,
+                    progress=functools.partial(self._lock_wait, st),
+                )
         except Exception as e:  # noqa: BLE001 - a job must not die: record and back off
             res = RefreshResult(st.link.target, st.link.source, error=redact(f"{type(e).__name__}: {e}"))
         finally:
@@ -431,37 +590,43 @@ class Daemon:
         is followed within that time, not at the link's next refresh. Logs what it did: a table
         followed (`schema`), a capture found missing and made again (`capture_gap`), a change
         refused (`schema` with the problem)."""
-        for n in self.sites:
-            if self.stopping:
-                return
-            try:
-                site = self.cluster.site(n)
-                for ev in follow_site(self.cluster, n):
-                    if ev.gap:
-                        with site.read() as conn:
-                            for m in evolve.gap_messages(conn, site):
-                                _emit("capture_gap", self.log_format, site=n, table=ev.table, message=m)
-                    elif ev.problems:
-                        _emit("schema", self.log_format, site=n, table=ev.table, error="; ".join(ev.problems))
-                    else:
-                        _emit("schema", self.log_format, site=n, table=ev.table, version=ev.version, released=ev.released or None)
-            except Exception as e:  # noqa: BLE001 - logged, tried again at the next run and by every refresh
-                # one line (a driver's message carries the statement), once while it repeats
-                msg = redact(f"{type(e).__name__}: {first_line(e)}")
-                last = self._follow_errors.get(n)
-                now = time.monotonic()
-                if last is None or last[0] != msg or now - last[1] >= FOLLOW_ERROR_REPEAT:
-                    self._follow_errors[n] = (msg, now)
-                    _emit("schema", self.log_format, site=n, error=msg)
-                continue
-            self._follow_errors.pop(n, None)
+        with self.using() as cl:
+            for n in self.sites:
+                if self.stopping:
+                    return
+                self._follow_site(cl, n)
+
+    def _follow_site(self, cl: Cluster, n: str) -> None:
+        """_follow at site `n`."""
+        try:
+            site = cl.site(n)
+            for ev in follow_site(cl, n):
+                if ev.gap:
+                    with site.read() as conn:
+                        for m in evolve.gap_messages(conn, site):
+                            _emit("capture_gap", self.log_format, site=n, table=ev.table, message=m)
+                elif ev.problems:
+                    _emit("schema", self.log_format, site=n, table=ev.table, error="; ".join(ev.problems))
+                else:
+                    _emit("schema", self.log_format, site=n, table=ev.table, version=ev.version, released=ev.released or None)
+        except Exception as e:  # noqa: BLE001 - logged, tried again at the next run and by every refresh
+            # one line (a driver's message carries the statement), once while it repeats
+            msg = redact(f"{type(e).__name__}: {first_line(e)}")
+            last = self._follow_errors.get(n)
+            now = time.monotonic()
+            if last is None or last[0] != msg or now - last[1] >= FOLLOW_ERROR_REPEAT:
+                self._follow_errors[n] = (msg, now)
+                _emit("schema", self.log_format, site=n, error=msg)
+            return
+        self._follow_errors.pop(n, None)
 
     def _purge(self) -> None:
         for s in self.sites:
             if self.stopping:
                 return
             try:
-                rep = purge_site(self.cluster, s, self.purge_policy)
+                with self.using() as cl:
+                    rep = purge_site(cl, s, self.purge_policy)
                 self.stats.purged[s] = self.stats.purged.get(s, 0) + rep.purged
                 _emit(
                     "purge",
@@ -533,8 +698,9 @@ class Daemon:
         stored = None
         store_error = None
         try:
-            vid = verifications.store(self.cluster, res, error=error, started_at=started, seconds=seconds, source="scheduled")
-            stored = verifications.last(self.cluster)
+            with self.using() as cl:
+                vid = verifications.store(cl, res, error=error, started_at=started, seconds=seconds, source="scheduled")
+                stored = verifications.last(cl)
             if stored is not None and stored["id"] != vid:
                 stored = None
         except Exception as e:  # noqa: BLE001 - the verify site itself may be down
@@ -560,6 +726,54 @@ class Daemon:
             error=error or (f"not stored: {store_error}" if store_error else None),
         )
         return self.stats.last_verification
+
+
+def _digest(path: Path | None) -> str | None:
+    """What the topology file holds, as a digest (None: no file, or it cannot be read now)."""
+    if path is None:
+        return None
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _schedule_link(sched: Any, job: Any, st: LinkState) -> None:
+    """The refresh job of a link, on its interval (a first refresh at once) or cron, with its jitter."""
+    from apscheduler.triggers.interval import IntervalTrigger
+
+    ln = st.link
+    if ln.cron:
+        trig = cron_trigger(ln.cron, ln.jitter)
+        first = None
+    else:
+        trig = IntervalTrigger(seconds=max(ln.interval, 0.05), jitter=ln.jitter or None)
+        first = _now_dt()
+    sched.add_job(job, trig, args=[st], id=st.name, name=f"refresh {st.name}", **({"next_run_time": first} if first else {}))
+
+
+def _changes(old: Topology, new: Topology, sites: list[str]) -> dict[str, Any]:
+    """What an edit of the topology file changed, for the daemon's log (None: nothing of that)."""
+
+    def names(xs: Any) -> str | None:
+        return ",".join(sorted(xs)) or None
+
+    mine = {f"{ln.source}->{ln.target}": ln for ln in old.links if ln.target in sites}
+    now = {f"{ln.source}->{ln.target}": ln for ln in new.links if ln.target in sites}
+    settings = [k for k in type(new.refresh).model_fields if getattr(new.refresh, k) != getattr(old.refresh, k)]
+    out = {
+        "tables_added": names(set(new.tables) - set(old.tables)),
+        "tables_removed": names(set(old.tables) - set(new.tables)),
+        "tables_changed": names(t for t in set(new.tables) & set(old.tables) if new.tables[t] != old.tables[t]),
+        "links_added": names(set(now) - set(mine)),
+        "links_removed": names(set(mine) - set(now)),
+        "links_rescheduled": names(n for n in set(now) & set(mine) if now[n] != mine[n]),
+        "refresh": ",".join(settings) or None,
+        "sites_changed": names(n for n in set(new.sites) & set(old.sites) if new.sites[n] != old.sites[n]),
+        "verify": "changed" if new.verify != old.verify else None,
+        "purge": "changed" if new.purge != old.purge else None,
+    }
+    return {k: v for k, v in out.items() if v is not None}
 
 
 def _now_dt() -> Any:

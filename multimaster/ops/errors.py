@@ -164,7 +164,7 @@ def retry_errors(
     stays held whole, with the new error. Returns per site: applied (ids), held (id -> why), and
     what was applied per table."""
     if (id_ is None) == (not all_):
-        raise ConfigError(["errors retry: give --id N (its source transaction, and the changes waiting behind it) or --all"])
+        raise ConfigError(["--id / --all: give --id N (its source transaction, and the changes waiting behind it) or --all"])
     cl, own = as_cluster(topo)
     try:
         if id_ is not None:

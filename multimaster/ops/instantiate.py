@@ -253,7 +253,7 @@ def _require_installed(cl: Cluster, name: str) -> None:
     have = set(_installed(cl, name))
     missing = [tb for tb in cl.topo.tables if tb not in have]
     if missing:
-        raise NotInstalled(name, f"replication objects for table(s) {missing}")
+        raise NotInstalled(name, f"replication objects for table(s) {missing}", missing)
 
 
 def _held_counts(cl: Cluster, name: str) -> dict[str, int]:
@@ -652,7 +652,7 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
             yield piece("past", part)
     reg = store.tables.registration(pconn, pd, tb)
     if reg is None:  # checked first: the peer lost it meanwhile
-        raise NotInstalled(psite.name, f"replication objects for table(s) {[tb]}")
+        raise NotInstalled(psite.name, f"replication objects for table(s) {[tb]}", [tb])
     wms: dict[str, int] = {}
     for q in ask.relayed:
         wms[q] = store.watermarks.read(pconn, pd, q, tb)

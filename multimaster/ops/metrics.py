@@ -336,7 +336,8 @@ class MetricsServer:
 
     def text(self) -> str:
         d = self.daemon
-        return render(health(d.cluster, d.sites, policy=d.purge_policy), d)
+        with d.using() as cl:  # (an edit of the topology file may replace the daemon's cluster meanwhile)
+            return render(health(cl, d.sites, policy=d.purge_policy), d)
 
     def start(self) -> None:
         self._thread.start()

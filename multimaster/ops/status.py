@@ -10,14 +10,14 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core.versions import now_iso, ver_ms, ver_origin
-from multimaster.core.waits import Wait, failing, fix, reason, stalled
+from multimaster.core.waits import NEEDS_ACTION, Wait, failing, fix, reason, stalled
 from multimaster.dialects.base import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster, read_each
 from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import ConfigError, MultimasterError, NotConnected, first_line
+from multimaster.errors import ConfigError, MultimasterError, NotConnected, NotInstalled, first_line
 from multimaster.ops.install import untracked, untracked_message
 from multimaster.ops.verifications import last
 
@@ -67,7 +67,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             }
             src, tgt = cl.site(ln.source), cl.site(ln.target)
             if not site_data[ln.target].get("installed"):
-                entry["error"] = "not installed or unreachable"
+                entry["error"] = _not_installed(site_data, ln.target) or "not installed or unreachable"
                 out["links"].append(entry)
                 continue
             try:
@@ -80,7 +80,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
                 if entry.get("last_error"):  # stored by a refresher, maybe before its password was masked
                     entry["last_error"] = redact(str(entry["last_error"]))
                 if not site_data[ln.source].get("installed"):  # the link's own last error says why, above
-                    entry["error"] = f"site '{ln.source}' not installed or unreachable"
+                    entry["error"] = _not_installed(site_data, ln.source) or f"site '{ln.source}' not installed or unreachable"
                     out["links"].append(entry)
                     continue
                 wms, have = at["watermarks"], at.get("have")
@@ -157,10 +157,13 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
         tables = s.installed_tables(conn)
         d["installed"] = set(t.tables) <= set(tables)
         d["untracked"] = untracked(tables, t)  # installed, no longer under tables: (uninstall --table)
+        # under tables: and not installed (init not run since it was added, or uninstall --table ran)
+        d["missing"] = [tb for tb in t.tables if tb not in tables] if tables else list(t.tables)
         if tables:
-            d.update(store.tables.site_status(conn, s.dialect, list(t.tables)))
+            mine = [tb for tb in t.tables if tb in tables]
+            d.update(store.tables.site_status(conn, s.dialect, mine))
             d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
-            d.update(_schemas(conn, s, t))  # docs/schema-changes.md
+            d.update(_schemas(conn, s, t, mine))  # docs/schema-changes.md
             d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
             d["registry_rows"] = s.dialect.registry_rows(conn)  # MariaDB: docs/mysql.md "The transaction registry"
             if since is not None:
@@ -246,7 +249,7 @@ def _waits(entry: dict[str, Any], waits: list[Wait], now_ms: int, after_s: float
         )
 
 
-def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
+def _schemas(conn: Any, s: Any, t: Topology, tables: list[str]) -> dict[str, Any]:
     """A site's schema versions per table, the tables whose columns changed since its capture
     followed them (the next refresh follows them), and per table the changes that wait for
     columns the site does not have yet: how many, which columns, their types at the sites that
@@ -255,10 +258,10 @@ def _schemas(conn: Any, s: Any, t: Topology) -> dict[str, Any]:
     if not store.schemas.exists(conn, d):
         return {}
     out: dict[str, Any] = {"schema_versions": {}, "schema_behind": {}}
-    for tb in t.tables:
+    for tb in tables:
         cur = store.schemas.current(conn, d, tb)
         out["schema_versions"][tb] = cur[0] if cur else None
-    out["schema_unfollowed"] = evolve.changed_tables(conn, s, list(t.tables))
+    out["schema_unfollowed"] = evolve.changed_tables(conn, s, tables)
     out["capture_gaps"] = store.gaps.read_open(conn, d)
     waits = store.errorqueue.schema_waits(conn, d)
     for tb in sorted({str(w["tbl"]) for w in waits}):
@@ -291,6 +294,18 @@ CONFLICT_KINDS = ("update_update", "insert_insert", "update_delete", "delete_upd
 _WINNER = {"local": "local", "remote": "remote", "merged": "both", "delete": "delete", "null": "null"}
 
 
+def _not_installed(site_data: dict[str, dict[str, Any]], n: str) -> str | None:
+    """Why a reachable site that holds some tables is not installed: the tables under tables: it
+    has no replication objects for, with both fixes (errors.NotInstalled); None otherwise."""
+    d = site_data[n]
+    missing = d.get("missing") or []
+    if not d.get("reachable") or not missing:
+        return None
+    if not d.get("tables"):  # nothing installed at all
+        return str(NotInstalled(n))
+    return str(NotInstalled(n, f"replication objects for table(s) {missing}", missing))
+
+
 def _failing(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], after_s: float | None) -> list[str]:
     """What keeps links from making progress other than waiting changes (those are `stalled`): a
     site that cannot be reached, and a link whose refreshes have failed for `after_s` (the stall
@@ -303,11 +318,18 @@ def _failing(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], 
             continue  # named with its site above
         if ln.get("error"):  # not connected, not installed, its bookkeeping unreadable
             out.append(f"link {ln['from']} -> {ln['to']}: {ln['error']}")
-        elif failing(ln.get("last_success_at"), ln.get("last_error_at"), now, after_s):
+        elif failing(ln.get("last_success_at"), ln.get("last_error_at"), now, after_s, ln.get("last_error")):
+            error = str(ln.get("last_error") or "")
+            if error.startswith(NEEDS_ACTION):  # not transient: named at once, with its fix
+                out.append(
+                    f"link {ln['from']} -> {ln['to']} failing: its last refresh, at {ln['last_error_at']}, failed and the "
+                    f"next ones will until this is done: {error.removeprefix(NEEDS_ACTION)}"
+                )
+                continue
             since = ln.get("last_success_at") or "it was set up"
             out.append(
                 f"link {ln['from']} -> {ln['to']} failing: no refresh of it succeeded since {since}; the last one, at "
-                f"{ln['last_error_at']}, failed: {ln.get('last_error')}"
+                f"{ln['last_error_at']}, failed: {error}"
             )
     return out
 

@@ -7,7 +7,7 @@ from typing import Any, Mapping
 
 from sqlalchemy.engine import Connection
 
-from multimaster.core.waits import Wait
+from multimaster.core.waits import NEEDS_ACTION, Wait
 from multimaster.dialects.base import Dialect
 from multimaster.store import origins, watermarks
 
@@ -25,12 +25,15 @@ def ensure(conn: Connection, d: Dialect, peer: str, table: str) -> None:
 
 
 def stats(conn: Connection, d: Dialect, peer: str, pulled: int, applied: int, conflicts: int, at: str) -> None:
-    """A successful refresh from `peer` at `at`: add its counts."""
+    """A successful refresh from `peer` at `at`: add its counts. The last error stays, without its
+    NEEDS_ACTION mark (the times are to the second: a success and an error may share one, and the
+    mark then tells that the error came last)."""
     p = d.caps.placeholder
     conn.exec_driver_sql(
         f"UPDATE {d.mm_table('_mm_links')} SET pulled = pulled + {p}, applied = applied + {p}, conflicts = conflicts + {p}, "
-        f"last_success_at = {p} WHERE peer = {p}",
-        (pulled, applied, conflicts, at, peer),
+        f"last_success_at = {p}, last_error = CASE WHEN last_error LIKE {p} THEN SUBSTR(last_error, {p}) "
+        f"ELSE last_error END WHERE peer = {p}",
+        (pulled, applied, conflicts, at, NEEDS_ACTION + "%", len(NEEDS_ACTION) + 1, peer),
     )
 
 

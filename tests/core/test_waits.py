@@ -60,3 +60,20 @@ def test_a_link_fails_when_its_last_refresh_failed_and_none_succeeded_for_the_gr
 
     want = bad is not None and after is not None and (ok is None or (ok < bad and now - ok >= after))
     assert failing(None if ok is None else _iso(ok), None if bad is None else _iso(bad), _iso(now), after) == want
+
+
+@given(
+    st.one_of(st.none(), st.integers(0, 10_000)),
+    st.integers(0, 10_000),
+    st.integers(0, 20_000),
+    st.one_of(st.none(), st.integers(0, 3_000)),
+)
+def test_a_failure_that_needs_action_is_failing_at_once(ok: int | None, bad: int, now: int, after: int | None) -> None:
+    """An error marked NEEDS_ACTION (a success takes the mark off, store/links.py stats) is failing
+    whatever the grace, and whenever the last success was; an unmarked one keeps the grace."""
+    from multimaster.core.waits import NEEDS_ACTION, failing
+
+    last_ok = None if ok is None else _iso(ok)
+    assert failing(last_ok, _iso(bad), _iso(now), after, NEEDS_ACTION + "site 's2' has no replication objects")
+    want = after is not None and (ok is None or (ok < bad and now - ok >= after))
+    assert failing(last_ok, _iso(bad), _iso(now), after, "OperationalError: connection refused") == want
