@@ -44,10 +44,30 @@ def _reflect_columns(conn: Connection, insp: Inspector, table: str) -> dict[str,
     return by_name
 
 
-def _config_problems(site: str, table: str, cfg: TableConfig, by_name: dict[str, Column], pk: list[str]) -> list[str]:
-    """Where the table's configuration names columns the table lacks, or a key that is not its
-    single-column primary key."""
+def _generated(insp: Inspector, table: str) -> set[str]:
+    """The generated (computed) columns of `table`: never replicated, each site computes them from
+    the columns that are (docs/types.md "Generated columns")."""
+    return {rc["name"] for rc in insp.get_columns(table) if rc.get("computed") is not None}
+
+
+def _config_problems(
+    site: str,
+    table: str,
+    cfg: TableConfig,
+    by_name: dict[str, Column],
+    pk: list[str],
+    generated: set[str] = frozenset(),  # type: ignore[assignment]
+) -> list[str]:
+    """Where the table's configuration names columns the table lacks, a key that is not its
+    single-column primary key, or a policy for a generated column (which is not replicated)."""
     problems: list[str] = []
+    if cfg.key in generated:
+        problems.append(f"site '{site}': tables.{table}.key '{cfg.key}' is a generated column; the key must be stored")
+    for col in sorted({*cfg.columns, *(c for g in cfg.groups.values() for c in g.columns)} & generated):
+        problems.append(
+            f"site '{site}': table '{table}': column '{col}' is generated (each site computes it, it is not "
+            f"replicated): take it out of tables.{table}.columns / groups"
+        )
     if cfg.key not in by_name:
         problems.append(f"site '{site}': table '{table}' has no column '{cfg.key}' (tables.{table}.key)")
     elif pk != [cfg.key]:
@@ -97,16 +117,18 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig, only: 
     if not insp.has_table(table):
         raise SchemaError([f"site '{site}': table '{table}' does not exist"])
     by_name = _reflect_columns(conn, insp, table)
+    generated = _generated(insp, table)
     pk = insp.get_pk_constraint(table).get("constrained_columns") or []
-    problems = _config_problems(site, table, cfg, by_name, pk)
+    problems = _config_problems(site, table, cfg, by_name, pk, generated)
     if problems:
         raise SchemaError(problems)
     key = by_name[cfg.key]
     renumber = cfg.renumber if cfg.renumber is not None else _is_integer(key)
     if renumber and not _is_integer(key):
         raise SchemaError([f"site '{site}': tables.{table}: renumber needs an integer key, '{cfg.key}' is {key.type_sql}"])
+    excluded = (*cfg.exclude, *sorted(generated - set(cfg.exclude)))
     rep = sorted(
-        (c for n, c in by_name.items() if n != cfg.key and n not in cfg.exclude and (only is None or n in only)),
+        (c for n, c in by_name.items() if n != cfg.key and n not in excluded and (only is None or n in only)),
         key=lambda c: c.name,
     )
     if len(rep) > MAX_COLUMNS:
@@ -116,7 +138,7 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig, only: 
     slots = _slots(site, table, cfg, rep)
     spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots))
     uniques = _unique_sets(conn, site, table, cfg, rep, slots)
-    return TableInfo(table, key, tuple(rep), tuple(cfg.exclude), spec, uniques)
+    return TableInfo(table, key, tuple(rep), excluded, spec, uniques)
 
 
 def _is_text(col: Column) -> bool:

@@ -113,7 +113,8 @@ def reflect_table(
             problems.append(f"site '{site}': table '{table}' has no key column '{key}'")
             continue
         key_kinds.append(kinds[key])
-        cols_by_site[site] = {n: k for n, k in kinds.items() if n != key and n not in exclude}
+        generated = {c["name"] for c in cols if c.get("computed") is not None}  # each site computes them
+        cols_by_site[site] = {n: k for n, k in kinds.items() if n != key and n not in exclude and n not in generated}
     if problems:
         raise SchemaError(problems)
     sites = list(cols_by_site)
