@@ -372,3 +372,33 @@ def test_a_daemon_waits_for_its_site_to_answer_at_start(pg_backend, tmp_path, ca
         d2.stop()
     finally:
         pg_backend._admin(f"ALTER DATABASE {db}_away RENAME TO {db}")
+
+
+def test_json_log_keeps_the_schedulers_lines_json() -> None:
+    """`run --log-format json`: APScheduler's own warnings (a link's run skipped while the one
+    before still runs, every interval on a slow link) were printed as plain text between the JSON
+    events; they are events now (`scheduler`), and text logs keep the text format."""
+    import io
+    import logging
+
+    from multimaster.ops.daemon import setup_logging
+
+    for fmt in ("json", "text"):
+        out = io.StringIO()
+        setup_logging(fmt, stream=out)
+        try:
+            logging.getLogger("apscheduler.scheduler").info("Added job")  # below WARNING: not shown
+            logging.getLogger("apscheduler.executors.default").warning(
+                'Execution of job "refresh a->b" skipped: maximum number of running instances reached (1)'
+            )
+            logging.getLogger("multimaster.ops.daemon").info(json.dumps({"event": "refresh"}) if fmt == "json" else "refresh")
+        finally:
+            setup_logging("text")
+        lines = out.getvalue().splitlines()
+        assert len(lines) == 2, lines
+        if fmt == "json":
+            events = [json.loads(ln) for ln in lines]
+            assert events[0]["event"] == "scheduler" and events[0]["level"] == "warning"
+            assert "skipped" in events[0]["message"] and events[1] == {"event": "refresh"}
+        else:
+            assert "WARNING" in lines[0] and "skipped" in lines[0]

@@ -790,11 +790,36 @@ class RedactingFormatter(logging.Formatter):
         return redact(super().format(record))
 
 
+class SchedulerJson(RedactingFormatter):
+    """The scheduler's own lines (APScheduler: a run skipped because the link's previous one still
+    runs, a job that raised) as the daemon's JSON events: ``{"ts", "event": "scheduler", "level",
+    "message"}``. Before, they reached stderr as plain text, and a log shipper parsing one JSON
+    object a line broke on them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
+            "event": "scheduler",
+            "level": record.levelname.lower(),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["error"] = self.formatException(record.exc_info)
+        return redact(json.dumps(line, default=str))
+
+
 def setup_logging(fmt: str = "text", level: int = logging.INFO, stream: Any = None) -> None:
-    """One line per event on stderr (the message already carries the JSON when fmt is json)."""
+    """One line per event on stderr (the message already carries the JSON when fmt is json); the
+    scheduler's lines (logger ``apscheduler``) in the same format, warnings and errors only."""
     h = logging.StreamHandler(stream)
     h.setFormatter(RedactingFormatter("%(message)s" if fmt == "json" else "%(asctime)s %(levelname)s %(message)s"))
     root = logging.getLogger("multimaster")
     root.handlers[:] = [h]
     root.setLevel(level)
     root.propagate = False
+    sh = logging.StreamHandler(stream)
+    sh.setFormatter(SchedulerJson() if fmt == "json" else RedactingFormatter("%(asctime)s %(levelname)s %(message)s"))
+    sched = logging.getLogger("apscheduler")
+    sched.handlers[:] = [sh]
+    sched.setLevel(logging.WARNING)
+    sched.propagate = False
