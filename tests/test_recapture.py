@@ -449,3 +449,62 @@ def test_a_recapture_chosen_as_a_deadlock_victim_runs_again(mysql_backend, tmp_p
     assert len(calls) == 3
     api.refresh(cl.topo)
     assert cl.rows("a", "items") == cl.rows("b", "items")
+
+
+@pytest.mark.server
+def test_decimals_compared_by_value_across_databases_send_only_the_row_written(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A NUMERIC(12,2) column read at a SQLite site (1.5, a REAL) and at a PostgreSQL peer
+    (Decimal('1.50')) holds the same decimal: recapture sends the one row written while capture
+    was missing, not every row (before, `--dry-run --json` listed every key and a run reported an
+    update per row; only one change was written)."""
+    import yaml
+    from clusters import BACKENDS, TestCluster, server_unavailable
+
+    from multimaster.config.topology import load_topology
+
+    backs: dict[str, Any] = {}
+    try:
+        for name in ("sqlite", "postgresql"):
+            try:
+                backs[name] = BACKENDS[name]()
+            except ConnectionError as e:
+                server_unavailable(name, str(e))
+        sites = {"lite": "sqlite", "pg": "postgresql"}
+        urls = {s: backs[b].new_site(tmp_path, s) for s, b in sites.items()}
+        for s, b in sites.items():
+            backs[b].create_table(urls[s], "items", "id", {"name": "text", "qty": "int", "price": "decimal"})
+        doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"items": {"key": "id"}}, "links": "mesh"}
+        (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        topo = load_topology(tmp_path / "topology.yaml")
+        api.init(topo)
+        cls = {s: TestCluster(backs[b], topo, urls, _items()) for s, b in sites.items()}
+        for i in range(1, 6):
+            cls["pg"].execute("pg", "INSERT INTO items (name, qty, price) VALUES (?, 1, 1.50)", (f"r{i}",))
+        cls["pg"].execute("pg", "INSERT INTO items (name, qty, price) VALUES ('cents', 1, 1234567890.05)")
+        cls["pg"].refresh_until_quiet()
+        _remake(cls["lite"], "lite")  # (the table made again keeps id, name and qty: price goes NULL)
+        lite = cls["lite"].db("lite")
+        try:
+            lite.execute("ALTER TABLE items ADD COLUMN price NUMERIC(12,2)")
+            lite.execute("UPDATE items SET price = CASE WHEN name = 'cents' THEN 1234567890.05 ELSE 1.5 END")
+            lite.execute("UPDATE items SET name = 'changed' WHERE id = 3")  # the one write capture missed
+            lite.commit()
+        finally:
+            lite.close()
+        assert any(g for r in api.refresh(topo) for g in r.gaps)
+        dry = _cli(cls["lite"], "recapture", "--site", "lite", "--from", "pg", "--dry-run", "--json")
+        assert dry.exit_code == 0, dry.output
+        (rep,) = json.loads(dry.stdout)
+        assert (rep["updated"], rep["inserted"], rep["deleted"], rep["left"]) == ([3], [], [], [])
+        run = _cli(cls["lite"], "recapture", "--site", "lite", "--from", "pg")
+        assert run.exit_code == 0, run.output
+        (line,) = [ln for ln in run.output.splitlines() if ln.startswith("│ lite")]
+        cells = [c.strip() for c in line.strip("│").split("│")]
+        assert cells == ["lite", "items", "pg", "0", "1", "0", "0", "0", "closed"], run.output  # one update
+        (n,) = cls["lite"].db("lite").execute("SELECT count(*) FROM _mm_log_items WHERE op = 'U'").fetchone()
+        assert n == 1
+        cls["pg"].refresh_until_quiet()
+        assert [r[1] for r in cls["pg"].rows("pg", "items")] == ["r1", "r2", "changed", "r4", "r5", "cents"]
+    finally:
+        for b in backs.values():
+            b.cleanup()

@@ -3,7 +3,8 @@
     app.command("verify")(verify_command)
 
 Exit codes: 0 converged, 1 not converged (differences found), 2 error (bad topology, unreachable
-site, missing Java / PySpark / JDBC jar: the message says exactly what to install).
+site, missing Java / PySpark / JDBC jar: the message says exactly what to install; a site whose
+repair failed with --apply: named after the output, the other sites repaired).
 """
 
 from __future__ import annotations
@@ -134,11 +135,12 @@ def _verify(
         )
 
     res = run()
+    failure: Exception | None = None
     out: dict = {"verify": res.to_dict()}
     if not as_json:
         rep.render_rich(res)
     if repair_from is not None:
-        after = _repair(topology, tables, master, partitions, repair_from, apply, as_json, out, run)
+        after, failure = _repair(topology, tables, master, partitions, repair_from, apply, as_json, out, run)
         if after is not None:
             res = after
     if report is not None:
@@ -147,6 +149,8 @@ def _verify(
             typer.echo(f"HTML report written to {report}")
     if as_json:
         sys.stdout.write(json.dumps(out if repair_from else res.to_dict(), indent=2, default=str) + "\n")
+    if failure is not None:  # after the output: which sites were repaired, which not
+        raise failure
     return res
 
 
@@ -160,26 +164,31 @@ def _repair(
     as_json: bool,
     out: dict[str, Any],
     run: Callable[[], Any],
-) -> Any:
+) -> tuple[Any, Exception | None]:
     """Plan making every site equal to `repair_from` and show it (into `out["repair"]`); with
-    `apply`, apply it and verify again (`run`): returns that result, else None."""
+    `apply`, apply it (each site in one transaction), show per site what was applied and what
+    failed, and verify again (`run`): returns that result (else None) and, when some site's repair
+    failed, the error to end with (after the output)."""
     from multimaster.spark import report as rep
-    from multimaster.spark.repair import apply_plan, plan_repair
+    from multimaster.spark.repair import RepairFailed, apply_plan, plan_repair
 
     plan = plan_repair(str(topology), repair_from, tables, master=master, partitions=partitions)
     if not as_json:
-        rep.render_plan(plan, applied=False if not apply else True)
+        rep.render_plan(plan, apply=apply)
     out["repair"] = {"plan": plan.to_dict(), "applied": False}
     if apply and plan.total:
-        apply_plan(str(topology), plan)
-        out["repair"]["applied"] = True
+        done = apply_plan(str(topology), plan, check=False)
+        out["repair"]["applied"] = done.ok
+        out["repair"]["sites"] = done.to_dict()["sites"]
+        if not as_json:
+            rep.render_repair(done)
         res = run()
         out["after"] = res.to_dict()
         if not as_json:
             typer.echo("After the repair:")
             rep.render_rich(res)
-        return res
-    return None
+        return res, (None if done.ok else RepairFailed(done))
+    return None, None
 
 
 app = typer.Typer(add_completion=False, help="multimaster Spark convergence checker")

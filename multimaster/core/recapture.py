@@ -12,14 +12,17 @@ that the peer, and every site after it, ends with the site's row:
 - the peer has the row and the site has not: a delete;
 - both have it and some shared column differs: an update of those columns.
 
-Plain data in, plain data out: rows are mappings from column to a value already brought to the
-site's form (so that equal means equal), keys are comparable with each other.
+Plain data in, plain data out: rows are mappings from column to a value as either site's driver
+gave it, compared as the column's type says (core/values.py: 1.5 read from SQLite and
+Decimal('1.50') read from PostgreSQL are the same decimal), keys are comparable with each other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import AbstractSet, Any, Hashable, Mapping, Sequence
+
+from multimaster.core.values import ColumnType, differing
 
 __all__ = ["INSERT", "UPDATE", "DELETE", "Op", "Plan", "plan"]
 
@@ -56,10 +59,15 @@ def _order(keys: AbstractSet[Hashable]) -> list[Hashable]:
 
 
 def plan(
-    here: Mapping[Hashable, Row], there: Mapping[Hashable, Row], columns: Sequence[str], in_flight: AbstractSet[Hashable]
+    here: Mapping[Hashable, Row],
+    there: Mapping[Hashable, Row],
+    columns: Sequence[str],
+    in_flight: AbstractSet[Hashable],
+    types: Mapping[str, ColumnType] | None = None,
 ) -> Plan:
     """The changes that make the peer's rows (`there`) the site's (`here`), over the shared
-    `columns`, leaving out the keys of `in_flight` (a change on its way touches them)."""
+    `columns`, leaving out the keys of `in_flight` (a change on its way touches them). `types`:
+    each column's type, what its values are compared as (core/values.py; none: `ColumnType()`)."""
     cols = tuple(sorted(columns))
     ops: list[Op] = []
     left: list[Hashable] = []
@@ -68,7 +76,7 @@ def plan(
         if h is None and t is None:
             continue
         if h is not None and t is not None:
-            diff = tuple(c for c in cols if h.get(c) != t.get(c))
+            diff = differing(h, t, cols, types)
             if not diff:
                 continue
             op = Op(UPDATE, k, diff)

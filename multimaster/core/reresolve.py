@@ -26,6 +26,7 @@ from types import SimpleNamespace
 from typing import Any, Iterable, Mapping, Sequence
 
 from multimaster.core.policies import Candidate, Conflict, Policy, make_policy
+from multimaster.core.values import ColumnType, same
 
 __all__ = ["SLOT_KINDS", "parse_policy", "Outcome", "re_resolve", "as_logged", "same_values", "superseded"]
 
@@ -183,23 +184,17 @@ def superseded(cands: Sequence[Candidate]) -> set[str]:
     return {c.ver for c in cands if c.ver < last[c.origin]}
 
 
-def _plain(v: Any) -> Any:
-    """A value as the conflict log stores it (store/conflicts.py): bytes as {"$hex": ...}, values
-    JSON does not carry as text."""
-    if isinstance(v, (bytes, bytearray, memoryview)):
-        return {"$hex": bytes(v).hex()}
-    if isinstance(v, (int, float, str, bool)) or v is None:
-        return v
-    return str(v)
-
-
-def same_values(current: Mapping[str, Any], logged: Mapping[str, Any]) -> bool:
+def same_values(current: Mapping[str, Any], logged: Mapping[str, Any], types: Mapping[str, ColumnType] | None = None) -> bool:
     """Whether the row's `current` values (as the database gives them) are the `logged` values of a
-    slot (as the conflict log holds them), column by column."""
+    slot (as the conflict log holds them: bytes as {"$hex": ...}, other values JSON does not carry
+    as text), column by column, each compared as its type in `types` says (core/values.py: the
+    same decimal read as 1.5 from SQLite and logged as "1.50" at PostgreSQL is the same value)."""
+    ts = types or {}
     for col, want in logged.items():
-        got = _plain(current.get(col))
-        if isinstance(got, bool) or isinstance(want, bool):
-            got, want = (int(got) if isinstance(got, bool) else got), (int(want) if isinstance(want, bool) else want)
-        if got != want:
+        got = current.get(col)
+        t = ts.get(col)
+        if isinstance(want, Mapping) and set(want) == {"$hex"} and (t is None or t.kind in (None, "any")):
+            t = ColumnType("bytes")
+        if not same(got, want, t):
             return False
     return True

@@ -34,12 +34,14 @@ from sqlalchemy.engine import Connection
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.core import recapture as rule
+from multimaster.core.values import ColumnType
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, inflight
 from multimaster.engine.cluster import Cluster
 from multimaster.engine.refresh import follow_site, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
+from multimaster.engine.schema import value_types
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, RecaptureRefused
 
@@ -101,7 +103,8 @@ def _rows(
     conn: Connection, s: Site, info: TableInfo, cols: list[str], form: TableInfo, at: Site
 ) -> dict[Hashable, dict[str, Any]]:
     """Every row of `info` at `s`: key -> {column: value}, the values in the form site `at`'s
-    driver stores for `form` (its table), so that equal means equal across databases."""
+    driver stores for `form` (its table: what recapture writes there); compared by their columns'
+    types (core/values.py), not as Python values."""
     q = s.dialect.quote
     adapt = dict(zip(form.column_names, at.dialect.value_adapters(form)))
     sel = ", ".join(q(c) for c in [info.key.name, *cols])
@@ -191,7 +194,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
         else:  # by key, the identity of a row (its incarnations share it)
             ident, p_ident, flight = {k: k for k in live}, {k: k for k in p_live}, keys
         skip = {ident[k] for k in sent if k in ident}  # just captured: on its way, not compared
-        _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, out)
+        types = value_types([(d.name, info), (p.dialect.name, p_info)])
+        _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, types, out)
         if not dry_run and out.ok:
             out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
         return out
@@ -227,13 +231,15 @@ def _compare(
     p_ident: Mapping[Hashable, Hashable],
     flight: AbstractSet[Hashable],
     skip: AbstractSet[Hashable],
+    types: Mapping[str, ColumnType],
     out: Recaptured,
 ) -> None:
     """Match the rows by identity (`ident`, `p_ident`: key -> identity at the site and the peer,
     from the shadows: a row without one is a row no capture saw, captured first, or, at the peer,
     not the site's business) and capture the updates and deletes `rule.plan` gives. An identity
     the peer lacks, or the site lacks without having deleted it, with no change on its way, is not
-    a write capture missed: it is left (verify tells what it is)."""
+    a write capture missed: it is left (verify tells what it is). `types`: what each column's
+    values are compared as (core/values.py: a decimal by value at its scale, an instant in UTC)."""
     key_of = {i: k for k, i in ident.items()}
     p_key = {i: k for k, i in p_ident.items()}
     plan = rule.plan(
@@ -241,6 +247,7 @@ def _compare(
         {p_ident[k]: r for k, r in there.items() if k in p_ident and p_ident[k] not in skip},
         cols,
         flight,
+        types,
     )
     out.left = [key_of.get(i, i) for i in plan.left]
     for op in plan.ops:

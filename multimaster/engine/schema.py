@@ -5,7 +5,7 @@ comparison of a table across sites."""
 from __future__ import annotations
 
 import re
-from typing import Collection
+from typing import Collection, Sequence
 
 from sqlalchemy import inspect
 from sqlalchemy.engine import Connection, Inspector
@@ -15,11 +15,13 @@ from multimaster.core.planner import Slot, TableSpec
 from multimaster.core.policies import make_policy
 from multimaster.core.schemas import literal_default
 from multimaster.core.unique import UniqueSet, set_name
+from multimaster.core.values import ColumnType
 from multimaster.dialects import get_dialect
 from multimaster.dialects.schema import MAX_COLUMNS, Column, TableInfo
+from multimaster.dialects.types import kind_of
 from multimaster.errors import SchemaError
 
-__all__ = ["introspect", "compare_schemas"]
+__all__ = ["introspect", "compare_schemas", "value_types"]
 
 
 def _is_integer(col: Column) -> bool:
@@ -335,3 +337,21 @@ def _unbounded_hint(a_site: str, a: TableInfo, b_site: str, b: TableInfo) -> str
 
 def _show_uniques(info: TableInfo) -> str:
     return "; ".join(f"{u.name} {u.policy}" + (f" max {u.max_len}" if u.max_len else "") for u in info.uniques) or "none"
+
+
+def value_types(sides: Sequence[tuple[str, TableInfo]]) -> dict[str, ColumnType]:
+    """Per column of the tables `sides` ((dialect name, the table there), one per site compared),
+    what its values are compared as (core/values.py): the column's kind (dialects/types.py; the
+    first site's that has one) and, for a decimal, the smallest scale a site declares (what every
+    site can hold)."""
+    kinds: dict[str, str | None] = {}
+    scales: dict[str, int] = {}
+    for dialect, info in sides:
+        for c in (info.key, *info.columns):
+            k = kind_of(dialect, c)
+            if kinds.get(c.name) in (None, "any"):
+                kinds[c.name] = k
+            s = getattr(c.type, "scale", None) if k == "decimal" else None
+            if isinstance(s, int):
+                scales[c.name] = min(s, scales.get(c.name, s))
+    return {n: ColumnType(k, scales.get(n) if k == "decimal" else None) for n, k in kinds.items()}

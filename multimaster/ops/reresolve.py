@@ -19,6 +19,7 @@ from multimaster.core.policies import Candidate
 from multimaster.core.reresolve import SLOT_KINDS, Outcome, as_logged, parse_policy, re_resolve, same_values
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.remote import AgentSite
+from multimaster.engine.schema import value_types
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, MultimasterError, ResolverError
 from multimaster.ops.status import conflicts
@@ -143,7 +144,7 @@ def _apply(cl: Cluster, where: str, o: Outcome) -> tuple[str, str]:
             if cur is None:
                 return "skipped", f"the row ({o.rid}) is not in {o.table} at '{where}'"
             current = dict(zip(cols, cur))
-            if not same_values(current, o.logged.values):
+            if not same_values(current, o.logged.values, value_types([(d.name, info)])):
                 return "skipped", f"changed since: '{where}' holds {current}, not the logged winner {o.logged.values}"
             sets = ", ".join(f"{q(c)} = {ph}" for c in cols)
             conn.exec_driver_sql(

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 import sqlalchemy as sa
 
+from multimaster.core.values import ColumnType, differing
 from multimaster.spark.jdbc import JdbcSource
 from multimaster.spark.result import Sample
 from multimaster.spark.schema import SPARK_TYPE, TablePlan, custom_schema, read_sql
@@ -348,6 +349,21 @@ def _sampled_values(
     return values
 
 
+#: Spark's canonical kinds (spark/schema.py) as the column types values are compared as
+#: (core/values.py): a sample's values come back as _jsonable made them (a decimal as text, a time
+#: as ISO-8601, bytes as hex)
+_AS_TYPE = {
+    "long": ColumnType("int"),
+    "double": ColumnType("float"),
+    "decimal": ColumnType("decimal"),
+    "boolean": ColumnType("bool"),
+    "string": ColumnType("text"),
+    "date": ColumnType("date"),
+    "timestamp": ColumnType("timestamp"),
+    "binary": ColumnType("text"),
+}
+
+
 def _sample(kind: str, r: Any, sites: list[str], values: dict[str, dict[str, dict[str, Any]]], plan: TablePlan) -> Sample:
     """A sampled identity of `kind`: per site its state, key and values; the sites it is counted
     against; for a values difference, the columns that differ."""
@@ -367,7 +383,11 @@ def _sample(kind: str, r: Any, sites: list[str], values: dict[str, dict[str, dic
     cols: list[str] = []
     if kind == "values":
         vs = [per[s]["values"] for s in sites if per[s]["state"] == "present"]
-        cols = [c.name for c in plan.columns if len({repr(v.get(c.name)) for v in vs}) > 1]
+        cols = [
+            c.name
+            for c in plan.columns
+            if any(differing(vs[0], v, [c.name], {c.name: _AS_TYPE.get(c.kind, ColumnType())}) for v in vs[1:])
+        ]
     return Sample(kind, r["mm_rid"], per, odd, cols, waiting=bool(r["mm_wait"]))
 
 

@@ -10,8 +10,9 @@ shadow rows for them with SQLAlchemy. Per target site and table, the plan holds:
 - update: same key, different values (the replicated columns are set to the reference's).
 
 Every op also replaces the target's shadow row by the reference's (rid, key, deleted, versions),
-or removes it when the reference has none. The executor applies one transaction per site and
-table with the capture guard set (the dialect's `set_applying`, as the reconciler does: SQLite:
+or removes it when the reference has none. The executor applies one transaction per site (all
+its tables), the reference's values converted for the site's database by its dialect's value
+adapters (as replication converts them), with the capture guard set (the dialect's `set_applying`, as the reconciler does: SQLite:
 `_mm_state.applying = 1` inside BEGIN IMMEDIATE, reset before COMMIT; PostgreSQL: `mm.applying`
 set locally; MariaDB: `@mm_applying`), so the repair is not captured as new changes.
 """
@@ -29,7 +30,16 @@ from multimaster.config.topology import Topology, load_topology
 from multimaster.errors import ConfigError, MultimasterError
 from multimaster.spark.jdbc import dialect_of, find_jars, jdbc_source
 
-__all__ = ["RepairOp", "RepairPlan", "plan_repair", "apply_plan", "TooManyDifferences"]
+__all__ = [
+    "RepairOp",
+    "RepairPlan",
+    "RepairResult",
+    "SiteRepair",
+    "RepairFailed",
+    "plan_repair",
+    "apply_plan",
+    "TooManyDifferences",
+]
 
 OPS = ("delete", "insert", "rekey", "update")
 
@@ -228,92 +238,188 @@ def _reference_rows(eng: sa.Engine, url: str, tp, rows) -> tuple[dict[Any, dict]
     return vals, shadow
 
 
-def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan) -> dict[str, dict[str, dict[str, int]]]:
-    """Execute `plan`: one transaction per site and table, capture guard on. Returns the counts."""
+@dataclass
+class SiteRepair:
+    """What applying a plan did at one site: `applied` (every op of every table, in one
+    transaction) or `failed` (nothing: rolled back; `error` says why)."""
+
+    site: str
+    status: str  # applied | failed
+    counts: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> op -> number of ops
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class RepairResult:
+    """Per target site, what applying a plan did (`apply_plan`)."""
+
+    reference: str
+    sites: dict[str, SiteRepair] = field(default_factory=dict)
+
+    @property
+    def failed(self) -> dict[str, SiteRepair]:
+        return {s: r for s, r in self.sites.items() if r.status != "applied"}
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "ok": self.ok, "sites": {s: r.to_dict() for s, r in self.sites.items()}}
+
+
+class RepairFailed(MultimasterError):
+    """Applying a repair plan failed at some sites (each rolled back); the others were repaired."""
+
+    exit_code = 2
+
+    def __init__(self, result: RepairResult):
+        self.result = result
+        done = [s for s in result.sites if s not in result.failed]
+        lines = [f"repair from '{result.reference}' failed at site '{s}': {r.error}" for s, r in result.failed.items()]
+        lines.append(
+            f"(nothing was changed there; repaired: {', '.join(repr(s) for s in done)})" if done else "(nothing was changed)"
+        )
+        super().__init__("\n".join(lines))
+
+
+def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan, *, check: bool = True) -> RepairResult:
+    """Execute `plan`: one transaction per site (all its tables), capture guard on, the
+    reference's values converted for the site's database as replication converts them (the
+    dialect's value adapters, dialects/types.py). A site whose transaction fails is rolled back
+    and the next one is repaired all the same. Returns what was done per site; with `check`,
+    raises RepairFailed (naming each failed site) when any failed."""
     topo = topology if isinstance(topology, Topology) else load_topology(topology)
+    out = RepairResult(plan.reference)
+    counts = plan.counts()
     for site, tabs in plan.ops.items():
-        url = topo.sites[site].url
-        d = dialect_of(url)
-        eng = sa.create_engine(url, poolclass=sa.pool.NullPool, **d.writer_engine_kwargs())
-        q = d.quote
         try:
-            for table, ops in tabs.items():
-                key, cols = plan.keys[table], plan.columns[table]
-                sh = _mm(url, f"_mm_shadow_{table}")
-                with eng.connect() as conn:
-                    if d.writer_begin:
-                        conn.exec_driver_sql(d.writer_begin)
-                        tx = None
-                    else:
-                        tx = conn.begin()
-                    try:
-                        d.set_applying(conn, True)  # the capture guard: nothing below is captured
-                        shadow_cols = [
-                            c["name"]
-                            for c in sa.inspect(conn).get_columns(
-                                f"_mm_shadow_{table}",
-                                **({"schema": d.caps.bookkeeping_schema} if d.caps.bookkeeping_schema else {}),
-                            )
-                        ]
-                        gone = [o.old_key for o in ops if o.op in ("delete", "rekey")]
-                        for ch in _chunks(gone):
-                            conn.execute(
-                                sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(
-                                    sa.bindparam("ks", expanding=True)
-                                ),
-                                {"ks": ch},
-                            )
-                        for ch in _chunks([o.rid for o in ops]):
-                            conn.execute(
-                                sa.text(f"DELETE FROM {sh} WHERE rid IN :rs").bindparams(sa.bindparam("rs", expanding=True)),
-                                {"rs": ch},
-                            )
-                        taken = [o.shadow["key"] for o in ops if o.shadow and "key" in o.shadow]
-                        # the shadow row holding a key the reference gives another identity goes; a
-                        # natural key's tombstones of earlier lives ('k:' rids) stay: their own ops
-                        # (same rid) decide them
-                        for ch in _chunks(taken):
-                            conn.execute(
-                                sa.text(
-                                    f"DELETE FROM {sh} WHERE {d.key_col} IN :ks AND (deleted IS NULL OR rid NOT LIKE 'k:%')"
-                                ).bindparams(sa.bindparam("ks", expanding=True)),
-                                {"ks": ch},
-                            )
-                        srows = [{c: o.shadow.get(c) for c in shadow_cols} for o in ops if o.shadow]
-                        if srows:
-                            collist = ", ".join(q(c) for c in shadow_cols)
-                            params = ", ".join(f":p{i}" for i in range(len(shadow_cols)))
-                            conn.execute(
-                                sa.text(f"INSERT INTO {sh} ({collist}) VALUES ({params})"),
-                                [{f"p{i}": r[c] for i, c in enumerate(shadow_cols)} for r in srows],
-                            )
-                        ins = [(o.key, o.values) for o in ops if o.op in ("insert", "rekey") and o.values is not None]
-                        if ins:
-                            allc = [key] + cols
-                            collist = ", ".join(q(c) for c in allc)
-                            params = ", ".join(f":p{i}" for i in range(len(allc)))
-                            conn.execute(
-                                sa.text(f"INSERT INTO {q(table)} ({collist}) VALUES ({params})"),
-                                [{f"p{i}": v for i, v in enumerate([k] + [vals.get(c) for c in cols])} for k, vals in ins],
-                            )
-                        upd = [(o.key, o.values) for o in ops if o.op == "update" and o.values is not None]
-                        if upd and cols:
-                            sets = ", ".join(f"{q(c)} = :p{i}" for i, c in enumerate(cols))
-                            conn.execute(
-                                sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
-                                [{"k": k, **{f"p{i}": vals.get(c) for i, c in enumerate(cols)}} for k, vals in upd],
-                            )
-                        d.set_applying(conn, False)
-                        if tx is not None:
-                            tx.commit()
-                        else:
-                            conn.exec_driver_sql("COMMIT")
-                    except BaseException:
-                        if tx is not None:
-                            tx.rollback()
-                        else:
-                            conn.exec_driver_sql("ROLLBACK")
-                        raise
-        finally:
-            eng.dispose()
-    return plan.counts()
+            _apply_site(topo, site, tabs, plan)
+        except Exception as e:  # noqa: BLE001 - any failure of one site's transaction: reported per site
+            from multimaster.config.secrets import redact
+
+            orig = getattr(e, "orig", None) or e
+            msg = str(orig).strip().splitlines()[0][:500] if str(orig).strip() else ""
+            out.sites[site] = SiteRepair(site, "failed", counts.get(site, {}), redact(f"{type(orig).__name__}: {msg}"))
+        else:
+            out.sites[site] = SiteRepair(site, "applied", counts.get(site, {}))
+    if check and not out.ok:
+        raise RepairFailed(out)
+    return out
+
+
+def _apply_site(topo: Topology, site: str, tabs: dict[str, list[RepairOp]], plan: RepairPlan) -> None:
+    """Apply the ops of every table of `tabs` at `site`, in one transaction with the capture guard set."""
+    url = topo.sites[site].url
+    d = dialect_of(url)
+    eng = sa.create_engine(url, poolclass=sa.pool.NullPool, **d.writer_engine_kwargs())
+    try:
+        with eng.connect() as conn:
+            if d.writer_begin:
+                conn.exec_driver_sql(d.writer_begin)
+                tx = None
+            else:
+                tx = conn.begin()
+            try:
+                d.set_applying(conn, True)  # the capture guard: nothing below is captured
+                for table, ops in tabs.items():
+                    _apply_table(conn, d, topo, site, table, ops, plan)
+                d.set_applying(conn, False)
+                if tx is not None:
+                    tx.commit()
+                else:
+                    conn.exec_driver_sql("COMMIT")
+            except BaseException:
+                if tx is not None:
+                    tx.rollback()
+                else:
+                    conn.exec_driver_sql("ROLLBACK")
+                raise
+    finally:
+        eng.dispose()
+
+
+def _adapters(conn: sa.Connection, d: Any, topo: Topology, site: str, table: str, cols: list[str]) -> dict[str, Any]:
+    """Per column of `table` at `site` (its key included), the converter of a value as the
+    reference's driver returned it into what this site's driver stores exactly (None: as is)."""
+    from dataclasses import replace
+
+    from multimaster.engine.schema import introspect
+
+    info = introspect(conn, site, table, topo.tables[table])
+    by_name = {c.name: c for c in info.columns}
+    shown = replace(info, columns=(info.key, *(by_name[c] for c in cols if c in by_name)))
+    return {c.name: f for c, f in zip(shown.columns, d.value_adapters(shown))}
+
+
+def _apply_table(
+    conn: sa.Connection, d: Any, topo: Topology, site: str, table: str, ops: list[RepairOp], plan: RepairPlan
+) -> None:
+    """The ops of `table` at `site`, on `conn` (in the site's transaction, guard set)."""
+    q = d.quote
+    url = topo.sites[site].url
+    key, cols = plan.keys[table], plan.columns[table]
+    sh = _mm(url, f"_mm_shadow_{table}")
+    conv = _adapters(conn, d, topo, site, table, cols)
+
+    def val(c: str, v: Any) -> Any:
+        f = conv.get(c)
+        return v if f is None or v is None else f(v)
+
+    def kv(v: Any) -> Any:
+        return val(key, v)
+
+    shadow_cols = [
+        c["name"]
+        for c in sa.inspect(conn).get_columns(
+            f"_mm_shadow_{table}", **({"schema": d.caps.bookkeeping_schema} if d.caps.bookkeeping_schema else {})
+        )
+    ]
+    gone = [kv(o.old_key) for o in ops if o.op in ("delete", "rekey")]
+    for ch in _chunks(gone):
+        conn.execute(
+            sa.text(f"DELETE FROM {q(table)} WHERE {q(key)} IN :ks").bindparams(sa.bindparam("ks", expanding=True)),
+            {"ks": ch},
+        )
+    for ch in _chunks([o.rid for o in ops]):
+        conn.execute(
+            sa.text(f"DELETE FROM {sh} WHERE rid IN :rs").bindparams(sa.bindparam("rs", expanding=True)),
+            {"rs": ch},
+        )
+    taken = [kv(o.shadow["key"]) for o in ops if o.shadow and "key" in o.shadow]
+    # the shadow row holding a key the reference gives another identity goes; a natural key's
+    # tombstones of earlier lives ('k:' rids) stay: their own ops (same rid) decide them
+    for ch in _chunks(taken):
+        conn.execute(
+            sa.text(f"DELETE FROM {sh} WHERE {d.key_col} IN :ks AND (deleted IS NULL OR rid NOT LIKE 'k:%')").bindparams(
+                sa.bindparam("ks", expanding=True)
+            ),
+            {"ks": ch},
+        )
+    srows = [{c: (kv(o.shadow.get(c)) if c == "key" else o.shadow.get(c)) for c in shadow_cols} for o in ops if o.shadow]
+    if srows:
+        collist = ", ".join(q(c) for c in shadow_cols)
+        params = ", ".join(f":p{i}" for i in range(len(shadow_cols)))
+        conn.execute(
+            sa.text(f"INSERT INTO {sh} ({collist}) VALUES ({params})"),
+            [{f"p{i}": r[c] for i, c in enumerate(shadow_cols)} for r in srows],
+        )
+    ins = [(o.key, o.values) for o in ops if o.op in ("insert", "rekey") and o.values is not None]
+    if ins:
+        allc = [key] + cols
+        collist = ", ".join(q(c) for c in allc)
+        params = ", ".join(f":p{i}" for i in range(len(allc)))
+        conn.execute(
+            sa.text(f"INSERT INTO {q(table)} ({collist}) VALUES ({params})"),
+            [{f"p{i}": v for i, v in enumerate([kv(k)] + [val(c, vals.get(c)) for c in cols])} for k, vals in ins],
+        )
+    upd = [(o.key, o.values) for o in ops if o.op == "update" and o.values is not None]
+    if upd and cols:
+        sets = ", ".join(f"{q(c)} = :p{i}" for i, c in enumerate(cols))
+        conn.execute(
+            sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
+            [{"k": kv(k), **{f"p{i}": val(c, vals.get(c)) for i, c in enumerate(cols)}} for k, vals in upd],
+        )

@@ -9,7 +9,7 @@ from typing import Any
 
 from multimaster.spark.result import KIND_LABELS, KINDS, Sample, TableResult, VerifyResult
 
-__all__ = ["render_rich", "to_json", "to_html", "render_plan", "verdict"]
+__all__ = ["render_rich", "to_json", "to_html", "render_plan", "render_repair", "verdict"]
 
 STATUS_STYLE = {"converged": "bold green", "converging": "bold yellow", "diverged": "bold red"}
 _ON_ITS_WAY = {True: "yes", False: "<span class='bad'>no: diverged</span>"}
@@ -223,12 +223,14 @@ def to_html(res: VerifyResult) -> str:
     return "\n".join(parts)
 
 
-def render_plan(plan, console=None, applied: bool = False) -> None:
+def render_plan(plan, console=None, apply: bool = False) -> None:
+    """The repair plan, per site and table: what `--apply` is about to apply (`apply`), or what a
+    dry run would. Nothing is applied yet either way: render_repair tells what was."""
     from rich.console import Console
     from rich.table import Table
 
     con = console or Console()
-    verb = "Applied" if applied else "Dry run — would apply (use --apply)"
+    verb = "plan, applying it now" if apply else "Dry run — would apply (use --apply)"
     t = Table(title=f"Repair from '{plan.reference}': {verb}")
     for c in ("site", "table", "delete", "insert", "rekey", "update"):
         t.add_column(c, justify="right" if c not in ("site", "table") else "left")
@@ -240,3 +242,25 @@ def render_plan(plan, console=None, applied: bool = False) -> None:
         con.print(f"Nothing to repair: every site already equals '{plan.reference}'.")
         return
     con.print(t)
+
+
+def render_repair(result, console=None) -> None:
+    """What applying the plan did, per site: applied (with the ops per table) or failed (why)."""
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    con = console or Console()
+    t = Table(title=f"Repair from '{result.reference}': {'applied' if result.ok else 'FAILED at ' + ', '.join(result.failed)}")
+    for c in ("site", "result", "table", "delete", "insert", "rekey", "update"):
+        t.add_column(c, justify="right" if c in OPS_SHOWN else "left")
+    for site, r in result.sites.items():
+        status = "[green]applied[/]" if r.status == "applied" else "[red]failed: nothing changed[/]"
+        for i, (table, c) in enumerate(r.counts.items() or [("", {})]):
+            t.add_row(site if i == 0 else "", status if i == 0 else "", table, *(str(c.get(o, "")) for o in OPS_SHOWN))
+    con.print(t)
+    for site, r in result.failed.items():
+        con.print(f"[red]site '{escape(site)}': the repair failed and was rolled back: {escape(r.error or '')}[/]")
+
+
+OPS_SHOWN = ("delete", "insert", "rekey", "update")

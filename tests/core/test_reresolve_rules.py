@@ -121,6 +121,23 @@ def test_same_values_compares_as_the_log_stores() -> None:
     assert same_values({"f": True}, {"f": 1})
 
 
+def test_same_values_compares_as_the_columns_types_define_equality() -> None:
+    """A decimal the log holds as the text a PostgreSQL site's Decimal made ("1.50") is the value a
+    SQLite site reads back as 1.5; an instant logged with its offset is the one SQLite holds as
+    text (before: compared as Python values, `conflicts --re-resolve --apply` skipped such rows as
+    "changed since")."""
+    from decimal import Decimal
+
+    from multimaster.core.values import ColumnType
+
+    price, at = ColumnType("decimal", 2), ColumnType("timestamptz")
+    assert same_values({"price": 1.5}, {"price": "1.50"}, {"price": price})
+    assert same_values({"price": Decimal("1.50")}, {"price": 1.5}, {"price": price})
+    assert not same_values({"price": 1.5}, {"price": "1.51"}, {"price": price})
+    assert same_values({"at": "2024-05-01 10:00:00+00:00"}, {"at": "2024-05-01T12:00:00+02:00"}, {"at": at})
+    assert same_values({"price": Decimal("1.50")}, {"price": "1.5"})  # no type given: the Decimal shows it
+
+
 # A concurrent write continued at its sites (tests/core/test_planner.py CONTINUED): s1 writes U1 and
 # then U3, s2 writes U2 and then U4, each having seen only its own (priority: U3 is written at s3,
 # having seen U1: the version it goes over is of another origin). Four sites record the meetings,

@@ -5,14 +5,19 @@ server does not answer; with MM_REQUIRE_SERVERS=1 that is a failure instead."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import uuid
+from decimal import Decimal
+from typing import Any
 
 import pytest
 import sqlalchemy as sa
 from mm_spark_helpers import base_rid, client, require_server, row, uncaptured, write_topology
+from typer.testing import CliRunner
 
 from multimaster import api
+from multimaster.cli import app
 from multimaster.config.topology import load_topology
 from multimaster.spark import verify
 from multimaster.spark.repair import apply_plan, plan_repair
@@ -146,3 +151,74 @@ def _log_count(url: str, site: str) -> int:
         return int(cur.fetchone()[0])
     finally:
         c.close()
+
+
+#: a NUMERIC column at every site; SQLite's refuses the name 'boom' (to make its repair fail)
+DECIMAL_DDL = {
+    "lite": "CREATE TABLE items(id INTEGER PRIMARY KEY, name TEXT CHECK (name <> 'boom'), price NUMERIC(10,2))",
+    "pg": "CREATE TABLE items(id BIGINT PRIMARY KEY, name VARCHAR(100), price NUMERIC(10,2))",
+    "my": "CREATE TABLE items(id INT PRIMARY KEY, name VARCHAR(100), price DECIMAL(10,2))",
+}
+
+
+def _rows_at(url: str) -> list[tuple[Any, ...]]:
+    c = client(url)
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT id, name, price FROM items ORDER BY id")
+        return [(int(i), n, Decimal(str(p))) for i, n, p in cur.fetchall()]
+    finally:
+        c.close()
+
+
+def test_repair_from_a_server_converts_decimals_for_sqlite_and_reports_each_site(spark, tmp_path, pg_db, my_db):
+    """`verify --repair-from pg --apply` writes PostgreSQL's decimals at a SQLite site as its
+    dialect's value adapter does (before: sqlite3 cannot bind Decimal, exit 2, the SQLite row left
+    tampered, and "Applied" printed before anything was). Each site is repaired in one transaction:
+    one that fails is rolled back whole, named, and the others are repaired all the same (exit 2)."""
+    (tmp_path / "lite.db").touch()
+    urls = {"lite": f"sqlite:///{tmp_path / 'lite.db'}", "pg": pg_db, "my": my_db}
+    for s, ph in zip(urls, ("?", "%s", "%s")):
+        c = client(urls[s])
+        c.cursor().execute(DECIMAL_DDL[s])
+        c.cursor().executemany(
+            f"INSERT INTO items (id, name, price) VALUES ({ph}, {ph}, {ph})",
+            [(i, f"n{i}", f"{i * 1.25:.2f}") for i in range(1, 6)],
+        )
+        if s != "lite":
+            c.commit()
+        c.close()
+    topo = write_topology(tmp_path / "topology.yml", urls)
+    api.init(load_topology(topo))
+    good = _rows_at(urls["pg"])
+    for s in ("lite", "my"):
+        with uncaptured(urls[s]) as c:
+            c.execute("UPDATE items SET name = 'tampered', price = 9.99 WHERE id = 2")
+    runner = CliRunner()
+    r = runner.invoke(app, ["verify", "-t", str(topo), "--repair-from", "pg", "--apply"])
+    assert r.exit_code == 0, r.output
+    out = r.output
+    assert out.index("Repair from 'pg': plan, applying it now") < out.index("Repair from 'pg': applied") < out.index("After")
+    assert "Applied" not in out and "CONVERGED" in out
+    assert _rows_at(urls["lite"]) == _rows_at(urls["my"]) == good
+
+    # the SQLite site refuses a value of the reference: its repair fails whole, MariaDB's is done
+    with uncaptured(urls["pg"]) as c:
+        c.execute("UPDATE items SET name = 'boom' WHERE id = 4")
+    for s in ("lite", "my"):
+        with uncaptured(urls[s]) as c:
+            c.execute("UPDATE items SET price = 0.01 WHERE id = 1")
+    lite_before, good = _rows_at(urls["lite"]), _rows_at(urls["pg"])
+    r = runner.invoke(app, ["verify", "-t", str(topo), "--repair-from", "pg", "--apply", "--json"])
+    assert r.exit_code == 2, r.output
+    doc = json.loads(r.stdout)
+    assert doc["repair"]["applied"] is False
+    lite, my = doc["repair"]["sites"]["lite"], doc["repair"]["sites"]["my"]
+    assert (lite["status"], my["status"]) == ("failed", "applied")
+    assert "CHECK constraint failed" in lite["error"] and my["error"] is None
+    assert my["counts"] == {"items": {"delete": 0, "insert": 0, "rekey": 0, "update": 2}}
+    assert "repair from 'pg' failed at site 'lite'" in r.stderr and "CHECK constraint failed" in r.stderr
+    assert "repaired: 'my'" in r.stderr
+    assert _rows_at(urls["my"]) == good
+    assert _rows_at(urls["lite"]) == lite_before  # one transaction: row 1 is not repaired either
+    assert doc["after"]["tables"]["items"]["status"] == "diverged"
