@@ -141,7 +141,7 @@ _TEXT_COMPARED = re.compile(r"^(JSON|INTERVAL|CITEXT)\b", re.I)
 def _load_as_text(dbapi_conn: Any) -> None:
     """Read the TEXT_LOADED types as their text on this psycopg 3 connection (its own adapters)."""
     adapters = getattr(dbapi_conn, "adapters", None)
-    if adapters is None:
+    if adapters is None or not type(dbapi_conn).__module__.startswith("psycopg"):
         return
     from psycopg.types.string import TextLoader
 
@@ -206,6 +206,11 @@ class PostgreSQLDialect(Dialect):
             return cls.connect(*cargs, **cparams)
 
     def prepare_engine(self, engine: Engine) -> None:
+        if engine.dialect.driver == "psycopg":
+            # json read as text (_load_as_text): SQLAlchemy's own typed queries (its reflection
+            # builds JSON objects) decode it themselves, on this engine's dialect only
+            engine.dialect.supports_native_json_deserialization = False
+
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
             # _mm last: user tables keep resolving (and reflecting) in the URL's default schema
