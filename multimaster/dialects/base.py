@@ -268,13 +268,6 @@ class Dialect:
         as it is."""
         return expr
 
-    def unstorable(self, info: TableInfo) -> Callable[[Sequence[Any]], str | None] | None:
-        """A check of a pulled change's values (``n_`` then ``o_``, as the peer's driver returned
-        them) that this site's snapshot of `info` cannot store: why not, or None. Such a change is
-        held in the error queue, not stored (engine/isolate.py), where storing it would fail the
-        whole batch. Default: None (the snapshot's columns take every value: dialects/types.py)."""
-        return None
-
     def json_columns(self, conn: Connection, table: str) -> set[str]:
         """The columns of `table` that hold JSON though the database reflects another type (a
         text with a ``json_valid`` CHECK: MariaDB's JSON, SQLite's TEXT); introspection types

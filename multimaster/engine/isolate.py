@@ -26,7 +26,7 @@ on MariaDB and 246 s on PostgreSQL (1.6 s and 1.2 s now, session 30).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -86,20 +86,13 @@ def _snaps(d: Dialect, info: TableInfo, peers: Sequence[str]) -> dict[str, str]:
 
 
 def _split(
-    rows: list[tuple[Any, ...]],
-    known: Collection[str] | None = None,
-    unstorable: Callable[[Sequence[Any]], str | None] | None = None,
+    rows: list[tuple[Any, ...]], known: Collection[str] | None = None
 ) -> tuple[list[tuple[Any, ...]], list[tuple[tuple[Any, ...], str]], dict[str, str]]:
     """The pulled `rows` (seq2, op2, seq, ver, origin, op, rid, key, mask, ...) that can be stored
-    (in order), the malformed ones and those with values the snapshot cannot store
-    (`unstorable`, Dialect.unstorable) with why, and among those stored, the versions of the
-    entries whose origin is not in `known` (None: not checked), with why (core.errorqueue.refusal)."""
+    (in order), the malformed ones with why, and among those stored, the versions of the entries
+    whose origin is not in `known` (None: not checked), with why (core.errorqueue.refusal)."""
     good, bad, foreign = [], [], {}
     for r in rows:
-        why = None if unstorable is None or r[3] is None else unstorable(r[9:])
-        if why is not None:
-            bad.append((r, why))
-            continue
         if r[1] != "A":
             bad.append((r, f"unknown second-order log record type {r[1]!r}"))
             continue
@@ -175,7 +168,7 @@ def apply_batch(
         part = rows.get(info.name)
         if not part:
             continue
-        good, bad, foreign = _split(part, known, d.unstorable(info))
+        good, bad, foreign = _split(part, known)
         unfit: list[dict[str, Any]] = []  # values this site cannot store exactly: held as stored
         n, _last, _ = store_batch(conn, site, info, peer, good, applied=False, refused=unfit)
         stored += n

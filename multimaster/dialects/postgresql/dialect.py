@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
@@ -141,7 +141,7 @@ _TEXT_COMPARED = re.compile(r"^(JSON|INTERVAL|CITEXT)\b", re.I)
 def _load_as_text(dbapi_conn: Any) -> None:
     """Read the TEXT_LOADED types as their text on this psycopg 3 connection (its own adapters)."""
     adapters = getattr(dbapi_conn, "adapters", None)
-    if adapters is None or not type(dbapi_conn).__module__.startswith("psycopg"):
+    if adapters is None or not hasattr(dbapi_conn, "pgconn"):  # psycopg 3 (or a subclass: _guarded_connection)
         return
     from psycopg.types.string import TextLoader
 
@@ -231,26 +231,6 @@ class PostgreSQLDialect(Dialect):
 
     def comparable(self, col: Column, expr: str) -> str:
         return f"({expr})::text" if _TEXT_COMPARED.match(col.type_sql.strip()) else expr
-
-    def unstorable(self, info: TableInfo) -> Callable[[Sequence[Any]], str | None] | None:
-        """A value for a json / jsonb column that is not JSON: the snapshot's column (typed as the
-        table's) would refuse it and the whole batch with it; the change is held instead."""
-        from multimaster.dialects import types
-
-        n = len(info.columns)
-        at = [(i, c.name) for i, c in enumerate(info.columns) if types.kind_of(self.name, c) == "json"]
-        if not at:
-            return None
-
-        def check(values: Sequence[Any]) -> str | None:
-            for i, name in at:
-                for v in (values[i], values[n + i]):
-                    why = types.json_problem(v, nul=False)
-                    if why is not None:
-                        return f"column '{name}': {why}"
-            return None
-
-        return check
 
     def value_adapters(self, info: TableInfo) -> list[Any]:
         """A JSON value is bound as its text (PostgreSQL casts it to the column's json / jsonb)."""
