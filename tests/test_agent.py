@@ -340,6 +340,8 @@ def test_every_value_type_crosses_the_wire_exactly() -> None:
     back = [wire.decode(json.loads(wire.dumps(wire.encode(v)))) for v in values]
     for v, b in zip(values, back):
         want = bytes(v) if isinstance(v, (bytearray, memoryview)) else v
+        if isinstance(v, (dict, list)):  # a decoded JSON document (an older agent's) is read as its text
+            want = json.dumps(v, separators=(",", ":"))
         assert type(b) is type(want) and b == want, (v, b)
         if isinstance(v, Decimal):
             assert str(b) == str(v)  # the exponent kept

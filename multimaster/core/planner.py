@@ -24,6 +24,7 @@ import json
 import re
 from bisect import bisect_left
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Iterable, Sequence
 
 from multimaster.core.policies import Candidate, Conflict, Policy
@@ -38,6 +39,7 @@ __all__ = [
     "ConflictRecord",
     "Plan",
     "plan",
+    "same_json",
     "assign_keys",
     "KeyAssignment",
     "incarnation_of",
@@ -80,6 +82,9 @@ class TableSpec:
     renumber: bool
     columns: tuple[str, ...]  # replicated columns (key excluded), sorted: bit i of a mask = columns[i]
     slots: tuple[Slot, ...]
+    #: the columns (indexes into `columns`) that hold JSON: their values are compared as JSON
+    #: values, however each site spells them (same_json; docs/types.md)
+    json: frozenset[int] = frozenset()
 
     @property
     def slot_of(self) -> dict[int, int]:
@@ -203,12 +208,54 @@ def heads_of(h: Any, x: Any) -> dict[str, tuple[Any, ...]]:
     return {v: tuple(decode_value(e) for e in vals[v]) for v in str(h).split() if v in vals}
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: Any, b: Any, json_value: bool = False) -> bool:
     if a is None or b is None:
         return a is None and b is None
+    if json_value:
+        return same_json(a, b)
     if isinstance(a, (bytes, bytearray, memoryview)) or isinstance(b, (bytes, bytearray, memoryview)):
         return bytes(a) == bytes(b)
     return bool(a == b)
+
+
+def _json_key(v: Any) -> Any:
+    """A decoded JSON value as a key that is equal for equal JSON values only: numbers by value
+    (1.50 is 1.5, 1 is 1.0), objects whatever their keys' order, true apart from 1."""
+    if v is None or isinstance(v, (bool, str)):
+        return (type(v).__name__, v)
+    if isinstance(v, float):
+        v = Decimal(repr(v))
+    if isinstance(v, (int, Decimal)):
+        d = Decimal(v)
+        return ("num", d.normalize()) if d.is_finite() else ("const", str(d))
+    if isinstance(v, list):
+        return ("list", tuple(_json_key(x) for x in v))
+    if isinstance(v, dict):
+        return ("obj", tuple(sorted((str(k), _json_key(x)) for k, x in v.items())))
+    return ("const", repr(v))
+
+
+def same_json(a: Any, b: Any) -> bool:
+    """Whether two values of a JSON column are the same JSON value, however spelled (key order,
+    spaces, escapes, 1.50 or 1.5). A value is its JSON text as a site reads it, or a number (SQLite
+    keeps one as INTEGER or REAL in a column declared JSON). A text that is not JSON is equal only
+    to the same text."""
+    if a is None or b is None:
+        return a is None and b is None
+    if isinstance(a, str) and isinstance(b, str) and a == b:
+        return True
+    try:
+        return bool(_json_key(_json_decoded(a)) == _json_key(_json_decoded(b)))
+    except ValueError:
+        return False
+
+
+def _json_decoded(v: Any) -> Any:
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        v = bytes(v).decode("utf-8", "replace")
+    if isinstance(v, str):
+        return json.loads(v, parse_float=Decimal, parse_constant=lambda c: ("const", c))
+    return v
 
 
 def _bits(mask: int) -> list[int]:
@@ -342,7 +389,7 @@ def _plan_delete(
             st.deleted = ch.ver
             st.deleted_changed = True
     else:
-        diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i])]
+        diff = [i for i in _bits(ch.mask) if not _same(ch.old[i], st.values[i], i in spec.json)]
         if diff:
             conflicts.append(
                 ConflictRecord(
@@ -467,7 +514,7 @@ def _merge(
         if kind == "insert_insert":
             clash = True
         else:
-            clash = not all(_same(ch.old[i], st.values[i]) for i in idx)
+            clash = not all(_same(ch.old[i], st.values[i], i in spec.json) for i in idx)
         if slot.policy.is_additive:
             _merge_additive(spec, st, ch, slot, idx[0], local_ver, clash, kind, conflicts, images)
         elif slot.policy.chooses and (kind == "insert_insert" or ch.sup is not None):
@@ -501,7 +548,7 @@ def _merge_additive(
     old_v, new_v, cur_v = ch.old[i], ch.new[i], st.values[i]
     if kind == "insert_insert":
         merged = new_v if cur_v is None else cur_v if new_v is None else cur_v + new_v
-    elif _same(old_v, cur_v):
+    elif _same(old_v, cur_v, i in spec.json):
         merged = new_v  # nothing concurrent: exactly the new value (no float drift)
     elif cur_v is None or old_v is None or new_v is None:
         merged = new_v if ch.ver > local_ver else cur_v
@@ -524,7 +571,7 @@ def _merge_additive(
                 *images,
             )
         )
-    if not _same(merged, cur_v):
+    if not _same(merged, cur_v, i in spec.json):
         st.values[i] = merged
         st.changed.add(i)
     if ch.ver > local_ver:

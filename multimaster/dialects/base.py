@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.liveness import Timeouts
-from multimaster.dialects.schema import Names, TableInfo, names
+from multimaster.dialects.schema import Column, Names, TableInfo, names
 from multimaster.errors import SchemaError
 
 __all__ = [
@@ -260,6 +260,19 @@ class Dialect:
             conn.exec_driver_sql(target + select, params)
         elif rows:
             conn.exec_driver_sql(target + f"VALUES ({self.ph(len(cols))})", list(rows))
+
+    def comparable(self, col: Column, expr: str) -> str:
+        """`expr`, a value of column `col`, as capture's change test and the apply's comparisons
+        with a change's old values compare it: where the column's equality is not identity, or it
+        has none, a form whose equality is (PostgreSQL: json, interval, citext as text). Default:
+        as it is."""
+        return expr
+
+    def json_columns(self, conn: Connection, table: str) -> set[str]:
+        """The columns of `table` that hold JSON though the database reflects another type (a
+        text with a ``json_valid`` CHECK: MariaDB's JSON, SQLite's TEXT); introspection types
+        them JSON, keeping their declared type (docs/types.md). Default: none."""
+        return set()
 
     def value_adapters(self, info: TableInfo) -> list[Any]:
         """Per replicated column of `info` at this site, a converter from a value as any peer's

@@ -63,7 +63,22 @@ def _check(dialect: str, title: str, ts: str, kind: str | None) -> Check | None:
         return _float(dialect, title)
     if kind == "int":
         return _int(dialect, title, ts)
+    if kind == "json" and dialect in ("postgresql", "mysql"):
+        return _json(dialect, title)
     return None
+
+
+def _json(dialect: str, title: str) -> Check:
+    """A JSON column that checks its values (PostgreSQL's json / jsonb, whose snapshot column is
+    typed alike: a value it refuses failed the whole batch; MySQL's JSON; MariaDB's json_valid
+    CHECK): a text that is not JSON, and for PostgreSQL one holding U+0000, never fits."""
+    from multimaster.dialects.types import json_problem
+
+    def fits(v: Any) -> Misfit | None:
+        why = json_problem(v, nul=dialect != "postgresql")
+        return None if why is None else Misfit(f"{why} (no {title} JSON column holds it)", never=True)
+
+    return fits
 
 
 def _text(dialect: str, title: str, ts: str) -> Check | None:

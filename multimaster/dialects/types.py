@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 from decimal import Decimal
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from sqlalchemy import types as sqltypes
 
-__all__ = ["kind_of", "adapter", "carry_problems", "KINDS"]
+__all__ = ["kind_of", "adapter", "carry_problems", "KINDS", "json_text", "json_checked", "json_problem"]
 
 KINDS = ("int", "decimal", "float", "bool", "text", "bytes", "date", "timestamp", "timestamptz", "json")
 UTC = dt.timezone.utc
@@ -54,6 +55,16 @@ def kind_of(dialect: str, col: Any) -> str | None:
     if dialect == "sqlite" and ts == "":
         return "any"  # an untyped SQLite column takes whatever comes
     return None
+
+
+#: a CHECK clause validating a column's JSON: json_valid(col), the column's name quoted or not
+_JSON_VALID = re.compile(r"""json_valid\s*\(\s*[`"\[]?([^`"\]\s()]+)[`"\]]?\s*\)""", re.I)
+
+
+def json_checked(check_clauses: Iterable[str]) -> set[str]:
+    """The columns that CHECK clauses `check_clauses` make hold valid JSON (``json_valid(col)``,
+    alone or among other conditions): MariaDB's JSON type, a SQLite TEXT declared to hold JSON."""
+    return {m.group(1) for clause in check_clauses for m in _JSON_VALID.finditer(clause)}
 
 
 def _parse_dt(v: Any) -> dt.datetime:
@@ -112,12 +123,40 @@ def _bytes(v: Any) -> bytes:
     return bytes(v)
 
 
-def _json_obj(v: Any) -> Any:
-    return json.loads(v) if isinstance(v, (str, bytes, bytearray)) else v
+def json_text(v: Any) -> str:
+    """A JSON value as its text, the one form multimaster carries JSON in: every site reads a
+    JSON column as its text (PostgreSQL's json / jsonb through the text loaders of
+    dialects/postgresql, MariaDB's JSON and SQLite's TEXT as they are) except SQLite's JSON-declared
+    column, whose NUMERIC affinity keeps a number as an INTEGER or a REAL, and an older agent's
+    decoded document. Never raises: a text that is not JSON goes to the database, which refuses it
+    for that change alone (held in the error queue) where the column checks it."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v).decode("utf-8", "replace")
+    if isinstance(v, Decimal):
+        return str(v)
+    return json.dumps(v, ensure_ascii=False, separators=(",", ":"))
 
 
-def _json_text(v: Any) -> str:
-    return v if isinstance(v, str) else json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+def _no_constant(c: str) -> Any:
+    raise ValueError(f"{c} is not JSON")
+
+
+def json_problem(v: Any, nul: bool = True) -> str | None:
+    """Why a value of a JSON column (as json_text takes it) is not a JSON value, or None.
+    `nul`: whether U+0000 may be in it (PostgreSQL's jsonb and text refuse it)."""
+    if v is None:
+        return None
+    text = json_text(v)
+    try:
+        json.loads(text, parse_constant=_no_constant)
+    except ValueError as e:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        return f"{shown!r} is not a JSON value ({e})"
+    if not nul and ("\\u0000" in text or "\x00" in text):
+        return f"{text[:40]!r} holds U+0000, which PostgreSQL cannot store"
+    return None
 
 
 #: kind -> converter to the Python value a *server* driver (psycopg, PyMySQL) stores exactly
@@ -131,7 +170,7 @@ NATIVE: dict[str, Conv] = {
     "date": _date,
     "timestamp": _naive,
     "timestamptz": _aware,
-    "json": _json_obj,
+    "json": json_text,
 }
 
 
@@ -154,7 +193,7 @@ SQLITE: dict[str, Conv] = {
     "date": lambda v: _date(v).isoformat(),
     "timestamp": _sqlite_dt,
     "timestamptz": _sqlite_dt,
-    "json": _json_text,
+    "json": json_text,
 }
 
 _PY = {
@@ -165,7 +204,7 @@ _PY = {
     "text": (str,),
     "bytes": (bytes,),
     "date": (dt.date,),
-    "json": (dict, list),
+    "json": (str,),
 }
 
 
@@ -184,6 +223,27 @@ def adapter(table: dict[str, Conv], kind: str | None) -> Conv | None:
         return conv(v)
 
     return run
+
+
+def shared_kinds(per_site: dict[str, tuple[str, str | None]]) -> set[str]:
+    """The kinds a column's sites (site -> (dialect, kind)) hold, leaving out what SQLite takes of
+    another: its TIMESTAMP holds ISO-8601 text, with or without an offset (either kind). More than
+    one: the sites hold different kinds."""
+    found = {k for d, k in per_site.values() if k is not None and k != "any" and not (d == "sqlite" and k == "timestamp")}
+    if not found and any(k == "timestamp" for _d, k in per_site.values()):
+        found = {"timestamp"}
+    return found
+
+
+def _json_hint(per_site: dict[str, tuple[str, str | None]]) -> str:
+    """What to do when JSON at some sites meets a SQLite TEXT column: it would carry the JSON text
+    exactly, but compare it by its spelling (another database spells a value its own way, and an
+    update of such a row would be taken for a conflict)."""
+    kinds = {k for _d, k in per_site.values()}
+    plain = sorted(s for s, (d, k) in per_site.items() if d == "sqlite" and k == "text")
+    if "json" not in kinds or not plain:
+        return ""
+    return f"; at {', '.join(repr(s) for s in plain)} declare it JSON, or TEXT with CHECK (json_valid(<column>))"
 
 
 def carry_problems(table: str, infos: dict[str, Any], dialects: dict[str, str]) -> list[str]:
@@ -205,13 +265,11 @@ def carry_problems(table: str, infos: dict[str, Any], dialects: dict[str, str]) 
                 f"{', '.join(sorted(set(dialects.values())))} (see docs/types.md); exclude the column or change its type"
             )
             continue
-        # SQLite's TIMESTAMP holds ISO-8601 text, with or without an offset: it takes either kind
-        found = {k for s, k in per_site.items() if k != "any" and not (dialects[s] == "sqlite" and k == "timestamp")}
-        if not found and "timestamp" in per_site.values():
-            found = {"timestamp"}
-        if len(found) > 1:
+        typed = {s: (dialects[s], k) for s, k in per_site.items()}
+        if len(shared_kinds(typed)) > 1:
             desc = ", ".join(f"{k} at '{s}'" for s, k in sorted(per_site.items()))
             problems.append(
-                f"table '{table}', column '{col}': the sites hold different kinds of values ({desc}); see docs/types.md"
+                f"table '{table}', column '{col}': the sites hold different kinds of values ({desc}){_json_hint(typed)}; "
+                "see docs/types.md"
             )
     return problems

@@ -404,7 +404,7 @@ def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) 
     key, tbl, qc = q(info.key.name), q(info.name), q(column)
     fill = "NULL" if col.default is None else ph
     params: tuple[Any, ...] = () if col.default is None else (col.default,)
-    differs = f"NOT ({d.null_safe_eq(qc, fill)})"
+    differs = f"NOT ({d.null_safe_eq(d.comparable(col, qc), d.comparable(col, fill))})"
     tmp = d.temp_name("_mm_tmp_window")
     d.create_temp(conn, tmp, f"SELECT {key} AS mm_k, {qc} AS mm_v FROM {tbl} WHERE 1 = 0", keys="mm_k", index=None)
     conn.exec_driver_sql(f"INSERT INTO {tmp} (mm_k, mm_v) SELECT {key}, {qc} FROM {tbl} WHERE {differs}", params)

@@ -168,8 +168,10 @@ def _updates(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     shadow = d.obj(info.name).shadow
     default_ver = "s.rid" if spec.renumber else f"'{BASE_VER}'"
     conds = []
-    for i, c in enumerate(info.column_names):
-        conds.append(f"((c.mask & {1 << i}) = 0 OR {d.null_safe_eq('t.' + q(c), 'c.' + q('o_' + c))})")
+    for i, col in enumerate(info.columns):
+        c = col.name
+        same = d.null_safe_eq(d.comparable(col, "t." + q(c)), d.comparable(col, "c." + q("o_" + c)))
+        conds.append(f"((c.mask & {1 << i}) = 0 OR {same})")
     for s in spec.slots:
         smask = sum(1 << i for i in s.columns)
         if s.policy.chooses:  # the planner decides among the slot's heads (docs/conflicts.md "Concurrent heads")
@@ -268,7 +270,10 @@ def _deletes(conn: Connection, site: Site, info: TableInfo, cand: str, single: s
     t = q(info.name)
     keyc = q(info.key.name)
     shadow = d.obj(info.name).shadow
-    dconds = [d.null_safe_eq("t." + q(c), "c." + q("o_" + c)) for c in info.column_names]
+    dconds = [
+        d.null_safe_eq(d.comparable(col, "t." + q(col.name)), d.comparable(col, "c." + q("o_" + col.name)))
+        for col in info.columns
+    ]
     dele = d.temp_name("_mm_tmp_fd")
     d.create_temp(
         conn,

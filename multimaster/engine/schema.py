@@ -5,9 +5,11 @@ comparison of a table across sites."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from typing import Collection, Sequence
 
 from sqlalchemy import inspect
+from sqlalchemy import types as sqltypes
 from sqlalchemy.engine import Connection, Inspector
 
 from multimaster.config.topology import TableConfig, unique_columns
@@ -43,6 +45,11 @@ def _reflect_columns(conn: Connection, insp: Inspector, table: str) -> dict[str,
         has_default = default is not None and str(default).strip().upper() != "NULL"
         _const, value = literal_default(None if default is None else str(default))
         by_name[rc["name"]] = Column(rc["name"], rc["type"], type_sql, bool(rc.get("nullable", True)), has_default, value)
+    # columns holding JSON under another declared type (MariaDB's JSON is LONGTEXT with a
+    # json_valid CHECK): typed JSON, their declared type kept (dialects/types.py kind_of)
+    for name in get_dialect(dialect.name).json_columns(conn, table):
+        if name in by_name:
+            by_name[name] = replace(by_name[name], type=sqltypes.JSON())
     return by_name
 
 
@@ -138,7 +145,8 @@ def introspect(conn: Connection, site: str, table: str, cfg: TableConfig, only: 
             [f"site '{site}': table '{table}' replicates {len(rep)} columns; at most {MAX_COLUMNS} are supported (exclude some)"]
         )
     slots = _slots(site, table, cfg, rep)
-    spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots))
+    json_cols = frozenset(i for i, c in enumerate(rep) if kind_of(get_dialect(conn.dialect.name).name, c) == "json")
+    spec = TableSpec(table, cfg.key, renumber, tuple(c.name for c in rep), tuple(slots), json_cols)
     uniques = _unique_sets(conn, site, table, cfg, rep, slots)
     return TableInfo(table, key, tuple(rep), excluded, spec, uniques)
 
@@ -311,8 +319,6 @@ def compare_schemas(
 
 def _only(info: TableInfo, names: set[str]) -> TableInfo:
     """`info` with only the columns `names` (for comparing what sites share)."""
-    from dataclasses import replace
-
     return replace(info, columns=tuple(c for c in info.columns if c.name in names), uniques=())
 
 

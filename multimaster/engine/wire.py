@@ -7,7 +7,8 @@ every other value is a one-key object naming its type: ``{"$b": base64}`` bytes,
 "12.30"}`` a Decimal (its exponent kept), ``{"$f": "0.1"}`` a float (repr: exact, and nan / inf),
 ``{"$dt": iso}`` a datetime (its offset kept), ``{"$d": iso}`` a date, ``{"$t": iso}`` a time,
 ``{"$td": [days, seconds, microseconds]}`` a timedelta, ``{"$u": "…"}`` a UUID, ``{"$j": value}``
-a JSON document a driver decoded (PostgreSQL's json / jsonb), carried as it is. Nothing else is a
+a JSON document a driver decoded, read back as its text (multimaster carries JSON as its text,
+dialects/types.py json_text; an older agent sent PostgreSQL's json / jsonb decoded). Nothing else is a
 JSON object on the wire, so decoding is unambiguous.
 
 Plain data built of such values (the rows of a listing: str-keyed dicts and lists, nested) goes
@@ -106,7 +107,7 @@ def decode(v: Any) -> Any:
     if tag == "$u":
         return uuid.UUID(x)
     if tag == "$j":
-        return x
+        return json.dumps(x, ensure_ascii=False, separators=(",", ":"))  # a JSON value is its text (dialects/types.py json_text)
     raise ValueError(f"unknown value type {tag!r} on the wire")
 
 

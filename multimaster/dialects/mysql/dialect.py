@@ -238,11 +238,22 @@ class MySQLDialect(Dialect):
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
 
+    def json_columns(self, conn: Connection, table: str) -> set[str]:
+        """MariaDB's JSON is LONGTEXT with a CHECK (json_valid(col)) (MySQL's own JSON type is
+        reflected as JSON already)."""
+        from multimaster.dialects import types
+
+        rows = conn.exec_driver_sql(
+            "SELECT CHECK_CLAUSE FROM information_schema.CHECK_CONSTRAINTS "
+            "WHERE CONSTRAINT_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+            (table,),
+        ).all()
+        return types.json_checked(str(r[0]) for r in rows)
+
     def value_adapters(self, info: TableInfo) -> list[Any]:
         from multimaster.dialects import types
 
-        table = {**types.NATIVE, "json": types._json_text}
-        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
+        return [types.adapter(types.NATIVE, types.kind_of(self.name, c)) for c in info.columns]
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)

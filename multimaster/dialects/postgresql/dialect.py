@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from typing import Any, Sequence
 
 from sqlalchemy import event
@@ -34,7 +35,7 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.liveness import Address, Guard, Timeouts
-from multimaster.dialects.schema import TableInfo, names
+from multimaster.dialects.schema import Column, TableInfo, names
 
 SCHEMA = "_mm"
 #: first key of the advisory locks on a table (second key: its oid; 0: the clock's jumps): the
@@ -66,6 +67,11 @@ FEW_ROWS = 16
 #: pulled rows stored in a snapshot by a plain INSERT ... VALUES (executemany) rather than COPY
 #: through a scratch table (store_snapshot_rows): below it the scratch table costs more
 FEW_SNAPSHOT_ROWS = 64
+#: types psycopg reads as Python objects that do not hold the value exactly, read as their text
+#: instead, which PostgreSQL takes back unchanged (docs/types.md): json / jsonb (a JSON string is
+#: read as the bare string, JSON null as None, and a number binds back as smallint), interval
+#: (months and years folded into days: '1 year 2 mons' became '425 days'); their arrays too
+TEXT_LOADED = ("json", "jsonb", "interval")
 
 
 def _lit(s: str) -> str:
@@ -125,6 +131,24 @@ def _guarded_connection(guard: Guard) -> Any:
     return GuardedConnection
 
 
+#: declared types whose equality is not identity, or that have none, and arrays of them: compared
+#: as text (Dialect.comparable). json has no equality operator (capture's IS DISTINCT FROM failed
+#: on every update); interval's equality holds '1 mon' = '30 days' and citext's ignores case, so
+#: an update between such values was not captured and sites kept different values
+_TEXT_COMPARED = re.compile(r"^(JSON|INTERVAL|CITEXT)\b", re.I)
+
+
+def _load_as_text(dbapi_conn: Any) -> None:
+    """Read the TEXT_LOADED types as their text on this psycopg 3 connection (its own adapters)."""
+    adapters = getattr(dbapi_conn, "adapters", None)
+    if adapters is None or not hasattr(dbapi_conn, "pgconn"):  # psycopg 3 (or a subclass: _guarded_connection)
+        return
+    from psycopg.types.string import TextLoader
+
+    for name in TEXT_LOADED:
+        adapters.register_loader(name, TextLoader)
+
+
 class PostgreSQLDialect(Dialect):
     name = "postgresql"
     title = "PostgreSQL"
@@ -182,6 +206,11 @@ class PostgreSQLDialect(Dialect):
             return cls.connect(*cargs, **cparams)
 
     def prepare_engine(self, engine: Engine) -> None:
+        if engine.dialect.driver == "psycopg":
+            # json read as text (_load_as_text): SQLAlchemy's own typed queries (its reflection
+            # builds JSON objects) decode it themselves, on this engine's dialect only
+            engine.dialect.supports_native_json_deserialization = False
+
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
             # _mm last: user tables keep resolving (and reflecting) in the URL's default schema
@@ -198,14 +227,16 @@ class PostgreSQLDialect(Dialect):
                 # (docs/performance.md "Holding and releasing many changes")
                 cur.execute("SET plan_cache_mode = force_custom_plan")
             dbapi_conn.autocommit = prev
+            _load_as_text(dbapi_conn)
+
+    def comparable(self, col: Column, expr: str) -> str:
+        return f"({expr})::text" if _TEXT_COMPARED.match(col.type_sql.strip()) else expr
 
     def value_adapters(self, info: TableInfo) -> list[Any]:
-        from psycopg.types.json import Jsonb
-
+        """A JSON value is bound as its text (PostgreSQL casts it to the column's json / jsonb)."""
         from multimaster.dialects import types
 
-        table = {**types.NATIVE, "json": lambda v: Jsonb(types._json_obj(v))}
-        return [types.adapter(table, types.kind_of(self.name, c)) for c in info.columns]
+        return [types.adapter(types.NATIVE, types.kind_of(self.name, c)) for c in info.columns]
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
@@ -385,9 +416,12 @@ class PostgreSQLDialect(Dialect):
         spec = info.spec
         cols = info.columns
         site = _lit(self._site_name(conn))
-        fr = capture_fragments(q, cols, spec, "n", "o", [f"o.{q(c.name)} IS DISTINCT FROM n.{q(c.name)}" for c in cols])
+        diffs = [f"{self.comparable(c, 'o.' + q(c.name))} IS DISTINCT FROM {self.comparable(c, 'n.' + q(c.name))}" for c in cols]
+        fr = capture_fragments(q, cols, spec, "n", "o", diffs)
         # an update is captured per row (capture.sql): its mask, values and slot stamps from NEW / OLD
-        own = [f"OLD.{q(c.name)} IS DISTINCT FROM NEW.{q(c.name)}" for c in cols]
+        own = [
+            f"{self.comparable(c, 'OLD.' + q(c.name))} IS DISTINCT FROM {self.comparable(c, 'NEW.' + q(c.name))}" for c in cols
+        ]
         row = capture_fragments(q, cols, spec, "NEW", "OLD", own)
         rowmask = " | ".join(f"((CASE WHEN {d} THEN 1 ELSE 0 END)::bigint << {i})" for i, d in enumerate(row["diff"])) or "0"
         stamps = []

@@ -53,6 +53,14 @@ class SQLiteDialect(Dialect):
     def insert_ignore_into(self, table: str, cols: str, source: str) -> str:
         return f"INSERT OR IGNORE INTO {table} ({cols}) {source}"
 
+    def json_columns(self, conn: Connection, table: str) -> set[str]:
+        """A column with a CHECK (json_valid(col)) in the table's CREATE statement (a column
+        declared JSON is reflected as JSON already)."""
+        from multimaster.dialects import types
+
+        sql = conn.exec_driver_sql("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).scalar()
+        return types.json_checked([str(sql or "")])
+
     def value_adapters(self, info: TableInfo) -> list[Any]:
         """ISO-8601 text for dates and times, decimals as exact text (dialects/types.py)."""
         from multimaster.dialects import types
