@@ -1144,13 +1144,15 @@ class MySQLDialect(Dialect):
         if not conn.info.get(BRIEF_NOW):
             conn.exec_driver_sql(f"SELECT 1 FROM {rows} ORDER BY {order} FOR UPDATE", params).all()
             return
+        # (at the session's own timeout inside the block: at 0, the block's failure made MariaDB
+        # 10.11 roll the whole transaction back with 1180 "Operation not permitted during COMMIT")
         conn.exec_driver_sql(
-            "BEGIN NOT ATOMIC DECLARE n, m BIGINT; "
+            "BEGIN NOT ATOMIC DECLARE n, m BIGINT; SET SESSION innodb_lock_wait_timeout = @mm_rwait; "
             f"SELECT count(*) INTO n FROM {rows}; "
             f"SELECT count(*) INTO m FROM {rows} FOR UPDATE SKIP LOCKED; "
             "IF m < n THEN SIGNAL SQLSTATE 'HY000' SET MYSQL_ERRNO = 1205, "
             "MESSAGE_TEXT = 'multimaster: a row this batch changes is locked by another transaction; the batch runs again'; "
-            "END IF; END",
+            "END IF; SET SESSION innodb_lock_wait_timeout = 0; END",
             params + params,
         )
 
