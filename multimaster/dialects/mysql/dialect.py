@@ -231,7 +231,8 @@ class MySQLDialect(Dialect):
                 cur = dbapi_conn.cursor()
                 cur.execute(
                     f"SET @mm_applying = NULL, foreign_key_checks = 1, SESSION tx_isolation = '{_LEVEL.replace(' ', '-')}', "
-                    "SESSION innodb_lock_wait_timeout = coalesce(@mm_rwait, @@SESSION.innodb_lock_wait_timeout), @mm_rwait = NULL"
+                    "SESSION innodb_lock_wait_timeout = CAST(coalesce(@mm_rwait, @@SESSION.innodb_lock_wait_timeout) AS UNSIGNED), "
+                    "@mm_rwait = NULL"
                 )
                 _rec.info.pop(BRIEF_NOW, None)
                 cur.close()
