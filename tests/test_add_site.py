@@ -274,3 +274,32 @@ def _rewrite_without(cl: TestCluster, tmp: Path, site: str) -> Path:
     path = tmp / "smaller.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
+
+
+ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
+
+
+def test_add_site_from_a_peer_whose_tombstones_were_purged_keeps_every_key(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """A new site copies its peer's keys with the holes the peer's purge left in its ranks. Before,
+    on PostgreSQL and MariaDB, the new site's first reconcile ranked every copied key again from
+    the table's base (it had no record of the keys ranked): every row after a hole moved down
+    there for good."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS)
+    for i in range(1, 8):
+        cl.execute("s1", "INSERT INTO items (name, qty) VALUES (?, ?)", (f"r{i}", i))
+    cl.execute("s1", "DELETE FROM items WHERE id IN (2, 3)")
+    cl.refresh_until_quiet()
+    policy = PurgePolicy(min_age=0, tombstones_after=0)
+    for _ in range(2):
+        with api.Cluster(cl.topo) as c:
+            for s in ("s1", "s2"):
+                purge_site(c, s, policy)
+        cl.refresh_until_quiet()
+    assert api.status(cl.topo)["sites"]["s1"]["tables"]["items"]["tombstones"] == 0
+    big = grow(cl, tmp_path, "s3")
+    add_site(big.topo, "s3", "s1")
+    big.execute("s3", "INSERT INTO items (name, qty) VALUES ('at s3', 0)")
+    big.refresh_until_quiet()
+    want = [(1, "r1", 1)] + [(i, f"r{i}", i) for i in range(4, 8)] + [(8, "at s3", 0)]
+    for s in ("s1", "s2", "s3"):
+        assert big.rows(s, "items") == want, s

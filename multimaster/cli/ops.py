@@ -504,8 +504,8 @@ def recapture(
     with a peer's and captures every difference no change on its way explains, as an insert, an
     update or a delete at the site; rows a change on its way touches are left (run again once it
     has landed). Closes the table's capture gap when nothing is left. Every site must be
-    reachable directly. Exit 1 when rows were left or refused (docs/schema-changes.md "A table
-    made again").
+    reachable directly. Exit 1 when rows were left or refused, or when rows of a renumbered table
+    have other keys at the peer (docs/schema-changes.md "A table made again").
 
     Examples:
       multimaster recapture -t topo.yaml --site s2 --dry-run
@@ -547,6 +547,8 @@ def recapture(
                     )
                 for k, e in r.failed:
                     err.print(f"{r.table}: key {k}: not sent: {e}", markup=False, highlight=False, soft_wrap=True)
+                if r.keys_differ:
+                    err.print(r.keys_problem(), markup=False, highlight=False, soft_wrap=True)
         return 0 if all(r.ok for r in reps) else 1
 
     raise typer.Exit(execute(go, traceback))

@@ -16,13 +16,23 @@ from weakref import WeakKeyDictionary
 from sqlalchemy.engine import Connection, RootTransaction
 
 from multimaster import store
+from multimaster.core.keys import rank_moves
 from multimaster.core.planner import KeyAssignment, Plan, assign_keys, heads_text
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
 from multimaster.engine.site import Site, after_commit
 
-__all__ = ["Applied", "execute_plan", "keys_locked", "keys_unranked", "normalize_keys", "keys_ranked_now", "rewind_key_counter"]
+__all__ = [
+    "Applied",
+    "execute_plan",
+    "keys_locked",
+    "keys_unranked",
+    "move_keys",
+    "normalize_keys",
+    "keys_ranked_now",
+    "rewind_key_counter",
+]
 
 #: per write transaction, per renumbered table: its highest key when the transaction first took the
 #: table's writers' lock, before any key moved (keys_locked): what a rollback would bring back
@@ -93,41 +103,52 @@ def keys_unranked(conn: Connection, d: Dialect, info: TableInfo, base_max: int) 
     return top is not None and top > max(store.tables.keys_ranked(conn, d, info.name), base_max)
 
 
-def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int, every: bool = False) -> int:
+def normalize_keys(conn: Connection, d: Dialect, info: TableInfo, base_max: int, floor: int | None = None) -> int:
     """Under Dialect.lock_writers (no local insert in flight): give the identities inserted here
-    since keys were last ranked — the shadow rows with keys above ``keys_ranked`` — the keys
-    base + rank in identity order, in the table and the shadow. Their keys came from the key
-    counter: a rolled-back insert leaves a gap, and two concurrent inserts may have drawn key and
-    version in opposite orders. Every older identity sorts below them (a local insert draws its
-    version after the reconciler that last ranked keys committed, past every version it had).
-    `every`: rank every identity (multimaster recapture, after taking out rows no capture saw,
-    which took keys that were ranks). Returns how many rows moved."""
+    since keys were last ranked — the shadow rows with keys above ``keys_ranked`` (or `floor`) —
+    the keys floor + 1, floor + 2, ... in identity order, in the table and the shadow
+    (core/keys.py rank_moves). Their keys came from the key counter: a rolled-back insert leaves a
+    gap, and two concurrent inserts may have drawn key and version in opposite orders. Every older
+    identity sorts below them (a local insert draws its version after the reconciler that last
+    ranked keys committed, past every version it had), and keeps its key: the shadow's keys up to
+    the floor are the truth, not its ranks (a purge left holes in them). `floor`: add-site, the
+    peer's. Returns how many rows moved."""
     o = d.obj(info.name)
     ph = d.caps.placeholder
-    k0 = base_max if every else max(store.tables.keys_ranked(conn, d, info.name), base_max)
-    rows = conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {o.shadow} WHERE {d.key_col} > {ph} ORDER BY rid", (k0,)).all()
-    moves = [(int(key), k0 + i + 1) for i, (_rid, key) in enumerate(rows) if int(key) != k0 + i + 1]
-    if moves:
-        q = d.quote
-        key = q(info.key.name)
-        top = conn.exec_driver_sql(
-            f"SELECT {d.greatest(f'(SELECT coalesce(max({key}), 0) FROM {q(info.name)})', f'(SELECT max({d.key_col}) FROM {o.shadow})')}"
-        ).scalar()
-        off = int(top or 0) + 1
-        d.lock_keys(conn, info, [old for old, _new in moves])
-        # through keys above every key (no unique key collides on the way), then down to the ranks;
-        # referencing columns follow (engine/references.py)
-        with references.deferred(conn, d, references.involved(conn, d, info)):
-            for tbl, col in ((q(info.name), key), (o.shadow, d.key_col)):
-                conn.exec_driver_sql(
-                    f"UPDATE {tbl} SET {col} = {ph} WHERE {col} = {ph}", [(new + off, old) for old, new in moves]
-                )
-                conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
-            rid_of = {int(key_): rid for rid, key_ in rows}
-            references.keys_moved(conn, d, info, [(rid_of[old], old, new) for old, new in moves], "rank")
+    k0 = max(store.tables.keys_ranked(conn, d, info.name), base_max) if floor is None else floor
+    rows = [
+        (str(r), int(k))
+        for r, k in conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {o.shadow} WHERE {d.key_col} > {ph}", (k0,))
+    ]
+    moves = rank_moves(rows, k0)
+    move_keys(conn, d, info, moves, "rank")
     if d.caps.concurrent_capture:
         store.tables.set_keys_ranked(conn, d, info.name, k0 + len(rows))
     return len(moves)
+
+
+def move_keys(conn: Connection, d: Dialect, info: TableInfo, moves: list[tuple[str, int, int]], reason: str) -> None:
+    """Move the rows of renumbered `info` by (identity, key, new key), in the table and the shadow,
+    through keys above every key (no unique key collides on the way); referencing columns follow
+    and the key history records them (engine/references.py)."""
+    if not moves:
+        return
+    o = d.obj(info.name)
+    ph = d.caps.placeholder
+    q = d.quote
+    key = q(info.key.name)
+    top = conn.exec_driver_sql(
+        f"SELECT {d.greatest(f'(SELECT coalesce(max({key}), 0) FROM {q(info.name)})', f'(SELECT max({d.key_col}) FROM {o.shadow})')}"
+    ).scalar()
+    off = int(top or 0) + 1
+    d.lock_keys(conn, info, [old for _rid, old, _new in moves])
+    with references.deferred(conn, d, references.involved(conn, d, info)):
+        for tbl, col in ((q(info.name), key), (o.shadow, d.key_col)):
+            conn.exec_driver_sql(
+                f"UPDATE {tbl} SET {col} = {ph} WHERE {col} = {ph}", [(new + off, old) for _r, old, new in moves]
+            )
+            conn.exec_driver_sql(f"UPDATE {tbl} SET {col} = {col} - {ph} WHERE {col} > {ph}", (off, off))
+        references.keys_moved(conn, d, info, moves, reason)
 
 
 def key_top(conn: Connection, d: Dialect, info: TableInfo, base_max: int) -> int:

@@ -330,8 +330,10 @@ def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[
     they replicate and the site's next update or delete of them is captured (the capture of a row
     with no identity fails on PostgreSQL and MariaDB, and makes a change no peer can place on
     SQLite). A renumbered table's rows took keys outside the ranks, which collide with the next
-    local insert's or the next ranking's: every identity gets back its rank first, and each row
-    takes the next rank (a new key, as any local insert); a natural key stays. Refused, changing
+    local insert's or the next ranking's: every other row keeps the key its identity holds (the
+    key it has at every other site; only keys drawn by local inserts and not yet ranked are
+    ranked, as every reconcile does), and each of these rows takes the next key past every
+    identity's, as any local insert (core/keys.py remade); a natural key stays. Refused, changing
     nothing, when another row references one of them (taking it out would touch that row; a new
     key would leave it behind). Returns (their keys before, their keys now, the refusal)."""
     d = site.dialect
@@ -368,22 +370,35 @@ def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[
     d.set_applying(conn, True)
     conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", [(k,) for k in keys])
     if renumber:
-        apply.normalize_keys(conn, d, info, base, every=True)
-        if d.caps.concurrent_capture:
-            apply.keys_ranked_now(conn, d, info, base)
-        else:
-            d.after_apply(conn, info)
+        _settle_keys(conn, site, info, base)
     d.set_applying(conn, False)
-    for row in rows:  # a renumbered row without its key: the capture gives it the next rank
+    for row in rows:  # a renumbered row without its key: the capture gives it the next key
         names_ = [str(c) for c in row]
         conn.exec_driver_sql(
             f"INSERT INTO {tbl} ({', '.join(q(c) for c in names_)}) VALUES ({d.ph(len(names_))})", tuple(row.values())
         )
     if not renumber:
         return keys, list(keys), None
+    if d.caps.concurrent_capture:  # the keys they drew (the key counter) are ranks at once
+        d.set_applying(conn, True)
+        _settle_keys(conn, site, info, base)
+        d.set_applying(conn, False)
     # the highest keys now (the table's writers wait for this transaction)
     top = [r[0] for r in conn.exec_driver_sql(f"SELECT {key} FROM {tbl} ORDER BY {key} DESC LIMIT {len(rows)}")]
     return keys, sorted(top), None
+
+
+def _settle_keys(conn: Connection, site: Site, info: TableInfo, base: int) -> None:
+    """Renumbered `info`, the rows no capture saw taken out: the keys drawn by local inserts and
+    not yet ranked ranked (where writers capture concurrently), and the key counter past every
+    identity's key, so that the next local insert takes the next key. No other key moves: the
+    shadow's keys are those of every other site, whatever holes a purge left in its ranks."""
+    d = site.dialect
+    if d.caps.concurrent_capture:
+        apply.normalize_keys(conn, d, info, base)
+        apply.keys_ranked_now(conn, d, info, base)
+    else:
+        d.after_apply(conn, info)
 
 
 def _capture_window(conn: Connection, site: Site, info: TableInfo, column: str) -> int:

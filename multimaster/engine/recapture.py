@@ -33,6 +33,7 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.config.secrets import redact
+from multimaster.core import keys as key_rule
 from multimaster.core import recapture as rule
 from multimaster.core.values import ColumnType
 from multimaster.core.versions import now_iso
@@ -64,11 +65,27 @@ class Recaptured:
     #: keys whose rows differ but a change on its way touches them: run again once it has landed
     left: list[Any] = field(default_factory=list)
     failed: list[tuple[Any, str]] = field(default_factory=list)  #: (key, the database's refusal)
+    #: (key here, key at the peer) of the rows whose identity the peer holds at another key, with
+    #: nothing on its way to explain it: the sites diverged (core/keys.py key_differences)
+    keys_differ: list[tuple[Any, Any]] = field(default_factory=list)
     closed: bool = False  #: the table's open capture gap at the site was closed
 
     @property
     def ok(self) -> bool:
-        return not self.left and not self.failed
+        return not self.left and not self.failed and not self.keys_differ
+
+    def keys_problem(self) -> str | None:
+        """What to say of `keys_differ`, naming the rows and the fix; None when there are none."""
+        if not self.keys_differ:
+            return None
+        pairs = ", ".join(f"{k} -> {pk}" for k, pk in self.keys_differ[:10]) + (" ..." if len(self.keys_differ) > 10 else "")
+        return (
+            f"site '{self.site}': {len(self.keys_differ)} row(s) of table '{self.table}' have other keys at "
+            f"'{self.peer}' (here -> there: {pairs}) and no change on its way explains it: the sites' keys "
+            "diverged and recapture cannot tell which are right, so the capture gap stays open. Once every "
+            f"change of '{self.site}' has reached '{self.peer}' (refresh until quiet), make '{self.site}' a copy of "
+            f"'{self.peer}' again: 'multimaster add-site -t FILE {self.site} --from {self.peer} --replace'"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +98,8 @@ class Recaptured:
             "deleted": self.deleted,
             "left": self.left,
             "failed": [{"key": k, "error": e} for k, e in self.failed],
+            "keys_differ": [{"key": k, "peer_key": pk} for k, pk in self.keys_differ],
+            "keys_problem": self.keys_problem(),
             "closed": self.closed,
         }
 
@@ -196,12 +215,37 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
         skip = {ident[k] for k in sent if k in ident}  # just captured: on its way, not compared
         types = value_types([(d.name, info), (p.dialect.name, p_info)])
         _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, types, out)
+        if renumber:  # read after the changes on their way: what reached the peer since was on its way
+            out.keys_differ = _keys_differ(conn, s, p, table, rids | {str(i) for i in skip})
         if not dry_run and out.ok:
             out.closed = bool(store.gaps.close(conn, d, table, now_iso(), _summary(out)))
         return out
 
     out = write_retrying(s, run)
     return out
+
+
+def _shadow_keys(conn: Connection, s: Site, table: str) -> dict[str, int]:
+    """identity -> key of every identity in `s`'s shadow of renumbered `table` (deleted ones
+    included), the keys local inserts drew and no reconcile ranked yet ranked as it will."""
+    d = s.dialect
+    known = {str(r): int(k) for r, k in conn.exec_driver_sql(f"SELECT rid, {d.key_col} FROM {d.obj(table).shadow}")}
+    fresh = d.fresh_identities_select(table)  # its own inserts the shadow has not caught up with (SQLite)
+    if fresh is not None:
+        known.update({str(r): int(k) for r, k in conn.exec_driver_sql(fresh) if str(r) not in known})
+    floor = None
+    if d.caps.concurrent_capture:
+        floor = max(store.tables.keys_ranked(conn, d, table), store.tables.base_max(conn, d, table))
+    return key_rule.ranked(known, floor)
+
+
+def _keys_differ(conn: Connection, s: Site, p: Site, table: str, on_way: AbstractSet[str]) -> list[tuple[Any, Any]]:
+    """(key here, key at `p`) of the rows of renumbered `table` whose identity `p` holds at another
+    key, nothing on its way explaining it."""
+    here = _shadow_keys(conn, s, table)
+    with p.read() as pc:
+        there = _shadow_keys(pc, p, table)
+    return [(k, pk) for _rid, k, pk in key_rule.key_differences(here, there, on_way)]
 
 
 def _peer(t: Any, site: str, table: str, peer: str | None) -> str:

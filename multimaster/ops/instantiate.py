@@ -62,7 +62,7 @@ from multimaster.core.salvage import plan as plan_copies
 from multimaster.core.schemas import translate
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import evolve, references, salvage, uniques
+from multimaster.engine import apply, evolve, references, salvage, uniques
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import read_entries, store_batch
@@ -663,7 +663,12 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
         wsel = ", ".join(pd.quote(c) for c in wcols)
         for part in _stream(pconn, f"SELECT {wsel} FROM {pd.obj(tb, q).snap} WHERE applied <> 1", size=size):
             yield piece("waiting", part, peer=q, columns=wcols)
-    yield {"kind": "table_end", "table": tb, "registration": tuple(reg), "watermarks": wms}
+    # the key up to which the peer's keys are ranks (where its writers capture concurrently, keys
+    # above it were drawn by local inserts; None: every key is a rank)
+    ranked = None
+    if pd.caps.concurrent_capture:
+        ranked = max(store.tables.keys_ranked(pconn, pd, tb), store.tables.base_max(pconn, pd, tb))
+    yield {"kind": "table_end", "table": tb, "registration": tuple(reg), "watermarks": wms, "ranked": ranked}
 
 
 def _copy(
@@ -891,9 +896,27 @@ def _finish_table(
         store.purges.ensure_snapshot_horizon(nconn, nd, q, tb, wm)  # nothing pulled below it is held
         rep.watermarks.setdefault(q, {})[tb] = wm
     nd.install_capture(nconn, ni)
+    if ni.spec.renumber:  # (the key counter exists now)
+        _rank_copied_keys(nconn, nsite, ni, p.get("ranked"))
     nd.guard_writes(nconn, ni, name, read_only)  # docs/topologies.md "Read-only sites"
     evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
     nd.after_apply(nconn, ni)
+
+
+def _rank_copied_keys(nconn: Connection, nsite: Site, ni: TableInfo, ranked: int | None) -> None:
+    """The copy of renumbered `ni` holds the peer's keys: those up to `ranked` are ranks, kept as
+    they are (a purge at the peer left holes in its ranks, which every other site has too); those
+    above it were drawn by the peer's local inserts, ranked here as the peer's next reconcile
+    ranks them (core/keys.py rank_moves). Where writers capture concurrently here, every key is a
+    rank from then on (keys_ranked), and the key counter is past them."""
+    nd = nsite.dialect
+    base = store.tables.base_max(nconn, nd, ni.name)
+    nd.set_applying(nconn, True)
+    if ranked is not None:
+        apply.normalize_keys(nconn, nd, ni, base, floor=ranked)
+    if nd.caps.concurrent_capture:
+        apply.keys_ranked_now(nconn, nd, ni, base)
+    nd.set_applying(nconn, False)
 
 
 def _copied(say: Progress, subject: str, table: str, unit: str, total: int | None) -> Callable[[int], None]:
