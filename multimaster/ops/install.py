@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.topology import Topology
@@ -19,7 +20,7 @@ from multimaster.engine.refresh import follow_site, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, BaseRowsDiffer, ConfigError, SchemaError
+from multimaster.errors import AgentOnly, BaseRowsDiffer, ConfigError, SchemaError, first_line
 
 __all__ = ["InitReport", "init", "uninstall", "uninstall_table", "untracked", "untracked_message"]
 
@@ -126,9 +127,12 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
             problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(t.tables)))
             for tb in t.tables:
                 try:
-                    infos[tb][n] = s.info(conn, tb, t)
+                    with conn.begin_nested():
+                        infos[tb][n] = s.info(conn, tb, t)
                 except SchemaError as e:
                     problems.extend(e.problems)
+                except DBAPIError as e:  # (a privilege missing: install_problems names the GRANT)
+                    problems.append(f"site '{n}': table '{tb}' cannot be read: {first_line(e)}")
             problems.extend(park_references(conn, n, {tb: infos[tb][n] for tb in t.tables if n in infos[tb]}))
     if problems:
         raise SchemaError(problems)
@@ -264,7 +268,15 @@ def _follow_all(cl: Cluster, rep: InitReport) -> None:
     cannot be made online is refused, naming the column and the fix."""
     problems: list[str] = []
     for n in cl.topo.sites:
-        for ev in follow_site(cl, n):
+        try:
+            evs = follow_site(cl, n)
+        except DBAPIError as e:  # a user who may not read the bookkeeping: say which GRANT
+            s = cl.site(n)
+            with s.read() as conn:
+                problems.extend(f"site '{n}': {m}" for m in s.dialect.install_problems(conn, list(cl.topo.tables)))
+            problems.append(f"site '{n}': its tables' capture cannot be checked: {first_line(e)}")
+            continue
+        for ev in evs:
             if ev.problems:
                 problems.extend(ev.problems)
             elif ev.change is not None:

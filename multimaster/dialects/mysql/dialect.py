@@ -476,6 +476,8 @@ class MySQLDialect(Dialect):
         capture triggers that could not be created (binary logging on, creators not trusted, no
         SUPER)."""
         out = super().install_problems(conn, tables)
+        rows = self._rows_problem(conn)
+        out += [rows] if rows else []
         history = self._history_problem(conn)
         out += [history] if history else []
         routines = self._routine_problem(conn)
@@ -486,6 +488,46 @@ class MySQLDialect(Dialect):
             return out  # no need to look at privileges
         msg = trigger_privilege_problem(log_bin, trust, self.has_super(conn))
         return out + ([msg] if msg else [])
+
+    def _rows_problem(self, conn: Connection) -> str | None:
+        """init and every refresh read and write their own tables (`_mm_state`, the change logs,
+        the snapshots...) and the replicated ones: SELECT, INSERT, UPDATE and DELETE on the
+        database, which a list of DDL grants lacks (session 33: init stopped at `_mm_state` with
+        the driver's 1142, tables made, and a second init refused the site as half-installed).
+        Tried on a scratch table, each statement apart, so every privilege missing is named."""
+        probe = "_mm_probe_rows"
+        missing: list[str] = []
+        try:
+            conn.exec_driver_sql(f"CREATE TABLE IF NOT EXISTS {probe} (id INT PRIMARY KEY) ENGINE=InnoDB")
+            for priv, sql in (
+                ("SELECT", f"SELECT id FROM {probe} WHERE id = 1"),
+                ("INSERT", f"INSERT INTO {probe} (id) VALUES (1)"),
+                ("UPDATE", f"UPDATE {probe} SET id = 2 WHERE id = 1"),
+                ("DELETE", f"DELETE FROM {probe} WHERE id = 2"),
+            ):
+                try:
+                    conn.exec_driver_sql(sql)
+                except DBAPIError as e:
+                    if not (e.orig is not None and e.orig.args and e.orig.args[0] in (1142, 1143, 1044)):
+                        raise
+                    missing.append(priv)
+        except DBAPIError as e:
+            if not (e.orig is not None and e.orig.args and e.orig.args[0] in (1142, 1044)):
+                raise
+            missing = ["CREATE"]  # (the list of grants says which: CREATE, then the rest)
+        finally:
+            with suppress(DBAPIError):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
+        if not missing:
+            return None
+        user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
+        name, _, host = user.rpartition("@")
+        db = self.quote(str(conn.exec_driver_sql("SELECT DATABASE()").scalar()))
+        return (
+            f"the user running init, {user}, may not {', '.join(missing)} in {db}: multimaster reads and writes its own "
+            f"tables there and the replicated ones (docs/mysql.md). As an administrator: GRANT {', '.join(missing)} "
+            f"ON {db}.* TO '{name}'@'{host}'"
+        )
 
     def _history_problem(self, conn: Connection) -> str | None:
         """The clock is system-versioned and the horizon, running as the user who ran init, trims
