@@ -134,6 +134,9 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
                 except DBAPIError as e:  # (a privilege missing: install_problems names the GRANT)
                     problems.append(f"site '{n}': table '{tb}' cannot be read: {first_line(e)}")
             problems.extend(park_references(conn, n, {tb: infos[tb][n] for tb in t.tables if n in infos[tb]}))
+            for tb in t.tables:  # names the database would cut: found before any site is written
+                if n in infos[tb]:
+                    problems.extend(f"site '{n}': {m}" for m in s.dialect.name_problems(infos[tb][n], t.peers_of(n)))
     if problems:
         raise SchemaError(problems)
     dialects = {n: s.dialect.name for n, s in sites.items()}
