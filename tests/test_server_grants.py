@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from clusters import ITEMS, make_cluster
 from sqlalchemy.engine import make_url
@@ -37,6 +39,18 @@ def test_pulling_with_least_privileges(backend, tmp_path):  # type: ignore[no-un
         with pytest.raises(DBAPIError):  # its own watermark lives at its own site, nothing is written here
             with src.write() as conn:
                 conn.exec_driver_sql("DELETE FROM _mm_watermarks")
+        # the peer's topology file with the pull login: refresh works; status names s1 as not
+        # readable with it (exit 1) and still shows s2 (before: a traceback, nothing shown)
+        from clusters import mm
+
+        peer_file = tmp_path / "at-s2.yaml"
+        peer_file.write_text(cl.topo.path.read_text().replace(cl.urls["s1"], url))
+        r = mm("refresh", "-t", str(peer_file), "--site", "s2")
+        assert r.returncode == 0, r.stdout + r.stderr
+        r = mm("status", "-t", str(peer_file), "--json")
+        assert r.returncode == 1, r.stdout + r.stderr
+        assert "site 's1' cannot be read with this login" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert json.loads(r.stdout)["sites"]["s2"]["reachable"] is True
     finally:
         src.dispose()
         tgt.dispose()

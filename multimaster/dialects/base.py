@@ -729,6 +729,13 @@ class Dialect:
         read, so an application's concurrent update waits instead of being overwritten."""
         raise NotImplementedError
 
+    #: the catalogue (table_kind) hides a table the login may not read (MariaDB's information_schema)
+    hides_unreadable = False
+
+    def is_permission_denied(self, exc: BaseException) -> bool:
+        """Whether `exc` is the database refusing this login a privilege."""
+        return False
+
     def lock_keys(self, conn: Connection, info: TableInfo, keys: Sequence[int]) -> None:
         """Before the reconciler moves the keys `keys` of `info` (apply.normalize_keys): lock
         their rows where a plain UPDATE's wait would not do (MariaDB with brief waits,

@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any, Callable, Iterable, TypeVar
 
+from sqlalchemy.exc import DBAPIError
+
 from multimaster.config.topology import Topology
 from multimaster.core.progress import Progress
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
-from multimaster.errors import AgentError, ConfigError, SiteUnreachable
+from multimaster.errors import AgentError, ConfigError, SiteUnreachable, first_line
 
 __all__ = ["Cluster", "as_cluster", "open_site", "Progress", "read_each"]
 
@@ -90,4 +92,8 @@ def read_each(
             if unreachable is None:
                 raise
             unreachable[n] = str(e)
+        except DBAPIError as e:  # reached, not readable (a login that may only pull): named, the others read
+            if unreachable is None:
+                raise
+            unreachable[n] = f"site '{n}' cannot be read with this login: {first_line(e)}"
     return out

@@ -12,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from multimaster.config.topology import Topology
 from multimaster.dialects.schema import names
 from multimaster.engine.site import Site
-from multimaster.errors import AgentOnly, ConfigError, MultimasterError
+from multimaster.errors import AgentOnly, ConfigError, MultimasterError, first_line
 
 __all__ = ["PeerGrants", "grant_statements", "apply_grants"]
 
@@ -64,9 +65,17 @@ def apply_grants(topo: Topology, site: str) -> list[PeerGrants]:
                 if not s.installed_tables(conn):
                     raise MultimasterError(f"site '{site}' has no multimaster objects yet; run 'multimaster init' first")
             for g in plan:
-                with conn.begin():
-                    for sql in g.statements:
-                        conn.exec_driver_sql(sql.replace("%", "%%"))
+                try:
+                    with conn.begin():
+                        for sql in g.statements:
+                            conn.exec_driver_sql(sql.replace("%", "%%"))
+                except DBAPIError as e:  # (each peer's login in one transaction: none half made)
+                    raise MultimasterError(
+                        f"site '{site}': the statements for {g.login} were refused ({first_line(e)}): the login in the "
+                        "site's URL may create logins and grant only with CREATEROLE (PostgreSQL) or CREATE USER and "
+                        "GRANT OPTION (MariaDB). Run 'multimaster grants' without --apply and have an administrator "
+                        "run the statements it prints"
+                    ) from None
         return plan
     finally:
         s.dispose()

@@ -6,6 +6,8 @@ import json
 import time
 from typing import Any, Mapping
 
+from sqlalchemy.exc import DBAPIError
+
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
@@ -35,6 +37,22 @@ __all__ = [
 # status / conflicts
 
 
+def _site_entry(cl: Cluster, t: Topology, n: str, since: str | None) -> dict[str, Any]:
+    """status's entry for site `n`: its summary, or why it could not be read (not reached, or
+    reached with a login that may not read multimaster's tables there, e.g. a pull login)."""
+    s = cl.site(n)
+    d: dict[str, Any] = {"url": s.display_url, "reachable": True, "read_only": n in t.read_only}
+    try:
+        d.update(s.summary(since) if isinstance(s, AgentSite) else site_summary(s, t, since))
+    except MultimasterError as e:
+        d["reachable"] = False
+        d["error"] = redact(str(e))
+    except DBAPIError as e:
+        d["reachable"] = False
+        d["error"] = redact(f"site '{n}' cannot be read with this login: {first_line(e)}")
+    return d
+
+
 def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]:
     """Per link: changes waiting at the peer, watermark, last success/error, the age of the oldest
     change not yet applied, the origins whose versions its last refresh received ahead of the
@@ -49,14 +67,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
     try:
         site_data: dict[str, dict[str, Any]] = {}
         for n in t.sites:
-            s = cl.site(n)
-            d: dict[str, Any] = {"url": s.display_url, "reachable": True, "read_only": n in t.read_only}
-            try:
-                d.update(s.summary(since) if isinstance(s, AgentSite) else site_summary(s, t, since))
-            except MultimasterError as e:
-                d["reachable"] = False
-                d["error"] = redact(str(e))
-            site_data[n] = d
+            site_data[n] = _site_entry(cl, t, n, since)
         out["sites"] = site_data
         _types_elsewhere(cl, site_data)
         now_ms = int(time.time() * 1000)

@@ -8,6 +8,7 @@ import json
 from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from multimaster.core.versions import BASE_VER
 from multimaster.dialects.base import Dialect
@@ -33,7 +34,16 @@ _REG = ("key_col", "renumber", "columns", "base_max")
 def installed(conn: Connection, d: Dialect) -> list[str]:
     """The tables replicated at this site (none when it is not installed)."""
     if d.table_kind(conn, "_mm_tables") is None:
-        return []
+        if d.hides_unreadable:  # (a login that may not read it does not see it: say so, not "not installed")
+            with conn.begin_nested():
+                try:
+                    conn.exec_driver_sql(f"SELECT 1 FROM {d.mm_table('_mm_tables')} LIMIT 1").all()
+                except DBAPIError as e:
+                    if d.is_permission_denied(e):
+                        raise
+                    return []
+        else:
+            return []
     return [r[0] for r in conn.exec_driver_sql(f"SELECT tbl FROM {d.mm_table('_mm_tables')} ORDER BY tbl")]
 
 

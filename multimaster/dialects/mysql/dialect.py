@@ -261,6 +261,12 @@ class MySQLDialect(Dialect):
         args: tuple[Any, ...] = getattr(orig, "args", ())
         return bool(args) and isinstance(args[0], int) and args[0] in _RETRY_CODES
 
+    hides_unreadable = True
+
+    def is_permission_denied(self, exc: BaseException) -> bool:
+        args: tuple[Any, ...] = getattr(getattr(exc, "orig", exc), "args", ())
+        return bool(args) and args[0] in (1142, 1143, 1044)  # table, column, database access denied
+
     def names_missing_column(self, exc: BaseException) -> bool:
         args: tuple[Any, ...] = getattr(getattr(exc, "orig", exc), "args", ())
         return bool(args) and args[0] == 1054  # ER_BAD_FIELD_ERROR: Unknown column
