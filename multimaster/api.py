@@ -19,7 +19,7 @@ from multimaster.engine.refresh import catch_up, reconcile, refresh, refresh_lin
 from multimaster.ops.agent import make_server as agent_server
 from multimaster.ops.agent import serve
 from multimaster.ops.ddl import DdlReport, ddl
-from multimaster.ops.errors import list_errors, retry_errors, skip_error
+from multimaster.ops.errors import held_counts, list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
 from multimaster.ops.install import InitReport, init, uninstall, uninstall_table
 from multimaster.ops.keys import current_key, key_history
@@ -40,6 +40,7 @@ __all__ = [
     "status",
     "conflicts",
     "re_resolve_conflicts",
+    "held_counts",
     "list_errors",
     "retry_errors",
     "skip_error",

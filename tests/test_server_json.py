@@ -174,7 +174,7 @@ def test_text_that_is_not_json_is_held_for_that_change(mixed, tmp_path):  # type
     _sql(cn, "sqlite", "INSERT INTO docs (k, doc, t) VALUES ('good', '2', '\"fine\"')")
     cn.close()
     r = cli("refresh", "-t", str(topo), "--until-quiet")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.returncode == 1 and "holds 1 change(s) in its error queue" in r.stderr, r.stdout + r.stderr
     r = cli("errors", "-t", str(topo), "--json")
     held = json.loads(r.stdout)
     assert sorted(e["site"] for e in held) == ["maria", "pg"], held

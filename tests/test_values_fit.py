@@ -136,7 +136,8 @@ def test_values_a_site_cannot_store_are_held_never_altered(mixed, tmp_path):  # 
     _sql(lite, urls["lite"], "INSERT INTO t (body, amt, x, note) VALUES ('lite', '3.25', 3.5, 'from lite')")
 
     r = mm("refresh", "-t", str(topo), "--until-quiet")
-    assert r.returncode == 0, r.stdout + r.stderr  # no link fails: the changes are held
+    # no link fails (the changes are held): refresh exits 1 naming the sites that hold them
+    assert r.returncode == 1 and "site 'maria' holds" in r.stderr and "Traceback" not in r.stderr, r.stdout + r.stderr
     st = mm("status", "-t", str(topo))
     assert st.returncode == 1 and "held in the error queue" in st.stderr
     held = _held(topo)
@@ -162,7 +163,7 @@ def test_values_a_site_cannot_store_are_held_never_altered(mixed, tmp_path):  # 
 
     # widened at maria: retry applies the long text and the decimal exactly; NaN and Infinity stay held
     _sql(maria, urls["maria"], "ALTER TABLE t MODIFY body MEDIUMTEXT, MODIFY amt DECIMAL(12,2)")
-    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1  # (still held until retried)
     r = mm("errors", "retry", "-t", str(topo), "--all")
     assert r.returncode == 1  # NaN and Infinity are still held
     got = dict(_sql(maria, urls["maria"], "SELECT note, concat(length(body), ' ', amt) FROM t"))
@@ -184,7 +185,7 @@ def test_pure_mariadb_cluster_holds_a_text_too_long_instead_of_cutting_it(mixed,
     _sql(my, urls["a"], "INSERT INTO t (body, amt) VALUES (?, ?)", ("y" * 70_000, Decimal("1.000")))
     _sql(my, urls["a"], "INSERT INTO t (body, amt) VALUES (?, ?)", ("ok", Decimal("1.005")))
     _sql(my, urls["a"], "INSERT INTO t (body, amt) VALUES (?, ?)", ("ok", Decimal("2.500")))
-    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1  # held at b
     assert mm("status", "-t", str(topo)).returncode == 1
     errs = sorted(e["error"].split(": ", 2)[2][:40] for e in _held(topo))
     assert len(errs) == 2 and all(e["site"] == "b" for e in _held(topo)), errs

@@ -152,7 +152,9 @@ def refresh(
     Exit 1 if any link failed (the others still refresh), or is stalled: a change of it has waited
     longer than refresh.stall_after for something this site has not received (stderr says what,
     and the fix), or a site's capture of a table was found missing (the table was made again)
-    and its writes of then are not recaptured yet (see `multimaster recapture`). A site whose versions came ahead of this site's clock past refresh.clock_warn
+    and its writes of then are not recaptured yet (see `multimaster recapture`), or a site it
+    refreshed holds changes in its error queue (the links went on without them; stderr names the
+    site and `multimaster errors`). A site whose versions came ahead of this site's clock past refresh.clock_warn
     (not past max_clock_offset: those are held) is named on stderr; that alone exits 0.
 
     Progress goes to stderr (bars on a terminal, else a line per link every MM_PROGRESS_EVERY
@@ -214,7 +216,9 @@ def refresh(
                 err.print(w, markup=False, highlight=False, soft_wrap=True)
         stalled = _stalled_exit([r.stalled for r in last if r.stalled])
         gaps = _gaps_exit(sorted({g for r in last for g in r.gaps}))
-        return 1 if any(r.error for r in last) else max(stalled, gaps)
+        with api.Cluster(topo) as cl:
+            held = _held_at(api.held_counts(cl, sorted({r.site for r in last})))
+        return 1 if any(r.error for r in last) else max(stalled, gaps, held)
 
     code = execute(go, traceback)
     raise typer.Exit(code)
@@ -405,6 +409,20 @@ def _untracked_exit(st: dict[str, Any]) -> int:
     for m in st.get("untracked") or []:
         err.print(m, markup=False, highlight=False, soft_wrap=True)
     return 1 if st.get("untracked") else 0
+
+
+def _held_at(held: dict[str, int]) -> int:
+    """refresh: 1 when a site it refreshed holds changes in its error queue (docs/errors.md: the
+    link went on without them), each site named on stderr with the commands; else 0."""
+    for n, k in sorted(held.items()):
+        err.print(
+            f"site '{n}' holds {k} change(s) in its error queue: see them with 'multimaster errors -t FILE --site {n}', "
+            "fix the cause, then 'multimaster errors retry -t FILE --all'",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    return 1 if held else 0
 
 
 def _held_exit(st: dict[str, Any], as_json: bool) -> int:

@@ -185,6 +185,27 @@ def retry_errors(
             cl.close()
 
 
+def held_counts(cl: Cluster, sites: Sequence[str]) -> dict[str, int]:
+    """Per site of `sites` reached directly, the changes its error queue holds (the states status
+    counts as held: failed, waiting, held with their transaction, parked); sites holding none are
+    left out, and so are sites behind an agent or not readable (status names those)."""
+    out: dict[str, int] = {}
+    for n in sites:
+        s = cl.site(n)
+        if isinstance(s, AgentSite):
+            continue
+        try:
+            with s.read() as conn:
+                if not s.installed_tables(conn):
+                    continue
+                c = store.errorqueue.counts(conn, s.dialect)
+        except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
+            continue
+        if held := sum(c.get(k, 0) for k in ("failed", "waiting", "txn", "parked")):
+            out[n] = held
+    return out
+
+
 def _has_queue(cl: Cluster, n: str) -> bool:
     s = cl.site(n)
     with s.read() as conn:
