@@ -94,10 +94,14 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         rep.untracked = {n: sorted(chk.installed[n] - set(t.tables)) for n in sites if chk.installed[n] - set(t.tables)}
         _check_base_rows(t, chk, rep)
         _check_read_only(t, chk)
-        # every check passed: install, one transaction per site
+        # every check passed: install, one transaction per site; the empty sites last, each a
+        # copy of an installed site it pulls from, read in one snapshot at a recorded position
+        # of its change log (add-site's copy: a write committed meanwhile arrives once)
         for n in sites:
-            watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
-            rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
+            if n not in chk.joining:
+                watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
+                rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
+        _join_empty(cl, chk, rep, say, progress, after)
         return rep
     finally:
         if own:
@@ -113,6 +117,9 @@ class _Checked:
     infos: dict[str, dict[str, TableInfo]]
     installed: dict[str, set[str]]
     copy_from: dict[str, tuple[str, list[str]]] = field(default_factory=dict)
+    #: the empty sites brought in as copies of an installed site (add-site's copy), in order:
+    #: site -> the site it is copied from
+    joining: dict[str, str] = field(default_factory=dict)
 
 
 def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
@@ -182,14 +189,45 @@ def _check_read_only(t: Topology, chk: _Checked) -> None:
         raise SchemaError(problems)
 
 
+def _count(s: Site, tb: str) -> int:
+    with s.read() as conn:
+        return int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.quote(tb)}").scalar() or 0)
+
+
+def _plan_joining(t: Topology, chk: _Checked) -> None:
+    """The sites init brings in as copies (`chk.joining`): those where nothing is installed and
+    every table is empty, while another site has rows or is installed. Each is copied from a site
+    it pulls from that is installed before it (a site with rows first); one that pulls from none
+    of them keeps the plain install (its base rows copied in its install transaction)."""
+    sites = chk.sites
+    empty = [n for n in sites if not chk.installed[n] and all(_count(sites[n], tb) == 0 for tb in t.tables)]
+    if len(empty) == len(sites):
+        return  # a cluster without rows: nothing to copy
+    placed = [n for n in sites if n not in empty]
+    moved = True
+    while moved:
+        moved = False
+        for n in empty:
+            if n in chk.joining:
+                continue
+            src = next((q for q in placed if q in t.peers_of(n)), None)
+            if src is not None:
+                chk.joining[n] = src
+                placed.append(n)
+                moved = True
+
+
 def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
     """For every table not installed anywhere yet: the sites that hold rows must hold the same rows
-    (BaseRowsDiffer names the first difference); the empty sites get them copied (`chk.copy_from`).
-    A table installed at some sites only is refused: that is add-site's job."""
+    (BaseRowsDiffer names the first difference); the empty sites get them copied: as copies of an
+    installed site (`chk.joining`), or, where that cannot be, in their install transaction
+    (`chk.copy_from`). A table installed at some sites only is refused at a site that has rows or
+    other tables installed: that is add-site's job."""
     sites = chk.sites
+    _plan_joining(t, chk)
     for tb in t.tables:
         have = [n for n in sites if tb in chk.installed[n]]
-        fresh = [n for n in sites if tb not in chk.installed[n]]
+        fresh = [n for n in sites if tb not in chk.installed[n] and n not in chk.joining]
         if not fresh:
             continue
         if have:
@@ -199,10 +237,7 @@ def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
                     "bring a new site in with 'multimaster add-site' (online instantiation), not init"
                 ]
             )
-        counts = {}
-        for n in fresh:
-            with sites[n].read() as conn:
-                counts[n] = conn.exec_driver_sql(f"SELECT count(*) FROM {sites[n].dialect.quote(tb)}").scalar() or 0
+        counts = {n: _count(sites[n], tb) for n in fresh}
         nonempty = [n for n in fresh if counts[n] > 0]
         if len(nonempty) > 1:
             ref = nonempty[0]
@@ -264,6 +299,26 @@ def _install_tables(conn: Connection, t: Topology, n: str, s: Site, chk: _Checke
         s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
         evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly
+
+
+def _join_empty(
+    cl: Cluster, chk: _Checked, rep: InitReport, say: Progress, progress: Progress | None, after: float | None
+) -> None:
+    """Bring each of `chk.joining` in as a copy of its installed source (ops/instantiate.py join)."""
+    from multimaster.ops.instantiate import join  # (instantiate uses this module's uninstall)
+
+    left = set(chk.joining)
+    for n, src in chk.joining.items():
+        left.discard(n)
+        say(f"installing at {n}: copying {src} in one consistent read")
+        watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
+        ninfo = {tb: chk.infos[tb][n] for tb in cl.topo.tables}
+        got = join(cl, n, src, ninfo, frozenset(left), say, watch)
+        rep.sites[n] = list(cl.topo.tables)
+        for tb, rows in got.rows.items():
+            if rows:
+                rep.copied.setdefault(tb, {})[n] = rows
+            rep.base_rows[tb] = max(rep.base_rows.get(tb, 0), rows)
 
 
 def _follow_all(cl: Cluster, rep: InitReport) -> None:

@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "add_site",
+    "join",
     "connect_site",
     "connect_command",
     "read_copy",
@@ -376,6 +377,33 @@ def _add_site(
         copied = _copy(cl, name, peer, ninfo, replace, batch_size, say, rep, watch)
     else:
         say(f"{name}: already installed; checking the sites that pull from it")
+    _connect_pullers(cl, name, peer, pullers, rep, say, copied)
+    return rep
+
+
+def join(
+    cl: Cluster,
+    name: str,
+    peer: str,
+    ninfo: dict[str, TableInfo],
+    absent: frozenset[str],
+    say: Progress,
+    watch: Watch | None = None,
+    batch_size: int = 5000,
+) -> AddSiteReport:
+    """`init` bringing in a site whose tables are all empty (docs/decisions.md "init copies an
+    empty site the way add-site does"): `name` becomes a copy of `peer` (installed, `name` pulls
+    from it) read in one consistent snapshot at a recorded position of its change log, as
+    add-site copies, so a transaction committed at `peer` while init runs reaches `name` once.
+    `absent`: the sites init has not installed yet (the empty ones still to come): `name` pulls
+    their change logs from the start, and they connect to `name` when they are copied in turn.
+    `ninfo`: `name`'s tables, as init's checks read them. Running init again after it stopped
+    here copies again (the copy is one transaction at `name`; MariaDB's DDL committed only empty
+    objects, which the copy takes as they are)."""
+    rep = AddSiteReport(name, peer)
+    _forget_observations(cl, name)
+    copied = _copy(cl, name, peer, ninfo, False, batch_size, say, rep, watch, absent)
+    pullers = [ln.target for ln in cl.topo.links if ln.source == name and ln.target not in absent]
     _connect_pullers(cl, name, peer, pullers, rep, say, copied)
     return rep
 
@@ -681,6 +709,7 @@ def _copy(
     say: Progress,
     rep: AddSiteReport,
     watch: Watch | None = None,
+    absent: frozenset[str] = frozenset(),
 ) -> dict[str, int]:
     """Install `name` as a copy of `peer`, read in one snapshot (at its database here, or by its
     agent). Returns per table the last position of `name`'s change log the copy wrote."""
@@ -689,8 +718,13 @@ def _copy(
     sources = t.peers_of(name)
     peer_sources = set(t.peers_of(peer))
     # a position in every other source's log, read before the copy (any position is complete:
-    # what NAME skips there reaches PEER, which NAME pulls from)
-    other_pos = {q: _positions(cl, q) for q in sources if q != peer and q not in peer_sources}
+    # what NAME skips there reaches PEER, which NAME pulls from); a source init installs after
+    # NAME (`absent`) from its start: what its log gets from its own copy is a duplicate here
+    other_pos = {
+        q: {tb: 0 for tb in t.tables} if q in absent else _positions(cl, q)
+        for q in sources
+        if q != peer and q not in peer_sources
+    }
     relayed = tuple(q for q in sources if q != peer and q in peer_sources)
     nsite.dialect.prepare_site(nsite.engine)
     ask = CopyRequest(name, tuple(t.tables), relayed, nsite.dialect.caps.txn_column, batch_size)
