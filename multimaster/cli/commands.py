@@ -511,6 +511,14 @@ def conflicts(
         unreachable: dict[str, str] = {}
         rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind, unreachable=unreachable)
         code = not_reached(unreachable)  # the others' logs are listed all the same
+        if limit and len(rows) >= limit:  # (the listing said "conflicts (50)" of 18,000, nothing more)
+            err.print(
+                f"note: the last {limit} conflicts shown; there may be more: --limit N (0: all), --since, --table "
+                "narrow it; 'multimaster status' counts them per site",
+                markup=False,
+                highlight=False,
+                soft_wrap=True,
+            )
         if as_json:
             dump(rows)
             return code
