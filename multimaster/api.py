@@ -21,11 +21,12 @@ from multimaster.ops.agent import serve
 from multimaster.ops.ddl import DdlReport, ddl
 from multimaster.ops.errors import held_counts, list_errors, retry_errors, skip_error
 from multimaster.ops.freshness import SiteFreshness, WaitResult, token, wait_visible
-from multimaster.ops.install import InitReport, init, uninstall, uninstall_table
+from multimaster.ops.install import InitReport, init
 from multimaster.ops.keys import current_key, key_history
 from multimaster.ops.recapture import Recaptured, recapture
 from multimaster.ops.reresolve import re_resolve_conflicts
 from multimaster.ops.status import conflicts, status
+from multimaster.ops.uninstall import uninstall, uninstall_table
 
 __all__ = [
     "catch_up",

@@ -14,7 +14,7 @@ from multimaster import api
 from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err, execute, not_reached, redraw
 from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology
-from multimaster.ops.install import untracked_message
+from multimaster.ops.uninstall import untracked_message
 
 
 @app.command()

@@ -71,8 +71,8 @@ from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
-from multimaster.ops.install import uninstall
 from multimaster.ops.status import link_at_target, status
+from multimaster.ops.uninstall import uninstall
 
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology

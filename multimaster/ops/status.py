@@ -20,7 +20,7 @@ from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, NotConnected, NotInstalled, first_line
-from multimaster.ops.install import untracked, untracked_message
+from multimaster.ops.uninstall import untracked, untracked_message
 from multimaster.ops.verifications import last
 
 __all__ = [
