@@ -15,6 +15,7 @@ from multimaster.cli.common import TOPOLOGY, TRACEBACK, app, console, dump, err,
 from multimaster.cli.progress import Reporter
 from multimaster.config.topology import load_topology
 from multimaster.ops.uninstall import untracked_message
+from multimaster.store.errorqueue import held_total
 
 
 @app.command()
@@ -291,7 +292,7 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         if since:
             row.append(str(d.get("conflicts_since", "-")))
         errs = d.get("errors") or {}
-        held = sum(errs.get(k, 0) for k in ("failed", "waiting", "txn", "parked"))  # as status.held_errors counts
+        held = held_total(errs)  # as status.held_errors counts
         row.append("-" if not errs else f"[red]{held}[/]" if held else "0")
         t.add_row(*row, d["url"])
     lt = Table(title="links")

@@ -179,10 +179,15 @@ class DaemonStats:
     started_at: float = field(default_factory=time.time)
 
 
+def _json_line(event: str, at: float, fields: dict[str, Any]) -> str:
+    """One event of the JSON log: its time (UTC, to the second), its name, its fields."""
+    return json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)), "event": event, **fields}, default=str)
+
+
 def _emit(event: str, fmt: str, **fields: Any) -> None:
     level = logging.WARNING if fields.get("error") or event in ("clock_warning", "lock_wait") else logging.INFO
     if fmt == "json":
-        line = json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}, default=str)
+        line = _json_line(event, time.time(), fields)
     else:
         line = f"{event} " + " ".join(f"{k}={v}" for k, v in fields.items() if v is not None)
     log.log(level, redact(line))
@@ -797,15 +802,10 @@ class SchedulerJson(RedactingFormatter):
     object a line broke on them."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(record.created)),
-            "event": "scheduler",
-            "level": record.levelname.lower(),
-            "message": record.getMessage(),
-        }
+        fields = {"level": record.levelname.lower(), "message": record.getMessage()}
         if record.exc_info:
-            line["error"] = self.formatException(record.exc_info)
-        return redact(json.dumps(line, default=str))
+            fields["error"] = self.formatException(record.exc_info)
+        return redact(_json_line("scheduler", record.created, fields))
 
 
 def setup_logging(fmt: str = "text", level: int = logging.INFO, stream: Any = None) -> None:

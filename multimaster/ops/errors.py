@@ -201,7 +201,7 @@ def held_counts(cl: Cluster, sites: Sequence[str]) -> dict[str, int]:
                 c = store.errorqueue.counts(conn, s.dialect)
         except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
             continue
-        if held := sum(c.get(k, 0) for k in ("failed", "waiting", "txn", "parked")):
+        if held := store.errorqueue.held_total(c):
             out[n] = held
     return out
 

@@ -133,9 +133,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
             for n, d in site_data.items()
             for w in d.get("clock_ahead", [])
         ]
-        out["held_errors"] = sum(
-            d.get("errors", {}).get(k, 0) for d in site_data.values() for k in ("failed", "waiting", "txn", "parked")
-        )
+        out["held_errors"] = sum(store.errorqueue.held_total(d.get("errors", {})) for d in site_data.values())
         out["schema_behind"] = [
             f"site '{n}' lacks {tb}.{c}: {w['changes']} change(s) wait for it; add it at '{n}' "
             f"(ALTER TABLE {tb} ADD COLUMN {c} {w['types'].get(c, '...')}) and they are applied at the next refresh"

@@ -12,7 +12,7 @@ The table is created by each dialect's site template (``init`` adds it to a site
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 
@@ -64,6 +64,16 @@ SCHEMA = "schema"
 
 #: the states of a change still held (retried by `errors retry`, but for `schema`); `skipped` rows are history
 OPEN = ("failed", "waiting", "txn", SCHEMA)
+
+#: the states `status` and `refresh` count as held in the error queue (exit 1; `schema` waits for
+#: a column and is reported as "schema behind" instead)
+HELD = ("failed", "waiting", "txn", PARKED)
+
+
+def held_total(counts: Mapping[str, int]) -> int:
+    """How many changes of :func:`counts` are held (HELD)."""
+    return sum(counts.get(k, 0) for k in HELD)
+
 
 #: SQL: the open states, as a list of literals
 _OPEN_SQL = ", ".join(f"'{s}'" for s in OPEN)

@@ -526,13 +526,20 @@ class MySQLDialect(Dialect):
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
         if not missing:
             return None
+        return self._grant_needed(
+            conn, ", ".join(missing), "multimaster reads and writes its own tables there and the replicated ones (docs/mysql.md)",
+            ", ".join(missing),
+        )  # fmt: skip
+
+    def _grant_needed(self, conn: Connection, may_not: str, why: str, grant: str) -> str:
+        """An install problem: the user running init may not do `may_not` in this database, `why`
+        it must, and the GRANT an administrator runs."""
         user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
         name, _, host = user.rpartition("@")
         db = self.quote(str(conn.exec_driver_sql("SELECT DATABASE()").scalar()))
         return (
-            f"the user running init, {user}, may not {', '.join(missing)} in {db}: multimaster reads and writes its own "
-            f"tables there and the replicated ones (docs/mysql.md). As an administrator: GRANT {', '.join(missing)} "
-            f"ON {db}.* TO '{name}'@'{host}'"
+            f"the user running init, {user}, may not {may_not} in {db}: {why}. As an administrator: "
+            f"GRANT {grant} ON {db}.* TO '{name}'@'{host}'"
         )
 
     def _history_problem(self, conn: Connection) -> str | None:
@@ -547,14 +554,11 @@ class MySQLDialect(Dialect):
         except DBAPIError as e:
             if not (e.orig is not None and e.orig.args and e.orig.args[0] in (1142, 1044)):
                 raise
-            user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
-            name, _, host = user.rpartition("@")
-            db = conn.exec_driver_sql("SELECT DATABASE()").scalar()
-            return (
-                f"the user running init, {user}, may not DELETE HISTORY in {self.quote(str(db))}: the clock _mm_tick is "
-                'system-versioned and every pull trims its history (docs/mysql.md "The transaction registry"). '
-                f"As an administrator: GRANT DELETE HISTORY ON {self.quote(str(db))}.* TO '{name}'@'{host}'"
-            )
+            return self._grant_needed(
+                conn, "DELETE HISTORY",
+                'the clock _mm_tick is system-versioned and every pull trims its history (docs/mysql.md "The transaction registry")',
+                "DELETE HISTORY",
+            )  # fmt: skip
         finally:
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
         return None
@@ -579,15 +583,12 @@ class MySQLDialect(Dialect):
                 return None
             if code not in (1044, 1142, 1370):
                 raise
-            user = str(conn.exec_driver_sql("SELECT CURRENT_USER()").scalar())
-            name, _, host = user.rpartition("@")
-            db = self.quote(str(conn.exec_driver_sql("SELECT DATABASE()").scalar()))
-            return (
-                f"the user running init, {user}, may not create, replace and call routines in {db}: capture draws "
-                "through the function _mm_draw and every reader calls the procedures _mm_horizon and _mm_stamp "
-                f"(docs/mysql.md). As an administrator: GRANT CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON {db}.* "
-                f"TO '{name}'@'{host}'"
-            )
+            return self._grant_needed(
+                conn, "create, replace and call routines",
+                "capture draws through the function _mm_draw and every reader calls the procedures _mm_horizon and "
+                "_mm_stamp (docs/mysql.md)",
+                "CREATE ROUTINE, ALTER ROUTINE, EXECUTE",
+            )  # fmt: skip
         return None
 
     def has_super(self, conn: Connection) -> bool:
@@ -938,10 +939,17 @@ class MySQLDialect(Dialect):
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
         """The table's _mm_clock row, which only reconcilers lock (waited for patiently)."""
+        with self._patiently(conn):
+            conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+
+    @contextmanager
+    def _patiently(self, conn: Connection) -> Iterator[None]:
+        """A wait for one of the framework's own locks at the session's own lock wait timeout,
+        also in a transaction whose waits are brief already (lock_writers), brief again after."""
         brief = bool(conn.info.get(BRIEF_NOW))
         if brief:
             conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = @mm_rwait")
-        conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        yield
         if brief:
             conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 0")
 
@@ -958,14 +966,10 @@ class MySQLDialect(Dialect):
         held every writer of the table back meanwhile. The session's own timeout comes back for
         the next framework lock (lock_for_apply, lock_writers) and when the connection goes back
         to the pool (prepare_engine's reset)."""
-        brief = bool(conn.info.get(BRIEF_NOW))
-        if brief:
-            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = @mm_rwait")
-        conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
-        conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
-        if brief:
-            conn.exec_driver_sql("SET SESSION innodb_lock_wait_timeout = 0")
-        elif conn.get_execution_options().get(BRIEF_WAITS):
+        with self._patiently(conn):
+            conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+            conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        if not conn.info.get(BRIEF_NOW) and conn.get_execution_options().get(BRIEF_WAITS):
             conn.exec_driver_sql("SET @mm_rwait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
             conn.info[BRIEF_NOW] = True
 
