@@ -326,7 +326,10 @@ def test_writers_at_both_sites_lose_nothing_across_a_table_made_again(backend: B
     lock = threading.Lock()
 
     def write(site: str, sql: str, params: tuple[Any, ...]) -> None:
-        for _ in range(50):  # the old table went while the statement waited for it: as an application, again
+        # the old table went while the statement waited for it: as an application, again, for up to
+        # 30 s (50 tries 50 ms apart ran out on a loaded CI host while the table was made again)
+        end, last_error = time.monotonic() + 30, ""
+        while time.monotonic() < end:
             try:
                 return cl.execute(site, sql, params)
             except Exception as e:  # noqa: BLE001 - retried only while the table is being swapped
@@ -336,8 +339,9 @@ def test_writers_at_both_sites_lose_nothing_across_a_table_made_again(backend: B
                 retried = ("exist", "OID", "'rid' cannot be null", "Deadlock", "locked", "busy")
                 if not any(x in str(e) for x in retried):
                     raise
+                last_error = str(e).splitlines()[0]
                 time.sleep(0.05)
-        raise AssertionError("the table did not come back")
+        raise AssertionError(f"the table did not come back (last: {last_error})")
 
     errors: list[str] = []
 
