@@ -208,6 +208,50 @@ def test_unreachable_peer_fails_that_link_only(sites):  # type: ignore[no-untype
     assert rows(d / "s2.db") == [(1, "a", 1)]  # the link from s1 still refreshed
 
 
+def _columns(path: Path) -> list[str]:
+    with sqlite3.connect(path) as c:
+        return [r[1] for r in c.execute("PRAGMA table_info(items)")]
+
+
+def test_ddl_changes_no_site_while_one_cannot_be_reached(sites):  # type: ignore[no-untyped-def]
+    """Before: ddl added the column at s1, then stopped at the unreachable s2 with one line, s3 not
+    tried, and the cluster's schemas differed (explorer, session 34). Now every site is checked
+    first: nothing changes, each site is reported, exit 1."""
+    d, topo = sites
+    assert mm("init", "-t", str(topo)).returncode == 0
+    shutil.move(d / "s2.db", d / "s2.db.away")
+    r = mm("ddl", "-t", str(topo), "--json", "ALTER TABLE items ADD COLUMN color TEXT")
+    assert r.returncode == 1, r.stdout + r.stderr
+    reps = {x["site"]: x for x in json.loads(r.stdout)}
+    assert reps["s2"]["status"] == "failed" and "s2" in reps["s2"]["message"] and "no site was changed" in reps["s2"]["message"]
+    for s in ("s1", "s3"):
+        assert reps[s]["status"] == "not run" and "'s2'" in reps[s]["message"] and "--site" in reps[s]["message"]
+        assert not reps[s]["ran"]
+    shutil.move(d / "s2.db.away", d / "s2.db")
+    assert [_columns(d / f"{s}.db") for s in ("s1", "s2", "s3")] == [["id", "name", "qty"]] * 3
+    # --site still changes that one site alone, whatever the others' state
+    shutil.move(d / "s3.db", d / "s3.db.away")
+    r = mm("ddl", "-t", str(topo), "--site", "s1", "ALTER TABLE items ADD COLUMN color TEXT")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _columns(d / "s1.db") == ["id", "name", "qty", "color"]
+
+
+def test_ddl_names_the_sites_it_did_not_change_and_how_to_finish(sites):  # type: ignore[no-untyped-def]
+    """A site that fails after the check (here: the column is there already, made by hand) is
+    reported, the sites after it are still changed, and stderr gives the command for the rest."""
+    d, topo = sites
+    assert mm("init", "-t", str(topo)).returncode == 0
+    with sqlite3.connect(d / "s2.db") as c:
+        c.execute("ALTER TABLE items ADD COLUMN color TEXT")
+    r = mm("ddl", "-t", str(topo), "--json", "ALTER TABLE items ADD COLUMN color TEXT")
+    assert r.returncode == 1
+    reps = {x["site"]: x for x in json.loads(r.stdout)}
+    assert [reps[s]["status"] for s in ("s1", "s2", "s3")] == ["applied", "failed", "applied"], reps
+    assert "applied at s1, s3, not at s2" in r.stderr
+    assert "--site s2 'ALTER TABLE items ADD COLUMN color TEXT'" in r.stderr
+    assert all(_columns(d / f"{s}.db") == ["id", "name", "qty", "color"] for s in ("s1", "s2", "s3"))
+
+
 def test_every_command_is_documented():  # type: ignore[no-untyped-def]
     from multimaster.cli import app
 

@@ -5,6 +5,7 @@ metrics.health, topology_view.view)."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Any, List, Optional
 
@@ -483,9 +484,30 @@ def ddl(
                     r.message or "-",
                 )
             console.print(t)
-        return 1 if any(r.status in ("refused", "failed") for r in reps) else 0
+        _ddl_unfinished(reps, topology, statement)
+        return 1 if any(r.status in ("refused", "failed", "not run") for r in reps) else 0
 
     raise typer.Exit(execute(go, traceback))
+
+
+def _ddl_unfinished(reps: list[Any], topology: Path, statement: str) -> None:
+    """On stderr, when `ddl` changed some sites and not others: the command that finishes it at
+    each of the others (each site's capture follows its own schema meanwhile)."""
+    done = [r.site for r in reps if r.ran]
+    left = [r.site for r in reps if not r.ran and r.status == "failed"]
+    if not done or not left:
+        return
+    err.print(
+        f"ddl: applied at {', '.join(done)}, not at {', '.join(left)}; the cluster's schemas differ until it runs there:",
+        markup=False,
+        highlight=False,
+    )
+    for n in left:
+        err.print(
+            f"  multimaster ddl -t {shlex.quote(str(topology))} --site {n} {shlex.quote(statement)}",
+            markup=False,
+            highlight=False,
+        )
 
 
 def recapture(

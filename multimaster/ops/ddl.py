@@ -60,13 +60,14 @@ class DdlReport:
     """What `ddl` did (or, with dry_run, would do) at one site."""
 
     site: str
-    status: str  #: applied, refused, failed, would apply
+    status: str  #: applied, refused, failed, would apply, not run (another site could not take it)
     version: int | None = None
     added: list[str] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)
     retyped: list[str] = field(default_factory=list)
     released: int = 0
     message: str | None = None
+    ran: bool = False  #: the statement changed the site's table (committed)
 
 
 def ddl(topo: Topology | Cluster, statement: str, site: str | None = None, dry_run: bool = False) -> list[DdlReport]:
@@ -83,13 +84,57 @@ def ddl(topo: Topology | Cluster, statement: str, site: str | None = None, dry_r
             )
         if site is not None and site not in t.sites:
             raise ConfigError([f"ddl: site '{site}' is not defined under sites"])
-        out = []
-        for n in [site] if site else list(t.sites):
-            out.append(_at(cl, n, table, statement, dry_run))
-        return out
+        names = [site] if site else list(t.sites)
+        if site is None:
+            unready = _unready(cl, table)
+            if unready:
+                return [_not_run(n, unready) for n in names]
+        return [_at_safely(cl, n, table, statement, dry_run) for n in names]
     finally:
         if own:
             cl.close()
+
+
+def _unready(cl: Cluster, table: str) -> dict[str, str]:
+    """Before a change of every site: the sites that cannot take it now (site -> why): not reached,
+    not readable with this login, reached only through an agent, or without multimaster's objects
+    for `table`. ddl changes no site while one of them is unready: a column added at some sites
+    and not at others is a change an operator has to finish by hand."""
+    t = cl.topo
+    out: dict[str, str] = {}
+    for n in t.sites:
+        try:
+            s = cl.site(n)
+            with s.read() as conn:
+                s.require_installed(conn, t)
+                s.info(conn, table, t)
+        except Exception as e:  # noqa: BLE001 - each site's reason is reported, none is changed
+            out[n] = first_line(e)
+    return out
+
+
+def _not_run(n: str, unready: dict[str, str]) -> "DdlReport":
+    """The report of site `n` when ddl changed no site because of `unready`."""
+    if n in unready:
+        return DdlReport(n, "failed", message=f"{unready[n]} (no site was changed)")
+    others = ", ".join(f"'{u}'" for u in unready)
+    return DdlReport(
+        n,
+        "not run",
+        message=f"not run: {others} cannot take it now; no site was changed. Run it again once every site "
+        "answers, or site by site with --site (each site's capture follows its own schema; docs/schema-changes.md)",
+    )
+
+
+def _at_safely(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> "DdlReport":
+    """`_at`, a failure of any step reported as the site's (the other sites are still tried): a site
+    that stops answering half-way through is named, never the end of the run."""
+    try:
+        return _at(cl, n, table, statement, dry_run)
+    except Exception as e:  # noqa: BLE001 - reported per site; the next site is tried
+        if n in cl.sites:  # (not there when opening the site was what failed)
+            cl.sites[n].forget(table)
+        return DdlReport(n, "failed", message=first_line(e))
 
 
 class _DryRun(Exception):
@@ -141,9 +186,13 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         s.forget(table)
         rep.status, rep.message = "failed", first_line(e)
         return rep
-    with s.write() as conn:  # what waited for a column the site has now
-        info = s.info(conn, table, t)
-        rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
+    rep.ran = True
+    try:
+        with s.write() as conn:  # what waited for a column the site has now
+            info = s.info(conn, table, t)
+            rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
+    except Exception as e:  # noqa: BLE001 - the change is made; what waits for it is the next refresh's
+        rep.message = f"the changes waiting for its columns were not applied yet: {first_line(e)} (the next refresh applies them)"
     return rep
 
 
@@ -204,6 +253,7 @@ def _at_committing(cl: Cluster, n: str, table: str, statement: str) -> DdlReport
         rep.status, rep.message = "failed", first_line(e)
         return rep
     s.forget(table)
+    rep.ran = True
     before = list(info.column_names)
     try:
         evs = [ev for ev in follow_site(cl, n, [table]) if ev.table == table]
