@@ -415,22 +415,40 @@ def test_init_refuses_sets_it_cannot_mark(sqlite_backend: Backend, tmp_path: Any
     tables = {
         "t": {
             "key": "id",
-            "columns": {"n": "int NOT NULL", "email": "varchar(100)", "name": "varchar(10)", "m": "int", "note": "text"},
+            "columns": {
+                "n": "int NOT NULL",
+                "email": "varchar(100)",
+                "name": "varchar(10)",
+                "m": "int",
+                "note": "text",
+                "code": "varchar(8) NOT NULL",
+            },
         }
     }
-    tables["t"]["config"] = {"groups": {"contact": {"columns": ["email", "note"]}}, "unique": {"name": "suffix", "n": "null"}}
+    tables["t"]["config"] = {
+        "groups": {"contact": {"columns": ["email", "note"]}},
+        "unique": {"name": "suffix", "n": "null", "code": "suffix"},
+    }
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], tables, init=False)
     for s in cl.urls:
         cl.execute(s, "CREATE UNIQUE INDEX ux_n ON t (n)")  # an int NOT NULL: 'null' cannot mark it (park would)
         cl.execute(s, "CREATE UNIQUE INDEX ux_e ON t (email)")  # its mark column is in a group
         cl.execute(s, "CREATE UNIQUE INDEX ux_name ON t (name)")  # 10 characters: too short for a suffix
         cl.execute(s, "CREATE UNIQUE INDEX ux_m ON t (m)")  # an int, nullable: null by default, fine
+        cl.execute(s, "CREATE UNIQUE INDEX ux_code ON t (code)")  # too short, and NOT NULL: park, not null
     with pytest.raises(SchemaError) as e:
         api.init(cl.topo)
     msg = str(e.value)
     assert "UNIQUE (n) has no nullable column for policy 'null'" in msg
     assert "column 'email' marks the rows losing UNIQUE (email) and cannot be in a column group" in msg
-    assert "column 'name' (VARCHAR(10)) is too short for a suffix mark" in msg
+    assert (
+        "column 'name' (VARCHAR(10)) is too short for a suffix mark (24 characters at least); set tables.t.unique.name: null,"
+        in msg
+    )
+    assert (
+        "column 'code' (VARCHAR(8)) is too short for a suffix mark (24 characters at least); set tables.t.unique.code: park "
+        in msg
+    )
     assert "(m)" not in msg
 
 

@@ -223,9 +223,15 @@ def _unique_sets(
             continue
         ml = _declared_length(by_name[mark]) if policy == "suffix" else None
         if ml is not None and ml < 24:
+            key = ",".join(cols)
+            instead = (
+                f"set tables.{table}.unique.{key}: null"
+                if any(by_name[c].nullable for c in cols)
+                else f"set tables.{table}.unique.{key}: park (no column of it is nullable, so null cannot mark it)"
+            )
             problems.append(
                 f"{where}: column '{mark}' ({by_name[mark].type_sql}) is too short for a suffix mark (24 characters at least); "
-                f"set tables.{table}.unique.{','.join(cols)}: null, or widen the column"
+                f"{instead}, or widen the column"
             )
             continue
         out.append(UniqueSet(sname, tuple(sorted(index[c] for c in cols)), policy, index[mark], ml))
