@@ -78,6 +78,7 @@ class Names:
     ro_d: str  #: ... local deletes
     snap: str | None = None  #: the snapshot of the peer's change log
     snap_idx: str | None = None  #: the snapshot's index of rows not applied yet
+    snap_ver: str | None = None  #: the snapshot's index of versions (a held change is found by it)
 
     def mapping(self) -> dict[str, str]:
         """The names by field (those given), for the SQL templates' ``$placeholders``."""
@@ -114,4 +115,5 @@ def names(table: str, peer: str | None = None) -> Names:
         ro_d=f"_mm_ro_d_{table}",
         snap=None if peer is None else f"_mm_snap_{table}__{peer}",
         snap_idx=None if peer is None else f"_mm_snapi_{table}__{peer}",
+        snap_ver=None if peer is None else f"_mm_snapv_{table}__{peer}",
     )

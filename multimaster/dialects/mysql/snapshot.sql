@@ -19,3 +19,9 @@ ALTER TABLE $snap ADD COLUMN IF NOT EXISTS txn VARCHAR(64);  -- the entry's sour
 --
 -- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
 ALTER TABLE $snap ADD COLUMN IF NOT EXISTS pending LONGTEXT;
+--
+-- a change is found in a snapshot by its version (holding, releasing and relaying changes, a
+-- refresh's look for what it has here): without this index each lookup read the whole snapshot,
+-- and holding N changes beside M stored ones took N * M (MariaDB: 1,200 held beside 6,000 stored,
+-- 236 s; docs/performance.md)
+CREATE INDEX IF NOT EXISTS $snap_ver ON $snap (ver);
