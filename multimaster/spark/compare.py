@@ -133,6 +133,11 @@ class SiteReader:
         for c in self.plan.columns:
             if c.kind == "binary":
                 cols.append(F.hex(F.col(c.alias)).alias(c.alias))
+            elif c.kind == "json":
+                # the value, not its spelling: keys sorted, no spaces, 1.50 as 1.5 (PostgreSQL's
+                # jsonb orders keys its own way, SQLite and MariaDB keep the text written); text
+                # that is not JSON stays as it is, and JSON null apart from SQL NULL
+                cols.append(F.expr(f"coalesce(to_json(try_parse_json({c.alias})), {c.alias})").alias(c.alias))
             else:
                 cols.append(F.expr(f"try_cast({c.alias} AS {SPARK_TYPE[c.kind]})").alias(c.alias))
         return df.select(*cols)

@@ -26,10 +26,13 @@ SPARK_TYPE = {
     "date": "DATE",
     "timestamp": "TIMESTAMP",
     "binary": "BINARY",
+    "json": "STRING",  # compared by value: its text made canonical (compare.py)
 }
 
 
 def canonical_kind(t: T.TypeEngine) -> str:
+    if isinstance(t, T.JSON):
+        return "json"
     if isinstance(t, T.Boolean):
         return "boolean"
     if isinstance(t, T.Integer):
@@ -60,6 +63,8 @@ def _merge(kinds: list[str]) -> str:
         return "double" if "double" in s else "decimal"
     if s <= {"date", "timestamp"}:
         return "timestamp"
+    if s <= {"json", "string"}:  # JSON at one site, its text at another: compared as JSON
+        return "json"
     return "string"
 
 
@@ -109,6 +114,8 @@ def reflect_table(
             continue
         shadow_cols[site] = [c["name"] for c in shadow]
         kinds = {c["name"]: canonical_kind(c["type"]) for c in cols}
+        with eng.connect() as conn:  # JSON kept as text with a json_valid CHECK (MariaDB's JSON)
+            kinds.update({n: "json" for n in sources[site].dialect.json_columns(conn, table) if n in kinds})
         if key not in kinds:
             problems.append(f"site '{site}': table '{table}' has no key column '{key}'")
             continue

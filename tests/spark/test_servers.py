@@ -222,3 +222,49 @@ def test_repair_from_a_server_converts_decimals_for_sqlite_and_reports_each_site
     assert _rows_at(urls["my"]) == good
     assert _rows_at(urls["lite"]) == lite_before  # one transaction: row 1 is not repaired either
     assert doc["after"]["tables"]["items"]["status"] == "diverged"
+
+
+#: a JSON column at every site, as each database declares it
+JSON_DDL = {
+    "s1": "CREATE TABLE docs(id INTEGER PRIMARY KEY, doc JSON)",
+    "pg": "CREATE TABLE docs(id BIGINT PRIMARY KEY, doc JSONB)",
+    "my": "CREATE TABLE docs(id INT PRIMARY KEY, doc JSON)",
+}
+
+
+def test_json_is_compared_by_value_not_spelling(spark, tmp_path, pg_db, my_db):  # type: ignore[no-untyped-def]
+    """PostgreSQL's jsonb spells an object with its keys in its own order and no 1.50; SQLite and
+    MariaDB keep the text an application wrote. Before: the same value replicated everywhere was
+    reported diverged at PostgreSQL (explorer, session 34). A different value still is."""
+    (tmp_path / "s1.db").touch()
+    urls = {"s1": f"sqlite:///{tmp_path / 's1.db'}", "pg": pg_db, "my": my_db}
+    for s, ddl in JSON_DDL.items():
+        c = client(urls[s])
+        c.cursor().execute(ddl)
+        if not isinstance(c, sqlite3.Connection):
+            c.commit()
+        c.close()
+    path = write_topology(tmp_path / "topology.yml", urls, tables={"docs": {"key": "id"}})
+    api.init(load_topology(path))
+    c = client(urls["s1"])
+    c.executemany(
+        "INSERT INTO docs (id, doc) VALUES (?, ?)",
+        [(1, '{"b": 1, "a": [1.50, {"d": "x", "c": null}]}'), (2, '"just a string"'), (3, "null"), (4, None)],
+    )
+    c.commit()
+    c.close()
+    for _ in range(3):
+        api.refresh(load_topology(path))
+    c = client(urls["pg"])
+    cur = c.cursor()
+    cur.execute("SELECT doc::text FROM docs WHERE id = 1")
+    assert cur.fetchone()[0] != '{"b": 1, "a": [1.50, {"d": "x", "c": null}]}'  # jsonb spelled it its own way
+    c.close()
+    t = verify(path, spark=spark).tables["docs"]
+    assert (t.status, t.differing) == ("converged", 0), t.samples
+    with uncaptured(urls["my"]) as c:
+        c.execute("""UPDATE docs SET doc = '{"a": [1.5, {"c": null, "d": "y"}], "b": 1}' WHERE id = 1""")
+        c.execute("UPDATE docs SET doc = NULL WHERE id = 3")  # JSON null is not SQL NULL
+    t = verify(path, spark=spark).tables["docs"]
+    assert (t.status, t.differing) == ("diverged", 2)
+    assert t.columns == {"doc": 2}

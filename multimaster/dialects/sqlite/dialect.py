@@ -553,6 +553,7 @@ class SQLiteDialect(Dialect):
             "date": "STRING",
             "timestamp": "STRING",
             "binary": "BINARY",
+            "json": "STRING",
         },
     )
     has_logins = False  # who may read the file is the file system's business
