@@ -763,6 +763,23 @@ class Dialect:
         sequence, a counter) past the highest key (forward only: local inserts may be in flight)."""
         raise NotImplementedError
 
+    #: how an application's own trigger tells the reconciler's writes from the site's own: the
+    #: capture guard (set_applying) as a trigger reads it (docs/operations.md "Your own triggers")
+    applying_flag: str = ""
+    #: the text an application trigger guarded that way contains (matched ignoring case)
+    applying_marker: str = ""
+
+    def trigger_texts(self, conn: Connection, table: str) -> dict[str, str]:
+        """The triggers on `table` that fire (disabled ones left out), each name with its whole
+        text: the trigger's definition and, where a trigger calls a function, the function's."""
+        raise NotImplementedError
+
+    def unguarded_caveats(self, conn: Connection, table: str) -> list[str]:
+        """What init says of each application trigger on replicated `table` that does not read the
+        capture guard: it fires for the peers' changes the reconciler applies, too."""
+        found = unguarded_triggers(self.trigger_texts(conn, table), self.applying_marker)
+        return [unguarded_trigger_message(t, table, self.applying_flag) for t in found]
+
     def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
         """What an application inserting into renumbered table `info` here is told of the new
         row's key that may not be its key (init says it); None: the key it is told is the row's
@@ -924,6 +941,21 @@ def table_relations(table: str, peers: Sequence[str]) -> tuple[list[str], list[s
     second-order log and tombstones; the change log, shadow and the snapshot of each of `peers`."""
     n = names(table)
     return [n.log2, n.tombstones], [n.log, n.shadow, *(names(table, p).snapshot() for p in peers)]
+
+
+def unguarded_triggers(texts: Mapping[str, str], marker: str) -> list[str]:
+    """The application triggers among `texts` (name -> text; multimaster's own are named
+    ``_mm_...``) whose text does not contain `marker` (ignoring case), sorted."""
+    return sorted(n for n, text in texts.items() if not n.startswith("_mm_") and marker.lower() not in text.lower())
+
+
+def unguarded_trigger_message(trigger: str, table: str, flag: str) -> str:
+    """init's note on an application trigger of replicated `table` that does not read `flag`."""
+    return (
+        f"trigger {trigger} on {table} also fires when multimaster applies a peer's change (it does not read {flag}): "
+        "a trigger that sets a column (updated_at) makes the sites differ, an audit trigger records the peers' "
+        'changes; docs/operations.md "Your own triggers" shows the guard'
+    )
 
 
 def read_only_message(site: str, table: str) -> str:

@@ -34,7 +34,8 @@ class InitReport:
     #: site -> tables installed there but no longer under tables: (untracked_message says what to do)
     untracked: dict[str, list[str]] = field(default_factory=dict)
     #: site -> what applications inserting into a renumbered table there are told of the new key that
-    #: may not be its key (Dialect.insert_key_caveat)
+    #: may not be its key (Dialect.insert_key_caveat), and the application's triggers on replicated
+    #: tables that fire for the peers' changes too (Dialect.unguarded_caveats)
     caveats: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -102,10 +103,21 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
                 watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
                 rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
         _join_empty(cl, chk, rep, say, progress, after)
+        _note_triggers(t, sites, rep)
         return rep
     finally:
         if own:
             cl.close()
+
+
+def _note_triggers(t: Topology, sites: dict[str, Site], rep: InitReport) -> None:
+    """Add to `rep.caveats` each application trigger on a replicated table that fires for the
+    peers' changes too (docs/operations.md "Your own triggers"): a read, nothing changed."""
+    for n, s in sites.items():
+        with s.engine.connect() as conn:
+            for tb in t.tables:
+                if unguarded := s.dialect.unguarded_caveats(conn, tb):
+                    rep.caveats.setdefault(n, []).extend(unguarded)
 
 
 @dataclass
@@ -288,9 +300,11 @@ def _install_tables(conn: Connection, t: Topology, n: str, s: Site, chk: _Checke
             newly.append(tb)
             if tb in chk.copy_from and n in chk.copy_from[tb][1]:
                 src = chk.sites[chk.copy_from[tb][0]]
+                s.dialect.set_applying(conn, True)  # the application's guarded triggers skip the copy
                 rep.copied.setdefault(tb, {})[n] = _copy_rows(
                     src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
                 )
+                s.dialect.set_applying(conn, False)
             store.tables.register(conn, s.dialect, info)
         references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
         s.dialect.install_capture(conn, info)

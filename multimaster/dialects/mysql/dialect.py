@@ -626,6 +626,17 @@ class MySQLDialect(Dialect):
         for _ in conn.exec_driver_sql(f"SELECT 1 FROM {self.quote(table)} FOR UPDATE"):
             pass
 
+    applying_flag = "@mm_applying"
+    applying_marker = "@mm_applying"
+
+    def trigger_texts(self, conn: Connection, table: str) -> dict[str, str]:
+        rows = conn.exec_driver_sql(
+            "SELECT TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS "
+            "WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = %s",
+            (table,),
+        )
+        return {str(r[0]): str(r[1]) for r in rows}
+
     def triggers_on(self, conn: Connection, table: str) -> set[str]:
         rows = conn.exec_driver_sql(
             "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS "

@@ -571,6 +571,19 @@ class PostgreSQLDialect(Dialect):
         ).all()
         return repr([tuple(r) for r in rows])
 
+    applying_flag = "current_setting('mm.applying', true)"
+    applying_marker = "mm.applying"
+
+    def trigger_texts(self, conn: Connection, table: str) -> dict[str, str]:
+        # enabled in the origin role (O) or always (A): the reconciler applies in the origin role
+        rows = conn.exec_driver_sql(
+            "SELECT t.tgname, pg_get_triggerdef(t.oid) || ' ' || p.prosrc FROM pg_trigger t "
+            "JOIN pg_proc p ON p.oid = t.tgfoid "
+            "WHERE t.tgrelid = %s::regclass AND NOT t.tgisinternal AND t.tgenabled IN ('O', 'A')",
+            (self.quote(table),),
+        )
+        return {str(r[0]): str(r[1]) for r in rows}
+
     def triggers_on(self, conn: Connection, table: str) -> set[str]:
         rows = conn.exec_driver_sql(
             "SELECT tgname FROM pg_trigger WHERE tgrelid = %s::regclass AND NOT tgisinternal", (self.quote(table),)

@@ -340,6 +340,13 @@ class SQLiteDialect(Dialect):
     def column_signature(self, conn: Connection, table: str) -> str:
         return repr([tuple(r)[1:5] for r in conn.exec_driver_sql(f"PRAGMA table_info({self.quote(table)})")])
 
+    applying_flag = "(SELECT applying FROM _mm_state)"
+    applying_marker = "_mm_state"
+
+    def trigger_texts(self, conn: Connection, table: str) -> dict[str, str]:
+        rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,))
+        return {str(r[0]): str(r[1]) for r in rows}
+
     def triggers_on(self, conn: Connection, table: str) -> set[str]:
         rows = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,))
         return {str(r[0]) for r in rows}
