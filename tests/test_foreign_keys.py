@@ -624,3 +624,42 @@ def test_a_child_deleted_by_cascade_has_no_current_key_anywhere(backend: Backend
             assert r.returncode == 0, r.stdout + r.stderr
             assert json.loads(r.stdout)["current_key"] is None, (s, tb)
     cl.assert_converged()
+
+
+@pytest.mark.parametrize("on_update", ["CASCADE", "NO ACTION"])
+def test_a_key_shift_keeps_a_unique_index_over_the_referencing_column(backend: Backend, tmp_path: Path, on_update: str) -> None:
+    """order_items UNIQUE (order_id, product_id), each of b's orders with one line for product 7;
+    a's order, inserted first, arrives at b and shifts b's order keys up by one: the lines move
+    (1, 7) -> (2, 7) while (2, 7) is not moved yet. MariaDB checks the index row by row, and one
+    UPDATE through the key map held the change for good (Duplicate entry '2-7'): the lines move
+    through keys above every key instead (references._move_column)."""
+    tables = {
+        "orders": {"key": "id", "columns": {"note": "text"}},
+        "order_items": {
+            "key": "id",
+            "columns": {"order_id": f"INTEGER REFERENCES orders(id) ON UPDATE {on_update}", "product_id": "int"},
+        },
+    }
+    cl = make_cluster(backend, tmp_path, ["a", "b"], tables, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX order_product ON order_items (order_id, product_id)")
+    api.init(cl.topo)
+    app(cl, "a", ("INSERT INTO orders (note) VALUES (?)", ("a-first",)))
+    for i in range(3):
+        app(
+            cl,
+            "b",
+            ("INSERT INTO orders (note) VALUES (?)", (f"b-{i}",)),
+            ("INSERT INTO order_items (order_id, product_id) VALUES (?, 7)", lambda ids: (ids[0],)),
+        )
+    cl.refresh_until_quiet()
+    assert api.list_errors(cl.topo) == []
+    cl.assert_converged()
+    for s in cl.urls:
+        c = cl.db(s)
+        try:
+            cur = c.cursor()
+            cur.execute("SELECT o.id, o.note, i.product_id FROM order_items i JOIN orders o ON o.id = i.order_id ORDER BY o.id")
+            assert [tuple(r) for r in cur.fetchall()] == [(2, "b-0", 7), (3, "b-1", 7), (4, "b-2", 7)], s
+        finally:
+            c.close()

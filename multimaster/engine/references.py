@@ -336,7 +336,6 @@ def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tu
     already), and record the moves in the key history."""
     if not moves:
         return
-    q = d.quote
     ph = d.caps.placeholder
     refs = referencing(conn, d, info.name, info.key.name)
     cascades = bool(conn.info.get(_CONN_FLAG, False))
@@ -350,14 +349,32 @@ def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tu
             index="old_k",
         )
         conn.exec_driver_sql(f"INSERT INTO {km} (old_k, new_k) VALUES ({ph}, {ph})", [(old, new) for _, old, new in moves])
+        news = [new for _, _, new in moves]
         for r in todo:
-            c = q(r.column)
-            conn.exec_driver_sql(
-                f"UPDATE {q(r.table)} SET {c} = (SELECT m.new_k FROM {km} m WHERE m.old_k = {q(r.table)}.{c}) "
-                f"WHERE {c} IN (SELECT m2.old_k FROM {km} m2)"
-            )
+            _move_column(conn, d, r, km, min(news), max(news))
         d.drop_temp(conn, km)
     store.keymoves.record(conn, d, info.name, moves, reason)
+
+
+def _move_column(conn: Connection, d: Dialect, r: Referencing, km: str, min_new: int, max_new: int) -> None:
+    """Move referencing column `r` by the scratch map `km` (old_k -> new_k, new keys between
+    `min_new` and `max_new`) in two UPDATEs, through values above every value the column holds and
+    every new key: MariaDB and SQLite check a unique index that holds the column (UNIQUE (order_id,
+    product_id)) row by row, so one UPDATE moving 1 -> 2 while 2 -> 3 is not made yet collides
+    with the row still at 2. The first UPDATE moves the rows out of the way (each to its new key +
+    off), the second down by off: each lands on its new key, which no row holds any more."""
+    q = d.quote
+    t, c = q(r.table), q(r.column)
+    held = conn.exec_driver_sql(f"SELECT max({c}) FROM {t}").scalar()
+    top = max(int(held if held is not None else 0), max_new)
+    off = top - min_new + 1  # every new key + off is above top
+    p = d.caps.placeholder
+    conn.exec_driver_sql(
+        f"UPDATE {t} SET {c} = (SELECT m.new_k FROM {km} m WHERE m.old_k = {t}.{c}) + {p} "
+        f"WHERE {c} IN (SELECT m2.old_k FROM {km} m2)",
+        (off,),
+    )
+    conn.exec_driver_sql(f"UPDATE {t} SET {c} = {c} - {p} WHERE {c} > {p}", (off, top))
 
 
 def shadow_keys(
