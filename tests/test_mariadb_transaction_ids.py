@@ -149,9 +149,10 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
 
 def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, tmp_path):  # type: ignore[no-untyped-def]
     """The horizon trims the clock's history (DELETE HISTORY, a privilege of its own) as the user
-    who ran init, and init creates routines (CREATE ROUTINE, ALTER ROUTINE, EXECUTE): init run by a
-    user granted the usual privileges one by one, without them, stops before writing anything,
-    naming each GRANT; with them granted, init and replication go on."""
+    who ran init, init creates routines (CREATE ROUTINE, ALTER ROUTINE, EXECUTE) and holds a table
+    with LOCK TABLES while its capture starts: init run by a user granted the usual privileges one
+    by one, without them, stops before writing anything, naming each GRANT; with them granted,
+    init and replication go on."""
     import yaml
 
     cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], STOCK)
@@ -171,9 +172,14 @@ def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, 
         r = cli("init", "-t", str(as_user))
         assert r.returncode == 2, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())
-        assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{user}'@'%'" in out, out
+        assert f"GRANT SELECT, INSERT, UPDATE, DELETE, LOCK TABLES ON `{db}`.* TO '{user}'@'%'" in out, out
         assert "Traceback" not in out and "OperationalError" not in out.split("cannot be read:")[0], out
         mysql_backend._admin(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{user}'@'%'")
+        r = cli("init", "-t", str(as_user))  # LOCK TABLES, with which init holds a table while its capture starts
+        assert r.returncode == 2, r.stdout + r.stderr
+        out = " ".join((r.stdout + r.stderr).split())
+        assert f"GRANT LOCK TABLES ON `{db}`.* TO '{user}'@'%'" in out, out
+        mysql_backend._admin(f"GRANT LOCK TABLES ON `{db}`.* TO '{user}'@'%'")
         r = cli("init", "-t", str(as_user))
         assert r.returncode != 0, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())

@@ -430,6 +430,15 @@ class Dialect:
         """The capture triggers of `info` (and the key guard, the rank trigger of a renumbered table)."""
         raise NotImplementedError
 
+    @contextmanager
+    def starting_capture(self, conn: Connection, info: TableInfo) -> Iterator[None]:
+        """Around what starts capturing `info` at this site (init: its base rows copied in and
+        given their identities, then install_capture): the table's writers wait until it is
+        done, so that every row is a base row with its identity or a captured one, and a renumbered
+        table's key counter is past every key before an insert draws from it. Default: nothing
+        more, where the install is one transaction that holds them back already (lock_for_install)."""
+        yield
+
     def capture_without(self, conn: Connection, info: TableInfo, columns: Collection[str]) -> None:
         """Where DDL commits at once (not caps.transactional_ddl), just before an ALTER that drops
         `columns`: the capture triggers of `info` as they are, but naming none of those columns

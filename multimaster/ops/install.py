@@ -296,23 +296,35 @@ def _install_tables(conn: Connection, t: Topology, n: str, s: Site, chk: _Checke
             # a new snapshot holds everything it will pull; one made before horizons were kept, nothing known
             wm = store.watermarks.read(conn, s.dialect, peer, tb)
             store.purges.ensure_snapshot_horizon(conn, s.dialect, peer, tb, wm)
+        references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
         if tb not in chk.installed[n]:
             newly.append(tb)
-            if tb in chk.copy_from and n in chk.copy_from[tb][1]:
-                src = chk.sites[chk.copy_from[tb][0]]
-                s.dialect.set_applying(conn, True)  # the application's guarded triggers skip the copy
-                rep.copied.setdefault(tb, {})[n] = _copy_rows(
-                    src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
-                )
-                s.dialect.set_applying(conn, False)
-            store.tables.register(conn, s.dialect, info)
-        references.install(conn, s, info, t.peers_of(n))  # foreign keys: identities beside keys
-        s.dialect.install_capture(conn, info)
+        with s.dialect.starting_capture(conn, info):  # its writers wait (MariaDB; elsewhere: lock_for_install)
+            _start_capture(conn, s, chk, info, rep, say)
         if caveat := s.dialect.insert_key_caveat(conn, info):
             rep.caveats.setdefault(n, []).append(caveat)
         s.dialect.guard_writes(conn, info, n, n in t.read_only)  # docs/topologies.md "Read-only sites"
         evolve.ensure_registered(conn, s, info)  # schema version 1 (docs/schema-changes.md)
     return newly
+
+
+def _start_capture(conn: Connection, s: Site, chk: _Checked, info: TableInfo, rep: InitReport, say: Progress) -> None:
+    """Capture `info` at `s` from now on: where it is not registered yet, its base rows copied in
+    (when it was empty) and given their identities, then the capture triggers. Whether it is
+    registered is read here, not taken from the checks: where DDL commits as it goes, an attempt
+    that failed after the registration committed (write_retrying runs the install again) must not
+    copy or register again."""
+    tb = info.name
+    if store.tables.registration(conn, s.dialect, tb) is None:
+        if tb in chk.copy_from and s.name in chk.copy_from[tb][1]:
+            src = chk.sites[chk.copy_from[tb][0]]
+            s.dialect.set_applying(conn, True)  # the application's guarded triggers skip the copy
+            rep.copied.setdefault(tb, {})[s.name] = _copy_rows(
+                src, s, conn, chk.infos[tb][src.name], info, say, rep.base_rows.get(tb)
+            )
+            s.dialect.set_applying(conn, False)
+        store.tables.register(conn, s.dialect, info)
+    s.dialect.install_capture(conn, info)
 
 
 def _join_empty(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import math
 import re
+import time
 from contextlib import contextmanager, suppress
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
@@ -51,6 +52,9 @@ FOLLOW_LOCK_WAIT = 300
 #: seconds a follow's DDL waits for a table's metadata lock before it fails as a lock wait and the
 #: follow is tried again (short_ddl_waits): the longest an application's statement waits behind it
 DDL_LOCK_WAIT = 1
+#: how many times init tries LOCK TABLES on a table whose capture it starts (starting_capture),
+#: each try waiting at most DDL_LOCK_WAIT, then a backoff (20 ms doubling to 1 s): about two minutes
+START_LOCK_TRIES = 60
 #: every session's isolation level: each statement of the reconciler sees what was committed
 #: before it (engine_kwargs), set again on each connection going back to the pool (prepare_engine)
 _LEVEL = "READ COMMITTED"
@@ -499,7 +503,8 @@ class MySQLDialect(Dialect):
         """init and every refresh read and write their own tables (`_mm_state`, the change logs,
         the snapshots...) and the replicated ones: SELECT, INSERT, UPDATE and DELETE on the
         database, which a list of DDL grants lacks (session 33: init stopped at `_mm_state` with
-        the driver's 1142, tables made, and a second init refused the site as half-installed).
+        the driver's 1142, tables made, and a second init refused the site as half-installed), and
+        LOCK TABLES, with which init holds a table while its capture starts (starting_capture).
         Tried on a scratch table, each statement apart, so every privilege missing is named."""
         probe = "_mm_probe_rows"
         missing: list[str] = []
@@ -510,6 +515,7 @@ class MySQLDialect(Dialect):
                 ("INSERT", f"INSERT INTO {probe} (id) VALUES (1)"),
                 ("UPDATE", f"UPDATE {probe} SET id = 2 WHERE id = 1"),
                 ("DELETE", f"DELETE FROM {probe} WHERE id = 2"),
+                ("LOCK TABLES", f"LOCK TABLES {probe} WRITE"),  # (starting_capture)
             ):
                 try:
                     conn.exec_driver_sql(sql)
@@ -523,11 +529,14 @@ class MySQLDialect(Dialect):
             missing = ["CREATE"]  # (the list of grants says which: CREATE, then the rest)
         finally:
             with suppress(DBAPIError):
+                conn.exec_driver_sql("UNLOCK TABLES")
                 conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
         if not missing:
             return None
         return self._grant_needed(
-            conn, ", ".join(missing), "multimaster reads and writes its own tables there and the replicated ones (docs/mysql.md)",
+            conn, ", ".join(missing),
+            "multimaster reads and writes its own tables there and the replicated ones, and holds a table's writers back "
+            "while its capture starts (LOCK TABLES; docs/mysql.md)",
             ", ".join(missing),
         )  # fmt: skip
 
@@ -803,6 +812,7 @@ class MySQLDialect(Dialect):
                 )
                 + stmts
             )
+            self._key_counter(conn, info)  # past every key before the key trigger draws from it
         else:
             stmts += [f"DROP TRIGGER IF EXISTS {rank}"]
         _run_keeping_unchanged(conn, stmts)
@@ -812,6 +822,82 @@ class MySQLDialect(Dialect):
         )
         if spec.renumber:
             self.after_apply(conn, info)  # the key counter starts past every key
+
+    @contextmanager
+    def starting_capture(self, conn: Connection, info: TableInfo) -> Iterator[None]:
+        """MariaDB commits DDL as it goes, so init's install of a table is not one transaction, and
+        applications wrote between its steps: an insert into a renumbered table after its key
+        trigger existed and before the key counter was moved past every key failed with a
+        duplicate key (1062), and a row inserted after the base rows got their identities and
+        before the capture triggers existed was captured by no one, its updates and deletes
+        failing with `Column 'rid' cannot be null` (1048) ever after (session 34). So the table
+        and what the steps write are held with LOCK TABLES ... WRITE, which the DDL's implicit
+        commits do not give back: the table's writers wait (a metadata-lock wait) until UNLOCK
+        TABLES, which commits. What the steps did since their last commit is rolled back first when
+        they fail. Only where the table's capture is not complete: init run again on a site in
+        use swaps each changed trigger in one statement (_run_keeping_unchanged), holding no
+        writer back for longer."""
+        if self._capture_complete(conn, info):
+            yield
+            return
+        o = self.obj(info.name)
+        held = [f"{self.quote(info.name)} WRITE", f"{o.shadow} WRITE", "_mm_tables WRITE", "_mm_stamps WRITE", "_mm_state READ"]
+        if info.spec.renumber:
+            self._key_counter(conn, info)  # (made first: LOCK TABLES locks what exists)
+            held.append(f"{o.keyseq} WRITE")
+        self._lock_tables(conn, held)
+        try:
+            yield
+        except BaseException:
+            with suppress(DBAPIError):
+                conn.exec_driver_sql("ROLLBACK")
+                self._unlock_tables(conn)
+            raise
+        self._unlock_tables(conn)
+
+    def _capture_complete(self, conn: Connection, info: TableInfo) -> bool:
+        """Every capture trigger of `info` exists (and the key trigger of a renumbered table)."""
+        o = names(info.name)
+        want = {o.cap_i, o.cap_u, o.cap_d} | ({"_mm_rank_" + info.name} if info.spec.renumber else set())
+        return want <= self.triggers_on(conn, info.name)
+
+    def _lock_tables(self, conn: Connection, held: Sequence[str]) -> None:
+        """LOCK TABLES `held`, each try waiting at most DDL_LOCK_WAIT for the metadata locks of the
+        transactions open on them (short_ddl_waits: the applications' statements queue behind a
+        waiting LOCK TABLES, and one whose transaction holds the table while it waits for a row
+        another holds is a cycle no deadlock check sees), again after a backoff while that wait is
+        what fails it (START_LOCK_TRIES)."""
+        delay = 0.02
+        for attempt in range(START_LOCK_TRIES):
+            try:
+                with self.short_ddl_waits(conn):
+                    conn.exec_driver_sql("LOCK TABLES " + ", ".join(held))
+                return
+            except DBAPIError as e:
+                if attempt == START_LOCK_TRIES - 1 or not self.is_retryable(e):
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    @staticmethod
+    def _unlock_tables(conn: Connection) -> None:
+        """UNLOCK TABLES (it commits); a session that could not is never used again (a pooled
+        connection still holding tables would hold back their writers)."""
+        try:
+            conn.exec_driver_sql("UNLOCK TABLES")
+        except DBAPIError:
+            conn.invalidate()
+            raise
+
+    def _key_counter(self, conn: Connection, info: TableInfo) -> None:
+        """The key counter of renumbered `info` (a CYCLE sequence, made where it is missing), at or
+        past every key the table and its shadow hold."""
+        if self._table_type(conn, names(info.name).keyseq) is None:
+            conn.exec_driver_sql(
+                f"CREATE SEQUENCE IF NOT EXISTS {self.obj(info.name).keyseq} START WITH 1 MINVALUE 0 "
+                "MAXVALUE 9223372036854775806 INCREMENT BY 1 CACHE 100 CYCLE"
+            )
+        self._counter_forward(conn, info, self._key_top(conn, info))
 
     def guard_writes(self, conn: Connection, info: TableInfo, site: str, read_only: bool) -> None:
         o = self.obj(info.name)

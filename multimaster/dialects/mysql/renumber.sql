@@ -10,8 +10,7 @@
 -- read (the position when @mm_t / @mm_k named this table and row): init creates this trigger before
 -- the insert trigger, so an insert in between is captured at this position too. `@v := expr`
 -- inside an expression is deprecated in MySQL 8.0.13+ (still supported; docs/mysql.md).
-CREATE SEQUENCE IF NOT EXISTS $keyseq START WITH 1 MINVALUE 0 MAXVALUE 9223372036854775806 INCREMENT BY 1 CACHE 100 CYCLE;
---
+-- The key counter (a CYCLE SEQUENCE) is made before this, past every key (dialect.py _key_counter).
 DROP TRIGGER IF EXISTS $rank;
 --
 CREATE TRIGGER $rank BEFORE INSERT ON $table FOR EACH ROW
