@@ -510,3 +510,32 @@ def test_init_refuses_a_column_whose_log_names_the_database_would_cut(backend, t
             assert cur.fetchone()[0] == 0, s
         finally:
             c.close()
+
+
+def test_a_key_typo_in_one_table_leaves_it_out_and_status_exits_1_at_once(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """`key: code` edited to `key: cod` in one table's entry (a column the table does not have):
+    before, every refresh of every link failed for every table with the schema check, and status
+    exited 0 until refresh.stall_after. Now that table alone is left out (named, with the fix), the
+    others replicate, and status exits 1 at once naming it (the error needs an operator)."""
+    from clusters import make_cluster
+
+    tables = {
+        "items": {"key": "id", "columns": {"name": "text"}},
+        "cust": {"key": "code", "columns": {"city": "text"}, "auto": False},
+    }
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], tables)
+    topo = tmp_path / "topology.yaml"
+    assert mm("status", "-t", str(topo)).returncode == 0
+    topo.write_text(topo.read_text().replace("key: code", "key: cod"))
+    cl.execute("s1", "INSERT INTO items (name) VALUES ('x')")
+    r = mm("refresh", "-t", str(topo), "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    errors = [ln["error"] for rnd in json.loads(r.stdout) for ln in rnd["links"]]
+    assert all(e and "table(s) ['cust'] not refreshed" in e and "no column 'cod'" in e for e in errors), errors
+    assert [row[1] for row in cl.rows("s2", "items")] == ["x"]  # items, the table without the typo, replicated
+    r = mm("status", "-t", str(topo))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "link s1 -> s2 failing" in r.stderr and "tables.cust" in r.stderr and "no column 'cod'" in r.stderr, r.stderr
+    topo.write_text(topo.read_text().replace("key: cod", "key: code"))
+    assert mm("refresh", "-t", str(topo)).returncode == 0
+    assert mm("status", "-t", str(topo)).returncode == 0

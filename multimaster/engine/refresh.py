@@ -124,25 +124,73 @@ def refresh_link(
     file read still lists it) does not block the others: the link's other tables are refreshed,
     then the link's error names the table, the site and both fixes (errors.NotInstalled), and is
     recorded after the refresh's success, for `status` to report at once (core/waits.py
-    NEEDS_ACTION). When a site lacks every table, the refresh fails as before."""
+    NEEDS_ACTION). When a site lacks every table, the refresh fails as before. A table that fails
+    its schema check at a site of the link (_unfit: a key or column the file names that the table
+    lacks) is left out alike, the link's error naming the table, the problem and the fix."""
     kw: dict[str, Any] = dict(batch_size=batch_size, reconcile_=reconcile_, progress=progress, stop=stop, followed=followed)
     missing = _not_installed(cl, target, source)
     lacking = {tb for tables in missing.values() for tb in tables}
-    rest = [tb for tb in cl.topo.tables if tb not in lacking]
-    if not lacking or not rest:
+    unfit = _unfit(cl, target, source, lacking)
+    rest = [tb for tb in cl.topo.tables if tb not in lacking and tb not in unfit]
+    if not unfit and (not lacking or not rest):
         return _refresh_link(cl, target, source, **kw)
+    res = _refresh_rest(cl, target, source, rest, kw)
+    why = [str(NotInstalled(n, f"replication objects for table(s) {tables}", tables)) for n, tables in missing.items()]
+    why += [_unfit_message(tb, problems) for tb, problems in unfit.items()]
+    head = f"table(s) {sorted(lacking | set(unfit))} not refreshed on this link"
+    why_s = f"{head}, its other tables were: " if rest else f"{head}: "
+    why_s += "; ".join(why)
+    res.error = f"{res.error}; {why_s}" if res.error else why_s
+    _record_error(cl.site(target), source, res.error, lasting=True)
+    return res
+
+
+def _refresh_rest(cl: Cluster, target: str, source: str, rest: list[str], kw: dict[str, Any]) -> RefreshResult:
+    """The link refreshed for its tables `rest` alone (none: nothing done)."""
+    if not rest:
+        return RefreshResult(target, source)
     view = cl.narrowed(rest)
     try:
-        res = _refresh_link(view, target, source, **kw)
+        return _refresh_link(view, target, source, **kw)
     finally:
         for n in (target, source):  # described without the tables left out: described anew next time
             for tb in rest:
                 cl.site(n).forget(tb)
-    why = "; ".join(str(NotInstalled(n, f"replication objects for table(s) {tables}", tables)) for n, tables in missing.items())
-    why = f"table(s) {sorted(lacking)} not refreshed on this link, its other tables were: {why}"
-    res.error = f"{res.error}; {why}" if res.error else why
-    _record_error(cl.site(target), source, res.error, lasting=True)
-    return res
+
+
+def _unfit_message(table: str, problems: list[str]) -> str:
+    return (
+        f"table '{table}' fails its schema check: {'; '.join(problems)}. Correct tables.{table} in the topology file (a "
+        f"running 'multimaster run' reloads it on its own) or the table at that site; the link's other tables go on"
+    )
+
+
+def _unfit(cl: Cluster, target: str, source: str, lacking: set[str]) -> dict[str, list[str]]:
+    """The topology's tables (installed at both sites of the link) that a site of the link, reached
+    by its database, cannot describe against the file: a key or column the table does not have, a
+    policy its column cannot take (engine/schema.py introspect's SchemaError), with its problems.
+    Such a table is left out of the link's refresh alone, as a table a site lacks is. {} when a site
+    cannot be read (the refresh itself says why)."""
+    out: dict[str, list[str]] = {}
+    for n in (target, source):
+        s = cl.site(n) if n in cl.topo.sites else None
+        if s is None or isinstance(s, AgentSite):
+            continue
+        try:
+            with s.read() as conn:
+                for tb in cl.topo.tables:
+                    if tb in lacking or tb in out:
+                        continue
+                    try:
+                        s.info(conn, tb, cl.topo)
+                    except SchemaError as e:
+                        out[tb] = e.problems
+        except Exception:  # noqa: BLE001 - unreachable: the refresh reports it
+            return {}
+    if lacking or out:  # described with tables the refresh leaves out: described anew without them
+        for n in (target, source):
+            cl.site(n).forget()
+    return out
 
 
 def _not_installed(cl: Cluster, target: str, source: str) -> dict[str, list[str]]:
