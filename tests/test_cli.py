@@ -539,3 +539,40 @@ def test_a_key_typo_in_one_table_leaves_it_out_and_status_exits_1_at_once(backen
     topo.write_text(topo.read_text().replace("key: cod", "key: code"))
     assert mm("refresh", "-t", str(topo)).returncode == 0
     assert mm("status", "-t", str(topo)).returncode == 0
+
+
+def test_two_sites_that_are_one_database_are_refused_before_anything_is_written(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """The same database under two site names, spelled differently (the port left out, another
+    driver, `./` before a file's name): before, init installed at the first and crashed at the
+    second with a raw IntegrityError, the first left installed. Now the file is refused, exit 2,
+    naming both sites, and nothing is written."""
+    from clusters import ITEMS, make_cluster
+
+    cl = make_cluster(backend, tmp_path, ["s1"], ITEMS, init=False)
+    url = cl.urls["s1"]
+    if backend.name == "sqlite":
+        other = f"sqlite:///{tmp_path}/./s1.db"
+    elif backend.name == "postgresql":
+        other = url.replace("postgresql+psycopg://", "postgresql://").replace(":5432/", "/")
+    else:
+        other = url.replace("mysql+pymysql://", "mariadb+pymysql://").replace("127.0.0.1", "localhost")
+    assert other != url
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(f'sites:\n  s1: {{url: "{url}"}}\n  s2: {{url: "{other}"}}\ntables:\n  items: {{key: id}}\nlinks: mesh\n')
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "sites.s2: the same database as site 's1'" in r.stderr, r.stderr
+    c = cl.db("s1")
+    try:
+        cur = c.cursor()
+        if backend.name == "sqlite":
+            cur.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'")
+        elif backend.name == "postgresql":
+            cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = '_mm'")
+        else:
+            cur.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_schema = DATABASE() AND table_name LIKE '\\_mm%'"
+            )
+        assert list(cur.fetchall()) == []
+    finally:
+        c.close()

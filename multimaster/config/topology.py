@@ -774,6 +774,8 @@ def parse_topology(data: Any, base: Path | None = None, source: str | None = Non
     problems: list[str] = []
     check_topology(model, problems)
     sites = _site_configs(model, base, problems)
+    if not problems:
+        _same_database_problems(sites, problems)
     if problems:
         raise ConfigError(problems, source)
     names = list(model.sites)
@@ -941,6 +943,50 @@ def _with_password(url: str, password: str, where: str, problems: list[str]) -> 
     else:
         return u.set(password=password).render_as_string(hide_password=False)
     return url
+
+
+_DEFAULT_PORTS = {"postgresql": 5432, "mysql": 3306, "mariadb": 3306}
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def database_identity(url: str) -> tuple[str, ...] | None:
+    """What names one database whatever the driver and the spelling: ("file", its resolved path)
+    for a database file, (server kind, host, port, database) for a server database (a loopback
+    name for the loopback address, the default port filled in, MariaDB and MySQL one kind); None
+    when it cannot tell (an agent url, an in-memory database, a URL it cannot read)."""
+    try:
+        u = make_url(url)
+        backend = u.get_backend_name()
+    except Exception:  # noqa: BLE001 - not a database url: checked elsewhere
+        return None
+    if _is_file(url):
+        from multimaster.dialects import get_dialect
+
+        db = get_dialect(backend).database_file(url)
+        return ("file", os.path.realpath(db)) if db else None
+    if backend not in _DEFAULT_PORTS or not u.database:
+        return None
+    kind = "mysql" if backend == "mariadb" else backend
+    host = (u.host or "localhost").lower()
+    host = "localhost" if host in _LOOPBACK else host
+    return (kind, host, str(u.port or _DEFAULT_PORTS[backend]), u.database)
+
+
+def _same_database_problems(sites: dict[str, SiteConfig], problems: list[str]) -> None:
+    """Two sites that are one database (database_identity): init would install the first and
+    crash at the second on its own bookkeeping."""
+    first: dict[tuple[str, ...], str] = {}
+    for name, s in sites.items():
+        ident = None if s.agent else database_identity(s.url)
+        if ident is None:
+            continue
+        if ident in first:
+            problems.append(
+                f"sites.{name}: the same database as site '{first[ident]}' ({hidden_url(s.url)}); a site is one "
+                "database of its own: give each site its own database, or remove one of the two"
+            )
+        else:
+            first[ident] = name
 
 
 def _is_file(url: str) -> bool:
