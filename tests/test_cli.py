@@ -576,3 +576,22 @@ def test_two_sites_that_are_one_database_are_refused_before_anything_is_written(
         assert list(cur.fetchall()) == []
     finally:
         c.close()
+
+
+def test_a_key_written_twice_in_the_topology_file_is_refused_naming_it_and_its_lines(sites):  # type: ignore[no-untyped-def]
+    """A site pasted twice under sites: (a copy-paste slip): before, YAML kept the last entry
+    silently and every command went on with it (exit 0). Now any key written twice in one mapping
+    is refused, exit 2, by its path and lines, before any database is touched."""
+    d, topo = sites
+    topo.write_text(
+        "sites:\n"
+        '  s1: {url: "sqlite:///s1.db"}\n  s2: {url: "sqlite:///s2.db"}\n  s1: {url: "sqlite:///s3.db"}\n'
+        "tables:\n  items: {key: id, columns: {qty: additive, qty: latest}}\nlinks: mesh\n"
+    )
+    for cmd in (("topology", "show"), ("init",)):
+        r = mm(*cmd, "-t", str(topo))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "sites.s1: written twice (lines 2 and 4)" in r.stderr, r.stderr
+        assert "tables.items.columns.qty: written twice (lines 6 and 6)" in r.stderr, r.stderr
+    with sqlite3.connect(d / "s1.db") as c:
+        assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()

@@ -1019,13 +1019,42 @@ def _unreachable(names: list[str], links: list[Link], read_only: frozenset[str] 
     return problems
 
 
+def _duplicate_keys(node: yaml.Node | None, path: str = "") -> list[str]:
+    """A problem for each key written twice in one mapping of the composed YAML document `node`
+    (PyYAML would keep the last one silently: a site pasted twice would be the second one alone),
+    named by its path and lines."""
+    out: list[str] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, value in node.value:
+            key = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else None
+            where = f"{path}.{key}" if path and key is not None else (key or path)
+            line = key_node.start_mark.line + 1
+            if key is not None and key != "<<" and key in seen:
+                out.append(
+                    f"{where}: written twice (lines {seen[key]} and {line}); YAML would keep the last one alone: "
+                    "remove or rename one"
+                )
+            elif key is not None:
+                seen[key] = line
+            out += _duplicate_keys(value, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            out += _duplicate_keys(item, f"{path}[{i}]")
+    return out
+
+
 def load_topology(path: str | os.PathLike[str]) -> Topology:
     """Read, validate and resolve a topology file. Touches no database."""
     p = Path(path)
     if not p.exists():
         raise ConfigError([f"file not found: {p}"], str(p))
     try:
-        data = yaml.safe_load(p.read_text())
+        text = p.read_text()
+        twice = _duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader))
+        if twice:
+            raise ConfigError(twice, str(p))
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise ConfigError([f"not valid YAML: {e}"], str(p)) from None
     topo = parse_topology(data, base=p.resolve().parent, source=str(p))
