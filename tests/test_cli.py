@@ -595,3 +595,45 @@ def test_a_key_written_twice_in_the_topology_file_is_refused_naming_it_and_its_l
         assert "tables.items.columns.qty: written twice (lines 6 and 6)" in r.stderr, r.stderr
     with sqlite3.connect(d / "s1.db") as c:
         assert not c.execute("SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'").fetchall()
+
+
+def test_init_as_a_mariadb_login_without_drop_names_the_site_and_the_grant_and_leaves_nothing(  # type: ignore[no-untyped-def]
+    mysql_backend, tmp_path
+):
+    """A login holding every privilege init checks but DROP: before, init stopped with the driver's
+    `DROP command denied ... _mm_probe_history`, naming no site, and left its scratch tables
+    `_mm_probe_rows` and `_mm_probe_history` behind. Now it is refused, exit 2, naming the site and
+    the GRANT, and the database holds only the application's table."""
+    import uuid
+
+    from clusters import ITEMS, make_cluster
+    from sqlalchemy.engine import make_url
+
+    cl = make_cluster(mysql_backend, tmp_path, ["s1"], ITEMS, init=False)
+    db = make_url(cl.urls["s1"]).database
+    user = "mm_nodrop_" + uuid.uuid4().hex[:10]
+    mysql_backend._admin(f"CREATE USER '{user}'@'%' IDENTIFIED BY 'weakpw123'")
+    try:
+        mysql_backend._admin(
+            "GRANT SELECT, INSERT, UPDATE, DELETE, CREATE, ALTER, INDEX, TRIGGER, CREATE VIEW, CREATE TEMPORARY TABLES, "
+            f"CREATE ROUTINE, ALTER ROUTINE, EXECUTE, DELETE HISTORY ON `{db}`.* TO '{user}'@'%'"
+        )
+        url = make_url(cl.urls["s1"]).set(username=user, password="weakpw123").render_as_string(hide_password=False)
+        with sqlite3.connect(tmp_path / "l.db") as c:
+            c.execute("CREATE TABLE items (id INTEGER PRIMARY KEY, name TEXT, qty INTEGER, price REAL)")
+        topo = tmp_path / "nodrop.yaml"
+        topo.write_text(
+            f'sites:\n  my: {{url: "{url}"}}\n  lite: {{url: "sqlite:///l.db"}}\ntables:\n  items: {{key: id}}\nlinks: mesh\n'
+        )
+        r = mm("init", "-t", str(topo))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "site 'my'" in r.stderr and "may not DROP" in r.stderr and "GRANT DROP ON" in r.stderr, r.stderr
+        c = cl.db("s1")
+        try:
+            cur = c.cursor()
+            cur.execute("SHOW TABLES")
+            assert [row[0] for row in cur.fetchall()] == ["items"]
+        finally:
+            c.close()
+    finally:
+        mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")

@@ -486,10 +486,14 @@ class MySQLDialect(Dialect):
         capture triggers that could not be created (binary logging on, creators not trusted, no
         SUPER)."""
         out = super().install_problems(conn, tables)
-        rows = self._rows_problem(conn)
-        out += [rows] if rows else []
-        history = self._history_problem(conn)
-        out += [history] if history else []
+        drop = self._drop_problem(conn)
+        if drop:  # the scratch tables below could not be dropped again: not made
+            out.append(drop)
+        else:
+            rows = self._rows_problem(conn)
+            out += [rows] if rows else []
+            history = self._history_problem(conn)
+            out += [history] if history else []
         routines = self._routine_problem(conn)
         out += [routines] if routines else []
         row = conn.exec_driver_sql("SELECT @@log_bin, @@log_bin_trust_function_creators").one()
@@ -551,6 +555,23 @@ class MySQLDialect(Dialect):
             f"GRANT {grant} ON {db}.* TO '{name}'@'{host}'"
         )
 
+    def _drop_problem(self, conn: Connection) -> str | None:
+        """multimaster drops what it made (its views and tables replaced by init, recapture and
+        uninstall) and the scratch tables of the checks below: DROP on the database, which a list
+        of grants may lack. Tried with a DROP TABLE IF EXISTS of a table that does not exist (the
+        privilege is checked first, a role's included), so nothing is made that could not be
+        dropped again (until session 34 init made the scratch tables, failed to drop them with the
+        driver's 1142, naming no site, and left them behind)."""
+        try:
+            conn.exec_driver_sql("DROP TABLE IF EXISTS _mm_probe_drop")
+        except DBAPIError as e:
+            if not (e.orig is not None and e.orig.args and e.orig.args[0] in (1142, 1044)):
+                raise
+            return self._grant_needed(
+                conn, "DROP", "multimaster drops the views and tables it replaces, and uninstall drops all it made", "DROP"
+            )
+        return None
+
     def _history_problem(self, conn: Connection) -> str | None:
         """The clock is system-versioned and the horizon, running as the user who ran init, trims
         its history with DELETE HISTORY (site.sql), a privilege of its own that explicit grants
@@ -569,7 +590,8 @@ class MySQLDialect(Dialect):
                 "DELETE HISTORY",
             )  # fmt: skip
         finally:
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
+            with suppress(DBAPIError):
+                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {probe}")
         return None
 
     def _routine_problem(self, conn: Connection) -> str | None:
