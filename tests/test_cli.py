@@ -637,3 +637,21 @@ def test_init_as_a_mariadb_login_without_drop_names_the_site_and_the_grant_and_l
             c.close()
     finally:
         mysql_backend._admin(f"DROP USER IF EXISTS '{user}'@'%'")
+
+
+def test_a_refresh_interval_below_100ms_is_refused(sites):  # type: ignore[no-untyped-def]
+    """`refresh.interval: 0s` was taken (topology show exit 0, and the daemon refreshed in a busy
+    loop). Now an interval below 100ms, in refresh: or on a link, is refused, exit 2, giving the
+    minimum; 100ms itself is taken."""
+    d, topo = sites
+    head = 'sites:\n  s1: {url: "sqlite:///s1.db"}\n  s2: {url: "sqlite:///s2.db"}\ntables:\n  items: {key: id}\n'
+    topo.write_text(head + "links: mesh\nrefresh: {interval: 0s, jitter: 0s}\n")
+    for cmd in (("topology", "show"), ("run",)):
+        r = mm(*cmd, "-t", str(topo))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "refresh.interval: 0 s is below the shortest interval, 100ms" in r.stderr, r.stderr
+    topo.write_text(head + "links:\n  - {from: s1, to: s2, interval: 50ms}\n  - {from: s2, to: s1}\n")
+    r = mm("topology", "show", "-t", str(topo))
+    assert r.returncode == 2 and "links[0].interval: 0.05 s is below the shortest interval, 100ms" in r.stderr, r.stderr
+    topo.write_text(head + "links: mesh\nrefresh: {interval: 100ms}\n")
+    assert mm("topology", "show", "-t", str(topo)).returncode == 0

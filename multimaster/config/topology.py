@@ -62,6 +62,18 @@ def parse_duration(value: str | int | float) -> float:
     return float(m.group(1)) * scale
 
 
+#: the shortest refresh interval taken (refresh.interval, a link's interval): 0 would refresh in a
+#: busy loop (docs/configuration.md)
+MIN_INTERVAL_S = 0.1
+
+
+def _interval_problems(seconds: float, label: str) -> list[str]:
+    """A refresh interval below MIN_INTERVAL_S (0 included, which would refresh in a busy loop)."""
+    if seconds >= MIN_INTERVAL_S:
+        return []
+    return [f"{label}: {seconds:g} s is below the shortest interval, 100ms (0 would refresh a link in a busy loop)"]
+
+
 def parse_retention(value: str | int | float | None) -> float:
     """A retention: a duration (see :func:`parse_duration`) or 'off' (never: infinity)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "off"):
@@ -574,9 +586,12 @@ def _refresh_problems(r: RefreshConfig, problems: list[str]) -> None:
     """The problems of the refresh section: its durations, and a clock warning below the offset."""
     for d, label in ((r.interval, "refresh.interval"), (r.jitter, "refresh.jitter")):
         try:
-            parse_duration(d)
+            seconds = parse_duration(d)
         except ValueError as e:
             problems.append(f"{label}: {e}")
+            continue
+        if label == "refresh.interval":
+            problems.extend(_interval_problems(seconds, label))
     for name, get in (
         ("max_clock_offset", r.max_offset_seconds),
         ("stall_after", r.stall_after_seconds),
@@ -690,12 +705,15 @@ def _link_problems(links: Any, sites: set[str], problems: list[str]) -> list[str
             if (ln.from_, ln.to) in pairs:
                 problems.append(f"links[{i}]: duplicate link {ln.from_} -> {ln.to}")
             pairs.add((ln.from_, ln.to))
-            for d in (ln.interval, ln.jitter):
+            for d, field in ((ln.interval, "interval"), (ln.jitter, "jitter")):
                 if d is not None:
                     try:
-                        parse_duration(d)
+                        v = parse_duration(d)
                     except ValueError as e:
                         problems.append(f"links[{i}]: {e}")
+                        continue
+                    if field == "interval":
+                        problems.extend(_interval_problems(v, f"links[{i}].interval"))
     return names
 
 
