@@ -15,6 +15,7 @@ __all__ = [
     "NotInstalled",
     "BaseRowsDiffer",
     "CorruptChange",
+    "UnresolvedReference",
     "ResolverError",
     "PurgedPastWatermark",
     "ChangesHeld",
@@ -164,6 +165,32 @@ class CorruptChange(MultimasterError):
     def __init__(self, table: str, peer: str, seq: object, reason: str):
         super().__init__(
             f"change log of peer '{peer}', table '{table}', entry {seq}: {reason}. Nothing from this batch was applied."
+        )
+
+
+class UnresolvedReference(CorruptChange):
+    """A pulled change sets a reference to a renumbered table without the identity of the row it
+    references (``f_<col>`` empty, the value set): the key it carries is the row's key at the
+    origin when the change was written, which may name another row at this site. Never applied
+    as it is: held in the error queue with this message (docs/foreign-keys.md "A reference without
+    its identity")."""
+
+    def __init__(self, site: str, table: str, column: str, parent: str, peer: str, ver: str, origin: str, op: str, value: object):
+        what = "insert" if op == "I" else "update"
+        again = (
+            f"write the row again at '{origin}' (delete it and insert it, its {column} set), so that every site gets it with "
+            "the identity"
+            if op == "I"
+            else f"set {table}.{column} of the row again at '{origin}' (to NULL and back, or to the row it should name): "
+            "that update carries the identity"
+        )
+        MultimasterError.__init__(
+            self,
+            f"site '{site}', table '{table}', column '{column}': the {what} {ver} (origin '{origin}', pulled from '{peer}') "
+            f"sets {column} = {value!r} without the identity of the '{parent}' row it references (f_{column} is empty). "
+            f"That key is the row's key at '{origin}' when the change was written and may name another '{parent}' row here, "
+            f"so the change is held, not applied. Fix: {again}; then drop this one here: 'multimaster errors skip -t FILE "
+            f'--site {site} --id ID --reason TEXT\' (docs/foreign-keys.md "A reference without its identity")',
         )
 
 

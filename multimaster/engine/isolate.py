@@ -37,7 +37,7 @@ from multimaster.core.errorqueue import MALFORMED, Holds, in_halves, is_version,
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import held, relays
+from multimaster.engine import held, references, relays
 from multimaster.engine.pull import any_misfit, refit, store_batch
 from multimaster.engine.reconcile import ReconcileResult, reconcile_table
 from multimaster.engine.site import Site
@@ -285,6 +285,8 @@ def reconcile_isolating(
 
 #: why a unit was not applied: a change of it waits for its row (this site does not hold it yet)
 _WAITS = "waits for its row, which this site does not hold"
+#: why a retried held insert was not applied: a row it references is not at this site yet
+_WAITS_REF = "waits for a row it references, which this site does not hold yet"
 
 
 def _hold_unit(
@@ -413,9 +415,12 @@ def _keep_rank(conn: Connection, site: Site, info: TableInfo, peers: Sequence[st
 
 def _insert_at_rank(
     conn: Connection, site: Site, info: TableInfo, peers: Sequence[str], relay: Sequence[str] | None, h: Held, key: int
-) -> ReconcileResult:
+) -> ReconcileResult | None:
     """Retry a held insert that kept its rank: insert its row at `key` (the values its snapshot row
-    carries), relay it when peers need it, mark it applied."""
+    carries, each reference as the key here of the row its identity names: references.insert_keys),
+    relay it when peers need it, mark it applied. None, with nothing done, when a row it references
+    is not here (it waits); UnresolvedReference when a reference has no identity. Before session
+    34 the references went in as the origin's keys, which may name other rows here."""
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
@@ -425,10 +430,15 @@ def _insert_at_rank(
     vals = conn.exec_driver_sql(f"SELECT {', '.join(q('n_' + c) for c in cols)} FROM {snap} WHERE ver = {ph}", (h.ver,)).first()
     if vals is None:
         raise CorruptChange(info.name, h.peer, h.ver, "the held insert is no longer in the snapshot")
+    row = references.insert_keys(conn, site, info, snap, h.peer, h.ver, tuple(vals))
+    if row is None:
+        return None
     d.lock_for_apply(conn, info)
     d.set_applying(conn, True)
-    collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
-    conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *vals))
+    with references.deferred(conn, d, references.involved(conn, d, info)):  # as the reconciler applies
+        collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
+        conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *row))
+        references.orphans_of(conn, site, info, snap, h.ver, list(snaps))  # it references a row deleted meanwhile
     d.after_apply(conn, info)
     held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
     relays.relay_one(conn, site, info, snap, list(snaps.values()), h.ver, h.origin, relay)
@@ -670,8 +680,12 @@ def _apply_many(
                 key = kept.get(str(h.rid)) if h.op == "I" else None
                 if key is None:
                     rest.append(h.ver)
-                else:
-                    res.setdefault(tb, ReconcileResult(tb)).add(_insert_at_rank(conn, site, info, peers, relay[tb], h, key))
+                    continue
+                done = _insert_at_rank(conn, site, info, peers, relay[tb], h, key)
+                if done is None:
+                    _rolled_back(conn, d, sp)
+                    return None, _WAITS_REF
+                res.setdefault(tb, ReconcileResult(tb)).add(done)
             if rest:
                 r = reconcile_table(conn, site, info, peers, base_max[tb], relay[tb], only=rest)
                 if r.parked:

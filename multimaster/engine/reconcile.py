@@ -130,7 +130,7 @@ def reconcile_table(
     # 0. the shadow knows every local row (capture may write it lazily)
     d.catch_up(conn, info)
     # 1. candidates, one per version
-    cands = _candidates(conn, site, info, snaps, fresh, only)
+    cands = _candidates(conn, site, info, snaps, fresh, only, values=not rank_only)
     if cands is not None and only is None and held.hold_behind(conn, d, info, snaps, cands.table):
         cands = _recount(conn, d, cands)
     # on error the transaction rolls back, and the capture guard and scratch tables with it
@@ -248,10 +248,12 @@ def _candidates(
     snaps: dict[str, str],
     fresh: dict[str, int] | None,
     only: Sequence[str] | None = None,
+    values: bool = True,
 ) -> _Candidates | None:
     """Step 1: copy the new snapshot rows of every peer into a scratch table, one per version, less
     those already applied here (arrived over another route), and mark them applied in the
-    snapshots. None (and no scratch table) when there is nothing to apply."""
+    snapshots. None (and no scratch table) when there is nothing to apply. `values` False: only
+    ranks are given (a held insert keeping its rank), no value is written."""
     d = site.dialect
     cand = d.temp_name("_mm_tmp_cand")
     lcols = log_select_columns(site, info)
@@ -272,7 +274,7 @@ def _candidates(
     if not sources:
         return None
     # references: to keys here; a change referencing an identity not held here waits
-    references.resolve(conn, site, info, cand, snaps)
+    references.resolve(conn, site, info, cand, snaps, values)
     per_origin = {
         o_: (int(n), top) for o_, n, top in conn.exec_driver_sql(f"SELECT origin, count(*), max(ver) FROM {cand} GROUP BY origin")
     }

@@ -38,7 +38,7 @@ from multimaster.core.references import REFUSED_ON_UPDATE, Ref, RefChange, fk_or
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo, names
 from multimaster.engine import held
-from multimaster.errors import SchemaError
+from multimaster.errors import SchemaError, UnresolvedReference
 
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology
@@ -64,7 +64,10 @@ __all__ = [
     "install",
     "log_columns",
     "resolve",
+    "refuse_unresolved",
     "fix_self",
+    "insert_keys",
+    "orphans_of",
     "deferred",
     "involved",
     "shadow_keys",
@@ -169,6 +172,33 @@ def install(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str])
 # applying
 
 
+def refuse_unresolved(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dict[str, str]) -> None:
+    """Raise UnresolvedReference for the earliest candidate in `cand` that sets a reference
+    (an insert, or an update of the column) to a key without the referenced row's identity
+    (``n_<col>`` set, ``f_<col>`` NULL). Applied, that key — the row's key at the origin when
+    the change was written — would be taken as a key here, where it may name another row, with
+    nothing to show for it but `verify`. Raised, the batch runs again in isolating mode
+    (engine/isolate.py), which holds the change in the error queue with this error and applies
+    the rest; `errors retry` refuses it again the same way."""
+    d = site.dialect
+    q = d.quote
+    first: tuple[str, str, Any, Ref] | None = None
+    for r in info.refs:
+        n, f = q("n_" + r.column), q("f_" + r.column)
+        row = conn.exec_driver_sql(
+            f"SELECT ver, origin, {n} FROM {cand} WHERE op <> 'D' AND (mask & {_bit(info, r.column)}) <> 0 "
+            f"AND {n} IS NOT NULL AND {f} IS NULL ORDER BY ver LIMIT 1"
+        ).first()
+        if row is not None and (first is None or str(row[0]) < first[0]):
+            first = (str(row[0]), str(row[1]), row[2], r)
+    if first is None:
+        return
+    ver, origin, value, r = first
+    op = conn.exec_driver_sql(f"SELECT op FROM {cand} WHERE ver = {d.caps.placeholder}", (ver,)).scalar()
+    peer = held.peer_of(conn, d, snaps, ver)
+    raise UnresolvedReference(site.name, info.name, r.column, r.parent, peer, ver, origin, str(op), value)
+
+
 def _parent_shadow(d: Dialect, r: Ref) -> str:
     return d.obj(r.parent).shadow
 
@@ -177,17 +207,20 @@ def _bit(info: TableInfo, col: str) -> int:
     return 1 << info.column_names.index(col)
 
 
-def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dict[str, str]) -> int:
-    """Before the candidates of `info` (scratch table `cand`) are applied: park those that reference
-    an identity this site does not hold (core.references.waiting: with the later changes of their
-    origin, `applied = 2` in the snapshots), then turn every carried identity into the referenced
-    row's key here (``n_<col>`` from ``f_<col>``, ``o_<col>`` from ``fo_<col>``). Returns how many
-    changes were parked."""
+def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dict[str, str], values: bool = True) -> int:
+    """Before the candidates of `info` (scratch table `cand`) are applied: refuse one that sets a
+    reference without its identity (:func:`refuse_unresolved`; not when only ranks are given,
+    `values` False), park those that reference an identity this site does not hold
+    (core.references.waiting: with the later changes of their origin, `applied = 2` in the
+    snapshots), then turn every carried identity into the referenced row's key here (``n_<col>``
+    from ``f_<col>``, ``o_<col>`` from ``fo_<col>``). Returns how many changes were parked."""
     if not info.refs:
         return 0
     d = site.dialect
     q = d.quote
     ph = d.caps.placeholder
+    if values:
+        refuse_unresolved(conn, site, info, cand, snaps)
     for parent in sorted({r.parent for r in info.refs if r.parent != info.name}):
         pinfo = site.known_info(parent, conn)
         if pinfo is not None:
@@ -237,6 +270,52 @@ def resolve(conn: Connection, site: Site, info: TableInfo, cand: str, snaps: dic
                 f"WHERE {f} IS NOT NULL AND EXISTS (SELECT 1 FROM {sh} s WHERE s.rid = {cand}.{f})"
             )
     return len(parked)
+
+
+def insert_keys(
+    conn: Connection, site: Site, info: TableInfo, snap: str, peer: str, ver: str, values: Sequence[Any]
+) -> list[Any] | None:
+    """The values `values` (``n_<col>`` in `info`'s column order) of the insert `ver` stored in
+    `snap` (from `peer`), each reference as the key here of the row its identity names (a retried
+    held insert that kept its rank goes in at it, not through the reconciler: engine/isolate.py).
+    None when one names an identity this site does not hold (it waits); UnresolvedReference when
+    one has a value and no identity. A reference to a deleted row gets its key: :func:`orphans_of`
+    then applies the delete."""
+    if not info.refs:
+        return list(values)
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    fcols = ", ".join(q("f_" + r.column) for r in info.refs)
+    row = conn.exec_driver_sql(f"SELECT origin, {fcols} FROM {snap} WHERE ver = {ph}", (ver,)).first()
+    if row is None:
+        return None
+    out = list(values)
+    for r, ident in zip(info.refs, row[1:]):
+        i = info.column_names.index(r.column)
+        if out[i] is None:
+            continue
+        if ident is None:
+            raise UnresolvedReference(site.name, info.name, r.column, r.parent, peer, ver, str(row[0]), "I", out[i])
+        key = conn.exec_driver_sql(f"SELECT {d.key_col} FROM {_parent_shadow(d, r)} WHERE rid = {ph}", (ident,)).scalar()
+        if key is None:
+            return None
+        out[i] = key
+    return out
+
+
+def orphans_of(conn: Connection, site: Site, info: TableInfo, snap: str, ver: str, peers: Sequence[str]) -> None:
+    """:func:`orphans` for the one change `ver` of `snap` just applied (a retried held insert): a
+    row it made reference a deleted row goes, or its reference is set NULL (delete wins)."""
+    if not info.refs:
+        return
+    d = site.dialect
+    cand = d.temp_name("_mm_tmp_one")
+    cols = ", ".join(["ver", "rid", "op", "mask"] + [d.quote("f_" + r.column) for r in info.refs])
+    d.create_temp(conn, cand, f"SELECT {cols} FROM {snap} WHERE 1 = 0", index=None)
+    conn.exec_driver_sql(f"INSERT INTO {cand} ({cols}) SELECT {cols} FROM {snap} WHERE ver = {d.caps.placeholder}", (ver,))
+    orphans(conn, site, info, cand, peers)
+    d.drop_temp(conn, cand)
 
 
 def fix_self(conn: Connection, site: Site, info: TableInfo, cand: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Callable, Hashable, Iterator
@@ -52,7 +53,9 @@ class Site:
         u = make_url(url)
         self.dialect: Dialect = get_dialect(u.get_backend_name())
         self._engine: Engine | None = None
-        self._infos: dict[str, TableInfo] = {}
+        self._infos: dict[str, TableInfo] = {}  # complete descriptions only: threads share them
+        #: per thread, the tables it is describing now, without their references yet (info())
+        self._describing = threading.local()
         self._topo: Topology | None = None
 
     def __repr__(self) -> str:
@@ -121,20 +124,33 @@ class Site:
             self._engine = None
 
     def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
+        """`table` as this site has it (columns, key, references), described once and kept.
+
+        The daemon's link refreshers share one Site and describe its tables concurrently when it
+        starts. Only complete descriptions are shared: a table being described is seen without its
+        references only by the thread describing it (a parent referencing it back, found while
+        discovering them). Shared in the making, another link's refresher took it from there
+        without its references, pulled the change log without the referenced rows' identities and
+        applied the origin's keys as they were: a child then named another row here (session 34)."""
         self._topo = topo
-        if table not in self._infos:
-            cur = store.schemas.current(conn, self.dialect, table) if store.schemas.exists(conn, self.dialect) else None
-            only = None if cur is None else {c.name for c in cur[1]}
-            base = introspect(conn, self.name, table, topo.tables[table], only)
-            if cur is not None:
-                base = replace(base, version=cur[0], dropped=store.schemas.dropped(conn, self.dialect, table))
-            self._infos[table] = base  # (a parent referencing this table back finds it)
-            try:
-                self._infos[table] = replace(base, refs=discover(conn, self, base, topo))
-            except BaseException:
-                del self._infos[table]
-                raise
-        return self._infos[table]
+        done = self._infos.get(table)
+        if done is not None:
+            return done
+        mine: dict[str, TableInfo] = self._describing.__dict__.setdefault("tables", {})
+        if table in mine:  # this thread is describing it: a reference cycle back to it
+            return mine[table]
+        cur = store.schemas.current(conn, self.dialect, table) if store.schemas.exists(conn, self.dialect) else None
+        only = None if cur is None else {c.name for c in cur[1]}
+        base = introspect(conn, self.name, table, topo.tables[table], only)
+        if cur is not None:
+            base = replace(base, version=cur[0], dropped=store.schemas.dropped(conn, self.dialect, table))
+        mine[table] = base
+        try:
+            full = replace(base, refs=discover(conn, self, base, topo))
+        finally:
+            del mine[table]
+        self._infos[table] = full
+        return full
 
     def forget(self, table: str | None = None) -> None:
         """Describe `table` (every table: None) anew at the next info(): its schema changed."""
