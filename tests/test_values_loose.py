@@ -183,3 +183,58 @@ def test_init_copy_refuses_a_loose_value_naming_its_row(mixed, tmp_path):  # typ
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "table 't', row id=2, column 'what': b'\\x00\\xff' is bytes, not text" in r.stderr, r.stderr
     assert _sql(mixed["postgresql"], urls["pg"], "SELECT count(*) FROM t") == [(0,)]
+
+
+def test_postgresql_infinity_and_bc_replicate_to_postgresql_and_are_held_elsewhere(mixed, tmp_path):  # type: ignore[no-untyped-def]
+    """'infinity' and BC dates, which Python's datetime cannot hold: before, the read at the source
+    failed ("timestamp too large"), the whole link, even PostgreSQL -> PostgreSQL. Now they are read
+    as PostgreSQL's text, stored as they are at another PostgreSQL site and held at SQLite."""
+    pg, lite = mixed["postgresql"], mixed["sqlite"]
+    ddl = "CREATE TABLE t (id {}, note TEXT, until TIMESTAMP, at TIMESTAMPTZ, d DATE)"
+    urls = {s: b.new_site(tmp_path, s) for s, b in (("a", pg), ("b", pg), ("lite", lite))}
+    for s in ("a", "b"):
+        _sql(pg, urls[s], ddl.format("SERIAL PRIMARY KEY"))
+    _sql(lite, urls["lite"], ddl.format("INTEGER PRIMARY KEY AUTOINCREMENT").replace("TIMESTAMPTZ", "TIMESTAMP"))
+    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    assert mm("init", "-t", str(topo)).returncode == 0
+    _sql(pg, urls["a"], "INSERT INTO t (note, until, at, d) VALUES ('forever', 'infinity', '-infinity', '0044-03-15 BC')")
+    _sql(pg, urls["a"], "INSERT INTO t (note, until) VALUES ('fine', '2024-06-01 12:00')")
+    r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
+    assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
+    got = "SELECT note, until::text, at::text, d::text FROM t ORDER BY id"
+    assert _sql(pg, urls["b"], got) == _sql(pg, urls["a"], got)
+    assert _sql(pg, urls["b"], got)[0] == ("forever", "infinity", "-infinity", "0044-03-15 BC")
+    held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
+    assert [(e["site"], e["change"]["values"]["note"]) for e in held] == [("lite", "forever")], held
+    assert "'infinity'" in held[0]["error"] and "t.until (" in held[0]["error"]
+    assert _sql(lite, urls["lite"], "SELECT note FROM t") == [("fine",)]
+
+
+def test_mariadb_zero_dates_are_held_by_name_not_a_link_failure(mixed, tmp_path):  # type: ignore[no-untyped-def]
+    """A zero date (written with sql_mode='') reaches the engine as its text: before, converting
+    it failed the whole link ("year 0 is out of range"), even MariaDB -> MariaDB; now the change
+    is held at each site, naming the columns and values, and the link's other changes flow."""
+    my = mixed["mysql"]
+    urls = {s: my.new_site(tmp_path, s) for s in ("a", "b")}
+    for s in urls:
+        _sql(my, urls[s], "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, note TEXT, at DATETIME(6), d DATE)")
+    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    assert mm("init", "-t", str(topo)).returncode == 0
+    c = my.connect(urls["a"])
+    cur = c.cursor()
+    cur.execute("SET sql_mode = ''")
+    cur.execute("INSERT INTO t (note, at, d) VALUES ('zero', '0000-00-00 00:00:00', '0000-00-00')")
+    c.commit()
+    cur.execute("INSERT INTO t (note, at, d) VALUES ('fine', '2024-06-01 12:00:00', '2024-06-01')")
+    c.commit()
+    c.close()
+    r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
+    assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
+    held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
+    assert [(e["site"], e["change"]["values"]["note"]) for e in held] == [("b", "zero")], held
+    assert "t.at (" in held[0]["error"] and "'0000-00-00'" in held[0]["error"] and "t.d (" in held[0]["error"]
+    assert _sql(my, urls["b"], "SELECT note FROM t") == [("fine",)]

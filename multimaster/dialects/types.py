@@ -278,6 +278,25 @@ def adapter(table: dict[str, Conv], kind: str | None) -> Conv | None:
     return run
 
 
+#: PostgreSQL's text of a date or timestamp Python's cannot hold (its loaders give it as text,
+#: dialects/postgresql): infinity, a BC date, a year past 9999
+_PG_SPECIAL = re.compile(r"^(-?infinity|\d{4,}-\d\d-\d\d.* BC|\d{5,}-\d\d-\d\d.*)$")
+
+
+def pg_special(conv: Conv | None) -> Conv | None:
+    """`conv` (a converter for a PostgreSQL site) passing PostgreSQL's text of a date or timestamp
+    Python cannot hold through as it is, which a PostgreSQL column of the kind stores exactly."""
+    if conv is None:
+        return None
+
+    def run(v: Any) -> Any:
+        if isinstance(v, str) and _PG_SPECIAL.match(v):
+            return v
+        return conv(v)
+
+    return run
+
+
 def shared_kinds(per_site: dict[str, tuple[str, str | None]]) -> set[str]:
     """The kinds a column's sites (site -> (dialect, kind)) hold, leaving out what SQLite takes of
     another: its TIMESTAMP holds ISO-8601 text, with or without an offset (either kind). More than
