@@ -238,3 +238,36 @@ def test_mariadb_zero_dates_are_held_by_name_not_a_link_failure(mixed, tmp_path)
     assert [(e["site"], e["change"]["values"]["note"]) for e in held] == [("b", "zero")], held
     assert "t.at (" in held[0]["error"] and "'0000-00-00'" in held[0]["error"] and "t.d (" in held[0]["error"]
     assert _sql(my, urls["b"], "SELECT note FROM t") == [("fine",)]
+
+
+def test_entry_size_counts_what_a_statement_carries() -> None:
+    from multimaster.engine.pull import entry_size
+
+    assert entry_size(["x" * 100, b"y" * 100, 5], 10_000) == 0
+    assert entry_size([b"\x00" * 1000], 1500) == 2010  # each NUL escaped
+    assert entry_size(["é" * 1000, None], 1000) == 2010 + 32
+
+
+def test_an_entry_larger_than_max_allowed_packet_is_named_not_a_stall(mixed, tmp_path):  # type: ignore[no-untyped-def]
+    """A blob larger than the receiving MariaDB's max_allowed_packet: before, the store lost the
+    connection ("server has gone away"), retried forever, nothing named. Now the link's error names
+    the table, key, size, the limit and the SET GLOBAL that lets it through."""
+    pg, my = mixed["postgresql"], mixed["mysql"]
+    urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
+    _sql(pg, urls["pg"], "CREATE TABLE f (id SERIAL PRIMARY KEY, body BYTEA)")
+    _sql(my, urls["maria"], "CREATE TABLE f (id INT AUTO_INCREMENT PRIMARY KEY, body LONGBLOB)")
+    limit = int(_sql(my, urls["maria"], "SELECT @@max_allowed_packet")[0][0])
+    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"f": {"key": "id"}}, "links": "mesh"}
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    assert mm("init", "-t", str(topo)).returncode == 0
+    c = pg.connect(urls["pg"])
+    c.cursor().execute("INSERT INTO f (body) VALUES (%s)", (b"z" * (limit + 1024),))
+    c.commit()
+    c.close()
+    r = mm("refresh", "-t", str(topo), "--json")
+    assert r.returncode != 0 and "Traceback" not in r.stderr, r.stderr
+    err = next(lk["error"] for run in json.loads(r.stdout) for lk in run["links"] if lk["error"])
+    assert "table 'f' (key 1, pulled from 'pg')" in err and f"max_allowed_packet ({limit:,} bytes)" in err, err
+    assert "SET GLOBAL max_allowed_packet" in err and "gone away" not in err
+    assert _sql(my, urls["maria"], "SELECT count(*) FROM f") == [(0,)]

@@ -23,7 +23,7 @@ from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
 from multimaster.engine.held import HELD
 from multimaster.engine.site import Site
-from multimaster.errors import CorruptChange
+from multimaster.errors import CorruptChange, EntryTooLarge
 from multimaster.store.errorqueue import SCHEMA, Held
 
 __all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull_link", "read_entries", "store_batch"]
@@ -373,6 +373,7 @@ def store_batch(
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     fits = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
     unfit: list[tuple[tuple[Any, ...], str]] = []  # (row, error): values this site cannot store exactly
+    limit = d.entry_limit(conn) if rows else None
     for r in rows:
         _seq2, op2, seq = r[0], r[1], r[2]
         if op2 == "A":
@@ -384,6 +385,8 @@ def store_batch(
             failed: dict[int, Misfit] = {}
             if conv:  # values as this site's driver stores them exactly (dialects/types.py)
                 vals, failed = exact_values(vals, conv)
+            if limit is not None and (size := entry_size(vals, limit - 4096)):  # room for the statement around it
+                raise EntryTooLarge(site.name, info.name, peer, vals[4], size, limit)
             if keep_txn:
                 t = r[3 + width] if len(r) > 3 + width else None
                 vals = (*vals, txn if t is None else str(t))
@@ -440,6 +443,29 @@ def exact_values(vals: Sequence[Any], conv: Sequence[tuple[int, Any]]) -> tuple[
             if m is not None:
                 failed[at] = m
     return out, failed
+
+
+_ESCAPED = b"\x00\n\r\x1a'\"\\"
+
+
+def entry_size(vals: Sequence[Any], room: int) -> int:
+    """0 when a change's values surely take at most `room` bytes in a statement; else about how
+    many they take (PyMySQL inlines each value, escaping these characters with a backslash): its
+    texts and bytes exactly, the rest at 32."""
+    bound = sum(4 * len(v) if isinstance(v, str) else 2 * len(v) if isinstance(v, (bytes, bytearray)) else 64 for v in vals)
+    if bound <= room and not any(isinstance(v, memoryview) for v in vals):
+        return 0
+    n = 0
+    for v in vals:
+        if isinstance(v, str):
+            b = v.encode("utf-8", "surrogatepass")
+        elif isinstance(v, (bytes, bytearray, memoryview)):
+            b = bytes(v)
+        else:
+            n += 32
+            continue
+        n += len(b) + 10 + sum(b.count(c) for c in _ESCAPED)
+    return n if n > room else 0
 
 
 def any_misfit(site: Site, info: TableInfo, rows: Sequence[tuple[Any, ...]]) -> bool:
