@@ -194,6 +194,21 @@ class UnresolvedReference(CorruptChange):
         )
 
 
+class EntryTooLarge(MultimasterError):
+    """A pulled change larger than the receiving MariaDB's max_allowed_packet: no statement can
+    carry it there (the server drops the connection, "server has gone away")."""
+
+    def __init__(self, site: str, table: str, peer: str, key: object, size: int, limit: int):
+        need = 1 << max(size + 65_536, 1).bit_length()
+        super().__init__(
+            f"site '{site}': a change of table '{table}' (key {key!r}, pulled from '{peer}') is {size:,} bytes, larger than "
+            f"its max_allowed_packet ({limit:,} bytes) lets a statement carry. Nothing from this batch was applied. Fix: "
+            f"at '{site}' run 'SET GLOBAL max_allowed_packet = {need}' (and set it in the server's configuration), then "
+            "refresh again (a running daemon: restart it, its open connections keep the old limit); docs/types.md "
+            '"Values a site cannot store"'
+        )
+
+
 class ClockAhead(MultimasterError):
     """A pulled change's version is further ahead of this site's wall clock than the topology's
     refresh.max_clock_offset: the batch is held (nothing applied, the watermark stays)."""

@@ -226,6 +226,10 @@ class Dialect:
         sets = ", ".join(f"{c} = {p}" for c in set_cols)
         conn.exec_driver_sql(f"UPDATE {table} SET {sets} WHERE {where_col} = {p}", rows)
 
+    def entry_limit(self, conn: Connection) -> int | None:
+        """The most bytes one statement may carry to this site (None: no limit that matters)."""
+        return None
+
     def store_snapshot_rows(
         self, conn: Connection, snap: str, cols: list[str], rows: list[tuple[Any, ...]], applied: bool
     ) -> None:

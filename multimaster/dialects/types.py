@@ -67,13 +67,23 @@ def json_checked(check_clauses: Iterable[str]) -> set[str]:
     return {m.group(1) for clause in check_clauses for m in _JSON_VALID.finditer(clause)}
 
 
+def shown(v: Any) -> str:
+    """A value as messages name it: its repr, cut to 40 characters."""
+    r = repr(bytes(v) if isinstance(v, (bytearray, memoryview)) else v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
 def _parse_dt(v: Any) -> dt.datetime:
     if isinstance(v, dt.datetime):
         return v
     if isinstance(v, dt.date):
         return dt.datetime(v.year, v.month, v.day)
-    s = v.decode() if isinstance(v, (bytes, bytearray)) else str(v)
-    return dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+    if not isinstance(v, str):  # an epoch number, a blob: which instant it means is a guess
+        raise ValueError(f"{shown(v)} is not a date and time (a {type(v).__name__}, not ISO-8601 text)")
+    try:
+        return dt.datetime.fromisoformat(v.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{shown(v)} is not an ISO-8601 date and time") from None
 
 
 def _aware(v: Any) -> dt.datetime:
@@ -87,11 +97,19 @@ def _naive(v: Any) -> dt.datetime:
 
 
 def _date(v: Any) -> dt.date:
-    if isinstance(v, dt.datetime):
-        return v.date()
-    if isinstance(v, dt.date):
+    """A date; a date and time only at midnight without an offset (exact: the time of day it
+    drops is zero), never cutting off a time of day (docs/types.md)."""
+    if isinstance(v, dt.date) and not isinstance(v, dt.datetime):
         return v
-    return dt.date.fromisoformat(str(v)[:10])
+    if isinstance(v, str) and len(v) == 10:
+        try:
+            return dt.date.fromisoformat(v)
+        except ValueError:
+            raise ValueError(f"{shown(v)} is not an ISO-8601 date") from None
+    d = _parse_dt(v)
+    if d.tzinfo is not None or d.time() != dt.time():
+        raise ValueError(f"{shown(v)} has a time of day, which a date column would drop")
+    return d.date()
 
 
 def _decimal(v: Any) -> Decimal:
@@ -99,22 +117,57 @@ def _decimal(v: Any) -> Decimal:
         return v
     if isinstance(v, float):
         return Decimal(repr(v))  # the shortest repr is the value the peer stored
-    return Decimal(str(v))
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        raise ValueError(f"{shown(v)} is not a number (bytes)")
+    try:
+        return Decimal(str(v).strip() if isinstance(v, str) else str(v))
+    except ArithmeticError:
+        raise ValueError(f"{shown(v)} is not a number") from None
 
 
 def _int(v: Any) -> int:
     if isinstance(v, int):
         return int(v)
     d = _decimal(v)
-    if d != d.to_integral_value():
-        raise ValueError(f"{v!r} is not an integer")
+    if not d.is_finite() or d != d.to_integral_value():
+        raise ValueError(f"{shown(v)} is not an integer")
     return int(d)
 
 
+def _float(v: Any) -> float:
+    if isinstance(v, (str, bytes, bytearray, memoryview)):
+        try:
+            return float(v)  # ' 1.5', 'inf', 'nan' as SQLite keeps them in a REAL it could not convert
+        except ValueError:
+            raise ValueError(f"{shown(v)} is not a number") from None
+    return float(v)
+
+
+#: the spellings of a boolean PostgreSQL accepts (case and surrounding blanks aside)
+_TRUE = ("1", "t", "true", "y", "yes", "on")
+_FALSE = ("0", "f", "false", "n", "no", "off")
+
+
 def _bool(v: Any) -> bool:
+    """True or False, from a bool, 0 or 1, or a spelling PostgreSQL accepts; anything else (2,
+    'maybe') is no boolean, which no conversion keeps (docs/types.md)."""
     if isinstance(v, str):
-        return v.strip().lower() in ("1", "t", "true", "y", "yes", "on")
-    return bool(v)
+        w = v.strip().lower()
+        if w in _TRUE or w in _FALSE:
+            return w in _TRUE
+    elif isinstance(v, (bool, int, float, Decimal)) and v in (0, 1):
+        return bool(v)
+    raise ValueError(f"{shown(v)} is not a boolean (true, false, 1 or 0)")
+
+
+def _text(v: Any) -> str:
+    """A text; a number as its digits (what SQLite's TEXT affinity stores of one); never a blob,
+    whose Python repr is no text the application wrote."""
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        raise ValueError(f"{shown(v)} is bytes, not text")
+    return str(v)
 
 
 def _bytes(v: Any) -> bytes:
@@ -163,9 +216,9 @@ def json_problem(v: Any, nul: bool = True) -> str | None:
 NATIVE: dict[str, Conv] = {
     "int": _int,
     "decimal": _decimal,
-    "float": float,
+    "float": _float,
     "bool": _bool,
-    "text": str,
+    "text": _text,
     "bytes": _bytes,
     "date": _date,
     "timestamp": _naive,
@@ -186,9 +239,9 @@ def _sqlite_dt(v: Any) -> str:
 SQLITE: dict[str, Conv] = {
     "int": _int,
     "decimal": lambda v: str(_decimal(v)),
-    "float": float,
+    "float": _float,
     "bool": lambda v: int(_bool(v)),
-    "text": str,
+    "text": _text,
     "bytes": _bytes,
     "date": lambda v: _date(v).isoformat(),
     "timestamp": _sqlite_dt,
@@ -219,6 +272,25 @@ def adapter(table: dict[str, Conv], kind: str | None) -> Conv | None:
         if v is None:
             return None
         if fast is not None and type(v) in fast:
+            return v
+        return conv(v)
+
+    return run
+
+
+#: PostgreSQL's text of a date or timestamp Python's cannot hold (its loaders give it as text,
+#: dialects/postgresql): infinity, a BC date, a year past 9999
+_PG_SPECIAL = re.compile(r"^(-?infinity|\d{4,}-\d\d-\d\d.* BC|\d{5,}-\d\d-\d\d.*)$")
+
+
+def pg_special(conv: Conv | None) -> Conv | None:
+    """`conv` (a converter for a PostgreSQL site) passing PostgreSQL's text of a date or timestamp
+    Python cannot hold through as it is, which a PostgreSQL column of the kind stores exactly."""
+    if conv is None:
+        return None
+
+    def run(v: Any) -> Any:
+        if isinstance(v, str) and _PG_SPECIAL.match(v):
             return v
         return conv(v)
 

@@ -23,7 +23,7 @@ from multimaster.dialects.schema import TableInfo
 from multimaster.engine import references
 from multimaster.engine.held import HELD
 from multimaster.engine.site import Site
-from multimaster.errors import CorruptChange
+from multimaster.errors import CorruptChange, EntryTooLarge
 from multimaster.store.errorqueue import SCHEMA, Held
 
 __all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull_link", "read_entries", "store_batch"]
@@ -373,6 +373,7 @@ def store_batch(
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     fits = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
     unfit: list[tuple[tuple[Any, ...], str]] = []  # (row, error): values this site cannot store exactly
+    limit = d.entry_limit(conn) if rows else None
     for r in rows:
         _seq2, op2, seq = r[0], r[1], r[2]
         if op2 == "A":
@@ -381,17 +382,17 @@ def store_batch(
             vals: Sequence[Any] = r[3 : 3 + width]
             if not isinstance(vals[0], str) or len(vals[0]) < 21 or vals[2] not in ("I", "U", "D") or vals[5] is None:
                 raise CorruptChange(info.name, peer, seq, f"malformed change (ver={vals[0]!r}, op={vals[2]!r}, mask={vals[5]!r})")
+            failed: dict[int, Misfit] = {}
             if conv:  # values as this site's driver stores them exactly (dialects/types.py)
-                exact = list(vals)
-                for i, f in conv:
-                    exact[i] = f(exact[i])
-                vals = exact
+                vals, failed = exact_values(vals, conv)
+            if limit is not None and (size := entry_size(vals, limit - 4096)):  # room for the statement around it
+                raise EntryTooLarge(site.name, info.name, peer, vals[4], size, limit)
             if keep_txn:
                 t = r[3 + width] if len(r) > 3 + width else None
                 vals = (*vals, txn if t is None else str(t))
             pending = r[4 + width] if len(r) > 4 + width else None
             vals = (*vals, r[5 + width] if len(r) > 5 + width else None)  # sup, the snapshot's last column (cols_of)
-            bad = misfits(info, fits, vals) if fits else None
+            bad = misfits(info, fits, vals, failed) if fits or failed else None
             if bad is not None:  # a value this site cannot store exactly: held, kept aside whole
                 kept, stash, why = bad
                 unfit.append(((seq, *kept, pending, stash), misfit_message(site, info, peer, vals[1], why)))
@@ -414,47 +415,107 @@ def store_batch(
     return len(appended) + len(waiting) + len(unfit), last, min((a[0] for a in appended), default=None) if applied else None
 
 
+#: what a value converter (dialects/types.py) raises for a value it cannot convert exactly
+CONVERT_ERRORS = (TypeError, ValueError, ArithmeticError)
+
+
+def converted(f: Any, v: Any) -> tuple[Any, Misfit | None]:
+    """`v` converted by `f` (a Dialect.value_adapters converter), or `v` as it came and why it
+    cannot be: a value of no kind the column holds (SQLite keeps '12abc' in an INTEGER column, a
+    blob in a TEXT one) no column of the kind at any site holds either (docs/types.md)."""
+    try:
+        return f(v), None
+    except CONVERT_ERRORS as e:
+        from multimaster.dialects.types import shown
+
+        why = str(e) if shown(v) in str(e) else f"{shown(v)}: {type(e).__name__} {e}"
+        return v, Misfit(f"{why}; no column of this kind holds it", never=True)
+
+
+def exact_values(vals: Sequence[Any], conv: Sequence[tuple[int, Any]]) -> tuple[list[Any], dict[int, Misfit]]:
+    """A change's snapshot values `vals` with those at the positions of `conv` (position,
+    converter) converted; and, by position, why those that cannot be were kept as they came."""
+    out = list(vals)
+    failed: dict[int, Misfit] = {}
+    for at, f in conv:
+        if out[at] is not None:
+            out[at], m = converted(f, out[at])
+            if m is not None:
+                failed[at] = m
+    return out, failed
+
+
+_ESCAPED = b"\x00\n\r\x1a'\"\\"
+
+
+def entry_size(vals: Sequence[Any], room: int) -> int:
+    """0 when a change's values surely take at most `room` bytes in a statement; else about how
+    many they take (PyMySQL inlines each value, escaping these characters with a backslash): its
+    texts and bytes exactly, the rest at 32."""
+    bound = sum(4 * len(v) if isinstance(v, str) else 2 * len(v) if isinstance(v, (bytes, bytearray)) else 64 for v in vals)
+    if bound <= room and not any(isinstance(v, memoryview) for v in vals):
+        return 0
+    n = 0
+    for v in vals:
+        if isinstance(v, str):
+            b = v.encode("utf-8", "surrogatepass")
+        elif isinstance(v, (bytes, bytearray, memoryview)):
+            b = bytes(v)
+        else:
+            n += 32
+            continue
+        n += len(b) + 10 + sum(b.count(c) for c in _ESCAPED)
+    return n if n > room else 0
+
+
 def any_misfit(site: Site, info: TableInfo, rows: Sequence[tuple[Any, ...]]) -> bool:
     """Whether pulled `rows` (read_entries' layout) hold a value `site` cannot store exactly
-    (Dialect.value_checks): the batch is then applied in isolating mode, which holds the rest of
-    such a change's source transaction and the later changes of its row (engine/isolate.py)."""
+    (Dialect.value_checks), or cannot convert to its column's kind at all: the batch is then
+    applied in isolating mode, which holds the rest of such a change's source transaction and the
+    later changes of its row (engine/isolate.py)."""
     d = site.dialect
-    tests = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
-    if not tests or not rows:
-        return False
+    tests = d.value_checks(info)
     adapt = d.value_adapters(info)
+    cols = [i for i in range(len(info.columns)) if tests[i] is not None or adapt[i] is not None]
+    if not cols or not rows:
+        return False
     n = len(info.columns)
     for r in rows:
         if r[1] != "A" or r[3] is None:
             continue
-        for i, f in tests:
+        for i in cols:
             for at in (9 + i, 9 + n + i):
-                v = r[at]
-                if v is not None and adapt[i] is not None:
-                    try:
-                        v = adapt[i](v)
-                    except (TypeError, ValueError, ArithmeticError):
-                        continue  # store_batch says so
-                if v is not None and f(v) is not None:
+                if r[at] is not None and _misfit_of(adapt[i], tests[i], r[at]) is not None:
                     return True
     return False
 
 
+def _misfit_of(adapt: Any, test: Any, v: Any) -> Misfit | None:
+    m = None
+    if adapt is not None:
+        v, m = converted(adapt, v)
+    return m if m is not None or test is None else test(v)
+
+
 def misfits(
-    info: TableInfo, fits: Sequence[tuple[int, Any]], vals: Sequence[Any]
+    info: TableInfo, fits: Sequence[tuple[int, Any]], vals: Sequence[Any], failed: Mapping[int, Misfit] | None = None
 ) -> tuple[tuple[Any, ...], str, list[tuple[str, Misfit]]] | None:
     """Of a change's snapshot values `vals` (ver, origin, op, rid, key, mask, n..., o..., ...; as
     this site's driver is given them), those its columns cannot store exactly (`fits`: (column
-    index, Dialect.value_checks test)): None when all fit; else the values with those set to NULL,
-    the values taken out as the snapshot's ``misfit`` text (column -> (new, old), exact), and why
-    each one does not fit."""
+    index, Dialect.value_checks test); `failed`: by position, values that could not be converted
+    to their column's kind at all, exact_values): None when all fit; else the values with those
+    set to NULL, the values taken out as the snapshot's ``misfit`` text (column -> (new, old),
+    exact), and why each one does not fit."""
     n = len(info.columns)
     out = list(vals)
     stash: dict[str, tuple[Any, Any]] = {}
     why: list[tuple[str, Misfit]] = []
-    for i, f in fits:
+    failed = failed or {}
+    tests = dict(fits)
+    for i in sorted(set(tests) | {(at - 6) % n for at in failed}):
+        f = tests.get(i)
         for at in (6 + i, 6 + n + i):
-            m = f(vals[at]) if vals[at] is not None else None
+            m = failed.get(at) or (f(vals[at]) if vals[at] is not None and f is not None else None)
             if m is None:
                 continue
             name = info.columns[i].name
@@ -533,6 +594,7 @@ def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collec
     snap = d.obj(info.name, peer).snapshot()
     ph = d.caps.placeholder
     fits = dict((i, f) for i, f in enumerate(d.value_checks(info)) if f is not None)
+    adapt = d.value_adapters(info)
     by = {c.name: i for i, c in enumerate(info.columns)}
     still: dict[str, str] = {}
     want = set(vers)
@@ -542,8 +604,14 @@ def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collec
         if str(ver) not in want:
             continue
         stash = decode_pending(text)
-        why = [
-            (c, m) for c, (new, old) in stash.items() for m in [_first_misfit(fits.get(by.get(c, -1)), new, old)] if m is not None
+        stash, why = _reconverted(stash, adapt, by)
+        unconverted = {c for c, _ in why}
+        why += [
+            (c, m)
+            for c, (new, old) in stash.items()
+            if c not in unconverted
+            for m in [_first_misfit(fits.get(by.get(c, -1)), new, old)]
+            if m is not None
         ]
         if c_missing := [c for c in stash if c not in by]:
             why += [(c, Misfit(f"column {c} is no longer at this site")) for c in c_missing]
@@ -563,6 +631,24 @@ def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collec
                 site, info, peer, origin, [(c, Misfit(f"the snapshot here refuses it: {err}")) for c in stash]
             )
     return still
+
+
+def _reconverted(
+    stash: dict[str, tuple[Any, Any]], adapt: Sequence[Any], by: Mapping[str, int]
+) -> tuple[dict[str, tuple[Any, Any]], list[tuple[str, Misfit]]]:
+    """The values taken out of a held change (``misfit``) converted as store_batch converts them
+    (a value held because it could not be converted at all is still held), and why those that
+    cannot be are still held."""
+    out: dict[str, tuple[Any, Any]] = {}
+    why: list[tuple[str, Misfit]] = []
+    for c, pair in stash.items():
+        f = adapt[by[c]] if c in by else None
+        got = [(v, None) if v is None or f is None else converted(f, v) for v in pair]
+        out[c] = (got[0][0], got[1][0])
+        m = got[0][1] or got[1][1]
+        if m is not None:
+            why.append((c, m))
+    return out, why
 
 
 def _first_misfit(f: Any, new: Any, old: Any) -> Misfit | None:

@@ -367,6 +367,25 @@ def _follow_all(cl: Cluster, rep: InitReport) -> None:
         raise SchemaError(problems)
 
 
+def _exact_row(src: Site, dst: Site, info: TableInfo, adapters: list[Any], row: Any) -> tuple[Any, ...]:
+    """A base row of `src` (key first) with its values as `dst`'s driver stores them exactly; a
+    value of no kind its column holds (SQLite keeps '12abc' in an INTEGER) is refused naming it,
+    and nothing of the copy is kept (docs/types.md "Values a site cannot store")."""
+    out = [row[0]]
+    for c, f, v in zip(info.column_names, adapters, row[1:]):
+        try:
+            out.append(v if f is None or v is None else f(v))
+        except (TypeError, ValueError, ArithmeticError) as e:
+            raise SchemaError(
+                [
+                    f"table '{info.name}', row {info.key.name}={row[0]!r} at '{src.name}', column '{c}': {e}; "
+                    f"'{dst.name}' ({dst.dialect.title}) cannot store it exactly: correct it at '{src.name}' and run again "
+                    '(docs/types.md "Values a site cannot store")'
+                ]
+            ) from None
+    return tuple(out)
+
+
 def _copy_rows(
     src: Site, dst: Site, dconn: Connection, info_src: TableInfo, info_dst: TableInfo, say: Progress, total: int | None = None
 ) -> int:
@@ -396,7 +415,7 @@ def _copy_rows(
         batch: list[tuple[Any, ...]] = []
         adapters = dst.dialect.value_adapters(info_dst)  # values as the target's driver stores them exactly
         for row in _rows_sorted(sconn, src, info_src):
-            batch.append((row[0], *(v if f is None else f(v) for f, v in zip(adapters, row[1:]))))
+            batch.append(_exact_row(src, dst, info_dst, adapters, row))
             if len(batch) >= 10_000:
                 dconn.exec_driver_sql(sql, batch)
                 n += len(batch)

@@ -767,9 +767,28 @@ class _Into:
         for r in rows:
             x = list(r)
             for i, f in conv:
-                x[i] = f(x[i])
+                x[i] = self._exact(f, x[i], names[i], into, r[0] if into == "rows" else None)
             out.append(tuple(x))
         return out
+
+    def _exact(self, f: Callable[[Any], Any], v: Any, col: str | None, into: str, key: Any) -> Any:
+        """`v` converted by `f`; a value of no kind its column holds (SQLite keeps '12abc' in an
+        INTEGER) is refused naming it: nothing of the copy is kept (docs/types.md "Values a site
+        cannot store")."""
+        try:
+            return f(v)
+        except (TypeError, ValueError, ArithmeticError) as e:
+            row = (
+                f", row {self.info.key.name}={key!r}"
+                if into == "rows"
+                else f", a value kept in its {into} (a change recorded before)"
+            )
+            raise SchemaError(
+                [
+                    f"table '{self.info.name}'{row}, column '{col}': {e}; the new site cannot store it exactly: "
+                    'write a value it can hold where it was written and run again (docs/types.md "Values a site cannot store")'
+                ]
+            ) from None
 
 
 def _write_copy(

@@ -255,6 +255,11 @@ class MySQLDialect(Dialect):
         ).all()
         return types.json_checked(str(r[0]) for r in rows)
 
+    def entry_limit(self, conn: Connection) -> int | None:
+        """This session's max_allowed_packet: a statement longer than it makes the server drop
+        the connection ("server has gone away"), which no retry gets past."""
+        return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+
     def value_adapters(self, info: TableInfo) -> list[Any]:
         from multimaster.dialects import types
 

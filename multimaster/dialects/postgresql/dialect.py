@@ -147,6 +147,34 @@ def _load_as_text(dbapi_conn: Any) -> None:
 
     for name in TEXT_LOADED:
         adapters.register_loader(name, TextLoader)
+    for name, loader in _special_loaders().items():
+        adapters.register_loader(name, loader)
+
+
+def _special_loaders() -> dict[str, Any]:
+    """Loaders of date, timestamp and timestamptz that give a value Python's datetime cannot hold
+    ('infinity', '-infinity', a BC date, a year past 9999) as PostgreSQL's text of it instead of
+    failing the whole read ("timestamp too large"): another PostgreSQL site stores that text
+    as it is (bound untyped, it takes the column's type); a site of another database cannot
+    convert it and holds the change naming it (dialects/types.py, docs/types.md)."""
+    from psycopg import DataError
+    from psycopg.types import datetime as pdt
+
+    def special(base: Any) -> Any:
+        class Special(base):  # type: ignore[misc, valid-type]
+            def load(self, data: Any) -> Any:
+                try:
+                    return super().load(data)
+                except DataError:
+                    return bytes(data).decode()
+
+        return Special
+
+    return {
+        "date": special(pdt.DateLoader),
+        "timestamp": special(pdt.TimestampLoader),
+        "timestamptz": special(pdt.TimestamptzLoader),
+    }
 
 
 class PostgreSQLDialect(Dialect):
@@ -236,7 +264,7 @@ class PostgreSQLDialect(Dialect):
         """A JSON value is bound as its text (PostgreSQL casts it to the column's json / jsonb)."""
         from multimaster.dialects import types
 
-        return [types.adapter(types.NATIVE, types.kind_of(self.name, c)) for c in info.columns]
+        return [types.pg_special(types.adapter(types.NATIVE, types.kind_of(self.name, c))) for c in info.columns]
 
     def is_retryable(self, exc: BaseException) -> bool:
         orig = getattr(exc, "orig", exc)
