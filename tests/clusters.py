@@ -575,13 +575,20 @@ def server_unavailable(name: str, reason: str) -> None:
     pytest.skip(msg)
 
 
+def made(name: str) -> Backend:
+    """The backend `name`; the test skipped (failed under MM_REQUIRE_SERVERS) when its server does
+    not answer. The caller drops its databases (`cleanup`)."""
+    try:
+        return BACKENDS[name]()  # type: ignore[no-any-return]
+    except ConnectionError as e:
+        server_unavailable(name, str(e))
+        raise
+
+
 def opened(name: str) -> Iterator[Backend]:
     """A fixture's body: the backend `name` (skipped, or failed under MM_REQUIRE_SERVERS, when its
     server does not answer), its databases dropped after the test."""
-    try:
-        b = BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
+    b = made(name)
     yield b
     b.cleanup()
 

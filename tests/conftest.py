@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from clusters import BACKENDS, DROPPER, SPARES, Backend, opened, server_unavailable
+from clusters import BACKENDS, DROPPER, SPARES, Backend, made, opened, server_unavailable
 from hypothesis import HealthCheck, settings
 
 # The suite shares 2 noisy cores with the servers and other runs: how fast hypothesis generates
@@ -43,6 +43,16 @@ def mysql_backend() -> Iterator[Backend]:
 def pg_backend() -> Iterator[Backend]:
     """PostgreSQL alone."""
     yield from opened("postgresql")
+
+
+@pytest.fixture
+def mixed() -> Iterator[dict[str, Backend]]:
+    """One backend of each database ("sqlite", "postgresql", "mysql"), for a mixed cluster; their
+    databases dropped after the test."""
+    backends = {n: made(n) for n in ("sqlite", "postgresql", "mysql")}
+    yield backends
+    for b in backends.values():
+        b.cleanup()
 
 
 @pytest.hookimpl(tryfirst=True)

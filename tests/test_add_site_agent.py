@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import Backend, TestCluster, made, make_cluster
 from test_add_site import STOCK, Writers
 from test_agent import TOKEN, TYPED, running_agent
 
@@ -59,14 +59,6 @@ class Mixed(TestCluster):
             c.commit()
         finally:
             c.close()
-
-
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()  # type: ignore[no-any-return]
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
 
 
 def grow(cl: TestCluster, tmp: Path, new: list[str], backend: Backend, links: Any = "mesh") -> Mixed:
@@ -112,7 +104,7 @@ def test_add_site_through_agents_while_the_others_keep_writing(pair: str, tmp_pa
     their host they pull s3 from 0, and every site converges, keys included, with no change lost
     or applied twice."""
     old_name, new_name = pair.split("-")
-    old, new = _backend(old_name), _backend(new_name)
+    old, new = made(old_name), made(new_name)
     try:
         cl = make_cluster(old, tmp_path, ["s1", "s2"], STOCK, base={"s1": [("stock", 1, "counter", 0), ("stock", 2, "w", 10)]},
                           site_settings=TOKENS)  # fmt: skip
@@ -220,7 +212,7 @@ def test_the_copy_through_the_agent_is_the_copy_from_the_database(pair: str, tmp
     from its current position: s1 does not pull s2 here), snapshots and registration. s1 purged
     part of its log and records a removed site first."""
     old_name, new_name = pair.split("-")
-    old, new = _backend(old_name), _backend(new_name)
+    old, new = made(old_name), made(new_name)
     try:
         links = [{"from": "s2", "to": "s1"}, {"from": "s1", "to": "s2"}]
         cl = make_cluster(old, tmp_path, ["s1", "s2"], TYPED, links=links, site_settings=TOKENS)

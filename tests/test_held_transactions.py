@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import BACKENDS, Backend, TestCluster, make_cluster, server_unavailable
+from clusters import Backend, TestCluster, made, make_cluster
 from test_error_queue import MixedCluster, mm
 
 TABLES = {
@@ -28,26 +28,18 @@ TABLES = {
 SEE_A = "SELECT (SELECT count(*) FROM orders WHERE oref = 'A'), (SELECT count(*) FROM olines WHERE oref = 'A')"
 
 
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
 @pytest.fixture(params=["postgresql", "mysql", "postgresql-to-mysql"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """s1 writes, s2 receives (and rejects a line)."""
     names = {"postgresql-to-mysql": ("postgresql", "mysql")}.get(request.param, (request.param, request.param))
-    made = [_backend(names[0])]
+    backends = [made(names[0])]
     if names[1] != names[0]:
-        made.append(_backend(names[1]))
-        cl: TestCluster = MixedCluster({"s1": made[0], "s2": made[1]}, tmp_path, TABLES)
+        backends.append(made(names[1]))
+        cl: TestCluster = MixedCluster({"s1": backends[0], "s2": backends[1]}, tmp_path, TABLES)
     else:
-        cl = make_cluster(made[0], tmp_path, ["s1", "s2"], TABLES)
+        cl = make_cluster(backends[0], tmp_path, ["s1", "s2"], TABLES)
     yield cl
-    for b in made:
+    for b in backends:
         b.cleanup()
 
 

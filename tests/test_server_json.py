@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, apply_path, cli, server_unavailable
+from clusters import Backend, apply_path, cli
 
 pytestmark = pytest.mark.server
 
@@ -43,14 +43,6 @@ DDL = {
     "mysql": "CREATE TABLE docs (k VARCHAR(64) PRIMARY KEY, doc JSON, j2 LONGTEXT CHECK (json_valid(j2)), t JSON)",
 }
 BACKEND_OF = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
-
-
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
 
 
 def _canon(v: Any) -> Any:
@@ -95,14 +87,6 @@ def _read(backends: dict[str, Backend], urls: dict[str, str], site: str) -> dict
         return {r[0]: tuple(_canon(v) for v in r[1:]) for r in _sql(cn, name, f"SELECT {cols} FROM docs ORDER BY k")}
     finally:
         cn.close()
-
-
-@pytest.fixture
-def mixed():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql", "mysql")}
-    yield backends
-    for b in backends.values():
-        b.cleanup()
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["fastpath", "planner"])

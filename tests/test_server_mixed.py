@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, server_unavailable
+from clusters import Backend, made
 
 from multimaster import api
 from multimaster.config.topology import load_topology
@@ -95,17 +95,9 @@ ROWS = [
 ]
 
 
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
 @pytest.fixture
 def mixed(tmp_path: Path):  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql", "mysql")}
+    backends = {n: made(n) for n in ("sqlite", "postgresql", "mysql")}
     yield backends
     for b in backends.values():
         b.cleanup()

@@ -13,9 +13,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
-from clusters import BACKENDS, Backend, mm, server_unavailable
+from clusters import Backend, mm
 
 from multimaster.dialects import fit
 from multimaster.dialects.schema import Column
@@ -67,22 +66,6 @@ def test_float_specials_and_integers() -> None:
 
 
 # ---- clusters of real databases -------------------------------------------------------------------
-
-
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
-@pytest.fixture
-def mixed():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql", "mysql")}
-    yield backends
-    for b in backends.values():
-        b.cleanup()
 
 
 DDL = {

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, mm, server_unavailable
+from clusters import Backend, mm
 
 from multimaster.dialects import types
 
@@ -61,22 +61,6 @@ def test_exact_conversions_still_convert() -> None:
 
 
 # ---- a cluster of real databases ------------------------------------------------------------------
-
-
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
-@pytest.fixture
-def mixed():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql", "mysql")}
-    yield backends
-    for b in backends.values():
-        b.cleanup()
 
 
 SITES = {"pg": "postgresql", "maria": "mysql", "lite": "sqlite"}
