@@ -161,6 +161,28 @@ class BaseRowsDiffer(MultimasterError):
         )
 
 
+class BaseRowsChanged(MultimasterError):
+    """`init` compared the sites' rows, and an application changed them at a site before that
+    site's capture started: the change would have reached no other site. init undid what it had
+    installed in that run (ops/install.py)."""
+
+    exit_code = 2
+
+    def __init__(self, table: str, site: str, undone: list[str]):
+        where = (
+            f"init undid what it had installed in this run at {', '.join(repr(n) for n in undone)}"
+            if undone
+            else "nothing was installed"
+        )
+        super().__init__(
+            f"table '{table}': its rows at site '{site}' changed after init compared them with the other sites' and "
+            f"before capture started there (an application wrote while init ran), so that write would have reached no "
+            f"other site; {where}. Run 'multimaster init' again: it compares the rows again (and names a difference). "
+            "To be sure it cannot happen, stop the applications' writes of the table until init ends, or empty all but "
+            "one site (init then copies that site's rows, and writes meanwhile arrive)."
+        )
+
+
 class CorruptChange(MultimasterError):
     def __init__(self, table: str, peer: str, seq: object, reason: str):
         super().__init__(

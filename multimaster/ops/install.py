@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +20,9 @@ from multimaster.engine.lockwatch import Watch
 from multimaster.engine.refresh import follow_site, write_retrying
 from multimaster.engine.schema import compare_schemas, park_references
 from multimaster.engine.site import Site
-from multimaster.errors import BaseRowsDiffer, SchemaError, first_line
+from multimaster.errors import BaseRowsChanged, BaseRowsDiffer, SchemaError, first_line
 from multimaster.ops.instantiate import join
+from multimaster.ops.uninstall import drop_table
 
 __all__ = ["InitReport", "init"]
 
@@ -58,12 +60,35 @@ def _norm(v: Any) -> Any:
     return v
 
 
-def _compare_base(table: str, a: Site, ca: Connection, b: Site, cb: Connection, info_a: TableInfo, info_b: TableInfo) -> None:
+def _digest() -> Any:
+    """A running digest of one site's rows as `_rows_sorted` reads them (key order); compared only
+    with a digest of the same site's rows read the same way, never across databases."""
+    return hashlib.blake2b(digest_size=16)
+
+
+def rows_digest(conn: Connection, site: Site, info: TableInfo) -> str:
+    """The digest of `info`'s rows at `site`, read on `conn`."""
+    h = _digest()
+    for r in _rows_sorted(conn, site, info):
+        h.update(repr(tuple(map(_norm, r))).encode())
+    return str(h.hexdigest())
+
+
+def _compare_base(
+    table: str, a: Site, ca: Connection, b: Site, cb: Connection, info_a: TableInfo, info_b: TableInfo
+) -> tuple[str, str]:
+    """Raise BaseRowsDiffer at the first row where `a` and `b` differ; else the digests of their
+    rows (rows_digest), which each site's install checks again once its writers wait."""
     ita, itb = _rows_sorted(ca, a, info_a), _rows_sorted(cb, b, info_b)
+    ha, hb = _digest(), _digest()
     while True:
         ra, rb = next(ita, None), next(itb, None)
         if ra is None and rb is None:
-            return
+            return str(ha.hexdigest()), str(hb.hexdigest())
+        if ra is not None:
+            ha.update(repr(tuple(map(_norm, ra))).encode())
+        if rb is not None:
+            hb.update(repr(tuple(map(_norm, rb))).encode())
         if ra is None or rb is None or tuple(map(_norm, ra)) != tuple(map(_norm, rb)):
 
             def show(r: Any) -> str:
@@ -98,10 +123,7 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         # every check passed: install, one transaction per site; the empty sites last, each a
         # copy of an installed site it pulls from, read in one snapshot at a recorded position
         # of its change log (add-site's copy: a write committed meanwhile arrives once)
-        for n in sites:
-            if n not in chk.joining:
-                watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
-                rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
+        _install_all(t, chk, rep, say, progress, after)
         _join_empty(cl, chk, rep, say, progress, after)
         _note_triggers(t, sites, rep)
         return rep
@@ -132,6 +154,9 @@ class _Checked:
     #: the empty sites brought in as copies of an installed site (add-site's copy), in order:
     #: site -> the site it is copied from
     joining: dict[str, str] = field(default_factory=dict)
+    #: (table, site) -> the digest of the site's rows when init compared them with another site's
+    #: (where more than one site held rows): its install checks them again (BaseRowsChanged)
+    digests: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
@@ -255,12 +280,60 @@ def _check_base_rows(t: Topology, chk: _Checked, rep: InitReport) -> None:
             ref = nonempty[0]
             for other in nonempty[1:]:
                 with sites[ref].read() as ca, sites[other].read() as cb:
-                    _compare_base(tb, sites[ref], ca, sites[other], cb, chk.infos[tb][ref], chk.infos[tb][other])
+                    got = _compare_base(tb, sites[ref], ca, sites[other], cb, chk.infos[tb][ref], chk.infos[tb][other])
+                chk.digests[(tb, ref)], chk.digests[(tb, other)] = got
         if nonempty:
             empties = [n for n in fresh if counts[n] == 0]
             if empties:
                 chk.copy_from[tb] = (nonempty[0], empties)
         rep.base_rows[tb] = counts[nonempty[0]] if nonempty else 0
+
+
+class _Changed(Exception):
+    """A site's rows changed between init's check and its install (raised inside the install)."""
+
+    def __init__(self, table: str, site: str):
+        super().__init__(table, site)
+        self.table, self.site = table, site
+
+
+def _install_all(
+    t: Topology, chk: _Checked, rep: InitReport, say: Progress, progress: Progress | None, after: float | None
+) -> None:
+    """Install every site but the joining ones, one transaction each. Where several sites held
+    the same rows, a site whose rows changed since the check (an application's write that no
+    capture saw) stops init: what this run installed is dropped again at every site (its tables'
+    rows stay) and BaseRowsChanged says so; rows copied in stay as the base they were."""
+    done: list[str] = []
+    for n in chk.sites:
+        if n in chk.joining:
+            continue
+        watch = Watch(f"init at {n}", progress, after) if progress and after is not None else None
+        try:
+            rep.sites[n] = _install_at(t, n, chk, rep, say, watch)
+        except _Changed as e:
+            say(f"rows of {e.table} at {n} changed since init compared them: undoing this run's install")
+            for m in [*done, n]:  # the site that failed too: where DDL commits as it goes, part of it is there
+                _undo(t, m, chk)
+            raise BaseRowsChanged(e.table, e.site, [m for m in done if rep.sites.get(m)]) from None
+        done.append(n)
+
+
+def _undo(t: Topology, n: str, chk: _Checked) -> None:
+    """Drop at `n` what this init run installed: every table not installed there before it, and
+    where nothing was, every object of the site (a first init)."""
+    s = chk.sites[n]
+    peers = t.peers_of(n)
+    with s.write() as conn:
+        if not chk.installed[n]:
+            s.dialect.uninstall(conn, list(t.tables), peers)
+        else:
+            for tb in t.tables:
+                if tb not in chk.installed[n]:
+                    drop_table(conn, s, tb, peers)
+    for tb in t.tables:
+        if tb not in chk.installed[n]:
+            s.forget(tb)
 
 
 def _install_at(t: Topology, n: str, chk: _Checked, rep: InitReport, say: Progress, watch: Watch | None = None) -> list[str]:
@@ -316,6 +389,9 @@ def _start_capture(conn: Connection, s: Site, chk: _Checked, info: TableInfo, re
     copy or register again."""
     tb = info.name
     if store.tables.registration(conn, s.dialect, tb) is None:
+        checked = chk.digests.get((tb, s.name))
+        if checked is not None and rows_digest(conn, s, info) != checked:
+            raise _Changed(tb, s.name)  # a write since the check: captured by no one, sent nowhere
         if tb in chk.copy_from and s.name in chk.copy_from[tb][1]:
             src = chk.sites[chk.copy_from[tb][0]]
             s.dialect.set_applying(conn, True)  # the application's guarded triggers skip the copy

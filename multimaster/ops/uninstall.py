@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
+from sqlalchemy.engine import Connection
+
 from multimaster import store
 from multimaster.config.topology import Topology
 from multimaster.engine import uniques
@@ -13,7 +15,7 @@ from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, SchemaError
 
-__all__ = ["uninstall", "uninstall_table", "untracked", "untracked_message"]
+__all__ = ["drop_table", "uninstall", "uninstall_table", "untracked", "untracked_message"]
 
 
 def uninstall(topo: Topology | Cluster, site: str | None = None) -> dict[str, list[str]]:
@@ -81,17 +83,24 @@ def uninstall_table(topo: Topology | Cluster, table: str, site: str | None = Non
         out: dict[str, dict[str, Any]] = {}
         for n, s in sites.items():
             with s.write() as conn:
-                peers = sorted((set(t.sites) | store.watermarks.peers_of(conn, s.dialect, table)) - {n})
-                objects = s.dialect.uninstall_table(conn, table, peers)
-                objects += uniques.uninstall(conn, s.dialect, table)
-                rows = s.dialect.forget_table(conn, table)
-                rows.update(store.forget_table(conn, s.dialect, table))  # its registration last
+                out[n] = drop_table(conn, s, table, sorted(set(t.sites) - {n}))
             s.forget(table)
-            out[n] = {"objects": objects, "rows": rows}
         return out
     finally:
         if own:
             cl.close()
+
+
+def drop_table(conn: Connection, s: Site, table: str, peers: Iterable[str]) -> dict[str, Any]:
+    """In the caller's transaction: `table`'s replication objects and bookkeeping rows at `s`
+    (those of each of `peers`, and of every peer a watermark names); its rows stay. Returns
+    {"objects": ["kind name", ...], "rows": {bookkeeping table: rows deleted}}."""
+    every = sorted(set(peers) | (store.watermarks.peers_of(conn, s.dialect, table) - {s.name}))
+    objects = s.dialect.uninstall_table(conn, table, every)
+    objects += uniques.uninstall(conn, s.dialect, table)
+    rows = s.dialect.forget_table(conn, table)
+    rows.update(store.forget_table(conn, s.dialect, table))  # its registration last
+    return {"objects": objects, "rows": rows}
 
 
 def _check_unreferenced(t: Topology, sites: dict[str, Site], table: str) -> None:
