@@ -567,6 +567,48 @@ def test_in_halves_applies_every_unit_once_in_order_and_the_rejected_ones_alone(
     assert len(tries) <= 1 + 2 * max(len(bad), 1) * depth
 
 
+@given(st.integers(0, 120), st.data(), st.booleans())
+def test_in_halves_stopped_and_resumed_is_one_run(n, data, whole):  # type: ignore[no-untyped-def]
+    """in_halves with `stop` (engine/isolate.py's time budget: a transaction that holds writers
+    back ends, the next one goes on): every run handles a prefix of the units it is given, each
+    once, nothing past it; resumed from the first unit left until none is, the units are handled
+    exactly as in one run (in order, each once, a rejected one only on its own)."""
+    bad = set(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=6))) if n else set()
+    handled: list[int] = []
+    alone: list[int] = []
+    start = 0
+    runs = 0
+    while start < n:
+        runs += 1
+        assert runs <= n + 1
+        limit = data.draw(st.integers(0, 8))  # attempts this run may make, then stop says so
+        calls = [0]
+        before = len(handled)
+        base = start
+
+        def together(lo: int, hi: int) -> bool:
+            calls[0] += 1
+            if bad & set(range(base + lo, base + hi)):
+                return False
+            handled.extend(range(base + lo, base + hi))
+            return True
+
+        def one(i: int) -> None:
+            calls[0] += 1
+            handled.append(base + i)
+            alone.append(base + i)
+
+        def stop() -> bool:  # as the budget: only once something was handled this run
+            return len(handled) > before and calls[0] >= limit
+
+        k = in_halves(n - start, together, one, whole and start == 0, stop)
+        assert handled[before:] == list(range(start, start + k))  # a prefix, in order, each once
+        assert k > 0  # a run always gets somewhere
+        start += k
+    assert handled == list(range(n))
+    assert bad <= set(alone)
+
+
 @given(st.integers(1, 500), st.data())
 def test_shortest_failing_finds_the_change_at_fault_in_logarithmic_tries(n, data):  # type: ignore[no-untyped-def]
     """core.errorqueue.shortest_failing against a reference: a unit of n changes fails from the

@@ -215,26 +215,49 @@ def _components(n: int, succ: Sequence[set[int]]) -> list[int]:
 Ref = Any
 
 
-def in_halves(n: int, together: Callable[[int, int], bool], one: Callable[[int], None], whole: bool = True) -> None:
+def in_halves(
+    n: int,
+    together: Callable[[int, int], bool],
+    one: Callable[[int], None],
+    whole: bool = True,
+    stop: Callable[[], bool] | None = None,
+) -> int:
     """Apply the units 0..n-1 in order, as few at a time as the database allows: a span [lo, hi)
     of two or more all at once (`together(lo, hi)`: True when it applied every one, False when it
     applied none), and when that fails, its first half, then its second, in the same way, down to
     single units (`one(i)`, which applies the unit or holds it). `whole`: try 0..n-1 at once first
     (False: the caller saw that fail already). One unit the database rejects among n costs about
-    2·log2(n) attempts of shrinking spans instead of n attempts of one unit each."""
+    2·log2(n) attempts of shrinking spans instead of n attempts of one unit each.
+
+    `stop` is asked before every attempt; once it says True nothing more is tried. Returns how
+    many units were handled: always a prefix 0..k-1 (n when `stop` never said so), so the rest
+    can go later, from unit k on, with the same outcome as one run."""
+    done = 0
+
+    class _Stopped(Exception):
+        pass
 
     def span(lo: int, hi: int, first: bool) -> None:
+        nonlocal done
+        if stop is not None and stop():
+            raise _Stopped
         if hi - lo == 1:
             one(lo)
+            done = hi
             return
         if first and together(lo, hi):
+            done = hi
             return
         mid = (lo + hi) // 2
         span(lo, mid, True)
         span(mid, hi, True)
 
     if n > 0:
-        span(0, n, whole)
+        try:
+            span(0, n, whole)
+        except _Stopped:
+            pass
+    return done
 
 
 def shortest_failing(n: int, fails: Callable[[int], bool]) -> int:

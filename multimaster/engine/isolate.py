@@ -21,10 +21,19 @@ halves, each in one savepoint with one reconcile per table; a half that fails is
 to the units at fault, which alone go unit by unit as above. The outcome is the same as one unit
 at a time, which cost one reconcile per change: a batch of 2,000 with one change rejected took 52 s
 on MariaDB and 246 s on PostgreSQL (1.6 s and 1.2 s now, session 30).
+
+A transaction of isolating mode holds the tables' writers back (MariaDB: their slots), so it goes
+on for at most :func:`budget` seconds once it has handled one unit: it commits what it did, the
+units it did not reach stay stored and not applied, and the next transaction goes on from them
+(engine/refresh.py ``_settle_left``), the same outcome as one transaction (core.errorqueue.in_halves
+``stop``). Many rejected changes under load held MariaDB's writers for 1,000 s, and applications
+got lock wait timeouts (1205) meanwhile (session 34).
 """
 
 from __future__ import annotations
 
+import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Collection, Mapping, Sequence
 
@@ -54,6 +63,7 @@ __all__ = [
     "apply_batch",
     "hold_waiting",
     "reconcile_isolating",
+    "budget",
     "retry",
     "RetryResult",
 ]
@@ -197,7 +207,7 @@ def apply_batch(
         store.watermarks.write(conn, d, peer, info.name, part[-1][0])
     if not reconcile_:
         return stored, {}
-    return stored, reconcile_isolating(conn, site, infos, peers, base_max, relay)
+    return stored, reconcile_isolating(conn, site, infos, peers, base_max, relay, budget())
 
 
 def hold_waiting(
@@ -211,6 +221,16 @@ def hold_waiting(
     return len(got)
 
 
+#: seconds one isolating transaction goes on once it handled a unit (MM_ISOLATE_BUDGET overrides)
+BUDGET_S = 2.0
+
+
+def budget() -> float:
+    """How long one transaction of isolating mode goes on, once it has handled a source
+    transaction, before it commits and the next one goes on (MM_ISOLATE_BUDGET, seconds)."""
+    return float(os.environ.get("MM_ISOLATE_BUDGET", BUDGET_S))
+
+
 def reconcile_isolating(
     conn: Connection,
     site: Site,
@@ -218,6 +238,7 @@ def reconcile_isolating(
     peers: Sequence[str],
     base_max: Mapping[str, int],
     relay: Mapping[str, Sequence[str] | None],
+    budget_s: float | None = None,
 ) -> dict[str, ReconcileResult]:
     """Apply the snapshot rows of `infos` (in the order tables are applied) not applied yet, source
     transaction by source transaction (core.errorqueue.units: a change without one is one alone),
@@ -228,7 +249,9 @@ def reconcile_isolating(
     database rejects is rolled back and held whole: the change rejected ``failed`` with the
     database's error, every other ``txn``, held with it; later changes of its rows wait behind it.
     A unit with a change that must wait for its row waits whole (``applied = 2``), with the later
-    changes of its origins. Returns what was applied, per table."""
+    changes of its origins. `budget_s`: once a unit was handled and that many seconds passed, no
+    more is tried; the rest stays stored, not applied, and each table's result says how many units
+    were left (``left``) for the next transaction. Returns what was applied, per table."""
     d = site.dialect
     by = {i.name: i for i in infos}
     order = [i.name for i in infos]
@@ -242,6 +265,8 @@ def reconcile_isolating(
     waits: list[dict[str, Any]] = []  # changes waiting for their row (applied = 2 once done)
     waiting_origins: set[str] = set()
     us = [[cs[i] for i in unit] for unit in units(cs, order)]
+    deadline = None if budget_s is None else time.monotonic() + budget_s
+    handled = [0]
 
     def together(lo: int, hi: int) -> bool:
         group = us[lo:hi]
@@ -250,9 +275,11 @@ def reconcile_isolating(
         done, _why = _apply_many(conn, site, by, order, peers, base_max, relay, [m for ms in group for m in ms], retry=False)
         for tb, r in (done or {}).items():
             res[tb].add(r)
+        handled[0] += done is not None
         return done is not None
 
     def one(i: int) -> None:
+        handled[0] += 1
         members = us[i]
         if any(m["origin"] in waiting_origins for m in members):  # an earlier change of its origin waits for its row
             waits.extend(members)
@@ -276,11 +303,22 @@ def reconcile_isolating(
         ids = _hold_unit(conn, site, by, peers, base_max, members, pos, "failed", None, why)
         holds.hold(members, ids, pos)
 
+    def out_of_time() -> bool:
+        return deadline is not None and handled[0] > 0 and time.monotonic() >= deadline
+
     # the batch failed as a whole already: its halves, and so on down to the units at fault
-    in_halves(len(us), together, one, whole=False)
+    done = in_halves(len(us), together, one, whole=False, stop=out_of_time)
     for m in waits:
         held.mark(conn, d, list(_snaps(d, by[m["tbl"]], peers).values()), m["ver"], applied=2)
+    _count_left(res, us[done:])
     return res
+
+
+def _count_left(res: Mapping[str, ReconcileResult], rest: Sequence[Sequence[dict[str, Any]]]) -> None:
+    """Per table, the units left for the next transaction (stored, not applied)."""
+    for ms in rest:
+        for tb in {m["tbl"] for m in ms}:
+            res[tb].left += 1
 
 
 #: why a unit was not applied: a change of it waits for its row (this site does not hold it yet)

@@ -41,11 +41,15 @@ class ReconcileResult:
     deleted: int = 0
     renumbered: int = 0
     conflicts: list[ConflictRecord] = field(default_factory=list)
+    #: source transactions an isolating transaction left for the next one when its time ran out
+    #: (engine/isolate.py budget): the latest result's, not a sum
+    left: int = 0
 
     def add(self, other: "ReconcileResult") -> None:
         for f in ("applied", "duplicates", "parked", "inserted", "updated", "deleted", "renumbered"):
             setattr(self, f, getattr(self, f) + getattr(other, f))
         self.conflicts.extend(other.conflicts)
+        self.left = other.left
 
 
 @dataclass

@@ -293,10 +293,13 @@ def _pull_described(
         problems, tables, warned = _follow_and_describe(cl, target, source, followed, reconcile_, res)
         try:
             touched = _refresh_batches(tables, batch, res, tell, stop)
+            if reconcile_ and any(res.reconciled[tb].left for tb in tables):
+                for tb, r in _settle_left(tables, tell.watch if tell else None, stop).items():
+                    res.reconciled[tb].add(r)
             if reconcile_ and not (stop is not None and stop()):
                 for tb, link in tables.items():
                     if tb not in touched:
-                        res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None))
+                        res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None, stop))
             return tables, warned, problems
         except _DescribedBehind as e:
             for tb in e.tables:
@@ -850,7 +853,7 @@ def _batches(tables: dict[str, _LinkTable], read: LinkRead, batch: int) -> list[
     return out
 
 
-def _settle_if_needed(link: _LinkTable, watch: Watch | None = None) -> ReconcileResult:
+def _settle_if_needed(link: _LinkTable, watch: Watch | None = None, stop: Callable[[], bool] | None = None) -> ReconcileResult:
     """A table the refresh brought nothing for: still apply what an earlier `refresh
     --no-reconcile` stored, and rank the keys local inserts drew, as a reconcile would (read
     first: usually there is nothing to do)."""
@@ -862,8 +865,40 @@ def _settle_if_needed(link: _LinkTable, watch: Watch | None = None) -> Reconcile
         except Exception as e:  # rejected for good: again, holding the changes at fault
             if not isolate.permanent(link.tgt.dialect, e):
                 raise
-            return write_retrying(link.tgt, functools.partial(_settle, link=link, isolating=True), watch)
+            rr = write_retrying(link.tgt, functools.partial(_settle, link=link, isolating=True), watch)
+            if rr.left:
+                rr.add(_settle_left({link.table: link}, watch, stop)[link.table])
+            return rr
     return ReconcileResult(link.table)
+
+
+def _settle_left(
+    tables: dict[str, _LinkTable], watch: Watch | None, stop: Callable[[], bool] | None
+) -> dict[str, ReconcileResult]:
+    """What isolating transactions left when their time ran out (engine/isolate.py budget): the
+    next transactions go on, holding the changes at fault, each for at most the budget, every
+    table of the link together (a source transaction across tables stays whole), until none is
+    left, or `stop` (the daemon's shutdown) says so: the rest stays stored for the next refresh."""
+    first = next(iter(tables.values()))
+    tgt = first.tgt
+    out = {tb: ReconcileResult(tb) for tb in tables}
+
+    def run(conn: Connection) -> dict[str, ReconcileResult]:
+        for link in tables.values():
+            tgt.dialect.lock_for_apply(conn, link.info)
+        _check_described(conn, tables.values())
+        infos = [link.info for link in tables.values()]  # in apply_order
+        base = {tb: link.base_max for tb, link in tables.items()}
+        relays = {tb: relay_origins(link.topo, link.target, link.info) for tb, link in tables.items()}
+        return isolate.reconcile_isolating(conn, tgt, infos, first.peers, base, relays, isolate.budget())
+
+    while not (stop is not None and stop()):
+        got = write_retrying(tgt, run, watch)
+        for tb, r in got.items():
+            out[tb].add(r)
+        if not any(r.left for r in got.values()):
+            break
+    return out
 
 
 def _unsettled(conn: Connection, link: _LinkTable) -> str | None:
@@ -893,9 +928,9 @@ def _settle(conn: Connection, *, link: _LinkTable, isolating: bool = False) -> R
     if todo == "apply":
         relay = relay_origins(link.topo, link.target, info)
         if isolating:
-            return isolate.reconcile_isolating(conn, tgt, [info], link.peers, {info.name: link.base_max}, {info.name: relay})[
-                info.name
-            ]
+            return isolate.reconcile_isolating(
+                conn, tgt, [info], link.peers, {info.name: link.base_max}, {info.name: relay}, isolate.budget()
+            )[info.name]
         isolate.hold_waiting(conn, tgt, [info], link.peers, {info.name: link.base_max})
         return reconcile_table(conn, tgt, info, link.peers, link.base_max, relay)
     rr = ReconcileResult(info.name)
@@ -1105,8 +1140,8 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
                 order = [infos[tb] for tb in apply_order(t, infos)]
                 bases = {i.name: _base_max(conn, s, i.name) for i in order}
                 relays = {i.name: relay_origins(t, n, i) for i in order}
-                if isolating:
-                    return isolate.reconcile_isolating(conn, s, order, peers, bases, relays)
+                if isolating:  # for at most the budget each time, until none is left (below)
+                    return isolate.reconcile_isolating(conn, s, order, peers, bases, relays, isolate.budget())
                 isolate.hold_waiting(conn, s, order, peers, bases)
                 return {i.name: reconcile_table(conn, s, i, peers, bases[i.name], relays[i.name]) for i in order}
 
@@ -1116,6 +1151,10 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
                 if not isolate.permanent(s.dialect, e):
                     raise
                 out[n] = write_retrying(s, functools.partial(apply, isolating=True))
+                while any(r.left for r in out[n].values()):
+                    more = write_retrying(s, functools.partial(apply, isolating=True))
+                    for tb, r in more.items():
+                        out[n][tb].add(r)
         return out
     finally:
         if own:
