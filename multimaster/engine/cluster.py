@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Sequence, TypeVar
 
 from sqlalchemy.exc import DBAPIError
 
@@ -13,9 +15,10 @@ from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import AgentError, ConfigError, SiteUnreachable, first_line
 
-__all__ = ["Cluster", "as_cluster", "open_site", "Progress", "read_each"]
+__all__ = ["Cluster", "as_cluster", "each", "open_site", "Progress", "read_each"]
 
 T = TypeVar("T")
+A = TypeVar("A")
 
 
 class Cluster:
@@ -24,6 +27,7 @@ class Cluster:
     def __init__(self, topo: Topology, names_: list[str] | None = None, *, create: bool = False):
         self.topo = topo
         self.sites: dict[str, Site] = {n: open_site(topo, n, create=create) for n in names_ or list(topo.sites)}
+        self._opening = threading.Lock()  # site(): threads (status, the daemon) open a site once
 
     def __enter__(self) -> "Cluster":
         return self
@@ -43,13 +47,16 @@ class Cluster:
         view = Cluster.__new__(Cluster)
         view.topo = replace(self.topo, tables={tb: c for tb, c in self.topo.tables.items() if tb in keep})
         view.sites = self.sites
+        view._opening = self._opening
         return view
 
     def site(self, name: str) -> Site:
         if name not in self.sites:
             if name not in self.topo.sites:
                 raise ConfigError([f"site '{name}' is not defined under sites"])
-            self.sites[name] = open_site(self.topo, name)
+            with self._opening:
+                if name not in self.sites:
+                    self.sites[name] = open_site(self.topo, name)
         return self.sites[name]
 
 
@@ -72,6 +79,19 @@ def as_cluster(topo_or_cluster: Topology | Cluster) -> tuple[Cluster, bool]:
 
 # ---------------------------------------------------------------------------------------------
 # init / uninstall
+
+
+#: at most this many sites or links read at once (status)
+PARALLEL = 16
+
+
+def each(fn: Callable[[A], T], items: Sequence[A]) -> list[T]:
+    """`fn(item)` for every item, at once in threads (each waits on its own site's round trips),
+    the results in the items' order; an exception of one is raised once all are done."""
+    if len(items) <= 1:
+        return [fn(i) for i in items]
+    with ThreadPoolExecutor(max_workers=min(len(items), PARALLEL)) as ex:
+        return list(ex.map(fn, items))
 
 
 def read_each(

@@ -53,6 +53,7 @@ class Site:
         u = make_url(url)
         self.dialect: Dialect = get_dialect(u.get_backend_name())
         self._engine: Engine | None = None
+        self._connecting = threading.Lock()
         self._infos: dict[str, TableInfo] = {}  # complete descriptions only: threads share them
         #: per thread, the tables it is describing now, without their references yet (info())
         self._describing = threading.local()
@@ -67,6 +68,12 @@ class Site:
 
     @property
     def engine(self) -> Engine:
+        if self._engine is None:
+            with self._connecting:  # threads (status, the daemon's links) connect a site once
+                return self._connect()
+        return self._engine
+
+    def _connect(self) -> Engine:
         if self._engine is None:
             u = make_url(self.url)
             db = self.dialect.database_file(self.url)  # connecting would create it empty
