@@ -40,7 +40,7 @@ DDL = {
     # with the json_valid CHECK its JSON type is, SQLite TEXT with the same CHECK)
     "sqlite": 'CREATE TABLE docs (k TEXT PRIMARY KEY, doc JSON, j2 TEXT CHECK (j2 IS NULL OR json_valid(j2)), "t" JSON)',
     "postgresql": 'CREATE TABLE docs (k TEXT PRIMARY KEY, doc JSONB, j2 JSON, "t" JSONB)',
-    "mysql": "CREATE TABLE docs (k VARCHAR(64) PRIMARY KEY, doc JSON, j2 LONGTEXT CHECK (json_valid(j2)), t JSON)",
+    "mysql": "CREATE TABLE docs (k VARCHAR(64) COLLATE utf8mb4_bin PRIMARY KEY, doc JSON, j2 LONGTEXT CHECK (json_valid(j2)), t JSON)",
 }
 BACKEND_OF = {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}
 

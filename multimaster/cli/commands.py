@@ -45,6 +45,8 @@ def init(topology: Path = TOPOLOGY, traceback: bool = TRACEBACK) -> None:
         for site, tables in rep.untracked.items():
             for tb in tables:
                 err.print(f"warning: {untracked_message(tb, site)}", markup=False, highlight=False, soft_wrap=True)
+        for w in rep.warnings:
+            err.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
         for site, caveats in rep.caveats.items():
             for c in caveats:
                 err.print(f"note: {site}: {c}", markup=False, highlight=False, soft_wrap=True)

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.liveness import Timeouts
-from multimaster.dialects.schema import Column, Names, TableInfo, names
+from multimaster.dialects.schema import Collation, Column, Names, TableInfo, names
 from multimaster.errors import SchemaError
 
 __all__ = [
@@ -271,6 +271,26 @@ class Dialect:
         has none, a form whose equality is (PostgreSQL: json, interval, citext as text). Default:
         as it is."""
         return expr
+
+    def column_collations(self, conn: Connection, table: str) -> dict[str, Collation]:
+        """Per text column of `table`, its character set and collation, where the database declares
+        them per column (docs/mysql.md "Collations"): init names a key or UNIQUE column whose
+        collation takes different texts as one value, and a value the column's character set
+        cannot hold is held (dialects/fit.py). Default: none (the database compares text as
+        codepoints and holds every character)."""
+        return {}
+
+    def exact_collation_sql(self, table: str, col: Column) -> str:
+        """The statement that makes `col` (with a `collation`, column_collations) of `table`
+        compare exactly: its character set's exact collation, the rest of its declaration kept."""
+        raise NotImplementedError(f"{self.name} declares no collation per column")
+
+    def explain_rejection(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
+        """Why this site rejected a change of `info` with `e`, in words naming the value, the
+        column and the fix, where the database's own message does not say it (a duplicate that is
+        one only under the column's collation, docs/mysql.md "Collations"); None: the database's
+        message is kept. Read after the change was rolled back."""
+        return None
 
     def json_columns(self, conn: Connection, table: str) -> set[str]:
         """The columns of `table` that hold JSON though the database reflects another type (a

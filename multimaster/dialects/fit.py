@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from decimal import Decimal, InvalidOperation
 from typing import Any, Callable, Sequence
 
-__all__ = ["Misfit", "checks"]
+__all__ = ["Misfit", "checks", "charset_misfit"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,48 @@ def checks(dialect: str, title: str, columns: Sequence[Any], kinds: Sequence[str
     """Per column of `columns` (schema.Column, of kind `kinds[i]`) at a site of `dialect`
     (`title` its name in messages), a test of a value as this site's driver is given it; None
     where every value of the kind fits."""
-    return [_check(dialect, title, (c.type_sql or "").strip().upper(), k) for c, k in zip(columns, kinds)]
+    return [
+        _both(
+            _check(dialect, title, (c.type_sql or "").strip().upper(), k),
+            _charset(title, c) if k == "text" else None,
+        )
+        for c, k in zip(columns, kinds)
+    ]
+
+
+def _both(a: Check | None, b: Check | None) -> Check | None:
+    """One test of both `a` and `b` (the first that refuses says why)."""
+    if a is None or b is None:
+        return a or b
+
+    def fits(v: Any) -> Misfit | None:
+        return a(v) or b(v)
+
+    return fits
+
+
+def _charset(title: str, col: Any) -> Check | None:
+    """A text column whose character set does not hold every character (MariaDB's utf8mb3 holds
+    none past U+FFFF, an emoji; latin1 none past its 256): a value with one is refused by the
+    database (error 1366, "Incorrect string value", in strict mode) or stored with '?' in its place
+    (not strict). docs/types.md "Values a site cannot store"."""
+    coll = getattr(col, "collation", None)
+    if coll is None:
+        return None
+    if coll.charset not in _BMP and coll.charset not in _CODEC:
+        return None  # every character fits (utf8mb4, utf16, ...)
+
+    def fits(v: Any) -> Misfit | None:
+        why = charset_misfit(coll.charset, v)
+        if why is None:
+            return None
+        return Misfit(
+            f"text {v[:40]!r}{'...' if len(v) > 40 else ''} with {why}, which {title}'s character set {coll.charset} "
+            f"({col.type_sql or 'the column'}, collation {coll.name}) does not hold: make it utf8mb4 "
+            f"(ALTER TABLE ... MODIFY {col.name} ... CHARACTER SET utf8mb4)"
+        )
+
+    return fits
 
 
 def _check(dialect: str, title: str, ts: str, kind: str | None) -> Check | None:
@@ -213,3 +254,40 @@ def _int(dialect: str, title: str, ts: str) -> Check | None:
         return None
 
     return fits
+
+
+#: the characters a character set holds, where it is not all of Unicode: the highest code point
+#: (utf8mb3, ucs2: the Basic Multilingual Plane), or a Python codec (MySQL's latin1 is cp1252 with
+#: its five undefined bytes mapped to the C1 controls of the same number)
+_BMP = {"utf8mb3": 0xFFFF, "utf8": 0xFFFF, "ucs2": 0xFFFF}
+_CODEC = {"latin1": "cp1252", "ascii": "ascii", "cp1250": "cp1250", "cp1251": "cp1251", "greek": "iso8859_7"}
+_LATIN1_C1 = {"\x81", "\x8d", "\x8f", "\x90", "\x9d"}
+
+
+def charset_misfit(charset: str, v: Any) -> str | None:
+    """Why text `v` cannot be stored in a column of `charset` (its first character the character
+    set lacks, with its position and code point), or None."""
+    if not isinstance(v, str):
+        return None
+    top = _BMP.get(charset)
+    codec = _CODEC.get(charset)
+    if (top is None and codec is None) or v.isascii():
+        return None
+    if top is not None and ord(max(v)) <= top:
+        return None
+    for i, ch in enumerate(v):
+        if top is not None:
+            bad = ord(ch) > top
+        else:
+            bad = not (charset == "latin1" and ch in _LATIN1_C1) and not _encodes(ch, str(codec))
+        if bad:
+            return f"character {ch!r} (U+{ord(ch):04X}) at position {i + 1}"
+    return None
+
+
+def _encodes(ch: str, codec: str) -> bool:
+    try:
+        ch.encode(codec)
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -14,9 +14,30 @@ from multimaster.core.planner import TableSpec
 from multimaster.core.references import Ref
 from multimaster.core.unique import UniqueSet
 
-__all__ = ["Column", "TableInfo", "Names", "names", "MAX_COLUMNS"]
+__all__ = ["Collation", "Column", "TableInfo", "Names", "names", "MAX_COLUMNS"]
 
 MAX_COLUMNS = 62  # bits of the change mask
+
+
+@dataclass(frozen=True)
+class Collation:
+    """A text column's character set and collation, where the database declares them per column
+    (MariaDB / MySQL; docs/mysql.md "Collations"): what it compares as one value, and the
+    collation of the same character set that compares exactly."""
+
+    name: str  #: utf8mb4_general_ci
+    charset: str  #: utf8mb4
+    #: what the collation takes as one value though the text differs ('' when it compares exactly,
+    #: byte for byte): "letters differing in case or accents ('a' and 'A')", "trailing spaces ..."
+    merges: str
+    #: it takes texts as one value only when they differ in trailing spaces (a binary PAD SPACE
+    #: collation: utf8mb4_bin)
+    pads_only: bool
+    #: the binary collation of `charset`, the one multimaster's own tables use (the fix to name)
+    exact: str
+    #: why multimaster's statements cannot compare this column with its own tables' columns
+    #: ('' when they can): a second binary collation of the same character set
+    clash: str = ""
 
 
 @dataclass(frozen=True)
@@ -31,6 +52,9 @@ class Column:
     #: the default's value when it is a constant (what an insert from a site that lacks the column
     #: gets here), else None
     default: Any = None
+    #: a text column's character set and collation where the database declares them per column
+    #: (Dialect.column_collations), else None
+    collation: Collation | None = None
 
 
 @dataclass(frozen=True)

@@ -697,6 +697,7 @@ def _apply_many(
     d = site.dialect
     res: dict[str, ReconcileResult] = {}
     sp = conn.begin_nested()
+    tb = ""
     try:
         if retry:
             for tb in sorted({str(m["tbl"]) for m in members}):
@@ -734,12 +735,26 @@ def _apply_many(
         if not permanent(d, e):
             raise
         _rolled_back(conn, d, sp)
-        return None, describe(e)
+        return None, _why(conn, site, infos.get(tb), e)
     if probe:
         _rolled_back(conn, d, sp)
     else:
         sp.commit()
     return res, None
+
+
+def _why(conn: Connection, site: Site, info: TableInfo | None, e: BaseException) -> str:
+    """The queue's error for a change `site` rejected with `e`: the database's message, or, where
+    the dialect says what it means (a duplicate only under a column's collation), that, naming the
+    site and the fix (Dialect.explain_rejection)."""
+    told = site.dialect.explain_rejection(conn, info, e) if info is not None else None
+    if told is None:
+        return describe(e)
+    return (
+        f"value refused: site '{site.name}' ({site.dialect.title}): {told} ('multimaster errors retry -t FILE --site "
+        f"{site.name} --id ID', 'multimaster errors skip -t FILE --site {site.name} --id ID --reason TEXT'; "
+        f"database error: {describe(e)})"
+    )
 
 
 def _held_with(

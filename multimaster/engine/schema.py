@@ -23,7 +23,7 @@ from multimaster.dialects.schema import MAX_COLUMNS, Column, TableInfo
 from multimaster.dialects.types import kind_of
 from multimaster.errors import SchemaError
 
-__all__ = ["introspect", "compare_schemas", "value_types"]
+__all__ = ["introspect", "compare_schemas", "collation_findings", "value_types"]
 
 
 def _is_integer(col: Column) -> bool:
@@ -50,6 +50,10 @@ def _reflect_columns(conn: Connection, insp: Inspector, table: str) -> dict[str,
     for name in get_dialect(dialect.name).json_columns(conn, table):
         if name in by_name:
             by_name[name] = replace(by_name[name], type=sqltypes.JSON())
+    # text columns' character sets and collations, where declared per column (MariaDB / MySQL)
+    for name, coll in get_dialect(dialect.name).column_collations(conn, table).items():
+        if name in by_name:
+            by_name[name] = replace(by_name[name], collation=coll)
     return by_name
 
 
@@ -272,6 +276,76 @@ def _default_policy(cols: list[Column]) -> str:
     if any(_is_text(c) for c in cols):
         return "suffix"
     return "null" if any(c.nullable for c in cols) else "park"
+
+
+def collation_findings(
+    table: str, infos: dict[str, TableInfo], dialects: dict[str, str], installed: bool
+) -> tuple[list[str], list[str]]:
+    """(problems, warnings): the key and UNIQUE columns of `table` whose collation at a site takes
+    different texts as one value ('a' and 'A' under MariaDB's default utf8mb4_general_ci, 'x' and
+    'x ' under every PAD SPACE collation), docs/mysql.md "Collations". Refused where another site
+    replicating the table compares that column otherwise (another database, another collation) and
+    the collation merges more than trailing spaces: two rows that site holds side by side could
+    never both be stored here. A warning otherwise (every site merges them alike: concurrent
+    writes of two such values at two sites are held; trailing spaces only; or the table is
+    replicated already (`installed`), where a refusal would stop its upgrade)."""
+    problems: list[str] = []
+    warnings: list[str] = []
+    alike: dict[tuple[str, str], list[str]] = {}  # (column, collation) named already, every site alike
+    for site, info in infos.items():
+        d = get_dialect(dialects[site])
+        for col, role in _keyed_columns(info):
+            coll = col.collation
+            if coll is not None and coll.clash and role != "the key":
+                problems.append(
+                    f"site '{site}': table '{table}', column '{col.name}' ({role}) has collation {coll.name}: {coll.clash}. "
+                    f"Fix, at '{site}': {d.exact_collation_sql(table, col)}; then run init again"
+                )
+                continue
+            if coll is None or not coll.merges:
+                continue
+            others = sorted(s for s in infos if s != site and _compares(infos[s], col.name) != coll.merges)
+            fix = (
+                "keep values that differ only in trailing spaces out of it (its collation is binary already, as "
+                "multimaster's own tables are)"
+                if coll.pads_only
+                else d.exact_collation_sql(table, col)
+            )
+            where = f"site '{site}': table '{table}', column '{col.name}' ({role}) has collation {coll.name}, which takes {coll.merges} as one value"
+            if others:
+                apart = ", ".join(f"'{o}' ({get_dialect(dialects[o]).title})" for o in others)
+                said = (
+                    f"{where}, while {apart} {'keeps' if len(others) == 1 else 'keep'} them apart: two rows written there with such "
+                    f"values could never both be stored at '{site}' (the second would be held in its error queue). "
+                    + (f"At '{site}': {fix}" if coll.pads_only else f"Fix, at '{site}': {fix}; then run init again")
+                )
+                (warnings if installed or coll.pads_only else problems).append(said)
+            elif not coll.pads_only and not alike.get((col.name, coll.name)):
+                alike[(col.name, coll.name)] = sorted(infos)
+                warnings.append(
+                    f"table '{table}', column '{col.name}' ({role}) has collation {coll.name} at "
+                    f"{', '.join(repr(s) for s in sorted(infos))}, which takes {coll.merges} as one value: two such values "
+                    f"written concurrently at two sites collide and are held in the error queue, each site keeping its own. "
+                    + f"To tell case and accents apart: {fix}, at every site"
+                )
+    return problems, warnings
+
+
+def _keyed_columns(info: TableInfo) -> list[tuple[Column, str]]:
+    """The key of `info` and every column of a UNIQUE set, each with its role in words."""
+    out = [(info.key, "the key")]
+    for u in info.uniques:
+        for i in u.columns:
+            c = info.columns[i]
+            if all(c.name != o.name for o, _ in out):
+                out.append((c, f"in UNIQUE ({u.name.replace('+', ', ')})"))
+    return out
+
+
+def _compares(info: TableInfo, name: str) -> str:
+    """What column `name` of `info` takes as one value though the texts differ ('': exactly)."""
+    c = next((c for c in (info.key, *info.columns) if c.name == name), None)
+    return c.collation.merges if c is not None and c.collation is not None else ""
 
 
 def _norm_type(t: str) -> str:

@@ -18,7 +18,7 @@ from multimaster.engine import evolve, references, uniques
 from multimaster.engine.cluster import Cluster, Progress, as_cluster
 from multimaster.engine.lockwatch import Watch
 from multimaster.engine.refresh import follow_site, write_retrying
-from multimaster.engine.schema import compare_schemas, park_references
+from multimaster.engine.schema import collation_findings, compare_schemas, park_references
 from multimaster.engine.site import Site
 from multimaster.errors import BaseRowsChanged, BaseRowsDiffer, SchemaError, first_line
 from multimaster.ops.instantiate import join
@@ -39,6 +39,9 @@ class InitReport:
     #: may not be its key (Dialect.insert_key_caveat), and the application's triggers on replicated
     #: tables that fire for the peers' changes too (Dialect.unguarded_caveats)
     caveats: dict[str, list[str]] = field(default_factory=dict)
+    #: what init's checks found questionable without refusing it: a key or UNIQUE column whose
+    #: collation takes different texts as one value at every site alike (docs/mysql.md "Collations")
+    warnings: list[str] = field(default_factory=list)
 
 
 def _rows_sorted(conn: Connection, site: Site, info: TableInfo, chunk: int = 5000):  # type: ignore[no-untyped-def]
@@ -117,6 +120,7 @@ def init(topo: Topology | Cluster, progress: Progress | None = None) -> InitRepo
         # capture follows each site's own schema first (a table changed since it was installed)
         _follow_all(cl, rep)
         chk = _check_schemas(t, sites)
+        rep.warnings = chk.warnings
         rep.untracked = {n: sorted(chk.installed[n] - set(t.tables)) for n in sites if chk.installed[n] - set(t.tables)}
         _check_base_rows(t, chk, rep)
         _check_read_only(t, chk)
@@ -157,6 +161,8 @@ class _Checked:
     #: (table, site) -> the digest of the site's rows when init compared them with another site's
     #: (where more than one site held rows): its install checks them again (BaseRowsChanged)
     digests: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: what the checks found questionable without refusing it (InitReport.warnings)
+    warnings: list[str] = field(default_factory=list)
 
 
 def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
@@ -184,14 +190,18 @@ def _check_schemas(t: Topology, sites: dict[str, Site]) -> _Checked:
     if problems:
         raise SchemaError(problems)
     dialects = {n: s.dialect.name for n, s in sites.items()}
+    warned: list[str] = []
     for tb in t.tables:
         # a table replicated already may differ between sites while a schema change goes round
         # the cluster (docs/schema-changes.md): only the columns they share must agree
         migrating = any(tb in installed[n] for n in sites)
         problems.extend(compare_schemas(tb, infos[tb], dialects, common_only=migrating))
+        refused, questionable = collation_findings(tb, infos[tb], dialects, installed=migrating)
+        problems.extend(refused)
+        warned.extend(questionable)
     if problems:
         raise SchemaError(problems)
-    return _Checked(sites, infos, installed)
+    return _Checked(sites, infos, installed, warnings=warned)
 
 
 def _check_read_only(t: Topology, chk: _Checked) -> None:

@@ -68,7 +68,7 @@ from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.refresh import refresh_link, relay_origins
 from multimaster.engine.remote import AgentSite
-from multimaster.engine.schema import compare_schemas
+from multimaster.engine.schema import collation_findings, compare_schemas
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
 from multimaster.ops.status import link_at_target, status
@@ -362,9 +362,10 @@ def _add_site(
                 except SchemaError as e:
                     schema_problems += e.problems
                     continue
-                schema_problems += compare_schemas(
-                    tb, {peer: pinfo[tb], name: ninfo[tb]}, {peer: pdialect, name: nsite.dialect.name}
-                )
+                pair, pair_dialects = {peer: pinfo[tb], name: ninfo[tb]}, {peer: pdialect, name: nsite.dialect.name}
+                schema_problems += compare_schemas(tb, pair, pair_dialects)
+                # a key or UNIQUE column the new site compares otherwise (docs/mysql.md "Collations")
+                schema_problems += collation_findings(tb, pair, pair_dialects, installed=False)[0]
                 n = nc.exec_driver_sql(f"SELECT count(*) FROM {nsite.dialect.quote(tb)}").scalar() or 0
                 if n and not replace:
                     schema_problems.append(

@@ -41,7 +41,7 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.liveness import Address, Guard, Timeouts
-from multimaster.dialects.schema import TableInfo, names
+from multimaster.dialects.schema import Collation, Column, TableInfo, names
 from multimaster.errors import MultimasterError, SchemaError
 
 #: MySQL error numbers worth a retry: deadlock, lock wait timeout, the "try restarting" family, and
@@ -242,6 +242,80 @@ class MySQLDialect(Dialect):
                 cur.close()
             except Exception:  # noqa: BLE001 - a broken connection is discarded by the pool anyway
                 pass
+
+    def column_collations(self, conn: Connection, table: str) -> dict[str, Collation]:
+        from multimaster.dialects.mysql import collations
+
+        return collations.collations(conn, table)
+
+    def exact_collation_sql(self, table: str, col: Column) -> str:
+        from multimaster.dialects.mysql import collations
+
+        return collations.exact_sql(table, col, self.quote)
+
+    def explain_rejection(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
+        """A duplicate key (1062) of an index whose columns' collation takes different texts as one
+        value: the value refused, the value a row here holds that it equals under the collation,
+        the collation and the fix (docs/mysql.md "Collations"). Before session 35 the queue held
+        the driver's bare "Duplicate entry 'A' for key 'PRIMARY'"."""
+        from multimaster.dialects.mysql import collations
+
+        dup = collations.duplicate(e)
+        if dup is None:
+            return None
+        value, index = dup
+        cols = [
+            str(r[0])
+            for r in conn.exec_driver_sql(
+                "SELECT COLUMN_NAME FROM information_schema.STATISTICS WHERE TABLE_SCHEMA = DATABASE() "
+                "AND TABLE_NAME = %s AND INDEX_NAME = %s ORDER BY SEQ_IN_INDEX",
+                (info.name, index),
+            )
+        ]
+        by = {c.name: c for c in (info.key, *info.columns)}
+        loose = [(by[c], coll) for c in cols if c in by and (coll := by[c].collation) is not None and coll.merges]
+        q = self.quote
+        if not loose:
+            return self._identity_collision(conn, info, value)
+        what = f"{info.name}.{cols[0]}" if len(cols) == 1 else f"{info.name} ({', '.join(cols)})"
+        held = ""
+        if len(cols) == 1:
+            rows = conn.exec_driver_sql(
+                f"SELECT {q(cols[0])} FROM {q(info.name)} WHERE {q(cols[0])} = %s LIMIT 3", (value,)
+            ).all()
+            if rows:
+                held = ", ".join(repr(r[0]) for r in rows)
+                held = f" the same value as {held}, which a row here holds,"
+        sides = "; ".join(f"{c.name}'s collation {coll.name} takes {coll.merges} as one value" for c, coll in loose)
+        head = (
+            f"{what} = {value!r} is{held or ' a duplicate'} under the column's collation, not as text: {sides}, "
+            f'where other databases and multimaster compare texts exactly (docs/mysql.md "Collations"). Fix: '
+        )
+        if all(coll.pads_only for _, coll in loose):
+            return head + "change one of the two values at its origin (trailing spaces trimmed), then skip this change"
+        fix = "; ".join(self.exact_collation_sql(info.name, c) for c, _ in loose)
+        return head + (
+            f"give the column the binary collation here ({fix}), then retry the change; or change one of "
+            f"the two values at its origin and skip this one"
+        )
+
+    def _identity_collision(self, conn: Connection, info: TableInfo, value: str) -> str | None:
+        """A duplicate identity of a natural key in multimaster's own tables, whose collation
+        (utf8mb4_bin) ignores trailing spaces: the key 'x ' beside 'x' (identities 'k:x ' and
+        'k:x'; identities compare as bytes otherwise, so nothing else collides there)."""
+        if info.spec.renumber or not value.startswith("k:"):
+            return None
+        got = conn.exec_driver_sql(
+            f"SELECT rid FROM {self.obj(info.name).shadow} WHERE rid = %s AND CAST(rid AS BINARY) <> CAST(%s AS BINARY) LIMIT 1",
+            (value, value),
+        ).first()
+        other = f"the key {str(got[0])[2:]!r}, which a row here has," if got else "another key of the same source transaction"
+        return (
+            f"{info.name}: the key {value[2:]!r} differs from {other} only in trailing spaces, which multimaster's own "
+            "tables at this site (collation utf8mb4_bin) ignore: keys differing only in trailing spaces cannot both be "
+            'held at a MariaDB / MySQL site (docs/mysql.md "Collations"). Fix: change one of the two keys at its origin '
+            "(trailing spaces trimmed), then skip this change"
+        )
 
     def json_columns(self, conn: Connection, table: str) -> set[str]:
         """MariaDB's JSON is LONGTEXT with a CHECK (json_valid(col)) (MySQL's own JSON type is
