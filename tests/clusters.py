@@ -250,6 +250,21 @@ def make_cluster(
     return cl
 
 
+def unreachable_topology(cl: TestCluster, tmp: Path, site: str) -> Path:
+    """A copy of `cl`'s topology file in which `site` cannot be reached (its file's directory
+    gone, or its server's port closed): what a process that cannot reach it sees."""
+    from sqlalchemy.engine import make_url
+
+    doc = yaml.safe_load(Path(str(cl.topo.path)).read_text())
+    url = doc["sites"][site]["url"]
+    doc["sites"][site]["url"] = (
+        f"sqlite:///{tmp}/gone/{site}.db" if url.startswith("sqlite") else make_url(url).set(port=1).render_as_string(False)
+    )
+    path = tmp / f"without-{site}.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return path
+
+
 ITEMS = {"items": {"key": "id", "columns": {"name": "text", "qty": "int", "price": "real"}}}
 
 

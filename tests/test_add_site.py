@@ -233,8 +233,13 @@ def test_expired_site_is_reinstantiated(sqlite_backend, tmp_path):  # type: igno
     cl.refresh_until_quiet()
     for i in range(3):
         cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, 1)", (f"n{i}",))
-    with api.Cluster(cl.topo) as c:
-        rep = purge_site(c, "s1", PurgePolicy(retention=60, min_age=0), now=time.time() + 3600)
+    path = tmp_path / "s2.db"
+    path.rename(tmp_path / "s2.away")  # s2 cannot be reached: given up once past the retention
+    try:
+        with api.Cluster(cl.topo) as c:
+            rep = purge_site(c, "s1", PurgePolicy(retention=3600, min_age=0), now=time.time() + 2 * 3600)
+    finally:
+        (tmp_path / "s2.away").rename(path)
     assert rep.expired == ["s2"]
     assert api.refresh(cl.topo, "s2", "s1")[0].error
     remove_site(cl.topo, "s2", force=True)

@@ -8,9 +8,10 @@ import threading
 import time
 
 import pytest
-from clusters import keep_refreshing, keep_writing, make_cluster
+from clusters import keep_refreshing, keep_writing, make_cluster, unreachable_topology
 
 from multimaster import api
+from multimaster.config.topology import load_topology
 from multimaster.ops.purge import PurgePolicy, purge, purge_site
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}, "config": {"columns": {"qty": "additive"}}}}
@@ -146,13 +147,17 @@ def test_expired_peer_is_reported_and_refused(backend, tmp_path):  # type: ignor
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK)
     for i in range(3):
         cl.execute("s1", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"n{i}", i))
-    policy = PurgePolicy(retention=60, min_age=0)
-    with api.Cluster(cl.topo) as c:
+    policy = PurgePolicy(retention=3600, min_age=0)
+    with api.Cluster(cl.topo) as c:  # s2 answers: never given up, however long it has not refreshed
+        rep = purge_site(c, "s1", policy, now=time.time() + 30 * 86400)
+    assert rep.expired == [] and rep.tables["stock"].purged == 0 and rep.given_up == []
+    with api.Cluster(load_topology(unreachable_topology(cl, tmp_path, "s2"))) as c:
         rep = purge_site(c, "s1", policy)
         assert rep.expired == [] and rep.tables["stock"].purged == 0
-        # an hour later s2 has still not refreshed: it is expired and no longer holds entries
-        rep = purge_site(c, "s1", policy, now=time.time() + 3600)
+        # two hours later s1's purge has still not reached s2, nor has s2 refreshed: it is given up
+        rep = purge_site(c, "s1", policy, now=time.time() + 2 * 3600)
     assert rep.expired == ["s2"]
+    assert rep.given_up and "'s2' is given up by 's1'" in rep.given_up[0] and "add-site" in rep.given_up[0]
     assert rep.tables["stock"].purged == 2
     res = api.refresh(cl.topo, "s2", "s1")
     assert res[0].error and "purged changes" in res[0].error and "add-site" in res[0].error

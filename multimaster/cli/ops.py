@@ -20,7 +20,10 @@ from multimaster.errors import ConfigError
 __all__ = ["register"]
 
 RETENTION = typer.Option(
-    "7d", "--retention", help="A puller that has not refreshed for longer is expired and stops holding log entries."
+    "7d",
+    "--retention",
+    help="A puller that purge cannot reach and that has not refreshed for longer is given up (it stops holding log "
+    "entries and must be re-instantiated); at least 1h. A puller that answers is never given up.",
 )
 MIN_AGE = typer.Option("1h", "--min-age", help="Only log entries older than this are purged (a margin for changes in transit).")
 TOMBSTONES_AFTER = typer.Option(
@@ -123,10 +126,12 @@ def purge(
     """Delete change-log entries every live puller has pulled (and applied snapshot rows), and
     tombstones and conflict-log rows past their retention that every site has.
 
-    Never an entry a live peer still needs; pullers away longer than --retention are expired
-    (listed) and must be re-instantiated with add-site. A site that is down, or has not applied a
-    delete or a conflict's changes yet, holds those tombstones and conflict rows back (listed
-    under "held by"). Exit 1 if a site could not be purged.
+    Never an entry a live peer still needs: a puller that answers holds entries back however
+    long it has not refreshed. Only a puller that purge cannot reach, and that has not refreshed,
+    for longer than --retention (at least 1h) is given up: named on stderr with the commands that
+    bring it back (remove-site --force, add-site --replace), exit 1. A site that is down, or has
+    not applied a delete or a conflict's changes yet, holds those tombstones and conflict rows
+    back (listed under "held by"). Exit 1 if a site could not be purged or a puller is given up.
 
     Examples:
       multimaster purge -t topo.yaml --dry-run
@@ -144,7 +149,10 @@ def purge(
             dump([r.as_dict() for r in reps])
         else:
             _purge_tables(reps, dry_run)
-        return 1 if any(r.error for r in reps) else 0
+        for r in reps:  # a puller given up needs re-instantiation: named with the commands, exit 1
+            for m in r.given_up:
+                err.print(m, markup=False, highlight=False, soft_wrap=True)
+        return 1 if any(r.error or r.given_up for r in reps) else 0
 
     raise typer.Exit(execute(go, traceback))
 

@@ -6,9 +6,13 @@ peer has pulled. At site X, for table t, one purge (one transaction at X):
 1. reads the watermark every *puller* of X (a site with a link from X) holds for X and remembers
    it in X's ``_mm_pullers`` (watermarks only grow, so the last value seen of an unreachable puller
    is a safe lower bound);
-2. W = the lowest watermark among *live* pullers. A puller that has not refreshed from X for
-   longer than the retention is *expired*: it no longer holds entries back, status reports it,
-   and its next refresh fails with :class:`PurgedPastWatermark` (re-instantiate it with add-site);
+2. W = the lowest watermark among *live* pullers. A puller is *given up* (``expired``) only when
+   this purge cannot reach it and neither a purge of X reached it nor did it refresh from X for
+   longer than the retention (at least :data:`MIN_RETENTION`): it no longer holds entries back,
+   purge names it with the commands that bring it back, status names its link once X purged past
+   its watermark, and its next refresh fails with :class:`PurgedPastWatermark` (re-instantiate it
+   with add-site). A puller that answers holds entries back however long it has not refreshed
+   (docs/decisions.md "Purge gives up only a peer it cannot reach");
 3. deletes the change-log entries whose second-order ``A`` record every live puller has pulled
    (seq2 <= W) and whose version is older than ``min_age``, never the newest entry (SQLite reuses
    the highest rowid), and none at or after a change of the same origin still waiting in one of
@@ -38,21 +42,41 @@ from multimaster.config.secrets import redact
 from multimaster.config.topology import parse_duration, parse_retention
 from multimaster.core.versions import HLC_SHIFT, now_iso
 from multimaster.engine.remote import AgentSite
-from multimaster.errors import ConfigError, MultimasterError
+from multimaster.errors import ConfigError, MultimasterError, PurgedPastWatermark
 from multimaster.ops import retention
 
 if TYPE_CHECKING:
     from multimaster.config.topology import Topology
     from multimaster.engine.cluster import Cluster
+    from multimaster.engine.site import Site
 
-__all__ = ["PurgePolicy", "PurgeReport", "TablePurge", "PullerState", "purge", "purge_site", "pullers"]
+__all__ = [
+    "MIN_RETENTION",
+    "PurgePolicy",
+    "PurgeReport",
+    "TablePurge",
+    "PullerState",
+    "purge",
+    "purge_site",
+    "pullers",
+    "purged_past",
+]
+
+#: the shortest retention: how long a puller purge cannot reach, and that does not refresh, may stay
+#: away before it is given up (a network drop, a restart, a weekend must not cost a re-instantiation)
+MIN_RETENTION = 3600.0
+_RETENTION_WHY = (
+    "it is how long a site that purge cannot reach, and that does not refresh, may stay away before it is given "
+    "up and must be re-instantiated (a site that answers is never given up); --min-age is what lets entries go sooner"
+)
 
 
 @dataclass(frozen=True)
 class PurgePolicy:
     """When entries may go.
 
-    retention: a puller that has not refreshed for longer is expired and stops holding entries.
+    retention: a puller that purge cannot reach, and that neither a purge reached nor refreshed
+    for longer, is given up (expired) and stops holding entries; at least :data:`MIN_RETENTION`.
     min_age: only entries whose version is older than this go (a margin for copies in transit).
     snapshots: also drop this site's applied snapshot rows.
     tombstones_after / conflicts_after: keep tombstones / conflict-log rows at least this long
@@ -87,9 +111,16 @@ class PurgePolicy:
                 vals[name] = parse(v)
             except ValueError as e:
                 problems.append(f"--{name.replace('_', '-')}: {e}" + (" or 'off'" if name.endswith("_after") else ""))
+        if vals.get("retention", MIN_RETENTION) < MIN_RETENTION:
+            problems.append(f"--retention: {retention} is below the minimum, it must be at least 1h: {_RETENTION_WHY}")
+            del vals["retention"]
         if problems:
             raise ConfigError(problems)
         return cls(snapshots=snapshots, **vals)
+
+    def __post_init__(self) -> None:
+        if self.retention < MIN_RETENTION:
+            raise ConfigError([f"retention {self.retention:g}s is below the minimum, it must be at least 1h: {_RETENTION_WHY}"])
 
     def after(self, topo: "Topology") -> tuple[float, float]:
         """(tombstones_after, conflicts_after) in seconds, the topology's where not given."""
@@ -107,8 +138,9 @@ class PullerState:
     watermark: int
     last_success_at: str | None
     reachable: bool
-    expired: bool
-    away_s: float | None
+    expired: bool  # given up: unreachable, and neither reached nor refreshed for longer than the retention
+    away_s: float | None  # since its last refresh from `source` (since first seen when it never did)
+    down_s: float | None = None  # since a purge of `source` last reached it or it refreshed; None: reachable now
 
 
 @dataclass
@@ -139,6 +171,8 @@ class PurgeReport:
     #: what became of the server's record of capturing transactions (MariaDB's
     #: mysql.transaction_registry: truncated, or why not; docs/mysql.md); None: nothing to do
     registry: str | None = None
+    #: per puller given up, what happened and the commands that bring it back
+    given_up: list[str] = field(default_factory=list)
 
     @property
     def expired(self) -> list[str]:
@@ -168,6 +202,7 @@ class PurgeReport:
             "tables": {t: vars(tp) for t, tp in self.tables.items()},
             "pullers": [vars(p) for p in self.pullers],
             "registry": self.registry,
+            "given_up": self.given_up,
         }
 
 
@@ -202,10 +237,56 @@ def pullers(cl: "Cluster", site: str, policy: PurgePolicy, *, now: float | None 
                 old = stored.get(key)
                 wm, last, reachable = _merge_watermark(seen.get(key), old)
                 first = old[2] if old else stamp
+                reached = stamp if reachable else (old[3] if old else None)  # the last time a purge reached it
                 if record:
-                    store.purges.record_puller(conn, src.dialect, ln.target, tb, wm, last, first, stamp, new=old is None)
-                away = _age_s(last or first, now)
-                out.append(PullerState(ln.target, tb, wm, last, reachable, away is not None and away > policy.retention, away))
+                    store.purges.record_puller(conn, src.dialect, ln.target, tb, wm, last, first, reached, new=old is None)
+                down = None if reachable else _down_s(now, last, reached, first)
+                out.append(
+                    PullerState(
+                        ln.target,
+                        tb,
+                        wm,
+                        last,
+                        reachable,
+                        down is not None and down > policy.retention,
+                        _age_s(last or first, now),
+                        down,
+                    )
+                )
+    return out
+
+
+def _down_s(now: float, *times: str | None) -> float | None:
+    """How long an unreachable puller has been out of touch: since the latest of its last refresh,
+    the last time a purge reached it and when it was first seen (None: none known)."""
+    ages = [a for a in (_age_s(t, now) for t in times) if a is not None]
+    return min(ages) if ages else None
+
+
+def _span(seconds: float) -> str:
+    """`seconds` as a person reads it: 2h05m, 3d04h, 59m."""
+    m = int(seconds // 60)
+    if m < 60:
+        return f"{m}m"
+    h, m = divmod(m, 60)
+    if h < 48:
+        return f"{h}h{m:02d}m"
+    d, h = divmod(h, 24)
+    return f"{d}d{h:02d}h"
+
+
+def _given_up(topo: "Topology", site: str, states: list[PullerState], policy: PurgePolicy) -> list[str]:
+    """One message per puller of `site` given up: why, what it means, the commands that bring it back."""
+    path = getattr(topo, "path", None) or "FILE"
+    out = []
+    for peer in sorted({p.peer for p in states if p.expired}):
+        down = max((p.down_s or 0.0) for p in states if p.peer == peer and p.expired)
+        out.append(
+            f"site '{peer}' is given up by '{site}': purge could not reach it, and it did not refresh from '{site}', "
+            f"for {_span(down)} (more than --retention {_span(policy.retention)}); '{site}' no longer keeps the changes it "
+            f"has not pulled, so it misses them. Bring it back: multimaster remove-site -t {path} {peer} --force, then "
+            f"multimaster add-site -t {path} {peer} --from {site} --replace"
+        )
     return out
 
 
@@ -244,7 +325,7 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
 
 
 def _merge_watermark(
-    seen: tuple[int, str | None] | None, old: tuple[int, str | None, str | None] | None
+    seen: tuple[int, str | None] | None, old: tuple[int, str | None, str | None, str | None] | None
 ) -> tuple[int, str | None, bool]:
     """(watermark, last success, reachable) of one puller and table, from what it holds now
     (`seen`, None: it did not answer) and what was recorded (`old`): watermarks only grow."""
@@ -271,6 +352,7 @@ def purge_site(
     with src.read() as conn:
         src.require_installed(conn, topo)
     rep.pullers = pullers(cl, site, policy, now=now, record=not dry_run)
+    rep.given_up = _given_up(topo, site, rep.pullers, policy)
     tombstones_after, conflicts_after = policy.after(topo)
     observed, missing = retention.observe_sites(cl, site)
     cutoff = f"{(int((now - policy.min_age) * 1000) << HLC_SHIFT):019d}:"
@@ -327,6 +409,34 @@ def purge_site(
         with src.write() as conn:  # alone: it may be DDL, which commits (MariaDB's TRUNCATE)
             rep.registry = d.trim_registry(conn)
     return rep
+
+
+def purged_past(
+    src: "Site | AgentSite", tgt: "Site | AgentSite", source: str, target: str, watermarks: dict[str, int]
+) -> str | None:
+    """Why the link `source` -> `target` can never refresh again (status names it at once, before
+    a refresh of it fails): `src` purged changes past `target`'s `watermarks` (read before this
+    call), the message of :class:`PurgedPastWatermark` with the fix; None when it did not.
+
+    Each horizon is read after the watermarks and a watermark below it is read again: a live
+    puller's watermark was at or past every horizon when that purge ran (purge keeps what a live
+    puller has not pulled) and only grows, so one still below it belongs to a puller given up."""
+    for tb, wm in watermarks.items():
+        if isinstance(src, AgentSite):
+            h = src.purge_horizon(tb)
+        else:
+            with src.read() as conn:
+                h = store.purges.horizon(conn, src.dialect, tb)
+        if h <= wm:
+            continue
+        if isinstance(tgt, AgentSite):
+            now = tgt.link_at_target(source)["watermarks"].get(tb, wm)
+        else:
+            with tgt.read() as conn:
+                now = store.watermarks.read(conn, tgt.dialect, source, tb)
+        if h > now:
+            return str(PurgedPastWatermark(source, target, tb, now, h))
+    return None
 
 
 def _purge_log(conn: Any, d: Any, tb: str, peers: list[str], max_seq: int, cutoff: str, w: int, dry_run: bool) -> list[Any]:

@@ -20,6 +20,7 @@ from multimaster.engine.refresh import clock_warning, held_at_source, held_stall
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, MultimasterError, NotConnected, NotInstalled, first_line
+from multimaster.ops.purge import purged_past
 from multimaster.ops.uninstall import untracked, untracked_message
 from multimaster.ops.verifications import last
 
@@ -80,6 +81,9 @@ def _link_entry(cl: Cluster, t: Topology, ln: Any, site_data: dict[str, dict[str
             if isinstance(src, AgentSite)
             else link_at_source(src, ln.target, t, wms, have)
         )
+        gone = purged_past(src, tgt, ln.source, ln.target, wms)  # the target was given up by a purge
+        if gone:
+            entry["error"] = gone
     except MultimasterError as e:  # an agent that stopped answering since
         entry["error"] = redact(str(e))
         return entry

@@ -1,6 +1,6 @@
 """``_mm_purges`` (per table, the highest second-order position purged from this site's change log:
 a puller whose watermark is below it has missed changes), ``_mm_pullers`` (the last watermark
-seen of every site that pulls from this one, and when it last refreshed) and
+seen of every site that pulls from this one, when it last refreshed and when a purge last reached it) and
 ``_mm_snap_horizons`` (per peer and table, the position up to which this site's snapshot of the
 peer may lack entries it pulled: above it, up to the watermark, it holds every one; remove-site
 gives them to the peer's other pullers, docs/operations.md "Removing a site"). See ops/purge.py."""
@@ -69,11 +69,15 @@ def record_horizon(conn: Connection, d: Dialect, table: str, horizon: int, purge
         )
 
 
-def pullers(conn: Connection, d: Dialect) -> dict[tuple[str, str], tuple[int, str | None, str | None]]:
-    """(peer, table) -> (watermark, last_success_at, first_seen_at) of every puller recorded."""
+def pullers(conn: Connection, d: Dialect) -> dict[tuple[str, str], tuple[int, str | None, str | None, str | None]]:
+    """(peer, table) -> (watermark, last_success_at, first_seen_at, checked_at) of every puller
+    recorded; checked_at: the last time a purge reached it (rows written before session 35: the
+    last purge, reached or not)."""
     return {
-        (r[0], r[1]): (int(r[2] or 0), r[3], r[4])
-        for r in conn.exec_driver_sql(f"SELECT peer, tbl, seq2, last_success_at, first_seen_at FROM {d.mm_table('_mm_pullers')}")
+        (r[0], r[1]): (int(r[2] or 0), r[3], r[4], r[5])
+        for r in conn.exec_driver_sql(
+            f"SELECT peer, tbl, seq2, last_success_at, first_seen_at, checked_at FROM {d.mm_table('_mm_pullers')}"
+        )
     }
 
 
@@ -85,12 +89,14 @@ def record_puller(
     seq2: int,
     last_success_at: str | None,
     first_seen_at: str | None,
-    checked_at: str,
+    checked_at: str | None,
     *,
     new: bool,
 ) -> None:
     """Write what was read of a puller: a `new` row, or the update of the recorded one (its
-    first_seen_at stays)."""
+    first_seen_at stays). `checked_at`: the last time a purge reached it (ops/purge.py keeps the
+    recorded one while it cannot be reached: how long it has been out of touch decides whether it
+    is given up)."""
     ph = d.caps.placeholder
     t = d.mm_table("_mm_pullers")
     if new:
