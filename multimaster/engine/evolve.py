@@ -156,10 +156,14 @@ def evolve_table(
     cur = store.schemas.current(conn, d, table)
     if cur is None:
         raise SchemaError([f"site '{site.name}': table '{table}' is not installed; run 'multimaster init'"])
-    version, old_cols, _sig = cur
+    version, old_cols, recorded = cur
+    # a follow that made the capture again and stopped before the rest (store/schemas.py
+    # mark_capturing): the triggers it found missing, and the signature recorded before it
+    pending, _sig = store.schemas.capturing(recorded)
     o = d.obj(table)
     wanted = names(table)
-    missing = [] if capture_dropped else sorted({wanted.cap_i, wanted.cap_u, wanted.cap_d} - set(d.capture_present(conn, table)))
+    found = [] if capture_dropped else sorted({wanted.cap_i, wanted.cap_u, wanted.cap_d} - set(d.capture_present(conn, table)))
+    missing = sorted(set(found) | set(pending))
     site.forget(table)
     live = introspect(conn, site.name, table, topo.tables[table])
     new_cols = _cols(live)
@@ -198,13 +202,19 @@ def evolve_table(
         ready += store.errorqueue.ready_failed(conn, d, table, now_iso())
     # 3. capture in the new version (and the identities of references, a new column's too); not
     #    for a change replication does not see (an index), unless an earlier run was interrupted
-    if missing:  # the table was made again: every trigger of it is gone, not only capture's
+    if found:  # the table was made again: every trigger of it is gone, not only capture's
+        # committed with the triggers where DDL commits at once: a rollback of what follows (a
+        # lock wait of capture_unseen_rows, which the refresh runs again) leaves the triggers, and
+        # the next follow, finding them, still captures the rows inserted meanwhile and opens
+        # the gap (before, it found nothing to do: both were lost, and the site's next update of
+        # such a row was captured as a change of whatever identity held its key)
+        store.schemas.mark_capturing(conn, d, table, version, missing, _sig)
         if not d.caps.transactional_ddl:
             _clear_kept_ranks(conn, site, info)
         d.install_table(conn, info)
         uniques.install(conn, d, info)
-    if changed or not _sig or missing:
-        _make_capture(conn, site, info, peers, again=bool(missing))
+    if changed or not _sig or found:
+        _make_capture(conn, site, info, peers, again=bool(found))
     unseen: list[Any] = []
     if missing:
         d.guard_writes(conn, info, site.name, site.name in topo.read_only)

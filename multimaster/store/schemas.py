@@ -19,7 +19,23 @@ from multimaster.core.schemas import Col
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["install", "exists", "record", "set_sig", "current", "versions", "layouts", "dropped", "to_json", "forget_table"]
+__all__ = [
+    "install",
+    "exists",
+    "record",
+    "set_sig",
+    "mark_capturing",
+    "capturing",
+    "current",
+    "versions",
+    "layouts",
+    "dropped",
+    "to_json",
+    "forget_table",
+]
+
+#: a signature no table has: its capture is being made again (mark_capturing)
+_CAPTURING = "capture being made again: "
 
 
 def _t(d: Dialect) -> str:
@@ -56,6 +72,26 @@ def set_sig(conn: Connection, d: Dialect, table: str, version: int, sig: str) ->
     """Record that `table`'s catalog signature is `sig` with version `version` (followed)."""
     p = d.caps.placeholder
     conn.exec_driver_sql(f"UPDATE {_t(d)} SET sig = {p} WHERE tbl = {p} AND version = {p}", (sig, table, int(version)))
+
+
+def mark_capturing(conn: Connection, d: Dialect, table: str, version: int, missing: list[str], sig: str) -> None:
+    """Record, before `table`'s capture triggers `missing` are made again, that the follow making
+    them has not captured the rows inserted meanwhile nor opened the gap yet; `sig`: the signature
+    recorded before. Where DDL commits at once (MariaDB) the triggers' DDL commits this with them,
+    and the triggers outlive a rollback of the rest of the follow (a lock wait, a crash): the table
+    then reads as changed (no table has this signature), and the next follow finds the triggers
+    that were missing here (`capturing`) though they exist, and finishes (set_sig)."""
+    set_sig(conn, d, table, version, _CAPTURING + json.dumps([sorted(missing), sig]))
+
+
+def capturing(sig: str) -> tuple[list[str], str]:
+    """(the capture triggers a follow found missing and had not finished making again, the
+    signature recorded before it) of a recorded signature `sig` (mark_capturing); ([], `sig`) for
+    any other signature."""
+    if not sig.startswith(_CAPTURING):
+        return [], sig
+    missing, before = json.loads(sig[len(_CAPTURING) :])
+    return [str(m) for m in missing], str(before)
 
 
 def current(conn: Connection, d: Dialect, table: str) -> tuple[int, list[Col], str] | None:
