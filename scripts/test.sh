@@ -7,5 +7,6 @@ bash scripts/setup.sh
 # runs just these)
 bash scripts/check.sh
 # two workers (the machine's cores; MM_TEST_WORKERS overrides, 0 runs in this process): most tests
-# wait on a database server, and every Spark test goes to one worker (tests/conftest.py)
-exec .venv/bin/python -m pytest -q -n "${MM_TEST_WORKERS:-2}" --dist loadgroup "$@"
+# wait on a database server, and every Spark test goes to one worker (tests/conftest.py); the 25
+# slowest tests are listed at the end (the suite is kept under 15 minutes)
+exec .venv/bin/python -m pytest -q -n "${MM_TEST_WORKERS:-2}" --dist loadgroup --durations=25 "$@"
