@@ -219,12 +219,26 @@ def test_errors_and_conflicts_listed_through_an_agent(backend: Backend, tmp_path
             assert api.conflicts(topo, **kw) == api.conflicts(direct, **kw), kw
         assert api.conflicts(topo, since="2999-01-01T00:00:00") == []
         # the CLI as a user runs it
-        for args in (["errors", "--json"], ["errors", "--site", "s2", "--table", "items", "--json"], ["conflicts", "--json"]):
-            a = _cli(args[0], "-t", str(peer), *args[1:])
-            b = _cli(args[0], "-t", str(tmp_path / "topology.yaml"), *args[1:])
+        for args in (
+            ["errors", "--json"],
+            ["errors", "--site", "s2", "--table", "items", "--json"],
+            ["errors", "--limit", "1", "--offset", "1", "--json"],  # a page: the agent's queue is paged here
+            ["conflicts", "--json"],
+        ):
+            a = _cli(args[0], "-t", str(peer), *args[1:], check=False)
+            b = _cli(args[0], "-t", str(tmp_path / "topology.yaml"), *args[1:], check=False)
             assert json.loads(a.stdout) == json.loads(b.stdout), args
+            # `errors` exits 1 while changes are held (docs/cli.md "Exit codes"), through the agent too
+            assert a.returncode == b.returncode == (1 if args[0] == "errors" else 0), (args, a.stderr, b.stderr)
+            assert a.stderr == b.stderr, args  # the page's place, counted the same
+        # a page of conflicts: the same rows; the agent's site is counted as far as it was read
+        a = _cli("conflicts", "-t", str(peer), "--limit", "1", "--offset", "1", "--json")
+        b = _cli("conflicts", "-t", str(tmp_path / "topology.yaml"), "--limit", "1", "--offset", "1", "--json")
+        assert json.loads(a.stdout) == json.loads(b.stdout) and len(json.loads(a.stdout)) == 1
+        assert "conflicts 2-2 of " in a.stderr and "+ shown" in a.stderr and "or more older" in a.stderr, a.stderr
+        assert "conflicts 2-2 of " in b.stderr and "+" not in b.stderr, b.stderr
         table = mm("errors", "-t", str(peer))  # a wide terminal
-        assert table.returncode == 0 and "waiting behind" in table.stdout and "green apple" in table.stdout, table.stdout
+        assert table.returncode == 1 and "waiting behind" in table.stdout and "green apple" in table.stdout, table.stdout
         dry = api.re_resolve_conflicts(topo, "earliest", table="items")
         assert dry == api.re_resolve_conflicts(direct, "earliest", table="items") and dry["outcomes"]
 

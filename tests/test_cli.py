@@ -319,10 +319,10 @@ def test_conflicts_filters_and_purge_of_tombstones_and_conflicts(backend, tmp_pa
     assert c1["winner"] == "remote"
     r = mm("conflicts", "-t", topo, "--kind", "update_update")
     assert r.returncode == 0 and "update_update" in r.stdout and "replicated" in r.stdout
-    assert "note:" not in r.stderr  # 2 conflicts, fewer than the 50 shown at most
+    assert "shown" not in r.stderr  # 2 conflicts, fewer than the 50 shown at most
     r = mm("conflicts", "-t", topo, "--kind", "update_update", "--limit", "1", "--json")
     assert r.returncode == 0 and len(json.loads(r.stdout)) == 1
-    assert "note: the last 1 conflicts shown; there may be more" in r.stderr, r.stderr
+    assert "conflicts 1-1 of 2 shown, newest first; 1 older" in r.stderr and "--offset 1" in r.stderr, r.stderr
     assert json.loads(mm("conflicts", "-t", topo, "--kind", "delete_update", "--json").stdout) == []
     assert json.loads(mm("conflicts", "-t", topo, "--since", "2999-01-01T00:00:00Z", "--json").stdout) == []
     if backend.name == "sqlite":  # the options are checked before any database is read

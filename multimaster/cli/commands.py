@@ -130,6 +130,21 @@ def _refresh_table(results: list[Any]) -> Table:
     return t
 
 
+def _removed(topo: Any, results: list[Any]) -> None:
+    """A link failing because a site of it was removed (`remove-site`) and the file still lists it
+    says so, instead of the fixes of a site never installed or connected (init, add-site)."""
+    if not any(r.error for r in results):
+        return
+    from multimaster.ops.status import removed_message, removed_sites
+
+    with api.Cluster(topo) as cl:
+        gone = removed_sites(cl)
+    for r in results:
+        site = next((n for n in (r.peer, r.site) if n in gone), None)
+        if r.error and site is not None:
+            r.error = removed_message(site)
+
+
 def _stalled_exit(messages: list[str]) -> int:
     """1 when a link is stalled (docs/operations.md "Stalled links") or failing (a site not
     reached, refreshes that fail), each named on stderr with its fix; else 0."""
@@ -180,6 +195,7 @@ def refresh(
                 if not until_quiet or all(r.pulled == 0 for r in res) or any(r.error for r in res):
                     break
         last = allres[-1]
+        _removed(topo, [r for res in allres for r in res])
         if as_json:
             dump(
                 [
@@ -461,7 +477,8 @@ def conflicts(
         help="Only this kind: update_update, insert_insert, update_delete, delete_update, insert_replaces, unique, orphan.",
     ),
     since: Optional[str] = typer.Option(None, "--since", help="Only conflicts since: a duration ago (1h) or an ISO time."),
-    limit: int = typer.Option(50, "--limit", help="At most the last N conflicts (0: all)."),
+    limit: int = typer.Option(50, "--limit", min=0, help="At most the newest N conflicts (0: all); stderr says how many more."),
+    offset: int = typer.Option(0, "--offset", min=0, help="Skip the newest N conflicts (the next page: --offset 50)."),
     re_resolve: bool = typer.Option(
         False, "--re-resolve", help="Show what --policy would have decided for each logged conflict of a column or group."
     ),
@@ -510,22 +527,19 @@ def conflicts(
         )
 
     def go() -> int:
-        since_at = parse_since(since)
+        from multimaster.ops.status import conflicts_page
+
         unreachable: dict[str, str] = {}
-        rows = api.conflicts(load_topology(topology), site, table, limit, since=since_at, kind=kind, unreachable=unreachable)
+        page = conflicts_page(
+            load_topology(topology), site, table, limit, offset, since=parse_since(since), kind=kind, unreachable=unreachable
+        )
+        rows = page.rows
         code = not_reached(unreachable)  # the others' logs are listed all the same
-        if limit and len(rows) >= limit:  # (the listing said "conflicts (50)" of 18,000, nothing more)
-            err.print(
-                f"note: the last {limit} conflicts shown; there may be more: --limit N (0: all), --since, --table "
-                "narrow it; 'multimaster status' counts them per site",
-                markup=False,
-                highlight=False,
-                soft_wrap=True,
-            )
+        _more_conflicts(page.total, page.exact, len(rows), offset, limit, topology)
         if as_json:
             dump(rows)
             return code
-        t = Table(title=f"conflicts ({len(rows)})")
+        t = Table(title=f"conflicts ({len(rows)} of {page.total:,}{'' if page.exact else '+'})")
         for c in ("site", "id", "detected", "table", "key", "kind", "columns", "local", "remote", "rule", "winner"):
             t.add_column(c)
         for r in rows:
@@ -533,7 +547,7 @@ def conflicts(
                 r["site"],
                 str(r["id"]),
                 str(r["detected_at"]),
-                r["tbl"],
+                r["table"],
                 str(r["key"]),
                 r["kind"],
                 ",".join(r["columns"] or []),
@@ -548,6 +562,22 @@ def conflicts(
     code = execute(go, traceback)
     if code:
         raise typer.Exit(code)
+
+
+def _more_conflicts(total: int, exact: bool, shown: int, offset: int, limit: int, topology: Path) -> None:
+    """On stderr, when the log has conflicts this page does not show: how many older ones (at
+    least, when a site's agent was not counted), and the options that show them."""
+    left = total - offset - shown
+    if shown and (left > 0 or offset):
+        line = f"conflicts {offset + 1}-{offset + shown} of {total:,}{'' if exact else '+'} shown, newest first"
+        if left > 0:
+            line += (
+                f"; {left:,}{'' if exact else ' or more'} older: 'multimaster conflicts -t {topology} --offset "
+                f"{offset + shown}' shows the next {limit}"
+            )
+        err.print(
+            line + ", --limit 0 shows all; --since, --table, --kind narrow it", markup=False, highlight=False, soft_wrap=True
+        )
 
 
 def _re_resolve(

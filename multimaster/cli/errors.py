@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from multimaster import api
-from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, execute, not_reached
+from multimaster.cli.common import TOPOLOGY, TRACEBACK, console, dump, err, execute, not_reached
 from multimaster.config.topology import load_topology
 from multimaster.errors import ConfigError
 
@@ -63,37 +63,38 @@ def _table(rows: list[dict[str, Any]]) -> Table:
     return t
 
 
-def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool, as_json: bool, traceback: bool) -> None:
+def _list(
+    topology: Path,
+    site: Optional[str],
+    table: Optional[str],
+    all_: bool,
+    as_json: bool,
+    traceback: bool,
+    limit: int = 50,
+    offset: int = 0,
+) -> None:
     def go() -> int:
+        from multimaster.ops.errors import errors_page
+
         unreachable: dict[str, str] = {}
-        rows = api.list_errors(load_topology(topology), site, table, include_skipped=all_, unreachable=unreachable)
-        code = not_reached(unreachable)  # the others' queues are listed all the same
+        page = errors_page(
+            load_topology(topology), site, table, include_skipped=all_, limit=limit, offset=offset, unreachable=unreachable
+        )
+        rows = page.rows
+        code = max(not_reached(unreachable), 1 if page.held else 0)  # the others' queues are listed all the same
+        _more(page.total, len(rows), offset, limit, topology)
         if as_json:
             dump(rows)
             return code
         if not rows:
             where = " of the sites reached" if unreachable else ""
-            console.print(f"no change is held in the error queue{where}", highlight=False)
+            console.print(
+                f"no change is held in the error queue{where}" if not page.total else f"no change past --offset {offset}",
+                highlight=False,
+            )
             return code
         console.print(_table(rows))
-        if any(r["state"] in ("failed", "waiting", "txn") for r in rows):
-            console.print(
-                f"fix the cause, then: multimaster errors retry -t {topology} --all   "
-                f"(or drop one, with the rest of its source transaction: multimaster errors skip -t {topology} "
-                "--site SITE --id N --reason TEXT)",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
-        if any(r["state"] == "parked" for r in rows):
-            console.print(
-                "a parked row comes back by itself once its value is free: change the holder's value "
-                f"(a plain UPDATE), or drop the parked row at every site: multimaster errors skip -t {topology} "
-                "--site SITE --id N --reason TEXT",
-                highlight=False,
-                markup=False,
-                soft_wrap=True,
-            )
+        _hints(rows, topology)
         return code
 
     code = execute(go, traceback)
@@ -101,8 +102,46 @@ def _list(topology: Path, site: Optional[str], table: Optional[str], all_: bool,
         raise typer.Exit(code)
 
 
+def _more(total: int, shown: int, offset: int, limit: int, topology: Path) -> None:
+    """On stderr, when the listing has changes this page does not show: how many, and the options
+    that show them."""
+    left = total - offset - shown
+    if shown and (left > 0 or offset):
+        first = f"changes {offset + 1}-{offset + shown} of {total:,} shown"
+        nxt = (
+            f"; {left:,} more: 'multimaster errors -t {topology} --offset {offset + shown}' shows the next {limit}"
+            if left > 0
+            else ""
+        )
+        err.print(first + nxt + ", --limit 0 shows all", markup=False, highlight=False, soft_wrap=True)
+
+
+def _hints(rows: list[dict[str, Any]], topology: Path) -> None:
+    """The commands that deal with what the listing shows."""
+    if any(r["state"] in ("failed", "waiting", "txn") for r in rows):
+        console.print(
+            f"fix the cause, then: multimaster errors retry -t {topology} --all   "
+            f"(or drop one, with the rest of its source transaction: multimaster errors skip -t {topology} "
+            "--site SITE --id N --reason TEXT)",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    if any(r["state"] == "parked" for r in rows):
+        console.print(
+            "a parked row comes back by itself once its value is free: change the holder's value "
+            f"(a plain UPDATE), or drop the parked row at every site: multimaster errors skip -t {topology} "
+            "--site SITE --id N --reason TEXT",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+
+
 SITE = typer.Option(None, "--site", help="Only this site's queue.")
 JSON = typer.Option(False, "--json", help="Print as JSON.")
+LIMIT = typer.Option(50, "--limit", min=0, help="At most N changes (0: all); stderr says how many more there are.")
+OFFSET = typer.Option(0, "--offset", min=0, help="Skip the first N changes (the next page: --offset 50).")
 
 
 @errors_app.callback(invoke_without_command=True)
@@ -112,16 +151,22 @@ def errors(
     site: Optional[str] = SITE,
     table: Optional[str] = typer.Option(None, "--table", help="Only this table's changes."),
     all_: bool = typer.Option(False, "--all", help="Also the skipped changes (with their reason)."),
+    limit: int = LIMIT,
+    offset: int = OFFSET,
     as_json: bool = JSON,
     traceback: bool = TRACEBACK,
 ) -> None:
     """The changes held in the error queue of every site: the change, the database's error, when,
-    and the changes of the same row waiting behind it. Exits 0; 1 when a site was not reached
-    (named on stderr; the queues of the others are listed all the same).
+    and the changes of the same row waiting behind it; the first --limit (50) of them, stderr
+    saying how many more and the --offset that shows them. Exits 1 while a change is held (of
+    --site and --table when given: failed, waiting behind one, held with its transaction, parked)
+    or a site was not reached (named on stderr; the queues of the others are listed all the same);
+    0 when nothing is held.
 
     Examples:
       multimaster errors -t topo.yaml
       multimaster errors -t topo.yaml --site s2 --json
+      multimaster errors -t topo.yaml --offset 50          # the next 50
       multimaster errors retry -t topo.yaml --all
       multimaster errors skip -t topo.yaml --site s2 --id 3 --reason "row was removed by hand"
     """
@@ -130,7 +175,7 @@ def errors(
     if topology is None:
         execute(_topology_required, traceback)
         return
-    _list(topology, site, table, all_, as_json, traceback)
+    _list(topology, site, table, all_, as_json, traceback, limit, offset)
 
 
 def _topology_required() -> None:
@@ -143,11 +188,13 @@ def list_(
     site: Optional[str] = SITE,
     table: Optional[str] = typer.Option(None, "--table", help="Only this table's changes."),
     all_: bool = typer.Option(False, "--all", help="Also the skipped changes (with their reason)."),
+    limit: int = LIMIT,
+    offset: int = OFFSET,
     as_json: bool = JSON,
     traceback: bool = TRACEBACK,
 ) -> None:
     """The same as `multimaster errors`: the changes held in the error queue."""
-    _list(topology, site, table, all_, as_json, traceback)
+    _list(topology, site, table, all_, as_json, traceback, limit, offset)
 
 
 def _print_report(reps: list[dict[str, Any]], as_json: bool) -> int:

@@ -398,6 +398,10 @@ def watch(
     (age of the oldest change not applied), last success and last error; per site log sizes,
     conflicts (since --since) and expired pullers.
 
+    With --once or --json: exit 1 when, of the sites watched, `status` would exit 1 (changes held
+    in an error queue, a link stalled or failing, a site not reached, ...: each named on stderr);
+    0 when nothing needs action.
+
     Examples:
       multimaster watch -t topo.yaml
       multimaster watch -t topo.yaml --since 1h --once --json
@@ -406,8 +410,9 @@ def watch(
     from multimaster.engine.cluster import Cluster
     from multimaster.ops.metrics import health, parse_since
     from multimaster.ops.purge import PurgePolicy
+    from multimaster.ops.status import attention
 
-    def go() -> None:
+    def go() -> int:
         topo = load_topology(topology)
         policy = PurgePolicy.parse(retention)
         with Cluster(topo) as cl:
@@ -415,16 +420,20 @@ def watch(
             def snap() -> dict[str, Any]:
                 return health(cl, site or None, since=parse_since(since), policy=policy)
 
-            if as_json:
-                dump(snap())
-                return
-            if once:
-                for t in _health_tables(snap()):
-                    console.print(t)
-                return
+            if as_json or once:
+                h = snap()
+                if as_json:
+                    dump(h)
+                else:
+                    for t in _health_tables(h):
+                        console.print(t)
+                problems = attention(h, topo.refresh.stall_after_seconds())  # as `status` exits
+                for m in problems:
+                    err.print(m, markup=False, highlight=False, soft_wrap=True)
+                return 1 if problems else 0
             redraw(lambda: _health_tables(snap()), interval)
 
-    execute(go, traceback)
+    raise typer.Exit(execute(go, traceback) or 0)
 
 
 topology_app = typer.Typer(help="Look at a topology file.", no_args_is_help=True)

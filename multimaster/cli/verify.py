@@ -22,9 +22,15 @@ from multimaster.spark.api import DEFAULT_BUCKETS, DEFAULT_PARTITIONS, DEFAULT_S
 __all__ = ["verify_command", "app", "main"]
 
 
-def _fail(msg: str) -> None:
+def _fail(msg: str, traceback: bool = False) -> None:
+    """The error, one line on stderr, exit 2; with `traceback`, the Python traceback of the
+    exception being handled first (passwords masked, as every command does: cli/common.py)."""
     from multimaster.config.secrets import redact
 
+    if traceback and sys.exc_info()[1] is not None:
+        import traceback as tb
+
+        sys.stderr.write(redact("".join(tb.format_exception(sys.exc_info()[1]))))
     typer.echo(f"error: {redact(msg)}", err=True)
     raise typer.Exit(2)
 
@@ -48,6 +54,7 @@ def verify_command(
         "--record",
         help="Store the result (or the error) in _mm_verifications at the verify site, where 'multimaster status' shows it.",
     ),
+    traceback: bool = typer.Option(False, "--traceback", help="Show the Python traceback on errors."),
 ) -> None:
     """Check that all sites hold the same rows (Spark over JDBC); optionally repair from one site."""
     import time
@@ -66,7 +73,7 @@ def verify_command(
     def failed(msg: str, recordable: bool = True) -> None:
         if record and recordable:
             store(error=msg)
-        _fail(msg)
+        _fail(msg, traceback)
 
     try:
         res = _verify(
@@ -75,7 +82,7 @@ def verify_command(
     except MissingDependency as e:
         failed(str(e))
     except ConfigError as e:  # a bad topology or option: not a run worth recording
-        _fail(str(e))
+        _fail(str(e), traceback)
     except MultimasterError as e:
         failed(str(e))
     except Exception as e:  # noqa: BLE001 - Spark/JDBC failures: one line, exit 2

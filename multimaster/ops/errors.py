@@ -5,7 +5,7 @@ database, so they run on its host (AgentOnly otherwise)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from multimaster import store
@@ -20,7 +20,7 @@ from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
 from multimaster.errors import ConfigError
 
-__all__ = ["list_errors", "errors_at", "retry_errors", "skip_error", "STATES"]
+__all__ = ["list_errors", "errors_page", "ErrorsPage", "errors_at", "retry_errors", "skip_error", "STATES"]
 
 #: every state a queued change can be in (but parked, docs/unique.md)
 STATES = ("failed", "waiting", "txn", "schema", "skipped")
@@ -62,15 +62,86 @@ def list_errors(
             cl.close()
 
 
-def errors_at(s: Site, topo: Topology, table: str | None = None, include_skipped: bool = False) -> list[dict[str, Any]]:
+def _states(include_skipped: bool) -> tuple[str, ...]:
+    """The states `multimaster errors` lists (skipped ones only when asked)."""
+    return (*(STATES if include_skipped else store.errorqueue.OPEN), store.errorqueue.PARKED)
+
+
+@dataclass
+class ErrorsPage:
+    """A page of `multimaster errors`: `rows` (the changes listed), `total` (how many the listing
+    has without a limit) and `held` (how many of them are held: the states `status` counts, of
+    every page)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    total: int = 0
+    held: int = 0
+
+
+def errors_page(
+    topo: Topology | Cluster,
+    site: str | None = None,
+    table: str | None = None,
+    include_skipped: bool = False,
+    *,
+    limit: int = 0,
+    offset: int = 0,
+    unreachable: dict[str, str] | None = None,
+) -> ErrorsPage:
+    """What :func:`list_errors` lists, from the `offset`-th change on, at most `limit` of them (0:
+    all), in the same order (site by site as the topology lists them, then per table in version
+    order), with how many the whole listing has and how many of them are held. A site reached
+    directly is counted first and only the changes of the page are read there; a site reached
+    through its agent is read whole by its agent."""
+    if limit < 0 or offset < 0:
+        raise ConfigError([f"--limit {limit} / --offset {offset}: a count, 0 or more"])
+    cl, own = as_cluster(topo)
+    try:
+        if table is not None and table not in cl.topo.tables:
+            raise ConfigError([f"--table: table '{table}' is not defined under tables"])
+        page = ErrorsPage()
+        states = _states(include_skipped)
+
+        def read(s: Site | AgentSite) -> list[dict[str, Any]]:
+            start = page.total  # this site's changes are listed from here on
+            if isinstance(s, AgentSite):
+                rows = s.errors(table, include_skipped)
+                page.total += len(rows)
+                page.held += sum(1 for r in rows if r["state"] in store.errorqueue.HELD)
+                return rows[max(0, offset - start) : (max(0, offset + limit - start) if limit else None)]
+            with s.read() as conn:
+                if not s.installed_tables(conn):
+                    return []
+                c = store.errorqueue.counts_of(conn, s.dialect, table)
+            n = sum(c.get(k, 0) for k in states)
+            page.total += n
+            page.held += store.errorqueue.held_total(c)
+            first = max(0, offset - start)
+            want = n - first if not limit else min(n - first, offset + limit - start - first)
+            if want <= 0:
+                return []
+            return errors_at(s, cl.topo, table, include_skipped, limit=want, offset=first)
+
+        page.rows = read_each(cl, _sites(cl, site), read, unreachable)
+        return page
+    finally:
+        if own:
+            cl.close()
+
+
+def errors_at(
+    s: Site, topo: Topology, table: str | None = None, include_skipped: bool = False, *, limit: int = 0, offset: int = 0
+) -> list[dict[str, Any]]:
     """The changes held in the error queue of site `s` (see list_errors), read at the site (its
-    agent runs this); none before init."""
-    states = (*(STATES if include_skipped else store.errorqueue.OPEN), store.errorqueue.PARKED)
+    agent runs this); none before init. With `limit`: at most that many, past the first `offset`."""
     out: list[dict[str, Any]] = []
     with s.read() as conn:
         if not s.installed_tables(conn):
             return out
-        queued = [dict(r, site=s.name, table=r.pop("tbl")) for r in store.errorqueue.rows(conn, s.dialect, table, states)]
+        queued = [
+            dict(r, site=s.name, table=r.pop("tbl"))
+            for r in store.errorqueue.rows(conn, s.dialect, table, _states(include_skipped), limit=limit, offset=offset)
+        ]
         infos = {tb: s.info(conn, tb, topo) for tb in {str(r["table"]) for r in queued} if tb in topo.tables}
         held: dict[tuple[str, str], dict[str, dict[str, Any]]] = {}  # (table, peer) -> ver -> change
         for tb, peer in {(str(r["table"]), str(r["peer"])) for r in queued}:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from sqlalchemy.exc import DBAPIError
 
@@ -26,7 +27,12 @@ from multimaster.ops.verifications import last
 
 __all__ = [
     "status",
+    "attention",
+    "removed_message",
+    "removed_sites",
     "conflicts",
+    "conflicts_page",
+    "ConflictsPage",
     "conflicts_at",
     "describe",
     "CONFLICT_KINDS",
@@ -127,9 +133,10 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         _types_elsewhere(cl, site_data)
         now_ms = int(time.time() * 1000)
         out["links"] = each(lambda ln: _link_entry(cl, t, ln, site_data, now_ms), list(t.links))
+        out["removed"] = _removed_links(site_data, out["links"], t)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
-        out["failing"] = _failing(site_data, out["links"], t.refresh.stall_after_seconds())
+        out["failing"] = _failing(site_data, out["links"], t.refresh.stall_after_seconds(), out["removed"])
         warn, limit = t.refresh.clock_warn_seconds(), t.refresh.max_offset_seconds()
         out["clock_warnings"] = [
             clock_warning(n, w["peer"], w["origin"], w["ahead_s"], warn, limit) + f" (seen {w['observed_at']})"
@@ -175,6 +182,7 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
             mine = [tb for tb in t.tables if tb in tables]
             d.update(store.tables.site_status(conn, s.dialect, mine))
             d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
+            d["retired"] = sorted(store.retired.read(conn, s.dialect))  # the sites remove-site removed
             d.update(_schemas(conn, s, t, mine))  # docs/schema-changes.md
             d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
             d["registry_rows"] = s.dialect.registry_rows(conn)  # MariaDB: docs/mysql.md "The transaction registry"
@@ -318,13 +326,76 @@ def _not_installed(site_data: dict[str, dict[str, Any]], n: str) -> str | None:
     return str(NotInstalled(n, f"replication objects for table(s) {missing}", missing))
 
 
-def _failing(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], after_s: float | None) -> list[str]:
+def _removed_links(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], t: Topology) -> list[str]:
+    """The sites of `t` a site records as removed (remove-site); each link of theirs gets the
+    error that says so: not a link to install or connect, one to drop from the file."""
+    removed = sorted({g for d in site_data.values() for g in d.get("retired") or []} & set(t.sites))
+    for entry in links:
+        gone = [n for n in (entry["from"], entry["to"]) if n in removed]
+        if gone:
+            entry["error"] = removed_message(gone[0])
+    return removed
+
+
+def removed_message(site: str) -> str:
+    """What `status` and `refresh` say of a link of a site `remove-site` removed that the topology
+    file still lists (not the fixes of a site never installed: init, add-site)."""
+    return (
+        f"site '{site}' was removed from the cluster (multimaster remove-site): remove '{site}' and its links from "
+        "the topology file and restart the daemons"
+    )
+
+
+def attention(st: dict[str, Any], after_s: float | None) -> list[str]:
+    """What `status` exits 1 for, of the sites and links `st` holds (a status document, or `watch`'s
+    restricted to some sites): changes held in an error queue, stalled and failing links, sites not
+    reached or removed, tables installed and no longer under tables:, open capture gaps; each a
+    message with its fix. Empty when nothing needs action."""
+    held = sum(store.errorqueue.held_total(d.get("errors") or {}) for d in st["sites"].values())
+    out = []
+    if held:
+        out.append(
+            f"{held} change(s) held in the error queue: see them with 'multimaster errors -t FILE', "
+            "fix the cause, then 'multimaster errors retry -t FILE --all'"
+        )
+    out += [ln["stalled"] for ln in st["links"] if ln.get("stalled")]
+    out += _failing(st["sites"], st["links"], after_s, [n for n in st.get("removed") or [] if n in st["sites"]])
+    out += [untracked_message(tb, n) for n, d in st["sites"].items() for tb in d.get("untracked") or []]
+    out += [evolve.gap_message(n, g) for n, d in st["sites"].items() for g in d.get("capture_gaps") or []]
+    return out
+
+
+def removed_sites(cl: Cluster) -> set[str]:
+    """The sites of the topology that a site reached directly records as removed (remove-site);
+    sites that cannot be read are left out (the command reading this names them)."""
+    out: set[str] = set()
+    for n in cl.topo.sites:
+        s = cl.site(n)
+        if isinstance(s, AgentSite):
+            continue
+        try:
+            with s.read() as conn:
+                if s.installed_tables(conn):
+                    out |= store.retired.read(conn, s.dialect)
+        except (MultimasterError, DBAPIError):
+            continue
+    return out & set(cl.topo.sites)
+
+
+def _failing(
+    site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], after_s: float | None, removed: Sequence[str] = ()
+) -> list[str]:
     """What keeps links from making progress other than waiting changes (those are `stalled`): a
-    site that cannot be reached, and a link whose refreshes have failed for `after_s` (the stall
-    grace; core/waits.py failing), each with what its error says."""
-    out = [f"site '{n}' not reached: {d.get('error')}" for n, d in site_data.items() if not d.get("reachable")]
+    site that cannot be reached (or was removed and is still in the file), and a link whose
+    refreshes have failed for `after_s` (the stall grace; core/waits.py failing), each with what
+    its error says."""
+    out = [
+        removed_message(n) if n in removed else f"site '{n}' not reached: {d.get('error')}"
+        for n, d in site_data.items()
+        if not d.get("reachable") or n in removed
+    ]
     now = now_iso()
-    down = {n for n, d in site_data.items() if not d.get("reachable")}
+    down = {n for n, d in site_data.items() if not d.get("reachable")} | set(removed)
     for ln in links:
         if ln["from"] in down or ln["to"] in down:
             continue  # named with its site above
@@ -346,6 +417,51 @@ def _failing(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], 
     return out
 
 
+@dataclass
+class ConflictsPage:
+    """A page of `multimaster conflicts`: `rows` (oldest first), `total` (how many conflicts the
+    listing has without a limit; with `exact` False, at least that many: a site reached through its
+    agent is not counted past the page)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    total: int = 0
+    exact: bool = True
+
+
+def conflicts_page(
+    topo: Topology | Cluster,
+    site: str | None = None,
+    table: str | None = None,
+    limit: int = 50,
+    offset: int = 0,
+    *,
+    since: str | None = None,
+    kind: str | None = None,
+    unreachable: dict[str, str] | None = None,
+) -> ConflictsPage:
+    """The conflicts :func:`conflicts` lists, newest first past the `offset` newest, at most
+    `limit` (0: all), shown oldest first; with how many the listing has. Each site reached directly
+    is counted, and its `offset + limit` newest are read."""
+    if offset < 0:
+        raise ConfigError([f"--offset: {offset} is negative (0: from the newest)"])
+    page = ConflictsPage()
+    want = offset + limit if limit else 0
+
+    def count(s: Site | AgentSite, rows: list[dict[str, Any]]) -> None:
+        if isinstance(s, AgentSite):  # its agent lists them; counted as far as they were read
+            page.total += len(rows)
+            page.exact = page.exact and not (want and len(rows) > want)
+            return
+        with s.read() as conn:
+            if s.installed_tables(conn):
+                page.total += store.conflicts.count_matching(conn, s.dialect, table, since, kind)
+
+    rows = conflicts(topo, site, table, want + 1 if want else 0, since=since, kind=kind, unreachable=unreachable, counted=count)
+    newest = rows[::-1][offset : want or None]
+    page.rows = newest[::-1]
+    return page
+
+
 def conflicts(
     topo: Topology | Cluster,
     site: str | None = None,
@@ -355,6 +471,7 @@ def conflicts(
     since: str | None = None,
     kind: str | None = None,
     unreachable: dict[str, str] | None = None,
+    counted: Callable[[Site | AgentSite, list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """The conflict log of every site (or `site`), oldest first, at most the last `limit` (0:
     all): only of `table`, of `kind`, recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS')
@@ -380,9 +497,13 @@ def conflicts(
             raise ConfigError(problems)
 
         def read(s: Site | AgentSite) -> list[dict[str, Any]]:
-            if isinstance(s, AgentSite):
-                return s.conflicts(table, limit, since, kind)
-            return conflicts_at(s, table, limit, since, kind)
+            if isinstance(s, AgentSite):  # (an agent of a version before `table` was added names it `tbl` only)
+                rows = [dict(r, table=r.get("table", r.get("tbl"))) for r in s.conflicts(table, limit, since, kind)]
+            else:
+                rows = conflicts_at(s, table, limit, since, kind)
+            if counted is not None:  # (conflicts_page: how many the listing has)
+                counted(s, rows)
+            return rows
 
         rows = read_each(cl, [site] if site else list(cl.topo.sites), read, unreachable)
         rows.sort(key=lambda r: (r["detected_at"], r["site"], r["id"]))
@@ -417,6 +538,7 @@ def describe(row: dict[str, Any], site: str) -> dict[str, Any]:
         origin = ver_origin(ver) if ver else None
         d[f"{side}_origin"] = origin or None
         d[f"{side}_source"] = None if not origin else ("local" if origin == site else "replicated")
+    d["table"] = d.get("tbl")  # the name `errors` and the --table option use (`tbl` kept for scripts)
     d["rule"] = d.get("policy")
     d["winner"] = _WINNER.get(d.get("decision") or "", d.get("decision"))
     return d

@@ -17,7 +17,7 @@ from multimaster.core.planner import ConflictRecord
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["install", "record", "count", "count_since", "rows", "expired", "delete", "forget_table"]
+__all__ = ["install", "record", "count", "count_since", "count_matching", "rows", "expired", "delete", "forget_table"]
 
 _COLS = (
     "tbl",
@@ -116,6 +116,29 @@ def count_since(conn: Connection, d: Dialect, since: str) -> int:
     return int(conn.exec_driver_sql(sql, (since,)).scalar() or 0)
 
 
+def _where(d: Dialect, table: str | None, since: str | None, kind: str | None) -> tuple[list[str], list[Any]]:
+    """The conditions (and their parameters) of a listing of `table`, since `since`, of `kind`."""
+    ph = d.caps.placeholder
+    conds: list[str] = []
+    params: list[Any] = []
+    for col, v in (("tbl", table), ("kind", kind)):
+        if v is not None:
+            conds.append(f"{col} = {ph}")
+            params.append(v)
+    if since is not None:
+        conds.append(f"detected_at >= {ph}")
+        params.append(since)
+    return conds, params
+
+
+def count_matching(conn: Connection, d: Dialect, table: str | None, since: str | None = None, kind: str | None = None) -> int:
+    """How many conflicts :func:`rows` lists with these filters and no limit."""
+    conds, params = _where(d, table, since, kind)
+    where = f" WHERE {' AND '.join(conds)}" if conds else ""
+    sql = f"SELECT count(*) FROM {d.mm_table('_mm_conflicts')}{where}"
+    return int(conn.exec_driver_sql(sql, tuple(params)).scalar() or 0)
+
+
 def rows(
     conn: Connection,
     d: Dialect,
@@ -129,16 +152,7 @@ def rows(
     """The last `limit` conflicts (all with 0), newest first, as mappings; only of `table`, of
     `kind`, recorded at or after `since` (UTC 'YYYY-MM-DDTHH:MM:SS'), with an id in `ids`, when
     given."""
-    ph = d.caps.placeholder
-    conds: list[str] = []
-    params: list[Any] = []
-    for col, v in (("tbl", table), ("kind", kind)):
-        if v is not None:
-            conds.append(f"{col} = {ph}")
-            params.append(v)
-    if since is not None:
-        conds.append(f"detected_at >= {ph}")
-        params.append(since)
+    conds, params = _where(d, table, since, kind)
     if ids is not None:
         if not ids:
             return []

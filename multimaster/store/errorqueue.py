@@ -38,6 +38,9 @@ __all__ = [
     "release",
     "skip",
     "counts",
+    "counts_of",
+    "HELD",
+    "held_total",
     "open_of_origin",
     "lowest_open",
     "open_versions_sql",
@@ -198,9 +201,17 @@ def blocker(conn: Connection, d: Dialect, table: str, rid: str) -> int | None:
 
 
 def rows(
-    conn: Connection, d: Dialect, table: str | None = None, states: Sequence[str] = OPEN, ids: Sequence[int] = ()
+    conn: Connection,
+    d: Dialect,
+    table: str | None = None,
+    states: Sequence[str] = OPEN,
+    ids: Sequence[int] = (),
+    *,
+    limit: int = 0,
+    offset: int = 0,
 ) -> list[dict[str, Any]]:
-    """The queue's rows (of `table`, in `states`, or with `ids`), in version order per table."""
+    """The queue's rows (of `table`, in `states`, or with `ids`), in version order per table; with
+    `limit`, at most that many, past the first `offset` (a page of `multimaster errors`)."""
     p = d.caps.placeholder
     where = [f"state IN ({', '.join([p] * len(states))})"]
     params: list[Any] = list(states)
@@ -211,6 +222,8 @@ def rows(
         where.append(f"id IN ({', '.join([p] * len(ids))})")
         params += list(ids)
     sql = f"SELECT {', '.join(_COLS)} FROM {_t(d)} WHERE {' AND '.join(where)} ORDER BY tbl, ver, id"
+    if limit:
+        sql += f" LIMIT {int(limit)} OFFSET {int(offset)}"
     return [dict(zip(_COLS, r)) for r in conn.exec_driver_sql(sql, tuple(params))]
 
 
@@ -298,6 +311,17 @@ def counts(conn: Connection, d: Dialect) -> dict[str, int]:
     """How many rows per state ('failed', 'waiting', 'txn', 'schema', 'skipped', 'parked')."""
     out = dict.fromkeys(("failed", "waiting", "txn", SCHEMA, "skipped", PARKED), 0)
     for state, n in conn.exec_driver_sql(f"SELECT state, count(*) FROM {_t(d)} GROUP BY state"):
+        out[str(state)] = int(n)
+    return out
+
+
+def counts_of(conn: Connection, d: Dialect, table: str | None = None) -> dict[str, int]:
+    """:func:`counts`, of `table` only when given."""
+    if table is None:
+        return counts(conn, d)
+    out = dict.fromkeys(("failed", "waiting", "txn", SCHEMA, "skipped", PARKED), 0)
+    sql = f"SELECT state, count(*) FROM {_t(d)} WHERE tbl = {d.caps.placeholder} GROUP BY state"
+    for state, n in conn.exec_driver_sql(sql, (table,)):
         out[str(state)] = int(n)
     return out
 
