@@ -160,7 +160,7 @@ def _reconcile(
     # 1b. keys: local inserts in flight end first, and the keys they drew become ranks
     keying = _lock_keys(conn, site, info, base_max, cands, res)
     if cands is None:
-        res.conflicts = uniques.settle(conn, site, info)
+        res.conflicts = uniques.settle(conn, site, info, list(snaps))
         if keying:
             keys_ranked_now(conn, d, info, base_max)
         d.set_applying(conn, False)
@@ -180,7 +180,7 @@ def _reconcile(
     _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
     references.fix_self(conn, site, info, cands.table)
     references.orphans(conn, site, info, cands.table, list(snaps))  # references to rows deleted meanwhile
-    uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq)
+    uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq, list(snaps))
     # 4. changes waiting for their row stay in the snapshots, to be tried again
     _park(conn, d, snaps, cands.table, p.parked)
     # 5. what is applied is known for good: the highest version per origin

@@ -72,6 +72,7 @@ __all__ = [
     "involved",
     "shadow_keys",
     "keys_moved",
+    "orphan_marked",
     "waiting_rows",
     "before_deletes",
     "orphans",
@@ -419,7 +420,8 @@ def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tu
     refs = referencing(conn, d, info.name, info.key.name)
     cascades = bool(conn.info.get(_CONN_FLAG, False))
     todo = [r for r in refs if not (cascades and r.on_update == "CASCADE")]
-    if todo:
+    kept = [(r, obj, col) for r in refs for obj, col in _kept_values(conn, d, r)]
+    if todo or kept:
         km = d.temp_name("_mm_tmp_kmap")
         d.create_temp(
             conn,
@@ -431,8 +433,29 @@ def keys_moved(conn: Connection, d: Dialect, info: TableInfo, moves: Sequence[tu
         news = [new for _, _, new in moves]
         for r in todo:
             _move_column(conn, d, r, km, min(news), max(news))
+        for r, obj, col in kept:  # no unique index there: one UPDATE
+            conn.exec_driver_sql(
+                f"UPDATE {obj} SET {col} = (SELECT m.new_k FROM {km} m WHERE m.old_k = {obj}.{col}) "
+                f"WHERE {col} IN (SELECT m2.old_k FROM {km} m2)"
+            )
         d.drop_temp(conn, km)
     store.keymoves.record(conn, d, info.name, moves, reason)
+
+
+def _kept_values(conn: Connection, d: Dialect, r: Referencing) -> list[tuple[str, str]]:
+    """Where the bookkeeping keeps values of referencing column `r` apart from its table
+    (docs/unique.md): the value a marked row wants (``_mm_unique_<t>.i_<col>``) and a parked row's
+    (``_mm_parked_<t>.c_<col>``), as (object, column) written in SQL. They follow a moved key as
+    the table's column does, or a marked row would regain, or a parked row return with, the key
+    another row has now."""
+    out = []
+    for name, col in ((f"_mm_unique_{r.table}", "i_" + r.column), (f"_mm_parked_{r.table}", "c_" + r.column)):
+        if d.table_kind(conn, name) is None:
+            continue
+        obj = d.mm_table(d.quote(name))
+        if col in d.existing_columns(conn, obj):
+            out.append((obj, d.quote(col)))
+    return out
 
 
 def _move_column(conn: Connection, d: Dialect, r: Referencing, km: str, min_new: int, max_new: int) -> None:
@@ -597,8 +620,52 @@ def _orphan_rows(
             _found_by_identity(conn, d, info, column, sel, dead_rids, own or {}, peers, found)
     for k in [k for k in found if (table, k) in seen]:
         del found[k]
+    _act(conn, site, info, table, keycol, column, cols, action, found, peers, seen)
+
+
+def orphan_marked(
+    conn: Connection, site: Site, info: TableInfo, column: str, on_delete: str, rows: dict[Any, str], peers: Sequence[str]
+) -> None:
+    """Rows of `info` (key -> a delete's version) whose reference by `column` (ON DELETE `on_delete`:
+    CASCADE, RESTRICT, NO ACTION) names a deleted row though their table row does not show it: a
+    UNIQUE mark holds NULL there, the value they want being kept apart (docs/unique.md), so
+    neither the database's referential action nor the rule finding rows by their value reached
+    them. They go as those rows went: delete wins, with the version, rows referencing them first,
+    a conflict record `orphan` each."""
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    cols = [info.key.name, column] + [c for c in info.column_names if c != column]
+    sel = f"SELECT {', '.join(q(c) for c in cols)} FROM {q(info.name)} WHERE {q(info.key.name)} = {ph}"
+    found: dict[Any, tuple[tuple[Any, ...], str]] = {}
+    for k, v in rows.items():
+        row = conn.exec_driver_sql(sel, (k,)).first()
+        if row is not None:
+            found[k] = (tuple(row), v)
+    d.catch_up(conn, info)
+    _act(conn, site, info, info.name, info.key.name, column, cols, orphan_action(on_delete), found, peers, set())
+
+
+def _act(
+    conn: Connection,
+    site: Site,
+    info: TableInfo | None,
+    table: str,
+    keycol: str,
+    column: str,
+    cols: list[str],
+    action: str,
+    found: dict[Any, tuple[tuple[Any, ...], str]],
+    peers: Sequence[str],
+    seen: set[tuple[str, int]],
+) -> None:
+    """The orphan action on the rows `found` (key -> (row, version)) of `table`: set NULL, or
+    deleted (their own referencing rows first); recorded (_record_orphans)."""
     if not found:
         return
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
     by_key: dict[Any, str] = {}
     if info is not None:
         for k in found:

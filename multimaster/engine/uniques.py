@@ -32,10 +32,12 @@ from sqlalchemy.engine import Connection
 
 from multimaster import store
 from multimaster.core.planner import ConflictRecord, Plan
+from multimaster.core.references import Ref, orphan_action
 from multimaster.core.unique import PARK, Claimant, Resolution, UniqueSet, group_key, mark_value, resolve
 from multimaster.core.versions import BASE_VER
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
+from multimaster.engine import references
 from multimaster.engine.site import Site
 from multimaster.errors import NotInstalled
 
@@ -555,27 +557,31 @@ def _remember(conn: Connection, d: Dialect, info: TableInfo, rid: str, m: int, v
 # ---- after the apply ---------------------------------------------------------------------------
 
 
-def after_apply(conn: Connection, site: Site, info: TableInfo, cand: str, pend: Pending | None) -> list[ConflictRecord]:
+def after_apply(
+    conn: Connection, site: Site, info: TableInfo, cand: str, pend: Pending | None, peers: Sequence[str] = ()
+) -> list[ConflictRecord]:
     """The candidates get back the values before_apply replaced (they are relayed as they came);
     then every marked row and every claimant of their values is decided again (:func:`settle`).
-    Returns the conflict records written."""
+    Returns the conflict records written. `peers`: whose snapshots hold the changes the orphan
+    rule reads (docs/foreign-keys.md)."""
     if pend is None:
         return []
     d = site.dialect
     for m in sorted({m for _, _, m, _ in pend.rewritten}):
         _set_candidates(conn, d, cand, d.quote("n_" + info.columns[m].name), [(v, x) for v, _r, i, x in pend.rewritten if i == m])
-    return _settle(conn, d, info, pend, write=True)[0]
+    return _settle(conn, site, info, pend, write=True, peers=peers)[0]
 
 
-def settle(conn: Connection, site: Site, info: TableInfo) -> list[ConflictRecord]:
+def settle(conn: Connection, site: Site, info: TableInfo, peers: Sequence[str] = ()) -> list[ConflictRecord]:
     """In the reconcile transaction (capture guard set), with nothing to apply: decide the marked
-    rows again (a value their holder released here, a mark an application's change ended)."""
+    rows again (a value their holder released here, a mark an application's change ended, a
+    reference a marked row wants to a row deleted here)."""
     if not info.uniques:
         return []
     _require(conn, site, info)
     d = site.dialect
     pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(_images(conn, d, info)))
-    return _settle(conn, d, info, pend, write=True)[0]
+    return _settle(conn, site, info, pend, write=True, peers=peers)[0]
 
 
 def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
@@ -591,7 +597,7 @@ def unsettled(conn: Connection, site: Site, info: TableInfo) -> bool:
     if set(images) - store.errorqueue.parked_rids(conn, d, info.name):
         return True  # a parked row without its queue entry (a site added from a copy): settle writes it
     pend = Pending(was_marked={rid: set(m) for rid, m in _stored(conn, d, info).items()}, was_parked=set(images))
-    return _settle(conn, d, info, pend, write=False)[1]
+    return _settle(conn, site, info, pend, write=False)[1]
 
 
 def _intended(
@@ -613,11 +619,20 @@ def _claims(info: TableInfo, r: _Row) -> dict[str, str]:
     return {u.name: max(r.versions[i] for i in u.columns) for u in info.uniques}
 
 
-def _settle(conn: Connection, d: Dialect, info: TableInfo, pend: Pending, write: bool) -> tuple[list[ConflictRecord], bool]:
+def _settle(
+    conn: Connection, site: Site, info: TableInfo, pend: Pending, write: bool, peers: Sequence[str] = ()
+) -> tuple[list[ConflictRecord], bool]:
     """Decide the marked and parked rows (and the rows `pend` replaced values of) and every
     claimant of their values again; when `write`, write the difference. Returns the conflict
     records and whether anything changes."""
+    d = site.dialect
     stored = _stored(conn, d, info)
+    dead = _dead_references(conn, site, info, stored, pend)
+    if dead and not write:
+        return [], True
+    if dead:
+        _orphan(conn, site, info, dead, pend, peers)
+        stored = _stored(conn, d, info)
     images = _images(conn, d, info)
     rewritten: dict[tuple[str, int], dict[str, Any]] = {}
     for ver, rid, m, val in pend.rewritten:
@@ -646,6 +661,68 @@ def _settle(conn: Connection, d: Dialect, info: TableInfo, pend: Pending, write:
         _write_returns(conn, d, info, rows, res, back, intended)
         store.conflicts.record(conn, d, records, {rid: r.key for rid, r in rows.items()})
     return records, bool(changes or stale or park or back or gone)
+
+
+def _dead_references(
+    conn: Connection, site: Site, info: TableInfo, stored: dict[str, dict[int, tuple[str, Any]]], pend: Pending
+) -> list[tuple[str, Any, int, Ref, str]]:
+    """The live marked rows whose wanted value of a reference column (remembered, or a candidate's
+    that before_apply replaced) names a row of the referenced table that is gone: deleted here by
+    an application (the database's referential action did not reach them: the table holds the
+    mark's NULL), or by a delete whose orphan rule found rows by their value. As (rid, key, column
+    index, reference, the delete's version). Valid values only: a later change of the column ended
+    the mark (docs/unique.md)."""
+    refs = {r.column: r for r in info.refs}
+    want: dict[tuple[str, int], tuple[str, Any]] = {}
+    for rid, marks in stored.items():
+        for i, (ver, val) in marks.items():
+            if info.columns[i].name in refs and val is not None:
+                want[(rid, i)] = (ver, val)
+    for ver, rid, i, val in pend.rewritten:
+        if info.columns[i].name in refs and val is not None:
+            want[(rid, i)] = (ver, val)
+    if not want:
+        return []
+    d = site.dialect
+    q = d.quote
+    ph = d.caps.placeholder
+    rows = _load(conn, d, info, sorted({rid for rid, _ in want}))
+    out = []
+    for (rid, i), (ver, val) in sorted(want.items(), key=lambda x: x[0]):
+        r = rows.get(rid)
+        if r is None or not r.live or r.versions[i] != ver:
+            continue
+        ref = refs[info.columns[i].name]
+        pinfo = info if ref.parent == info.name else site.known_info(ref.parent, conn)
+        if pinfo is None:
+            continue
+        if conn.exec_driver_sql(f"SELECT 1 FROM {q(pinfo.name)} WHERE {q(pinfo.key.name)} = {ph}", (val,)).first() is not None:
+            continue
+        gone = conn.exec_driver_sql(
+            f"SELECT max(deleted) FROM {d.obj(pinfo.name).shadow} WHERE {d.key_col} = {ph} AND deleted IS NOT NULL", (val,)
+        ).scalar()
+        out.append((rid, r.key, i, ref, str(gone) if gone is not None else ver))
+    return out
+
+
+def _orphan(
+    conn: Connection, site: Site, info: TableInfo, dead: list[tuple[str, Any, int, Ref, str]], pend: Pending, peers: Sequence[str]
+) -> None:
+    """Delete wins for the marked rows `dead` (:func:`_dead_references`) as for any row: ON DELETE
+    SET NULL, the value they want is NULL now (their mark's NULL stays, as a normal value); any
+    other action, they are deleted (engine/references.py ``orphan_marked``)."""
+    d = site.dialect
+    ph = d.caps.placeholder
+    gone: dict[tuple[str, str], dict[Any, str]] = {}
+    for rid, key, i, ref, ver in dead:
+        if orphan_action(ref.on_delete) == "null":
+            name = info.columns[i].name
+            conn.exec_driver_sql(f"DELETE FROM {table_name(d, info.name)} WHERE rid = {ph} AND col = {ph}", (rid, name))
+            pend.rewritten = [x for x in pend.rewritten if (x[1], x[2]) != (rid, i)]
+        else:
+            gone.setdefault((ref.column, ref.on_delete), {})[key] = ver
+    for (column, on_delete), rows in gone.items():
+        references.orphan_marked(conn, site, info, column, on_delete, rows, peers)
 
 
 def _park_moves(rows: dict[str, _Row], res: Resolution) -> tuple[list[str], list[str], list[str]]:
