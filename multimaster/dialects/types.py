@@ -228,7 +228,12 @@ NATIVE: dict[str, Conv] = {
 
 
 def _sqlite_dt(v: Any) -> str:
+    """What a SQLite `TIMESTAMP` / `DATETIME` column gets: a SQLite peer's text as it is (checked
+    to be ISO-8601: exact is the same text, '...00.362' stays '...00.362', not '...00.362000');
+    a server's datetime as ISO-8601 text of its value, an instant in UTC with '+00:00'."""
     d = _parse_dt(v)
+    if isinstance(v, str):
+        return v
     if d.tzinfo is not None:
         d = d.astimezone(UTC)
     return d.isoformat(" ")
