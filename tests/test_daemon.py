@@ -6,6 +6,7 @@ depends on how long anything took."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -263,7 +264,6 @@ def test_metrics_endpoint(backend, tmp_path):  # type: ignore[no-untyped-def]
 
 def test_the_purge_job_drops_tombstones_and_conflicts_every_site_has(backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
     """The daemon's purge schedule runs the bounded-state purge too, and logs what it dropped."""
-    import logging
 
     from multimaster.ops.purge import PurgePolicy
 
@@ -295,7 +295,6 @@ def test_a_follow_that_keeps_failing_is_logged_once_in_one_line(sqlite_backend, 
     """The schema follow runs every refresh.follow_every (1 s): a site that is down logged its error
     every second, with the driver's statement over several lines. Now one line, and the same error
     again only after FOLLOW_ERROR_REPEAT; a new error, or the same one after it cleared, at once."""
-    import logging
 
     import multimaster.ops.daemon as dm
 
@@ -331,7 +330,6 @@ def test_a_daemon_waits_for_its_site_to_answer_at_start(pg_backend, tmp_path, ca
     """A daemon started while its site's database does not answer (a server that starts after it,
     a restart) waits for it, logging `site_down` once, and runs once it answers (`site_up`); it
     stops cleanly if asked while it waits. Before, it exited at once."""
-    import logging
     import threading
 
     cl = make_cluster(pg_backend, tmp_path, ["s1", "s2"], STOCK, links=fast_links(["s1", "s2"]))
@@ -379,7 +377,6 @@ def test_json_log_keeps_the_schedulers_lines_json() -> None:
     before still runs, every interval on a slow link) were printed as plain text between the JSON
     events; they are events now (`scheduler`), and text logs keep the text format."""
     import io
-    import logging
 
     from multimaster.ops.daemon import setup_logging
 
@@ -402,3 +399,24 @@ def test_json_log_keeps_the_schedulers_lines_json() -> None:
             assert "skipped" in events[0]["message"] and events[1] == {"event": "refresh"}
         else:
             assert "WARNING" in lines[0] and "skipped" in lines[0]
+
+
+def test_a_link_of_a_removed_site_says_so_in_the_daemons_log(sqlite_backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    """After `remove-site s3` (the file still lists it), the daemon's refresh of a link of s3 logs
+    that s3 was removed and the file must drop it, as `status` and `refresh` say, not the fixes of
+    a site never installed or connected (before: 'run multimaster init' / 'add-site')."""
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], STOCK, links=fast_links(["s1", "s2", "s3"], "1h"))
+    cl.refresh_until_quiet()
+    r = subprocess.run(
+        [sys.executable, "-m", "multimaster.cli", "remove-site", "-t", str(cl.topo.path), "s3"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    caplog.set_level(logging.INFO, logger="multimaster.ops.daemon")
+    d = Daemon(cl.topo, ["s1"])
+    try:
+        d._refresh(d.stats.links["s3->s1"])
+    finally:
+        d.cluster.close()
+    errors = [r.getMessage() for r in caplog.records if "s3->s1" in r.getMessage()]
+    assert errors and all("'s3' was removed from the cluster" in m for m in errors), errors
+    assert not any("multimaster init" in m or "add-site" in m for m in errors), errors

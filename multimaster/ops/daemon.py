@@ -63,6 +63,7 @@ from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ConfigError, MultimasterError, SiteUnreachable, first_line
 from multimaster.ops import verifications
 from multimaster.ops.purge import PurgePolicy, purge_site
+from multimaster.ops.status import removed_message, removed_sites
 
 __all__ = ["Daemon", "DaemonAlreadyRunning", "LinkState", "SiteLock", "cron_trigger"]
 
@@ -545,6 +546,8 @@ class Daemon:
             res = RefreshResult(st.link.target, st.link.source, error=redact(f"{type(e).__name__}: {e}"))
         finally:
             st.running = False
+        if res.error:
+            res.error = self._removed(st, res.error)
         st.runs += 1
         st.pulled += res.pulled
         st.applied += res.applied
@@ -575,6 +578,18 @@ class Daemon:
             )
         for w in res.clock_warnings:  # applied, a warning (docs/clock.md "Clock discipline")
             _emit("clock_warning", self.log_format, link=st.name, message=w)
+
+    def _removed(self, st: LinkState, error: str) -> str:
+        """A link of a site remove-site removed (its file still lists it) fails saying so, not with
+        the fixes of a site never installed or connected (init, add-site), as `status` and
+        `refresh` say it; read at the link's own sites, only when it failed."""
+        try:
+            with self.using() as cl:
+                gone = removed_sites(cl, [st.link.target, st.link.source])
+        except Exception:  # noqa: BLE001 - the link's error stands as it was
+            return error
+        site = next((n for n in (st.link.source, st.link.target) if n in gone), None)
+        return error if site is None else removed_message(site)
 
     def _lock_wait(self, st: LinkState, e: ProgressEvent | str) -> None:
         """A refresh's progress: its lock waits are logged (a record when one passes

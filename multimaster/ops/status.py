@@ -365,11 +365,12 @@ def attention(st: dict[str, Any], after_s: float | None) -> list[str]:
     return out
 
 
-def removed_sites(cl: Cluster) -> set[str]:
-    """The sites of the topology that a site reached directly records as removed (remove-site);
-    sites that cannot be read are left out (the command reading this names them)."""
+def removed_sites(cl: Cluster, at: Sequence[str] | None = None) -> set[str]:
+    """The sites of the topology that a site reached directly (of `at`, default every site)
+    records as removed (remove-site); sites that cannot be read are left out (the command reading
+    this names them)."""
     out: set[str] = set()
-    for n in cl.topo.sites:
+    for n in cl.topo.sites if at is None else at:
         s = cl.site(n)
         if isinstance(s, AgentSite):
             continue
