@@ -35,7 +35,7 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.liveness import Address, Guard, Timeouts
-from multimaster.dialects.schema import Column, TableInfo, names
+from multimaster.dialects.schema import Collation, Column, TableInfo, names
 
 SCHEMA = "_mm"
 #: first key of the advisory locks on a table (second key: its oid; 0: the clock's jumps): the
@@ -357,6 +357,46 @@ class PostgreSQLDialect(Dialect):
             return False
         sp.commit()
         return True
+
+    def column_collations(self, conn: Connection, table: str) -> dict[str, Collation]:
+        """citext columns and columns with a nondeterministic collation (docs/postgresql.md
+        "Collations"): the rest compare exactly."""
+        from multimaster.dialects.postgresql import collations
+
+        return collations.collations(conn, table, self.quote)
+
+    def exact_collation_sql(self, table: str, col: Column) -> str:
+        from multimaster.dialects.postgresql import collations
+
+        return collations.exact_sql(table, col, self.quote)
+
+    def explain_rejection(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
+        """A unique violation (23505) over a citext column or one with a nondeterministic collation:
+        the value refused, the row's value here it equals, the collation and the fix. Before
+        session 35 the queue held the bare "duplicate key value violates unique constraint"."""
+        from multimaster.dialects import loose
+        from multimaster.dialects.postgresql import collations
+
+        dup = collations.duplicate(e)
+        if dup is None:
+            return None
+        cols, value = dup
+        refused: str | None = value
+        held: list[str] = []
+        if len(cols) == 1 and cols[0] in {c.name for c in (info.key, *info.columns)}:
+            q = self.quote
+            rows = [
+                str(r[0])
+                for r in conn.exec_driver_sql(
+                    f"SELECT {q(cols[0])}::text FROM {q(info.name)} WHERE {q(cols[0])} = %s LIMIT 3", (value,)
+                )
+            ]
+            held = [r for r in rows if r != value]
+            if not held and value in rows:  # the detail named the value a row here holds, not the one refused
+                refused, held = None, [value]
+        return loose.explain(
+            info, cols, refused, held, lambda c: self.exact_collation_sql(info.name, c), 'docs/postgresql.md "Collations"'
+        )
 
     def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
         if not info.spec.renumber:

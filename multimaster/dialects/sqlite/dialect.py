@@ -16,7 +16,7 @@ from multimaster.dialects.base import (
     table_relations,
 )
 from multimaster.dialects.liveness import Timeouts
-from multimaster.dialects.schema import TableInfo, names
+from multimaster.dialects.schema import Collation, Column, TableInfo, names
 
 _NOW_VER = "(SELECT ver FROM {log} ORDER BY seq DESC LIMIT 1)"  # inside a capture trigger, after its log insert
 _HLC = (
@@ -431,6 +431,32 @@ class SQLiteDialect(Dialect):
         n = conn.exec_driver_sql("UPDATE sqlite_sequence SET seq = max(seq, ?) WHERE name = ?", (int(top), info.name))
         if not n.rowcount:
             conn.exec_driver_sql("INSERT INTO sqlite_sequence (name, seq) VALUES (?, ?)", (info.name, int(top)))
+
+    def column_collations(self, conn: Connection, table: str) -> dict[str, Collation]:
+        """The key and UNIQUE columns whose index compares them with NOCASE or RTRIM
+        (docs/sqlite.md "Collations")."""
+        from multimaster.dialects.sqlite import collations
+
+        return collations.collations(conn, table, self.quote)
+
+    def exact_collation_sql(self, table: str, col: Column) -> str:
+        from multimaster.dialects.sqlite import collations
+
+        return collations.exact_sql(table, col)
+
+    def explain_rejection(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
+        """ "UNIQUE constraint failed" over a NOCASE / RTRIM column: the collation, what it merges and
+        the fix (SQLite's message names the columns, not the value: the change's key and values
+        are in the queue's row). Before session 35 the queue held the bare message."""
+        from multimaster.dialects import loose
+        from multimaster.dialects.sqlite import collations
+
+        cols = collations.unique_failed(e)
+        if cols is None:
+            return None
+        return loose.explain(
+            info, cols, None, [], lambda c: self.exact_collation_sql(info.name, c), 'docs/sqlite.md "Collations"'
+        )
 
     def insert_key_caveat(self, conn: Connection, info: TableInfo) -> str | None:
         if not info.spec.renumber or self._autoincrement(conn, info.name):

@@ -1,0 +1,90 @@
+"""PostgreSQL columns that take two texts as one value (docs/postgresql.md "Collations").
+
+PostgreSQL's deterministic collations (every one but those made with ``deterministic = false``)
+take two texts as equal only when they are the same characters, as SQLite's BINARY and
+multimaster do. Two kinds of column do not: ``citext`` (the extension's type compares ``lower()``
+of each side: 'a' and 'A', 'É' and 'é' are one value) and a column with a nondeterministic ICU
+collation (``CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic =
+false)``: case, at ``ks-level1`` accents too). A key or UNIQUE column of either refuses the second
+of two rows the other databases keep apart.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from sqlalchemy.engine import Connection
+
+from multimaster.dialects.schema import Collation, Column
+
+__all__ = ["collations", "exact_sql", "duplicate", "CITEXT", "icu_merges"]
+
+CITEXT = "letters differing only in case ('a' and 'A', 'É' and 'é': citext compares lower() of each)"
+
+
+def icu_merges(locale: str) -> str:
+    """What a nondeterministic ICU collation of `locale` takes as one value, from its strength
+    (``ks-level1``: base letters only; ``ks-level2``: case ignored; ``ka-shifted``: punctuation
+    and spaces ignored)."""
+    loc = locale.lower()
+    out = []
+    if "ks-level1" in loc or "colstrength=primary" in loc:
+        out.append("letters differing only in case or accents ('a' and 'A', 'e' and 'é')")
+    elif "ks-level2" in loc or "colstrength=secondary" in loc:
+        out.append("letters differing only in case ('a' and 'A')")
+    if "ka-shifted" in loc or "alternate=shifted" in loc:
+        out.append("texts differing only in spaces and punctuation")
+    if not out:
+        out.append(f"texts its ICU rules (locale {locale}) weigh alike (canonically equivalent forms, ignorable characters)")
+    return " and ".join(out)
+
+
+def collations(conn: Connection, table: str, quote: Any) -> dict[str, Collation]:
+    """Per column of `table` that takes different texts as one value: citext (or a domain over it),
+    or a nondeterministic collation. The fix named: citext to text; a nondeterministic collation
+    to "C" (equality by bytes; any deterministic collation compares equality exactly)."""
+    rows = conn.exec_driver_sql(
+        "SELECT a.attname, t.typname, bt.typname, c.collname, c.collisdeterministic, to_jsonb(c)::text "
+        "FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid LEFT JOIN pg_type bt ON bt.oid = t.typbasetype "
+        "LEFT JOIN pg_collation c ON c.oid = a.attcollation "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped",
+        (quote(table),),
+    ).all()
+    out: dict[str, Collation] = {}
+    for name, typ, base, coll, deterministic, cj in rows:
+        if "citext" in (typ, base):
+            out[str(name)] = Collation("citext", "", CITEXT, False, "text")
+        elif coll is not None and deterministic is False:
+            cj = json.loads(cj) if cj else {}
+            locale = str(cj.get("colliculocale") or cj.get("colllocale") or cj.get("collcollate") or "")
+            out[str(name)] = Collation(str(coll), "", icu_merges(locale), False, '"C"')
+    return out
+
+
+def exact_sql(table: str, col: Column, quote: Any) -> str:
+    """The ALTER that makes `col` compare exactly: citext becomes text, a nondeterministic
+    collation "C" (the column's type kept)."""
+    assert col.collation is not None
+    if col.collation.name == "citext":
+        return f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(col.name)} TYPE text"
+    ts = col.type_sql if col.type_sql and "CITEXT" not in col.type_sql.upper() else "text"
+    ts = re.sub(r"\s+COLLATE\s+\S+", "", ts, flags=re.IGNORECASE)
+    return f'ALTER TABLE {quote(table)} ALTER COLUMN {quote(col.name)} TYPE {ts} COLLATE "C"'
+
+
+_DUP = re.compile(r"Key \((.+?)\)=\((.*)\) already exists", re.DOTALL)
+
+
+def duplicate(e: BaseException) -> tuple[list[str], str] | None:
+    """(the columns, the value) of a unique violation (23505) whose detail names them, or None."""
+    orig = getattr(e, "orig", None) or e
+    if getattr(orig, "sqlstate", None) != "23505":
+        return None
+    diag = getattr(orig, "diag", None)
+    detail = str(getattr(diag, "message_detail", None) or orig)
+    m = _DUP.search(detail)
+    if m is None:
+        return None
+    return [c.strip().strip('"') for c in m.group(1).split(",")], m.group(2)
