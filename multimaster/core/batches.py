@@ -29,9 +29,10 @@ are held back for a later refresh. The rules (docs/transactions.md):
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Collection, Hashable, Sequence
+from dataclasses import dataclass, field
 
-__all__ = ["plan_cuts", "clean"]
+__all__ = ["plan_cuts", "clean", "stream_step", "Step"]
 
 
 def _spans(entries: Sequence[tuple[int, Hashable | None]]) -> dict[Hashable, tuple[int, int]]:
@@ -63,7 +64,8 @@ def plan_cuts(entries: Sequence[tuple[int, Hashable | None]], horizon: int | Non
     for lo, hi in spans.values():
         if hi >= end:  # continues at or past the horizon: held back, and everything after its start
             end = min(end, lo)
-    below = sorted((p, g) for p, g in entries if p < end)
+    # by position; entries at one position keep their order (stream_step puts its marks last)
+    below = sorted(((p, g) for p, g in entries if p < end), key=lambda e: e[0])
     cuts: list[int] = []
     reach = -1  # the highest position of a group begun since the last clean cut
     count = 0  # entries of the current batch, in whole stretches
@@ -82,3 +84,76 @@ def plan_cuts(entries: Sequence[tuple[int, Hashable | None]], horizon: int | Non
     if last_clean is not None and (not cuts or last_clean > cuts[-1]):
         cuts.append(last_clean)
     return cuts
+
+
+#: the group of the entries a stretch took in earlier pieces (stream_step): one group spanning from
+#: before the read to the stretch's reach
+_STRETCH = ("", "stretch taken before this read")
+
+
+@dataclass(frozen=True)
+class Step:
+    """What stream_step decided for one read (positions exclusive ends):
+
+    - ``batches``: take the batches ending at `cuts` (plan_cuts), each in a target transaction;
+    - ``piece``: a transaction continues past the read's window: take every entry below
+      ``cuts[0]`` (the window's end) as a piece of a stretch, in the target transaction that will
+      hold the whole stretch, and read on from there; `reach` is then the highest position of a
+      transaction the stretch has taken part of (it cannot end at or below it);
+    - ``finish``: the stretch ends: take the entries below ``cuts[0]`` (none when `cuts` is empty)
+      and commit the target transaction;
+    - ``grow``: nothing can be taken and the reader cannot tell where the transaction that fills
+      the window ends (no `reach`): read again with a larger window;
+    - ``hold``: nothing can be taken now (the source's horizon holds it back); in a stretch, the
+      stretch is abandoned (its target transaction rolled back) and read again later."""
+
+    kind: str
+    cuts: list[int] = field(default_factory=list)
+    reach: int | None = None
+
+
+def stream_step(
+    entries: Sequence[tuple[int, Hashable | None]],
+    horizon: int | None,
+    end: int | None,
+    continuing: Collection[Hashable],
+    beyond: int | None,
+    limit: int,
+    reach: int | None = None,
+) -> Step:
+    """Decide what to take of one read of a link (docs/transactions.md "Large transactions").
+
+    `entries`: (position, group) of every entry read past the watermarks, those at or past the
+    window's end and the horizon included. `end`: the end of the read's window (None: the read was
+    not cut: every entry past the watermarks was read). `continuing`: the groups read below `end`
+    that have entries past what was read, and `beyond` the highest position of any of those (None
+    when the reader does not know it: `continuing` empty, or an agent that does not send it).
+    `reach`: None outside a stretch; in a stretch, the highest position of a group it took part
+    of (so no cut at or below it is clean). `limit`: plan_cuts' batch size."""
+    bound = horizon if end is None else end if horizon is None else min(horizon, end)
+    extra: list[tuple[int, Hashable | None]] = [(end, g) for g in continuing] if end is not None else []
+    if reach is not None:
+        if not entries:
+            return Step("finish")  # every entry past the watermarks was taken
+        start = min(p for p, _ in entries) - 1
+        extra += [(start, _STRETCH), (max(reach, start), _STRETCH)]
+    if bound is None:  # every entry read is final and the read was whole
+        top = max((p for p, _ in entries), default=None)
+        if top is None:
+            return Step("hold")
+        return Step("finish" if reach is not None else "batches", [top + 1])
+    cuts = plan_cuts([*entries, *extra], bound, limit)
+    if cuts:
+        return Step("finish", [cuts[-1]]) if reach is not None else Step("batches", cuts)
+    if end is None or (horizon is not None and horizon <= end):
+        return Step("hold")  # the horizon holds back what the read holds, not the window
+    taken = {g for p, g in entries if p < end and g is not None}
+    if continuing and beyond is None:
+        return Step("hold") if reach is not None else Step("grow")
+    top = max((p for p, g in entries if (p < end and g is None) or g in taken), default=-1)
+    new_reach = max(top, -1 if beyond is None else beyond, -1 if reach is None else reach)
+    if horizon is not None and new_reach >= horizon:
+        return Step("hold")  # the stretch would have to take entries at or past the horizon
+    if not any(p < end for p, _ in entries):
+        return Step("hold")
+    return Step("piece", [end], new_reach)

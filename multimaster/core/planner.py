@@ -273,7 +273,7 @@ def _default_ver(spec: TableSpec, st: RowState) -> str:
     return st.rid if spec.renumber else BASE_VER
 
 
-def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]) -> Plan:
+def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState], held: Iterable[str] = ()) -> Plan:
     """Decide the effect of `changes` (in version order, none already applied here) on `states`.
 
     `states` must hold a RowState for every rid of `changes` that this site already knows (for a
@@ -282,7 +282,8 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
 
     An update of an identity this site has not seen inserted waits (`parked`) and so do the later
     changes of its origin: an origin's changes are applied in version order, which is what lets a
-    site recognise a duplicate by the highest version applied per origin.
+    site recognise a duplicate by the highest version applied per origin. `held`: origins with a
+    change parked already (by the plan of an earlier piece of the same changes): theirs wait too.
     """
     rows = states
     processed: list[Change] = []
@@ -295,9 +296,9 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
     if natural:
         for st0 in rows.values():
             lives.setdefault(_key_id(st0.key), []).append(st0)
-    held: set[str] = set()  # origins with a change waiting: their later changes wait too (in order)
+    waiting: set[str] = set(held)  # origins with a change waiting: their later changes wait too (in order)
     for ch in changes:
-        if ch.origin in held:
+        if ch.origin in waiting:
             parked.append(ch)
             continue
         st = rows.get(ch.rid)
@@ -306,7 +307,7 @@ def plan(spec: TableSpec, changes: Iterable[Change], states: dict[str, RowState]
         elif ch.op == "U":
             if st is None:
                 parked.append(ch)
-                held.add(ch.origin)
+                waiting.add(ch.origin)
                 continue
             _plan_update(spec, ch, st, conflicts, slot_of)
         elif ch.op == "D":

@@ -194,6 +194,10 @@ class LinkRead:
     end: int | None = None
     continuing: frozenset[Hashable] = frozenset()
     more: bool = False
+    #: the highest position of an entry of a `continuing` transaction (past what was read; None
+    #: when none continues): a refresh that takes such a transaction in pieces ends its stretch
+    #: only past it (core/batches.py stream_step)
+    beyond: int | None = None
 
 
 def pull_link(
@@ -240,10 +244,12 @@ def pull_link(
             return LinkRead(rows, horizon, more=True)
         end = min(int(rows[i.name][-1][2]) + 1 for i in cut)
         seen = {g for i in infos for pos, g in entry_groups(rows[i.name], i) if g is not None and pos < end}
-        continuing: set[Hashable] = set()
+        continuing: dict[Hashable, int] = {}
         for i in cut:
-            continuing |= _continuing(sconn, source, i, int(rows[i.name][-1][2]), seen, bounds or {})
-        return LinkRead(rows, horizon, end, frozenset(continuing), more=True)
+            for g, hi in _continuing(sconn, source, i, int(rows[i.name][-1][2]), seen, bounds or {}).items():
+                continuing[g] = max(hi, continuing.get(g, hi))
+        beyond = max(continuing.values(), default=None)
+        return LinkRead(rows, horizon, end, frozenset(continuing), more=True, beyond=beyond)
 
 
 def _split_txns(
@@ -280,9 +286,10 @@ _ASK = 500
 
 def _continuing(
     sconn: Connection, source: Site, info: TableInfo, last: int, groups: set[Hashable], bounds: Mapping[str, list[int]]
-) -> set[Hashable]:
+) -> dict[Hashable, int]:
     """Of the transactions `groups` ((origin, txn)), those with an entry of `info`'s change log
-    past position `last` at `source` (found through the log's index of transactions). A group
+    past position `last` at `source` (found through the log's index of transactions), each with
+    the highest position of its entries there. A group
     _split_txns named with bound b holds the stored txn's entries up to b; an unsplit one of the
     source's own, its entries past the connection's last bound read."""
     d = source.dialect
@@ -300,7 +307,7 @@ def _continuing(
             above = bs[-1] if bs else None
             stored.setdefault((origin, txn), []).append((g, txn, above, None))
     txns = sorted({t for _, t in stored})
-    out: set[Hashable] = set()
+    out: dict[Hashable, int] = {}
     for i in range(0, len(txns), _ASK):
         part = txns[i : i + _ASK]
         sql = (
@@ -310,7 +317,8 @@ def _continuing(
         for origin, txn, lo, hi in sconn.exec_driver_sql(sql, tuple(part)):
             for g, _, above, upto in stored.get((origin, str(txn)), []):
                 if (upto is None or int(lo) <= upto) and (above is None or int(hi) > above):
-                    out.add(g)
+                    top = int(hi) if upto is None else min(int(hi), upto)
+                    out[g] = max(top, out.get(g, top))
     return out
 
 

@@ -11,13 +11,14 @@ peers need, move the clock. Reading a peer's change log into a snapshot is
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
 from multimaster import store
-from multimaster.core.planner import Change, ConflictRecord, Plan, RowState, heads_of, parse_sup, plan
+from multimaster.core.planner import Change, ConflictRecord, RowState, heads_of, parse_sup, plan
 from multimaster.core.versions import ver_hlc
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
@@ -172,20 +173,16 @@ def _reconcile(
     uq = uniques.before_apply(conn, site, info, cands.table)
     # 2. the plain changes, set-based
     fr, rest = _apply_plain(conn, site, info, cands, base_max, res, isolating=only is not None or uniques.no_fast(uq))
-    # 3. the rest: the planner decides, in version order; then its plan is executed
-    p, new_keys = _plan_rest(conn, site, info, fr, rest)
-    if rank_only:
-        held.rank_only(p)
-    uniques.plan_parked(conn, site, info, p, uq)
-    _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+    # 3. the rest: the planner decides, in version order, piece by piece; each plan is executed
+    parked, conflicts = _plan_rest(conn, site, info, fr, rest, base_max, uq, rank_only, res)
     references.fix_self(conn, site, info, cands.table)
     references.orphans(conn, site, info, cands.table, list(snaps))  # references to rows deleted meanwhile
     uq_conflicts = uniques.after_apply(conn, site, info, cands.table, uq, list(snaps))
     # 4. changes waiting for their row stay in the snapshots, to be tried again
-    _park(conn, d, snaps, cands.table, p.parked)
+    _park(conn, d, snaps, cands.table, parked)
     # 5. what is applied is known for good: the highest version per origin
     if only is None:
-        _mark_applied(conn, d, info, cands, bool(p.parked))
+        _mark_applied(conn, d, info, cands, bool(parked))
     elif not rank_only:  # a held insert keeping its rank is not applied: nothing to mark
         _mark_applied_below_gaps(conn, d, info, list(snaps.values()), list(cands.per_origin))
     # 6. relay: changes some peer of this site needs enter the change log
@@ -198,9 +195,9 @@ def _reconcile(
         keys_ranked_now(conn, d, info, base_max)
     d.set_applying(conn, False)
     d.drop_temp(conn, cands.table)
-    res.applied = cands.total - len(p.parked)
-    res.parked = len(p.parked)
-    res.conflicts = p.conflicts + uq_conflicts
+    res.applied = cands.total - len(parked)
+    res.parked = len(parked)
+    res.conflicts = conflicts + uq_conflicts
     return res
 
 
@@ -343,12 +340,13 @@ def _apply_plain(
     isolating: bool = False,
 ) -> tuple[fastpath.FastResult, str]:
     """Step 2: apply the plain changes set-based (fastpath.py) and count them in `res`. Returns what
-    the fast path did and the SELECT of the candidates left for the planner, in version order.
+    the fast path did and the SELECT of the candidates left for the planner (alias c, ending in a
+    WHERE that _plan_rest extends to read them piece by piece in version order).
     `isolating` (the error queue's isolating mode): no fast path, the planner takes them all."""
     d = site.dialect
     lcols = cands.columns
     cand = cands.table
-    rest = f"SELECT {', '.join(lcols)} FROM {cand} ORDER BY ver"
+    rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE 1 = 1"
     fr = fastpath.FastResult()
     # set-based apply reads and then writes rows: where applications write the table meanwhile
     # (not single_writer), after locking every row the candidates touch (Capabilities.set_based_apply)
@@ -360,7 +358,7 @@ def _apply_plain(
         res.updated += fr.updated
         res.deleted += fr.deleted
         if fr.done:
-            rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver) ORDER BY ver"
+            rest = f"SELECT {', '.join(lcols)} FROM {cand} c WHERE NOT EXISTS (SELECT 1 FROM {fr.done} x WHERE x.ver = c.ver)"
     return fr, rest
 
 
@@ -378,29 +376,69 @@ def _lock_candidate_rows(conn: Connection, d: Dialect, info: TableInfo, cand: st
     conn.exec_driver_sql(f"DELETE FROM {tmp}")
 
 
+#: the changes the planner decides at once (_plan_rest): the plan of one piece (its changes, their
+#: rows' states) is what memory holds, whatever a batch brings; MM_PLAN_PIECE overrides it (tests)
+PLAN_PIECE = 10_000
+
+
+def plan_piece() -> int:
+    """PLAN_PIECE, or the environment's MM_PLAN_PIECE (at least 1)."""
+    raw = os.environ.get("MM_PLAN_PIECE")
+    return max(1, int(raw)) if raw and raw.strip().isdigit() else PLAN_PIECE
+
+
 def _plan_rest(
-    conn: Connection, site: Site, info: TableInfo, fr: fastpath.FastResult, rest: str
-) -> tuple[Plan, dict[str, int] | None]:
+    conn: Connection,
+    site: Site,
+    info: TableInfo,
+    fr: fastpath.FastResult,
+    rest: str,
+    base_max: int,
+    uq: Any,
+    rank_only: bool,
+    res: ReconcileResult,
+) -> tuple[list[Change], list[ConflictRecord]]:
     """Step 3: the planner decides the changes `rest` selects (those the fast path left), in version
-    order, from the state this site holds of their rows. Returns the plan and, when the fast path
-    already numbered the new identities (no key shifts), their keys. Drops the fast path's tables."""
+    order, from the state this site holds of their rows, in pieces of plan_piece() changes: each
+    piece's plan is executed before the next piece is read (its rows' states read after it), and
+    an origin with a change parked holds its changes of the later pieces too. When the fast path
+    already numbered the new identities (no key shifts), their keys are its. Returns the changes
+    parked and the conflicts; drops the fast path's tables."""
     d = site.dialect
     ph = d.caps.placeholder
-    ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(rest)] if fr.left else []
-    states = _load_states(conn, site, info, {c.rid for c in ordered}, [c.key for c in ordered]) if ordered else {}
-    uniques.parked_states(conn, site, info, states)  # a parked row's values are kept apart
-    p = plan(info.spec, ordered, states)
-    new_keys: dict[str, int] | None = None
-    if fr.keyed and p.new_rids:
-        new_keys = dict(
-            conn.exec_driver_sql(
-                f"SELECT rid, {d.key_col} FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})", tuple(p.new_rids)
-            ).all()
-        )
+    piece = plan_piece()
+    parked: list[Change] = []
+    conflicts: list[ConflictRecord] = []
+    after: str | None = None
+    while fr.left:
+        sql = f"{rest}{'' if after is None else f' AND c.ver > {ph}'} ORDER BY c.ver LIMIT {piece}"
+        ordered = [_to_change(info, tuple(r), "snapshot") for r in conn.exec_driver_sql(sql, () if after is None else (after,))]
+        if not ordered:
+            break
+        states = _load_states(conn, site, info, {c.rid for c in ordered}, [c.key for c in ordered])
+        uniques.parked_states(conn, site, info, states)  # a parked row's values are kept apart
+        p = plan(info.spec, ordered, states, {c.origin for c in parked})
+        new_keys: dict[str, int] | None = None
+        if fr.keyed and p.new_rids:
+            new_keys = dict(
+                conn.exec_driver_sql(
+                    f"SELECT rid, {d.key_col} FROM {fr.keyed} WHERE rid IN ({', '.join([ph] * len(p.new_rids))})",
+                    tuple(p.new_rids),
+                ).all()
+            )
+        if rank_only:
+            held.rank_only(p)
+        uniques.plan_parked(conn, site, info, p, uq)
+        _count(res, execute_plan(conn, site, info, p, base_max, new_keys))
+        parked += p.parked
+        conflicts += p.conflicts
+        if len(ordered) < piece:
+            break
+        after = ordered[-1].ver
     for name in (fr.keyed, fr.done):
         if name:
             d.drop_temp(conn, name)
-    return p, new_keys
+    return parked, conflicts
 
 
 def _count(res: ReconcileResult, done: Applied) -> None:

@@ -18,7 +18,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
 from multimaster.core import waits as waits_core
-from multimaster.core.batches import plan_cuts
+from multimaster.core.batches import Step, stream_step
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.references import fk_order
 from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead, ver_ms
@@ -632,7 +632,8 @@ def _refresh_batches(
 ) -> set[str]:
     """Read a window of the link's entries, cut it into batches and apply each in one target
     transaction; read again while the window was cut or another refresher moved a watermark
-    meanwhile. Returns the tables a batch touched."""
+    meanwhile. A transaction longer than the window is taken in pieces, its stretch applied in one
+    target transaction (_refresh_stretch). Returns the tables a batch touched."""
     if not tables:
         return set()
     first = next(iter(tables.values()))
@@ -641,6 +642,7 @@ def _refresh_batches(
     window = max(batch * WINDOW_BATCHES, 1)
     if not src.dialect.caps.txn_column:
         return _refresh_whole(tables, window, res, tell)
+    whole = False  # a stretch met a change to hold: its transactions are read whole (as before pieces)
     while True:
         with tgt.read() as conn:
             wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
@@ -648,33 +650,183 @@ def _refresh_batches(
         read = read_link(src, target, [lt.info for lt in tables.values()], wms, window, have)
         if not _not_purged(first, wms):
             continue  # another refresher moved a watermark, and the source purged what it took
-        moved = False
-        parts = _batches(tables, read, batch)
+        step = _step(tables, read, batch)
+        if step.kind == "piece" and not whole:
+            box = [(wms, read)]
+            del read  # the stretch lets go of it once used: memory holds one window at a time
+            got = _refresh_stretch(tables, window, batch, res, tell, box)
+            if got is None:  # the stretch reaches the source's horizon: held back, nothing applied
+                res.held_back = True
+                return touched
+            if got is _WHOLE:
+                whole = True
+                continue
+            touched |= got
+            if stop is not None and stop():
+                return touched
+            continue
+        parts = _parts(read, step.cuts) if step.kind == "batches" else []
         res.held_back = not parts and any(read.rows.values())
-        for part in parts:
-            done = _apply_part(tgt, tables, part, wms, tell.watch if tell else None)
+        ended = _apply_parts(tables, parts, wms, res, tell, stop, touched)
+        if ended == "stopped":
+            return touched
+        if ended == "moved":
+            continue
+        if step.kind in ("grow", "piece"):  # piece: only when `whole` (read whole, as before pieces)
+            window *= 2  # one transaction, begun at the read's first entry, is longer than the window
+            continue
+        if step.kind == "hold" or not read.more:
+            return touched
+
+
+def _apply_parts(
+    tables: dict[str, _LinkTable],
+    parts: list[dict[str, Rows]],
+    wms: dict[str, int],
+    res: RefreshResult,
+    tell: _Tell | None,
+    stop: Callable[[], bool] | None,
+    touched: set[str],
+) -> str | None:
+    """Apply the batches `parts` of one read in turn, each in its own target transaction, moving
+    `wms` and noting what they did. Returns "moved" when another refresher moved a watermark
+    (read again), "stopped" when `stop` said so, None when all were applied."""
+    first = next(iter(tables.values()))
+    for part in parts:
+        done = _apply_part(first.tgt, tables, part, wms, tell.watch if tell else None)
+        if done is None:
+            return "moved"
+        stored, results = done
+        for tb, rows in part.items():
+            if rows:
+                wms[tb] = rows[-1][0]
+                touched.add(tb)
+        res.pulled += stored
+        for tb, r in results.items():
+            res.reconciled[tb].add(r)
+        res.batches += 1
+        if tell:
+            tell.pulled(res.pulled, res.applied, res.batches)
+        if stop is not None and stop():
+            return "stopped"
+    return None
+
+
+#: _refresh_stretch's answer when the stretch met a change to hold: read its transactions whole
+_WHOLE: set[str] = set()
+
+
+class _HeldBack(Exception):
+    """A stretch reaches the source's horizon: roll it back, take it when what holds it ends."""
+
+
+class _ReadWhole(Exception):
+    """A stretch met a change to hold (rejected here, or behind one held): roll it back; its
+    transactions are read whole (the error queue holds a source transaction whole, which one piece
+    cannot do once an earlier piece applied part of it)."""
+
+
+def _refresh_stretch(
+    tables: dict[str, _LinkTable],
+    window: int,
+    batch: int,
+    res: RefreshResult,
+    tell: _Tell | None,
+    pre: list[tuple[dict[str, int], LinkRead]],
+) -> set[str] | None:
+    """A transaction longer than the window: read window after window, from the last position
+    read, each piece stored and reconciled in ONE target transaction with the rest of the stretch
+    (the entries up to the first clean cut past every transaction it took part of,
+    core/batches.py stream_step), then committed: memory holds a window, readers at the target see
+    the transaction whole. `pre`: the watermarks of the read that found it, and that read (taken
+    out of the list when used, so that it is not held while the next window is read).
+
+    Returns the tables touched; ``set()`` when another refresher moved a watermark (read again);
+    None when the stretch reaches the source's horizon (rolled back: held back); _WHOLE when it met
+    a change to hold (rolled back: read its transactions whole instead)."""
+    first = next(iter(tables.values()))
+    tgt = first.tgt
+    # pieces of the whole window: each piece's reconcile costs more as the target's open
+    # transaction grows (docs/performance.md "One large transaction"), so fewer, larger pieces
+    run = functools.partial(_stretch_txn, tables=tables, window=window, batch=batch, token=uuid.uuid4().hex, tell=tell, pre=pre)
+    try:
+        stored_all, pieces, results = write_retrying(tgt, run, tell.watch if tell else None)
+    except _Moved:
+        return set()
+    except _HeldBack:
+        return None
+    except _ReadWhole:
+        return _WHOLE
+    except Exception as e:
+        if not isolate.permanent(tgt.dialect, e):
+            raise
+        return _WHOLE  # rejected for good: held whole in a read of the whole transaction
+    res.pulled += stored_all
+    res.batches += pieces
+    for tb, r in results.items():
+        res.reconciled[tb].add(r)
+    return set(results)
+
+
+def _stretch_txn(
+    conn: Connection,
+    *,
+    tables: dict[str, _LinkTable],
+    window: int,
+    batch: int,
+    token: str,
+    tell: _Tell | None,
+    pre: list[tuple[dict[str, int], LinkRead]],
+) -> tuple[int, int, dict[str, ReconcileResult]]:
+    """_refresh_stretch's one target transaction: (changes stored, pieces, results per table).
+    Memory holds one window: each read is let go before the next is made."""
+    first = next(iter(tables.values()))
+    tgt, src, source, target = first.tgt, first.src, first.source, first.target
+    infos = [lt.info for lt in tables.values()]
+    if first.reconcile_ and store.errorqueue.any_open(conn, tgt.dialect):
+        raise _ReadWhole()  # changes are held: a piece might hold part of a transaction another applied
+    wms = {tb: store.watermarks.read_locked(conn, tgt.dialect, source, tb) for tb in tables}
+    stored_all, pieces = 0, 0
+    results: dict[str, ReconcileResult] = {}
+    reach: int | None = None
+    while True:
+        first_read = pre.pop() if pre else None
+        if first_read is not None and first_read[0] == wms:
+            read = first_read[1]
+        else:
+            read = read_link(src, target, infos, wms, window, _have(conn, tables))
+            if not _not_purged(first, wms):
+                raise _Moved()
+        del first_read
+        step = _step(tables, read, batch, reach)
+        if step.kind == "batches" or (reach is None and step.kind != "piece"):
+            raise _Moved()  # another refresher took the start meanwhile: read again outside
+        if step.kind not in ("piece", "finish"):
+            raise _HeldBack()
+        upto = step.cuts[0] if step.cuts else None
+        part = {tb: [r for r in rows if upto is not None and int(r[2]) < upto] for tb, rows in read.rows.items()}
+        if any(part.values()):
+            if any(isolate.has_malformed(rows, first.known) for rows in part.values() if rows) or isolate.has_misfit(
+                tgt, infos, part
+            ):
+                raise _ReadWhole()
+            done = _apply_batch(conn, tables=tables, rows=part, wms=dict(wms), token=token)
             if done is None:
-                moved = True
-                break
-            stored, results = done
+                raise _Moved()
+            stored_all += done[0]
+            pieces += 1
             for tb, rows in part.items():
                 if rows:
                     wms[tb] = rows[-1][0]
-                    touched.add(tb)
-            res.pulled += stored
-            for tb, r in results.items():
-                res.reconciled[tb].add(r)
-            res.batches += 1
+                    results.setdefault(tb, ReconcileResult(tb))
+            for tb, r in done[1].items():
+                results.setdefault(tb, ReconcileResult(tb)).add(r)
             if tell:
-                tell.pulled(res.pulled, res.applied, res.batches)
-            if stop is not None and stop():
-                return touched
-        if moved:
-            continue
-        grown = _next_window(read, bool(parts), window)
-        if grown is None:
-            return touched
-        window = grown
+                tell.pulled(stored_all, sum(r.applied for r in results.values()), pieces)
+        if step.kind == "finish":
+            return stored_all, pieces, results
+        reach = step.reach
+        del read, part  # before the next window is read
 
 
 class _Moved(Exception):
@@ -816,35 +968,19 @@ def _apply_part(tgt: Site, tables: dict[str, _LinkTable], part: dict[str, Rows],
         )
 
 
-def _next_window(read: LinkRead, applied: bool, window: int) -> int | None:
-    """After a read's batches: the window of the next read, None when the refresh is done (every
-    entry was read, or the source's horizon holds the rest back). A read that yielded no batch
-    although the window cut it holds one transaction, begun at its first entry, longer than the
-    window: the next window is twice as long."""
-    if not read.more:
-        return None
-    if applied:
-        return window
-    if read.end is not None and read.horizon is not None and read.horizon <= read.end:
-        return None  # the source's horizon holds the rest back, not the window
-    return window * 2
-
-
-def _batches(tables: dict[str, _LinkTable], read: LinkRead, batch: int) -> list[dict[str, Rows]]:
-    """The batches of one read, in order, each as rows per table: cut at source-transaction
-    boundaries below the horizon (and below the end of the read's window, holding back the
-    transactions that continue past it) where the source records transactions (core/batches.py),
-    else the whole read (it holds only whole transactions)."""
+def _step(tables: dict[str, _LinkTable], read: LinkRead, batch: int, reach: int | None = None) -> Step:
+    """What to take of one read where the source records transactions (core/batches.py
+    stream_step): batches cut at source-transaction boundaries below the horizon and the window's
+    end, a piece of a transaction longer than the window, or nothing yet. `reach`: in a stretch
+    (_stretch_txn), the highest position of a transaction it took part of."""
     if not any(read.rows.values()):
-        return []
-    src = next(iter(tables.values())).src
-    horizon = read.horizon if read.end is None else read.end if read.horizon is None else min(read.horizon, read.end)
-    if not src.dialect.caps.txn_column or horizon is None:
-        return [read.rows]
+        return Step("finish") if reach is not None else Step("hold")
     entries = [e for tb, rows in read.rows.items() for e in entry_groups(rows, tables[tb].info)]
-    if read.end is not None:  # a transaction read below the window's end that continues past it
-        entries += [(read.end, g) for g in read.continuing]
-    cuts = plan_cuts(entries, horizon, batch)
+    return stream_step(entries, read.horizon, read.end, read.continuing, read.beyond, batch, reach)
+
+
+def _parts(read: LinkRead, cuts: list[int]) -> list[dict[str, Rows]]:
+    """The batches of one read ending at `cuts`, in order, each as rows per table."""
     out: list[dict[str, Rows]] = []
     lo: int | None = None
     for c in cuts:

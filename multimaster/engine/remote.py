@@ -255,6 +255,7 @@ class AgentSite(Site):
             head["end"],
             frozenset(tuple(wire.decode(g)) for g in head["continuing"]),
             bool(head["more"]),
+            None if head.get("beyond") is None else int(head["beyond"]),  # an agent of an earlier release: None
         )
 
     def purge_horizon(self, table: str) -> int:

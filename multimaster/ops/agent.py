@@ -354,7 +354,7 @@ def _endpoint(fn: Callable[[Mapping[str, str], bytes], Any], site: str, secret: 
 
 def _lines(read: Any, trim: bool = False) -> Iterator[bytes]:
     """A pull's answer as JSON lines: the head (horizon, window end, transactions continuing past
-    it, whether more is to read), the rows of each table in pieces, the end with the row count
+    it, whether more is to read, how far they reach), the rows of each table in pieces, the end with the row count
     (a client that misses the end applies nothing). `trim` (the client asked for it): each row
     without its trailing Nones (wire.row_out)."""
     yield (
@@ -365,6 +365,7 @@ def _lines(read: Any, trim: bool = False) -> Iterator[bytes]:
                 "end": read.end,
                 "continuing": [wire.encode(tuple(g)) for g in read.continuing],
                 "more": read.more,
+                "beyond": read.beyond,
             }
         )
         + "\n"

@@ -796,3 +796,24 @@ def test_natural_key_insert_insert_and_a_later_life() -> None:
     shadow, rows, _ = site.state()
     assert rows == {"x": (7, 7, 7)}
     assert shadow == {"k:x": ("x", d.ver), again.rid: ("x", None)}  # E of the later life, then its delete: the lower
+
+
+def test_an_origin_parked_in_an_earlier_piece_holds_its_changes_of_the_next() -> None:
+    """The reconciler plans a long batch in pieces (engine/reconcile.py PLAN_PIECE): an origin
+    with a change parked by an earlier piece's plan has its changes of the later pieces parked
+    too, as one plan of all of them would (an origin's changes are applied in version order)."""
+    i = m.Event(m.ver(11, "s1"), "s1", "I", m.ver(11, "s1"), 2, {"a": 1, "b": 1, "c": 1}, {}, frozenset())
+    u = m.Event(m.ver(12, "s2"), "s2", "U", i.rid, 2, {"a": 2}, {"a": 1}, frozenset({i.ver}))
+    later = m.Event(m.ver(13, "s2"), "s2", "U", R1, 1, {"a": 3}, {"a": 0}, frozenset({u.ver}))
+    spec = planner_spec(TWO)
+    whole = planner.plan(spec, [to_change(u), to_change(later)], Site(spec, ROW).load_states([to_change(u), to_change(later)]))
+    assert [c.ver for c in whole.parked] == [u.ver, later.ver]
+    first = planner.plan(spec, [to_change(u)], Site(spec, ROW).load_states([to_change(u), to_change(later)]))
+    second = planner.plan(
+        spec, [to_change(later)], Site(spec, ROW).load_states([to_change(u), to_change(later)]), {c.origin for c in first.parked}
+    )
+    assert [c.ver for c in first.parked + second.parked] == [u.ver, later.ver] and not second.processed
+    assert [
+        c.ver
+        for c in planner.plan(spec, [to_change(later)], Site(spec, ROW).load_states([to_change(u), to_change(later)])).processed
+    ] == [later.ver]
