@@ -543,7 +543,8 @@ def recapture(
     with a peer's and captures every difference no change on its way explains, as an insert, an
     update or a delete at the site; rows a change on its way touches are left (run again once it
     has landed). Closes the table's capture gap when nothing is left. Every site must be
-    reachable directly. Exit 1 when rows were left or refused, or when rows of a renumbered table
+    reachable directly. A row with a value the other site cannot store exactly is not sent and is
+    named, with the fix. Exit 1 when rows were left, refused or not sent, or when rows of a renumbered table
     have other keys at the peer (docs/schema-changes.md "A table made again").
 
     Examples:
@@ -571,7 +572,7 @@ def recapture(
                     str(len(r.updated)),
                     str(len(r.deleted)),
                     f"[yellow]{len(r.left)}[/]" if r.left else "0",
-                    f"[red]{len(r.failed)}[/]" if r.failed else "0",
+                    f"[red]{len(r.failed) + len(r.unfit)}[/]" if r.failed or r.unfit else "0",  # not sent
                     "closed" if r.closed else ("-" if r.dry_run or r.ok else "open"),
                 )
             console.print(t)
@@ -586,6 +587,8 @@ def recapture(
                     )
                 for k, e in r.failed:
                     err.print(f"{r.table}: key {k}: not sent: {e}", markup=False, highlight=False, soft_wrap=True)
+                for line in r.unfit_problems():
+                    err.print(line, markup=False, highlight=False, soft_wrap=True)
                 if r.keys_differ:
                     err.print(r.keys_problem(), markup=False, highlight=False, soft_wrap=True)
         return 0 if all(r.ok for r in reps) else 1

@@ -83,8 +83,8 @@ def _bool(v: Any) -> Hashable:
         if s in ("0", "f", "false", "n", "no", "off"):
             return False
         return _raw(v)
-    if isinstance(v, (int, float, Decimal)):
-        return bool(v)
+    if isinstance(v, (int, float, Decimal)):  # 2 is no boolean (SQLite keeps it): not the same as true
+        return bool(v) if v in (0, 1) else _raw(v)
     return _raw(v)
 
 

@@ -17,7 +17,10 @@ peer's row into the site's, in one write transaction at the site that holds its 
   (evolve.capture_unseen_rows); a renumbered table's rows are matched by identity (its shadow).
 
 Each change runs under a savepoint: one the database refuses (a UNIQUE value, a NOT NULL column
-the peer's row lacks) is reported and left. A row the site has with an identity the peer lacks (or
+the peer's row lacks) is reported and left. A change with a value one of the two sites cannot
+store exactly (dialects/fit.py, as refresh holds one: '12abc' in a SQLite INTEGER, a PostgreSQL
+'infinity' for SQLite, a text too long for the peer's VARCHAR(10)) is not sent: it is reported by
+table, key, column, value and why, with the fix (`unfit`), and the rest goes on. A row the site has with an identity the peer lacks (or
 the reverse, not deleted at the site), with no change on its way, is not a write capture missed:
 it is left, for verify to tell.
 When nothing is left, the table's open gap at the site is closed.
@@ -37,9 +40,11 @@ from multimaster.core import keys as key_rule
 from multimaster.core import recapture as rule
 from multimaster.core.values import ColumnType
 from multimaster.core.versions import now_iso
+from multimaster.dialects.fit import Misfit
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, inflight
 from multimaster.engine.cluster import Cluster
+from multimaster.engine.pull import converted
 from multimaster.engine.refresh import follow_site, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.schema import value_types
@@ -68,11 +73,18 @@ class Recaptured:
     #: (key here, key at the peer) of the rows whose identity the peer holds at another key, with
     #: nothing on its way to explain it: the sites diverged (core/keys.py key_differences)
     keys_differ: list[tuple[Any, Any]] = field(default_factory=list)
+    #: the rows not sent because a value of the change is one a site cannot store exactly
+    unfit: list[Unfit] = field(default_factory=list)
     closed: bool = False  #: the table's open capture gap at the site was closed
 
     @property
     def ok(self) -> bool:
-        return not self.left and not self.failed and not self.keys_differ
+        return not self.left and not self.failed and not self.keys_differ and not self.unfit
+
+    def unfit_problems(self) -> list[str]:
+        """One line per row of `unfit`: the table, key, column, value, the site that cannot store
+        it and why, and the fix."""
+        return [u.message(self) for u in self.unfit]
 
     def keys_problem(self) -> str | None:
         """What to say of `keys_differ`, naming the rows and the fix; None when there are none."""
@@ -100,7 +112,60 @@ class Recaptured:
             "failed": [{"key": k, "error": e} for k, e in self.failed],
             "keys_differ": [{"key": k, "peer_key": pk} for k, pk in self.keys_differ],
             "keys_problem": self.keys_problem(),
+            "unfit": [u.to_dict(self) for u in self.unfit],
             "closed": self.closed,
+        }
+
+
+@dataclass(frozen=True)
+class Unfit:
+    """A row recapture did not send: the value of `column` that `at` (the site or the peer) cannot
+    store exactly, and why (dialects/fit.py, engine/pull.py converted)."""
+
+    key: Any
+    column: str
+    value: Any
+    at: str
+    misfit: Misfit
+
+    def fix(self, rep: Recaptured) -> str:
+        """What to do: write a value both sites hold where the row is (the site's value, or the
+        peer's), or widen the column of `at` (not when no column of the kind holds the value);
+        then run recapture again."""
+        again = f"then run 'multimaster recapture -t FILE --site {rep.site} --table {rep.table}' again"
+        if self.at == rep.site:  # the peer's value, which the update or delete writes at the site
+            write, where, held = rep.peer, rep.site, rep.site
+        else:  # the site's value, which the change would send to the peer
+            write, where, held = rep.site, rep.peer, rep.peer
+        rewrite = (
+            f"write a value '{where}' can hold in {rep.table}.{self.column} at '{write}' (UPDATE there; '{held}' holds that "
+            f"update for the old value it carries: drop it there, 'multimaster errors skip -t FILE --site {held} --id ID "
+            "--reason TEXT')"
+        )
+        if self.misfit.never:
+            return f"{rewrite}; {again}"
+        return f"widen {rep.table}.{self.column} at '{self.at}' to hold it ('multimaster ddl', or ALTER TABLE there), or {rewrite}; {again}"
+
+    def message(self, rep: Recaptured) -> str:
+        from multimaster.dialects.types import shown
+
+        return (
+            f"site '{rep.site}': table '{rep.table}', key {self.key!r}, column '{self.column}': not sent: '{self.at}' "
+            f"cannot store exactly the value {shown(self.value)} ({self.misfit.why}). Nothing of the row was sent "
+            f'and the capture gap stays open. Fix: {self.fix(rep)} (docs/types.md "Values a site cannot store")'
+        )
+
+    def to_dict(self, rep: Recaptured) -> dict[str, Any]:
+        from multimaster.dialects.types import shown
+
+        return {
+            "key": self.key,
+            "column": self.column,
+            "value": shown(self.value),
+            "site": self.at,
+            "why": self.misfit.why,
+            "fix": self.fix(rep),
+            "message": self.message(rep),
         }
 
 
@@ -118,19 +183,57 @@ def _direct(cl: Cluster, name: str, what: str) -> Site:
     return s
 
 
+#: per column: (a converter to what a site's driver stores, a test that it stores it exactly)
+Fits = Mapping[str, tuple[Any, Any]]
+#: key -> column -> (the site that cannot store the value, the value as read, why)
+Unfits = dict[Hashable, dict[str, tuple[str, Any, Misfit]]]
+
+
+def _fits(form: TableInfo, at: Site) -> dict[str, tuple[Any, Any]]:
+    """The converters and tests of `at`'s columns of `form` (Dialect.value_adapters,
+    value_checks), by column."""
+    d = at.dialect
+    return {
+        c.name: (a, f)
+        for c, a, f in zip(form.columns, d.value_adapters(form), d.value_checks(form))
+        if a is not None or f is not None
+    }
+
+
+def _fit(fit: tuple[Any, Any] | None, v: Any) -> tuple[Any, Misfit | None]:
+    """`v` converted by `fit`'s converter, and why its site cannot store it exactly (None: it can);
+    a value that cannot be converted comes back as it was read."""
+    if fit is None or v is None:
+        return v, None
+    adapt, check = fit
+    m = None
+    if adapt is not None:
+        v, m = converted(adapt, v)
+    if m is None and check is not None:
+        m = check(v)
+    return v, m
+
+
 def _rows(
-    conn: Connection, s: Site, info: TableInfo, cols: list[str], form: TableInfo, at: Site
-) -> dict[Hashable, dict[str, Any]]:
+    conn: Connection, s: Site, info: TableInfo, cols: list[str], form: TableInfo, at: Site, stored: tuple[str, Fits]
+) -> tuple[dict[Hashable, dict[str, Any]], Unfits]:
     """Every row of `info` at `s`: key -> {column: value}, the values in the form site `at`'s
-    driver stores for `form` (its table: what recapture writes there); compared by their columns'
-    types (core/values.py), not as Python values."""
+    driver stores for `form` (its table: what recapture writes there; a value that cannot be
+    converted as it was read); compared by their columns' types (core/values.py), not as Python
+    values. And the values the site `stored` names cannot store exactly (its column tests)."""
     q = s.dialect.quote
-    adapt = dict(zip(form.column_names, at.dialect.value_adapters(form)))
+    adapt = {c: (a, None) for c, (a, _f) in _fits(form, at).items()}
+    name, tests = stored
     sel = ", ".join(q(c) for c in [info.key.name, *cols])
     out: dict[Hashable, dict[str, Any]] = {}
+    unfit: Unfits = {}
     for r in conn.exec_driver_sql(f"SELECT {sel} FROM {q(info.name)}"):
-        out[r[0]] = {c: (v if adapt.get(c) is None or v is None else adapt[c](v)) for c, v in zip(cols, r[1:])}
-    return out
+        out[r[0]] = {c: _fit(adapt.get(c), v)[0] for c, v in zip(cols, r[1:])}
+        for c, v in zip(cols, r[1:]):
+            m = _fit(tests.get(c), v)[1]
+            if m is not None:
+                unfit.setdefault(r[0], {})[c] = (name, v, m)
+    return out, unfit
 
 
 def _in_flight(queries: list[tuple[str, str]], sites: dict[str, Site], table: str) -> tuple[set[str], set[Hashable]]:
@@ -182,7 +285,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
     cols = sorted(set(info.column_names) & set(p_info.column_names))
     renumber = info.spec.renumber
     with p.read() as pc:
-        there = _rows(pc, p, p_info, cols, info, s)
+        # the peer's values, written at the site: what the site cannot store is not sent
+        there, there_unfit = _rows(pc, p, p_info, cols, info, s, (site, _fits(info, s)))
         p_live = _live(pc, p, table)
     d = s.dialect
 
@@ -202,7 +306,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
                 raise RecaptureRefused(site, table, refused)
             if out.inserted:  # the changes of peers that collided with them apply now
                 evolve.release(conn, s, info, t.peers_of(site), lambda i: relay_origins(t, site, i), held=True)
-        here = _rows(conn, s, info, cols, info, s)
+        # the site's values, sent to the peer: what the peer cannot store is not sent
+        here, here_unfit = _rows(conn, s, info, cols, info, s, (peer, _fits(p_info, p)))
         rids, keys = _in_flight(queries, sites, table)
         live = _live(conn, s, table)
         ident: Mapping[Hashable, Hashable]
@@ -214,7 +319,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
             ident, p_ident, flight = {k: k for k in live}, {k: k for k in p_live}, keys
         skip = {ident[k] for k in sent if k in ident}  # just captured: on its way, not compared
         types = value_types([(d.name, info), (p.dialect.name, p_info)])
-        _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, types, out)
+        unfit = _Unfit(here_unfit, there_unfit)
+        _compare(conn, s, info, cols, here, there, ident, p_ident, flight, skip, types, unfit, out)
         if renumber:  # read after the changes on their way: what reached the peer since was on its way
             out.keys_differ = _keys_differ(conn, s, p, table, rids | {str(i) for i in skip})
         if not dry_run and out.ok:
@@ -276,6 +382,7 @@ def _compare(
     flight: AbstractSet[Hashable],
     skip: AbstractSet[Hashable],
     types: Mapping[str, ColumnType],
+    unfit: _Unfit,
     out: Recaptured,
 ) -> None:
     """Match the rows by identity (`ident`, `p_ident`: key -> identity at the site and the peer,
@@ -283,7 +390,8 @@ def _compare(
     not the site's business) and capture the updates and deletes `rule.plan` gives. An identity
     the peer lacks, or the site lacks without having deleted it, with no change on its way, is not
     a write capture missed: it is left (verify tells what it is). `types`: what each column's
-    values are compared as (core/values.py: a decimal by value at its scale, an instant in UTC)."""
+    values are compared as (core/values.py: a decimal by value at its scale, an instant in UTC).
+    A change with a value one of the sites cannot store exactly (`unfit`) is reported, not sent."""
     key_of = {i: k for k, i in ident.items()}
     p_key = {i: k for k, i in p_ident.items()}
     plan = rule.plan(
@@ -299,9 +407,30 @@ def _compare(
             out.left.append(key_of.get(op.key, op.key))
             continue
         k = key_of[op.key]
+        bad = unfit.of(op, k, p_key[op.key])
+        if bad:
+            out.unfit.extend(bad)
+            continue
         _sent(out, op, k, None if out.dry_run else _send(conn, s, info, op, k, here.get(k), there.get(p_key[op.key])))
     if out.dry_run:  # a run captures them first
         out.inserted = evolve.unseen_rows(conn, s, info)
+
+
+@dataclass(frozen=True)
+class _Unfit:
+    """The values of the site's rows the peer cannot store exactly (`here`, by the site's key) and
+    of the peer's rows the site cannot (`there`, by the peer's key)."""
+
+    here: Unfits
+    there: Unfits
+
+    def of(self, op: rule.Op, key: Hashable, peer_key: Hashable) -> list[Unfit]:
+        """The values of `op` one of the sites cannot store: an update sends the site's values of
+        its columns and writes the peer's at the site; a delete writes the peer's row there."""
+        h, t = self.here.get(key, {}), self.there.get(peer_key, {})
+        got = [(c, h[c]) for c in op.columns if op.kind == rule.UPDATE and c in h]
+        got += [(c, t[c]) for c in op.columns if c in t]
+        return [Unfit(key, c, v, at, m) for c, (at, v, m) in got]
 
 
 def _note(out: Recaptured, kind: str, key: Hashable) -> None:
