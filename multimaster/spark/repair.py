@@ -247,6 +247,9 @@ class SiteRepair:
     status: str  # applied | failed
     counts: dict[str, dict[str, int]] = field(default_factory=dict)  # table -> op -> number of ops
     error: str | None = None
+    #: the rows left as they were because a reference value of theirs is one this site cannot
+    #: store exactly: {table, key, column, value, why, fix, message} (dialects/fit.py)
+    unfit: list[dict[str, Any]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -264,8 +267,13 @@ class RepairResult:
         return {s: r for s, r in self.sites.items() if r.status != "applied"}
 
     @property
+    def unfit(self) -> list[dict[str, Any]]:
+        """Every row left as it was at a site for a value it cannot store (SiteRepair.unfit)."""
+        return [u for r in self.sites.values() for u in r.unfit]
+
+    @property
     def ok(self) -> bool:
-        return not self.failed
+        return not self.failed and not self.unfit
 
     def to_dict(self) -> dict[str, Any]:
         return {"reference": self.reference, "ok": self.ok, "sites": {s: r.to_dict() for s, r in self.sites.items()}}
@@ -297,7 +305,7 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan, *,
     counts = plan.counts()
     for site, tabs in plan.ops.items():
         try:
-            _apply_site(topo, site, tabs, plan)
+            unfit = _apply_site(topo, site, tabs, plan)
         except Exception as e:  # noqa: BLE001 - any failure of one site's transaction: reported per site
             from multimaster.config.secrets import redact
 
@@ -305,14 +313,24 @@ def apply_plan(topology: Topology | str | os.PathLike[str], plan: RepairPlan, *,
             msg = str(orig).strip().splitlines()[0][:500] if str(orig).strip() else ""
             out.sites[site] = SiteRepair(site, "failed", counts.get(site, {}), redact(f"{type(orig).__name__}: {msg}"))
         else:
-            out.sites[site] = SiteRepair(site, "applied", counts.get(site, {}))
+            out.sites[site] = SiteRepair(site, "applied", _less(counts.get(site, {}), unfit), unfit=unfit)
     if check and not out.ok:
         raise RepairFailed(out)
     return out
 
 
-def _apply_site(topo: Topology, site: str, tabs: dict[str, list[RepairOp]], plan: RepairPlan) -> None:
-    """Apply the ops of every table of `tabs` at `site`, in one transaction with the capture guard set."""
+def _less(counts: dict[str, dict[str, int]], unfit: list[dict[str, Any]]) -> dict[str, dict[str, int]]:
+    """`counts` (table -> op -> number) without the ops left for a value the site cannot store."""
+    out = {t: dict(c) for t, c in counts.items()}
+    for u in {(u["table"], u["key"], u["op"]) for u in unfit}:
+        out[u[0]][u[2]] -= 1
+    return out
+
+
+def _apply_site(topo: Topology, site: str, tabs: dict[str, list[RepairOp]], plan: RepairPlan) -> list[dict[str, Any]]:
+    """Apply the ops of every table of `tabs` at `site`, in one transaction with the capture guard
+    set; returns the rows left for a value the site cannot store exactly (SiteRepair.unfit)."""
+    unfit: list[dict[str, Any]] = []
     url = topo.sites[site].url
     d = dialect_of(url)
     eng = sa.create_engine(url, poolclass=sa.pool.NullPool, **d.writer_engine_kwargs())
@@ -326,7 +344,7 @@ def _apply_site(topo: Topology, site: str, tabs: dict[str, list[RepairOp]], plan
             try:
                 d.set_applying(conn, True)  # the capture guard: nothing below is captured
                 for table, ops in tabs.items():
-                    _apply_table(conn, d, topo, site, table, ops, plan)
+                    unfit += _apply_table(conn, d, topo, site, table, ops, plan)
                 d.set_applying(conn, False)
                 if tx is not None:
                     tx.commit()
@@ -340,11 +358,13 @@ def _apply_site(topo: Topology, site: str, tabs: dict[str, list[RepairOp]], plan
                 raise
     finally:
         eng.dispose()
+    return unfit
 
 
 def _adapters(conn: sa.Connection, d: Any, topo: Topology, site: str, table: str, cols: list[str]) -> dict[str, Any]:
     """Per column of `table` at `site` (its key included), the converter of a value as the
-    reference's driver returned it into what this site's driver stores exactly (None: as is)."""
+    reference's driver returned it into what this site's driver stores exactly (None: as is),
+    and the test that the column stores it exactly (None: every value; dialects/fit.py)."""
     from dataclasses import replace
 
     from multimaster.engine.schema import introspect
@@ -352,21 +372,79 @@ def _adapters(conn: sa.Connection, d: Any, topo: Topology, site: str, table: str
     info = introspect(conn, site, table, topo.tables[table])
     by_name = {c.name: c for c in info.columns}
     shown = replace(info, columns=(info.key, *(by_name[c] for c in cols if c in by_name)))
-    return {c.name: f for c, f in zip(shown.columns, d.value_adapters(shown))}
+    return {c.name: (f, t) for c, f, t in zip(shown.columns, d.value_adapters(shown), d.value_checks(shown))}
+
+
+def _unfit(site: str, table: str, o: RepairOp, column: str, value: Any, misfit: Any, reference: str) -> dict[str, Any]:
+    """The report of the row of `o` left as it was at `site`: its reference value of `column`
+    is one the site cannot store exactly (`misfit`: dialects/fit.py Misfit)."""
+    from multimaster.dialects.types import shown
+
+    again = f"then run 'multimaster verify -t FILE --repair-from {reference} --apply' again"
+    fix = f"write a value '{site}' can hold in {table}.{column} at '{reference}'; {again}"
+    if not misfit.never:
+        fix = f"widen {table}.{column} at '{site}' to hold it (ALTER TABLE there), or {fix}"
+    key = o.key if o.key is not None else o.old_key
+    msg = (
+        f"site '{site}': table '{table}', key {key!r}, column '{column}': not repaired: '{site}' cannot store exactly "
+        f"the value {shown(value)} of '{reference}' ({misfit.why}); the row was left as it is there. Fix: {fix} "
+        '(docs/types.md "Values a site cannot store")'
+    )
+    return {
+        "table": table,
+        "key": key,
+        "op": o.op,
+        "column": column,
+        "value": shown(value),
+        "why": misfit.why,
+        "fix": fix,
+        "message": msg,
+    }
+
+
+def _fitting(
+    site: str, table: str, ops: list[RepairOp], key: str, cols: list[str], conv: dict[str, Any], reference: str
+) -> tuple[list[RepairOp], list[dict[str, Any]]]:
+    """The ops of `ops` whose reference values `site` stores exactly, and the reports of the
+    others (left out whole: nothing of such a row, its shadow row neither, is changed)."""
+    from multimaster.engine.pull import converted
+
+    ok: list[RepairOp] = []
+    bad: list[dict[str, Any]] = []
+    for o in ops:
+        vals = {} if o.values is None else {key: o.key, **o.values}
+        found = None
+        for c in [key, *cols]:
+            f, test = conv.get(c, (None, None))
+            v = vals.get(c)
+            if v is None or (f is None and test is None):
+                continue
+            w, m = converted(f, v) if f is not None else (v, None)
+            m = m if m is not None or test is None else test(w)
+            if m is not None:
+                found = _unfit(site, table, o, c, v, m, reference)
+                break
+        if found is None:
+            ok.append(o)
+        else:
+            bad.append(found)
+    return ok, bad
 
 
 def _apply_table(
     conn: sa.Connection, d: Any, topo: Topology, site: str, table: str, ops: list[RepairOp], plan: RepairPlan
-) -> None:
-    """The ops of `table` at `site`, on `conn` (in the site's transaction, guard set)."""
+) -> list[dict[str, Any]]:
+    """The ops of `table` at `site`, on `conn` (in the site's transaction, guard set), but those
+    with a reference value the site cannot store exactly: their reports (left as they are)."""
     q = d.quote
     url = topo.sites[site].url
     key, cols = plan.keys[table], plan.columns[table]
     sh = _mm(url, f"_mm_shadow_{table}")
     conv = _adapters(conn, d, topo, site, table, cols)
+    ops, unfit = _fitting(site, table, ops, key, cols, conv, plan.reference)
 
     def val(c: str, v: Any) -> Any:
-        f = conv.get(c)
+        f = conv.get(c, (None, None))[0]
         return v if f is None or v is None else f(v)
 
     def kv(v: Any) -> Any:
@@ -423,3 +501,4 @@ def _apply_table(
             sa.text(f"UPDATE {q(table)} SET {sets} WHERE {q(key)} = :k"),
             [{"k": kv(k), **{f"p{i}": val(c, vals.get(c)) for i, c in enumerate(cols)}} for k, vals in upd],
         )
+    return unfit

@@ -261,6 +261,8 @@ def render_repair(result, console=None) -> None:
     con.print(t)
     for site, r in result.failed.items():
         con.print(f"[red]site '{escape(site)}': the repair failed and was rolled back: {escape(r.error or '')}[/]")
+    for u in result.unfit:
+        con.print(escape(u["message"]), soft_wrap=True)
 
 
 OPS_SHOWN = ("delete", "insert", "rekey", "update")
