@@ -4,6 +4,7 @@ failure instead of a skip)."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,21 @@ from hypothesis import HealthCheck, settings
 # Tests with their own @settings inherit this.
 settings.register_profile("multimaster", suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("multimaster")
+
+
+@pytest.fixture(autouse=True)
+def _loggers_as_they_were() -> Iterator[None]:
+    """The `multimaster` and `apscheduler` loggers as each test found them: `multimaster run`,
+    run in this process (tests/clusters.py mm), sets them up as a daemon's (its own handler, not
+    propagating), and a later test of the same worker reading the log with caplog saw nothing
+    (a wait for the purge job's lines ran out in CI)."""
+    saved = {n: (lg.handlers[:], lg.level, lg.propagate) for n in ("multimaster", "apscheduler") for lg in [logging.getLogger(n)]}
+    yield
+    for n, (handlers, level, propagate) in saved.items():
+        lg = logging.getLogger(n)
+        lg.handlers[:] = handlers
+        lg.setLevel(level)
+        lg.propagate = propagate
 
 
 @pytest.fixture(params=list(BACKENDS), ids=list(BACKENDS))

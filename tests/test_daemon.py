@@ -401,7 +401,7 @@ def test_json_log_keeps_the_schedulers_lines_json() -> None:
             assert "WARNING" in lines[0] and "skipped" in lines[0]
 
 
-def test_a_link_of_a_removed_site_says_so_in_the_daemons_log(sqlite_backend, tmp_path, caplog, monkeypatch):  # type: ignore[no-untyped-def]
+def test_a_link_of_a_removed_site_says_so_in_the_daemons_log(sqlite_backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
     """After `remove-site s3` (the file still lists it), the daemon's refresh of a link of s3 logs
     that s3 was removed and the file must drop it, as `status` and `refresh` say, not the fixes of
     a site never installed or connected (before: 'run multimaster init' / 'add-site')."""
@@ -412,7 +412,6 @@ def test_a_link_of_a_removed_site_says_so_in_the_daemons_log(sqlite_backend, tmp
     )
     assert r.returncode == 0, r.stdout + r.stderr
     caplog.set_level(logging.INFO, logger="multimaster.ops.daemon")
-    monkeypatch.setattr(logging.getLogger("multimaster"), "propagate", True)  # a daemon run before set it off
     d = Daemon(cl.topo, ["s1"])
     try:
         d._refresh(d.stats.links["s3->s1"])

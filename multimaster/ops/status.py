@@ -182,7 +182,9 @@ def site_summary(s: Site, t: Topology, since: str | None = None) -> dict[str, An
             mine = [tb for tb in t.tables if tb in tables]
             d.update(store.tables.site_status(conn, s.dialect, mine))
             d["errors"] = store.errorqueue.counts(conn, s.dialect)  # the error queue (docs/errors.md)
-            d["retired"] = sorted(store.retired.read(conn, s.dialect))  # the sites remove-site removed
+            d["retired"] = sorted(
+                store.retired.removed(conn, s.dialect, s.name)
+            )  # the sites remove-site removed (not added since)
             d.update(_schemas(conn, s, t, mine))  # docs/schema-changes.md
             d["clock_ahead"] = store.skew.read(conn, s.dialect)  # docs/clock.md "Clock discipline"
             d["registry_rows"] = s.dialect.registry_rows(conn)  # MariaDB: docs/mysql.md "The transaction registry"
@@ -377,7 +379,7 @@ def removed_sites(cl: Cluster, at: Sequence[str] | None = None) -> set[str]:
         try:
             with s.read() as conn:
                 if s.installed_tables(conn):
-                    out |= store.retired.read(conn, s.dialect)
+                    out |= store.retired.removed(conn, s.dialect, s.name)
         except (MultimasterError, DBAPIError):
             continue
     return out & set(cl.topo.sites)

@@ -9,8 +9,9 @@ from __future__ import annotations
 from sqlalchemy.engine import Connection
 
 from multimaster.dialects.base import Dialect
+from multimaster.store import watermarks
 
-__all__ = ["install", "record", "read", "known_origins"]
+__all__ = ["install", "record", "read", "removed", "known_origins"]
 
 
 def _t(d: Dialect) -> str:
@@ -37,6 +38,14 @@ def read(conn: Connection, d: Dialect) -> set[str]:
     if d.table_kind(conn, "_mm_retired") is None:
         return set()
     return {str(r[0]) for r in conn.exec_driver_sql(f"SELECT site FROM {_t(d)}")}
+
+
+def removed(conn: Connection, d: Dialect, here: str) -> set[str]:
+    """The sites recorded as removed at site `here` that are still out of the cluster: not `here`
+    itself (a site added again copies its source's records) and none this site keeps a snapshot
+    of (a site added again with add-site --replace is pulled from again; its old record stays for
+    the changes of its first life still on their way)."""
+    return {g for g in read(conn, d) if g != here and not watermarks.tables_of(conn, d, g)}
 
 
 def known_origins(conn: Connection, d: Dialect, sites: list[str]) -> frozenset[str]:
