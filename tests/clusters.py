@@ -600,6 +600,21 @@ def made(name: str) -> Backend:
         raise
 
 
+def query(b: Backend, url: str, sql: str, params: tuple[Any, ...] = (), *, qmark: bool = False) -> list[tuple[Any, ...]]:
+    """Run `sql` at the database `url` of backend `b` as a plain client does (its own connection,
+    committed), returning the rows it read; `qmark`: the statement writes `?` for parameters, made
+    the backend's own."""
+    c = b.connect(url)
+    try:
+        cur = c.cursor()
+        cur.execute(sql.replace("?", b.param()) if qmark else sql, params)
+        rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
+        c.commit()
+        return rows
+    finally:
+        c.close()
+
+
 def opened(name: str) -> Iterator[Backend]:
     """A fixture's body: the backend `name` (skipped, or failed under MM_REQUIRE_SERVERS, when its
     server does not answer), its databases dropped after the test."""

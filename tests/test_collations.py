@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, mm, server_unavailable
+from clusters import Backend, made, mm, query
 
 from multimaster.dialects.fit import charset_misfit
 from multimaster.dialects.mysql.collations import CASE, PAD, merges
@@ -46,30 +46,12 @@ def test_which_characters_a_character_set_holds() -> None:
 # ---- real servers -------------------------------------------------------------------------------
 
 
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
 @pytest.fixture
 def servers():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("postgresql", "mysql")}
+    backends = {n: made(n) for n in ("postgresql", "mysql")}
     yield backends
     for b in backends.values():
         b.cleanup()
-
-
-def _sql(b: Backend, url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql, params)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
 
 
 PG_DDL = [
@@ -95,8 +77,8 @@ def _topology(tmp: Path, urls: dict[str, str]) -> Path:
 
 def _mm_tables(b: Backend, url: str) -> list[Any]:
     if b.name == "postgresql":
-        return _sql(b, url, "SELECT table_name FROM information_schema.tables WHERE table_schema = '_mm'")
-    return _sql(
+        return query(b, url, "SELECT table_name FROM information_schema.tables WHERE table_schema = '_mm'")
+    return query(
         b, url, "SELECT TABLE_NAME FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME LIKE '\\_mm%%'"
     )
 
@@ -108,9 +90,9 @@ def test_init_refuses_a_case_insensitive_key_or_unique_column_beside_postgresql(
     pg, my = servers["postgresql"], servers["mysql"]
     urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
     for stmt in PG_DDL:
-        _sql(pg, urls["pg"], stmt)
+        query(pg, urls["pg"], stmt)
     for stmt in _my_ddl():
-        _sql(my, urls["maria"], stmt)
+        query(my, urls["maria"], stmt)
     topo = _topology(tmp_path, urls)
     r = mm("init", "-t", str(topo))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
@@ -128,7 +110,7 @@ def test_init_refuses_a_case_insensitive_key_or_unique_column_beside_postgresql(
     # 'e' / 'é' replicate exactly; 'x' / 'x ' (one value under a PAD SPACE collation, and in
     # multimaster's own utf8mb4_bin tables) are held at MariaDB, named, while the rest flows
     for table, col in (("k", "k"), ("u", "email")):
-        _sql(
+        query(
             my,
             urls["maria"],
             f"ALTER TABLE `{table}` MODIFY `{col}` VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL",
@@ -140,24 +122,24 @@ def test_init_refuses_a_case_insensitive_key_or_unique_column_beside_postgresql(
         "warning: site 'maria': table 'k', column 'k' (the key) has collation utf8mb4_bin, which takes texts differing only "
         "in trailing spaces ('x' and 'x ') as one value, while 'pg' (PostgreSQL) keeps them apart" in err
     ), err
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper'), ('é', 'accent'), ('e', 'plain')")
-    _sql(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('ann@x', 'lower'), ('ANN@x', 'upper')")
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('x', 'bare')")
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('x ', 'spaced')")
-    _sql(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('bo@x', 'bare')")
-    _sql(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('bo@x ', 'spaced')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper'), ('é', 'accent'), ('e', 'plain')")
+    query(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('ann@x', 'lower'), ('ANN@x', 'upper')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('x', 'bare')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('x ', 'spaced')")
+    query(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('bo@x', 'bare')")
+    query(pg, urls["pg"], "INSERT INTO u (email, v) VALUES ('bo@x ', 'spaced')")
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
-    _sql(my, urls["maria"], "UPDATE k SET v = 'upper, at maria' WHERE k = 'A'")
-    _sql(my, urls["maria"], "DELETE FROM k WHERE k = 'e'")
-    _sql(pg, urls["pg"], "UPDATE u SET v = 'lower, at pg' WHERE email = 'ann@x'")
+    query(my, urls["maria"], "UPDATE k SET v = 'upper, at maria' WHERE k = 'A'")
+    query(my, urls["maria"], "DELETE FROM k WHERE k = 'e'")
+    query(pg, urls["pg"], "UPDATE u SET v = 'lower, at pg' WHERE email = 'ann@x'")
     r = mm("refresh", "-t", str(topo), "--until-quiet")
     want_k = [("A", "upper, at maria"), ("a", "lower"), ("x", "bare"), ("é", "accent")]
     want_u = [("ANN@x", "upper"), ("ann@x", "lower, at pg"), ("bo@x", "bare")]
-    assert sorted(_sql(my, urls["maria"], "SELECT k, v FROM k")) == want_k
-    assert sorted(_sql(pg, urls["pg"], "SELECT k, v FROM k WHERE k <> 'x '")) == want_k
-    assert sorted(_sql(my, urls["maria"], "SELECT email, v FROM u")) == want_u
-    assert sorted(_sql(pg, urls["pg"], "SELECT email, v FROM u WHERE email <> 'bo@x '")) == want_u
+    assert sorted(query(my, urls["maria"], "SELECT k, v FROM k")) == want_k
+    assert sorted(query(pg, urls["pg"], "SELECT k, v FROM k WHERE k <> 'x '")) == want_k
+    assert sorted(query(my, urls["maria"], "SELECT email, v FROM u")) == want_u
+    assert sorted(query(pg, urls["pg"], "SELECT email, v FROM u WHERE email <> 'bo@x '")) == want_u
     held = {e["table"]: e for e in json.loads(mm("errors", "-t", str(topo), "--json").stdout) if e["state"] == "failed"}
     assert sorted(held) == ["k", "u"], held
     assert held["k"]["error"].startswith("value refused: site 'maria' (MySQL): k.k = 'x ' is the same value as 'x'"), held["k"]
@@ -178,7 +160,7 @@ def test_mariadb_only_warns_and_a_collision_is_held_naming_value_and_collation(s
     urls = {s: my.new_site(tmp_path, s) for s in ("a", "b")}
     for url in urls.values():
         for stmt in _my_ddl():
-            _sql(my, url, stmt)
+            query(my, url, stmt)
     topo = _topology(tmp_path, urls)
     r = mm("init", "-t", str(topo))
     assert r.returncode == 0, r.stdout + r.stderr
@@ -186,10 +168,10 @@ def test_mariadb_only_warns_and_a_collision_is_held_naming_value_and_collation(s
     assert err.count("warning: table 'k', column 'k' (the key) has collation utf8mb4_general_ci at 'a', 'b'") == 1, err
     assert "warning: table 'u', column 'email' (in UNIQUE (email)) has collation utf8mb4_general_ci" in err, err
 
-    _sql(my, urls["a"], "INSERT INTO k VALUES ('a', 'at a')")
-    _sql(my, urls["b"], "INSERT INTO k VALUES ('A', 'at b')")
-    _sql(my, urls["a"], "INSERT INTO u (email, v) VALUES ('ann@x', 'at a')")
-    _sql(my, urls["b"], "INSERT INTO u (email, v) VALUES ('ANN@x', 'at b')")
+    query(my, urls["a"], "INSERT INTO k VALUES ('a', 'at a')")
+    query(my, urls["b"], "INSERT INTO k VALUES ('A', 'at b')")
+    query(my, urls["a"], "INSERT INTO u (email, v) VALUES ('ann@x', 'at a')")
+    query(my, urls["b"], "INSERT INTO u (email, v) VALUES ('ANN@x', 'at b')")
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
     held = {(e["site"], e["table"]): e["error"] for e in json.loads(mm("errors", "-t", str(topo), "--json").stdout)}
@@ -204,13 +186,15 @@ def test_mariadb_only_warns_and_a_collision_is_held_naming_value_and_collation(s
 
     for url in urls.values():
         for table, col in (("k", "k"), ("u", "email")):
-            _sql(my, url, f"ALTER TABLE `{table}` MODIFY `{col}` VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL")
+            query(
+                my, url, f"ALTER TABLE `{table}` MODIFY `{col}` VARCHAR(100) CHARACTER SET utf8mb4 COLLATE utf8mb4_bin NOT NULL"
+            )
     r = mm("errors", "retry", "-t", str(topo), "--all")
     assert r.returncode == 0, r.stdout + r.stderr
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
     for url in urls.values():
-        assert sorted(_sql(my, url, "SELECT k, v FROM k")) == [("A", "at b"), ("a", "at a")]
-        assert sorted(_sql(my, url, "SELECT email, v FROM u")) == [("ANN@x", "at b"), ("ann@x", "at a")]
+        assert sorted(query(my, url, "SELECT k, v FROM k")) == [("A", "at b"), ("a", "at a")]
+        assert sorted(query(my, url, "SELECT email, v FROM u")) == [("ANN@x", "at b"), ("ann@x", "at a")]
 
 
 def test_a_utf8mb3_column_holds_an_emoji_by_name_and_the_rest_flows(servers, tmp_path):  # type: ignore[no-untyped-def]
@@ -220,8 +204,8 @@ def test_a_utf8mb3_column_holds_an_emoji_by_name_and_the_rest_flows(servers, tmp
     the column made utf8mb4, `errors retry` applies it exactly."""
     pg, my = servers["postgresql"], servers["mysql"]
     urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
-    _sql(pg, urls["pg"], "CREATE TABLE t (id SERIAL PRIMARY KEY, note TEXT, label VARCHAR(20))")
-    _sql(
+    query(pg, urls["pg"], "CREATE TABLE t (id SERIAL PRIMARY KEY, note TEXT, label VARCHAR(20))")
+    query(
         my,
         urls["maria"],
         "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, note TEXT, label VARCHAR(20) CHARACTER SET utf8mb3)",
@@ -230,8 +214,8 @@ def test_a_utf8mb3_column_holds_an_emoji_by_name_and_the_rest_flows(servers, tmp
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
-    _sql(pg, urls["pg"], "INSERT INTO t (note, label) VALUES ('emoji', 'ok 😀')")
-    _sql(pg, urls["pg"], "INSERT INTO t (note, label) VALUES ('plain', 'ok é €')")
+    query(pg, urls["pg"], "INSERT INTO t (note, label) VALUES ('emoji', 'ok 😀')")
+    query(pg, urls["pg"], "INSERT INTO t (note, label) VALUES ('plain', 'ok é €')")
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
     held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
@@ -241,12 +225,12 @@ def test_a_utf8mb3_column_holds_an_emoji_by_name_and_the_rest_flows(servers, tmp
         in held[0]["error"]
     ), held[0]["error"]
     assert "CHARACTER SET utf8mb4" in held[0]["error"] and "Incorrect string value" not in held[0]["error"]
-    assert _sql(my, urls["maria"], "SELECT note, label FROM t") == [("plain", "ok é €")]
+    assert query(my, urls["maria"], "SELECT note, label FROM t") == [("plain", "ok é €")]
 
-    _sql(my, urls["maria"], "ALTER TABLE t MODIFY label VARCHAR(20) CHARACTER SET utf8mb4")
+    query(my, urls["maria"], "ALTER TABLE t MODIFY label VARCHAR(20) CHARACTER SET utf8mb4")
     r = mm("errors", "retry", "-t", str(topo), "--all")
     assert r.returncode == 0, r.stdout + r.stderr
-    assert sorted(_sql(my, urls["maria"], "SELECT note, label FROM t")) == [("emoji", "ok 😀"), ("plain", "ok é €")]
+    assert sorted(query(my, urls["maria"], "SELECT note, label FROM t")) == [("emoji", "ok 😀"), ("plain", "ok é €")]
 
 
 def test_add_site_refuses_a_case_insensitive_key_beside_postgresql(servers, tmp_path):  # type: ignore[no-untyped-def]
@@ -255,13 +239,13 @@ def test_add_site_refuses_a_case_insensitive_key_beside_postgresql(servers, tmp_
     "Duplicate entry 'a' for key 'PRIMARY'", naming neither the collation nor a fix)."""
     pg, my = servers["postgresql"], servers["mysql"]
     urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
-    _sql(pg, urls["pg"], PG_DDL[0])
-    _sql(my, urls["maria"], _my_ddl()[0])
+    query(pg, urls["pg"], PG_DDL[0])
+    query(my, urls["maria"], _my_ddl()[0])
     doc = {"sites": {"pg": {"url": urls["pg"]}}, "tables": {"k": {"key": "k"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
     doc["sites"]["maria"] = {"url": urls["maria"]}
     topo.write_text(yaml.safe_dump(doc))
     r = mm("add-site", "-t", str(topo), "maria", "--from", "pg")
@@ -269,7 +253,7 @@ def test_add_site_refuses_a_case_insensitive_key_beside_postgresql(servers, tmp_
     err = " ".join(r.stderr.split())
     assert "site 'maria': table 'k', column 'k' (the key) has collation utf8mb4_general_ci" in err, err
     assert "COLLATE utf8mb4_bin NOT NULL" in err, err
-    assert _sql(my, urls["maria"], "SELECT count(*) FROM k") == [(0,)] and _mm_tables(my, urls["maria"]) == []
+    assert query(my, urls["maria"], "SELECT count(*) FROM k") == [(0,)] and _mm_tables(my, urls["maria"]) == []
 
 
 def test_keys_differing_only_in_trailing_spaces_are_held_by_name_under_an_exact_key_collation(servers, tmp_path):  # type: ignore[no-untyped-def]
@@ -279,15 +263,15 @@ def test_keys_differing_only_in_trailing_spaces_are_held_by_name_under_an_exact_
     value the user never wrote)."""
     pg, my = servers["postgresql"], servers["mysql"]
     urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
-    _sql(pg, urls["pg"], PG_DDL[0])
-    _sql(my, urls["maria"], _my_ddl("utf8mb4_nopad_bin")[0])
+    query(pg, urls["pg"], PG_DDL[0])
+    query(my, urls["maria"], _my_ddl("utf8mb4_nopad_bin")[0])
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"k": {"key": "k"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     r = mm("init", "-t", str(topo))
     assert r.returncode == 0 and "collation" not in r.stderr, r.stdout + r.stderr
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('x', 'bare')")
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('x ', 'spaced')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('x', 'bare')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('x ', 'spaced')")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1
     held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
     assert [(e["site"], e["change"]["key"]) for e in held] == [("maria", "x ")], held
@@ -295,7 +279,7 @@ def test_keys_differing_only_in_trailing_spaces_are_held_by_name_under_an_exact_
         "k: the key 'x ' differs from the key 'x', which a row here has, only in trailing spaces, which multimaster's own "
         "tables at this site (collation utf8mb4_bin) ignore" in held[0]["error"]
     ), held[0]["error"]
-    assert _sql(my, urls["maria"], "SELECT k, v FROM k") == [("x", "bare")]
+    assert query(my, urls["maria"], "SELECT k, v FROM k") == [("x", "bare")]
 
 
 def test_init_refuses_a_unique_column_whose_binary_collation_multimaster_cannot_compare(servers, tmp_path):  # type: ignore[no-untyped-def]
@@ -305,7 +289,7 @@ def test_init_refuses_a_unique_column_whose_binary_collation_multimaster_cannot_
     my = servers["mysql"]
     urls = {s: my.new_site(tmp_path, s) for s in ("a", "b")}
     for url in urls.values():
-        _sql(my, url, _my_ddl("utf8mb4_nopad_bin")[1])
+        query(my, url, _my_ddl("utf8mb4_nopad_bin")[1])
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"u": {"key": "id"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))

@@ -13,33 +13,15 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, mm, server_unavailable
-
-
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
+from clusters import Backend, made, mm, query
 
 
 @pytest.fixture
 def servers():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql")}
+    backends = {n: made(n) for n in ("sqlite", "postgresql")}
     yield backends
     for b in backends.values():
         b.cleanup()
-
-
-def _sql(b: Backend, url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql, params)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
 
 
 def _topology(tmp: Path, urls: dict[str, str]) -> Path:
@@ -51,8 +33,8 @@ def _topology(tmp: Path, urls: dict[str, str]) -> Path:
 
 def _mm_tables(b: Backend, url: str) -> list[Any]:
     if b.name == "postgresql":
-        return _sql(b, url, "SELECT table_name FROM information_schema.tables WHERE table_schema = '_mm'")
-    return _sql(b, url, "SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'")
+        return query(b, url, "SELECT table_name FROM information_schema.tables WHERE table_schema = '_mm'")
+    return query(b, url, "SELECT name FROM sqlite_master WHERE name LIKE '\\_mm%' ESCAPE '\\'")
 
 
 SQLITE_PLAIN = [
@@ -82,7 +64,7 @@ PG_ICU = [
 def _site(servers: dict[str, Backend], tmp: Path, name: str, kind: str, ddl: list[str]) -> str:
     url = servers[kind].new_site(tmp, name)
     for stmt in ddl:
-        _sql(servers[kind], url, stmt)
+        query(servers[kind], url, stmt)
     return url
 
 
@@ -131,18 +113,18 @@ def test_init_refuses_a_loose_key_or_unique_column_beside_a_site_that_compares_e
     kind = loose[0]
     if kind == "sqlite":
         for stmt in ["DROP TABLE k", "DROP TABLE u", *SQLITE_PLAIN]:
-            _sql(servers[kind], urls["loose"], stmt)
+            query(servers[kind], urls["loose"], stmt)
     else:
         for table, col in (("k", "k"), ("u", "email")):
-            _sql(servers[kind], urls["loose"], fix.replace('"k"', f'"{table}"', 1).replace('"k"', f'"{col}"', 1))
+            query(servers[kind], urls["loose"], fix.replace('"k"', f'"{table}"', 1).replace('"k"', f'"{col}"', 1))
     r = mm("init", "-t", str(topo))
     assert r.returncode == 0 and "collation" not in r.stderr, r.stdout + r.stderr
     bp = servers[plain[0]]
-    _sql(bp, urls["plain"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
-    _sql(bp, urls["plain"], "INSERT INTO u (email, v) VALUES ('ann@x', 'lower'), ('ANN@x', 'upper')")
+    query(bp, urls["plain"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
+    query(bp, urls["plain"], "INSERT INTO u (email, v) VALUES ('ann@x', 'lower'), ('ANN@x', 'upper')")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
-    assert sorted(_sql(servers[kind], urls["loose"], "SELECT k, v FROM k")) == [("A", "upper"), ("a", "lower")]
-    assert sorted(_sql(servers[kind], urls["loose"], "SELECT email, v FROM u")) == [("ANN@x", "upper"), ("ann@x", "lower")]
+    assert sorted(query(servers[kind], urls["loose"], "SELECT k, v FROM k")) == [("A", "upper"), ("a", "lower")]
+    assert sorted(query(servers[kind], urls["loose"], "SELECT email, v FROM u")) == [("ANN@x", "upper"), ("ann@x", "lower")]
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
@@ -162,10 +144,10 @@ def test_sites_alike_warn_and_a_collision_is_held_naming_collation_and_fix(serve
     assert f"warning: table 'u', column 'email' (in UNIQUE (email)) has collation {coll}" in err, err
 
     b = servers[kind]
-    _sql(b, urls["a"], "INSERT INTO k VALUES ('a', 'at a')")
-    _sql(b, urls["b"], "INSERT INTO k VALUES ('A', 'at b')")
-    _sql(b, urls["a"], "INSERT INTO u (email, v) VALUES ('ann@x', 'at a')")
-    _sql(b, urls["b"], "INSERT INTO u (email, v) VALUES ('ANN@x', 'at b')")
+    query(b, urls["a"], "INSERT INTO k VALUES ('a', 'at a')")
+    query(b, urls["b"], "INSERT INTO k VALUES ('A', 'at b')")
+    query(b, urls["a"], "INSERT INTO u (email, v) VALUES ('ann@x', 'at a')")
+    query(b, urls["b"], "INSERT INTO u (email, v) VALUES ('ANN@x', 'at b')")
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
     held = {(e["site"], e["table"]): e["error"] for e in json.loads(mm("errors", "-t", str(topo), "--json").stdout)}
@@ -244,7 +226,7 @@ def test_add_site_refuses_a_nocase_key_beside_postgresql(servers, tmp_path):  # 
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
-    _sql(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
+    query(pg, urls["pg"], "INSERT INTO k VALUES ('a', 'lower'), ('A', 'upper')")
     doc["sites"]["s"] = {"url": urls["s"]}
     topo.write_text(yaml.safe_dump(doc))
     r = mm("add-site", "-t", str(topo), "s", "--from", "pg")
@@ -252,4 +234,4 @@ def test_add_site_refuses_a_nocase_key_beside_postgresql(servers, tmp_path):  # 
     err = " ".join(r.stderr.split())
     assert "site 's': table 'k', column 'k' (the key) has collation NOCASE" in err, err
     assert "make table k again without COLLATE NOCASE on k" in err, err
-    assert _sql(lite, urls["s"], "SELECT count(*) FROM k") == [(0,)] and _mm_tables(lite, urls["s"]) == []
+    assert query(lite, urls["s"], "SELECT count(*) FROM k") == [(0,)] and _mm_tables(lite, urls["s"]) == []

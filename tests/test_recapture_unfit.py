@@ -10,27 +10,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
-from clusters import Backend, mm
+from clusters import Backend, mm, query
 
 DDL = {
     "sqlite": "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT, n INTEGER, v VARCHAR(10), ok BOOLEAN)",
     "postgresql": "CREATE TABLE t (id SERIAL PRIMARY KEY, note TEXT, n INTEGER, v VARCHAR(10), ok BOOLEAN)",
     "mysql": "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, note TEXT, n INTEGER, v VARCHAR(10), ok BOOLEAN)",
 }
-
-
-def _sql(b: Backend, url: str, sql: str) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
 
 
 def _remake(url: str, lite: Backend) -> None:
@@ -51,23 +40,23 @@ def _remake(url: str, lite: Backend) -> None:
 def test_recapture_names_values_the_peer_cannot_store_and_sends_the_rest(mixed, tmp_path: Path, peer: str) -> None:
     lite, other = mixed["sqlite"], mixed[peer]
     urls = {"lite": lite.new_site(tmp_path, "lite"), "p": other.new_site(tmp_path, "p")}
-    _sql(lite, urls["lite"], DDL["sqlite"])
-    _sql(other, urls["p"], DDL[peer])
+    query(lite, urls["lite"], DDL["sqlite"])
+    query(other, urls["p"], DDL[peer])
     topo = tmp_path / "topology.yaml"
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
     for i in range(5):
-        _sql(lite, urls["lite"], f"INSERT INTO t (note, n, v, ok) VALUES ('r{i}', {i}, 'x', 1)")
+        query(lite, urls["lite"], f"INSERT INTO t (note, n, v, ok) VALUES ('r{i}', {i}, 'x', 1)")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
-    before = _sql(other, urls["p"], "SELECT id, note, n, v, ok FROM t ORDER BY id")
+    before = query(other, urls["p"], "SELECT id, note, n, v, ok FROM t ORDER BY id")
 
     _remake(urls["lite"], lite)
-    _sql(lite, urls["lite"], "UPDATE t SET n = '12abc' WHERE note = 'r0'")  # no integer
-    _sql(lite, urls["lite"], "UPDATE t SET v = 'far too long text' WHERE note = 'r1'")  # 17 > VARCHAR(10)
-    _sql(lite, urls["lite"], "UPDATE t SET ok = 2, n = 20 WHERE note = 'r2'")  # no boolean; n alone fits
-    _sql(lite, urls["lite"], "UPDATE t SET n = 99 WHERE note = 'r3'")  # fits
-    _sql(lite, urls["lite"], "DELETE FROM t WHERE note = 'r4'")
+    query(lite, urls["lite"], "UPDATE t SET n = '12abc' WHERE note = 'r0'")  # no integer
+    query(lite, urls["lite"], "UPDATE t SET v = 'far too long text' WHERE note = 'r1'")  # 17 > VARCHAR(10)
+    query(lite, urls["lite"], "UPDATE t SET ok = 2, n = 20 WHERE note = 'r2'")  # no boolean; n alone fits
+    query(lite, urls["lite"], "UPDATE t SET n = 99 WHERE note = 'r3'")  # fits
+    query(lite, urls["lite"], "DELETE FROM t WHERE note = 'r4'")
     assert mm("refresh", "-t", str(topo)).returncode == 1  # the gap, reported
 
     r = mm("recapture", "-t", str(topo), "--site", "lite", "--json")
@@ -84,7 +73,7 @@ def test_recapture_names_values_the_peer_cannot_store_and_sends_the_rest(mixed, 
 
     # nothing of a row not sent reached the peer (not even r2's n = 20); the rest did
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1  # the gap stays open
-    after = _sql(other, urls["p"], "SELECT id, note, n, v, ok FROM t ORDER BY id")
+    after = query(other, urls["p"], "SELECT id, note, n, v, ok FROM t ORDER BY id")
     assert after[:3] == before[:3] and [r[:3] for r in after[3:]] == [(4, "r3", 99)], after
 
     # the text table names every row on stderr
@@ -94,9 +83,9 @@ def test_recapture_names_values_the_peer_cannot_store_and_sends_the_rest(mixed, 
     assert "key 3, column 'ok'" in txt.stderr and "key 2, column 'v'" in txt.stderr
 
     # fixed at the site (captured: capture is back), recaptured again: the gap closes, the sites agree
-    _sql(lite, urls["lite"], "UPDATE t SET n = 12 WHERE id = 1")
-    _sql(lite, urls["lite"], "UPDATE t SET v = 'short' WHERE id = 2")
-    _sql(lite, urls["lite"], "UPDATE t SET ok = 0 WHERE id = 3")
+    query(lite, urls["lite"], "UPDATE t SET n = 12 WHERE id = 1")
+    query(lite, urls["lite"], "UPDATE t SET v = 'short' WHERE id = 2")
+    query(lite, urls["lite"], "UPDATE t SET ok = 0 WHERE id = 3")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1
     # those updates carry the values 'p' cannot store as their old values: held there, by name,
     # and dropped as the fix says (recapture sends the rows again, with p's values as the old ones)
@@ -110,7 +99,7 @@ def test_recapture_names_values_the_peer_cannot_store_and_sends_the_rest(mixed, 
         again.stdout + again.stderr
     )
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
-    final = _sql(other, urls["p"], "SELECT id, n, v, ok FROM t ORDER BY id")
+    final = query(other, urls["p"], "SELECT id, n, v, ok FROM t ORDER BY id")
     assert [(k, n, v, bool(ok)) for k, n, v, ok in final] == [
         (1, 12, "x", True),
         (2, 1, "short", True),
@@ -125,16 +114,16 @@ def test_recapture_names_a_peer_value_the_site_cannot_store(mixed, tmp_path: Pat
     command failed whole ("'infinity' is not an ISO-8601 date and time"); now that row is named, the rest sent."""
     lite, pg = mixed["sqlite"], mixed["postgresql"]
     urls = {"lite": lite.new_site(tmp_path, "lite"), "p": pg.new_site(tmp_path, "p")}
-    _sql(lite, urls["lite"], "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT, n INTEGER, until TIMESTAMP)")
-    _sql(pg, urls["p"], "CREATE TABLE t (id SERIAL PRIMARY KEY, note TEXT, n INTEGER, until TIMESTAMP)")
+    query(lite, urls["lite"], "CREATE TABLE t (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT, n INTEGER, until TIMESTAMP)")
+    query(pg, urls["p"], "CREATE TABLE t (id SERIAL PRIMARY KEY, note TEXT, n INTEGER, until TIMESTAMP)")
     topo = tmp_path / "topology.yaml"
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
     for i in range(2):
-        _sql(lite, urls["lite"], f"INSERT INTO t (note, n, until) VALUES ('r{i}', {i}, '2024-06-01 12:00:00')")
+        query(lite, urls["lite"], f"INSERT INTO t (note, n, until) VALUES ('r{i}', {i}, '2024-06-01 12:00:00')")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
-    _sql(pg, urls["p"], "UPDATE t SET until = 'infinity' WHERE id = 1")
+    query(pg, urls["p"], "UPDATE t SET until = 'infinity' WHERE id = 1")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1  # held at lite
     (e,) = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
     assert mm("errors", "skip", "-t", str(topo), "--site", "lite", "--id", str(e["id"]), "--reason", "x").returncode == 0
@@ -149,8 +138,8 @@ def test_recapture_names_a_peer_value_the_site_cannot_store(mixed, tmp_path: Pat
     cur.execute("ALTER TABLE new__t RENAME TO t")
     cur.execute("COMMIT")
     c.close()
-    _sql(lite, urls["lite"], "UPDATE t SET until = '2025-01-01 00:00:00' WHERE id = 1")
-    _sql(lite, urls["lite"], "UPDATE t SET n = 50 WHERE id = 2")
+    query(lite, urls["lite"], "UPDATE t SET until = '2025-01-01 00:00:00' WHERE id = 1")
+    query(lite, urls["lite"], "UPDATE t SET n = 50 WHERE id = 2")
     assert mm("refresh", "-t", str(topo)).returncode == 1
 
     r = mm("recapture", "-t", str(topo), "--site", "lite", "--json")
@@ -160,12 +149,12 @@ def test_recapture_names_a_peer_value_the_site_cannot_store(mixed, tmp_path: Pat
     (u,) = rep["unfit"]
     assert (u["key"], u["column"], u["value"], u["site"]) == (1, "until", "'infinity'", "lite"), u
     assert "UPDATE there" in u["fix"] and "at 'p'" in u["fix"]
-    assert _sql(lite, urls["lite"], "SELECT id, n, until FROM t ORDER BY id") == [
+    assert query(lite, urls["lite"], "SELECT id, n, until FROM t ORDER BY id") == [
         (1, 0, "2025-01-01 00:00:00"),
         (2, 50, "2024-06-01 12:00:00"),
     ]
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1
-    assert _sql(pg, urls["p"], "SELECT id, n, until::text FROM t ORDER BY id") == [
+    assert query(pg, urls["p"], "SELECT id, n, until::text FROM t ORDER BY id") == [
         (1, 0, "infinity"),
         (2, 50, "2024-06-01 12:00:00"),
     ]

@@ -9,12 +9,13 @@ at every SQLite peer."""
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, make_cluster, mm, server_unavailable
+from clusters import Backend, made, make_cluster, mm, query
 
 from multimaster import api
 
@@ -50,17 +51,9 @@ def test_sqlite_to_sqlite_keeps_the_text(sqlite_backend: Backend, tmp_path: Path
     assert all(r.pulled == 0 for r in api.refresh(cl.topo))
 
 
-def _backend(name: str) -> Backend:
-    try:
-        return BACKENDS[name]()
-    except ConnectionError as e:
-        server_unavailable(name, str(e))
-        raise
-
-
 @pytest.fixture
 def mixed():  # type: ignore[no-untyped-def]
-    backends = {n: _backend(n) for n in ("sqlite", "postgresql", "mysql")}
+    backends = {n: made(n) for n in ("sqlite", "postgresql", "mysql")}
     yield backends
     for b in backends.values():
         b.cleanup()
@@ -74,14 +67,7 @@ DDL = {
 }
 
 
-def _sql(b: Backend, url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql.replace("?", b.param()), params)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
+_sql = functools.partial(query, qmark=True)
 
 
 def test_sqlite_text_reaches_servers_as_its_value_and_sqlite_as_its_text(mixed, tmp_path):  # type: ignore[no-untyped-def]

@@ -7,6 +7,7 @@ is widened since is applied exactly by `errors retry`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from decimal import Decimal
@@ -14,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from clusters import Backend, mm
+from clusters import Backend, mm, query
 
 from multimaster.dialects import fit
 from multimaster.dialects.schema import Column
@@ -92,14 +93,7 @@ def _build(backends: dict[str, Backend], tmp: Path, sites: dict[str, str], ddl: 
     return path, urls
 
 
-def _sql(b: Backend, url: str, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql.replace("?", b.param()), params)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
+_sql = functools.partial(query, qmark=True)
 
 
 def _held(topo: Path) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import Backend, mm
+from clusters import Backend, mm, query
 
 from multimaster.dialects import types
 
@@ -80,22 +80,12 @@ DDL = {
 }
 
 
-def _sql(b: Backend, url: str, sql: str) -> list[tuple[Any, ...]]:
-    c = b.connect(url)
-    cur = c.cursor()
-    cur.execute(sql)
-    rows = [tuple(r) for r in cur.fetchall()] if cur.description else []
-    c.commit()
-    c.close()
-    return rows
-
-
 def _build(backends: dict[str, Backend], tmp: Path) -> tuple[Path, dict[str, str]]:
     urls = {}
     for site, name in SITES.items():
         urls[site] = url = backends[name].new_site(tmp, site)
         for stmt in DDL[name]:
-            _sql(backends[name], url, stmt)
+            query(backends[name], url, stmt)
     doc = {
         "sites": {s: {"url": u} for s, u in urls.items()},
         "tables": {"t": {"key": "id"}, "other": {"key": "id"}},
@@ -120,9 +110,9 @@ def test_loose_sqlite_values_are_held_by_name_and_the_rest_flows(mixed, tmp_path
     topo, urls = _build(mixed, tmp_path)
     lite = mixed["sqlite"]
     for note, (col, lit) in LOOSE.items():
-        _sql(lite, urls["lite"], f"INSERT INTO t (note, {col}) VALUES ('{note}', {lit})")
-    _sql(lite, urls["lite"], "INSERT INTO t (note, n, d, ok) VALUES ('fine', 7, '2024-06-01 00:00:00', 'true')")
-    _sql(lite, urls["lite"], "INSERT INTO other (s) VALUES ('unrelated')")
+        query(lite, urls["lite"], f"INSERT INTO t (note, {col}) VALUES ('{note}', {lit})")
+    query(lite, urls["lite"], "INSERT INTO t (note, n, d, ok) VALUES ('fine', 7, '2024-06-01 00:00:00', 'true')")
+    query(lite, urls["lite"], "INSERT INTO other (s) VALUES ('unrelated')")
 
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
@@ -139,15 +129,15 @@ def test_loose_sqlite_values_are_held_by_name_and_the_rest_flows(mixed, tmp_path
     # the rest flowed, unchanged: the midnight DATE is exactly a date, 'true' a boolean
     for site in ("pg", "maria"):
         b = mixed[SITES[site]]
-        assert _sql(b, urls[site], "SELECT note, n, d, ok FROM t") == [
+        assert query(b, urls[site], "SELECT note, n, d, ok FROM t") == [
             ("fine", 7, dt.date(2024, 6, 1), True if site == "pg" else 1)
         ]
-        assert _sql(b, urls[site], "SELECT s FROM other") == [("unrelated",)]
+        assert query(b, urls[site], "SELECT s FROM other") == [("unrelated",)]
 
     # retried as they are, they are still held (and named) at both sites
     assert mm("errors", "retry", "-t", str(topo), "--all").returncode == 1
     assert len(json.loads(mm("errors", "-t", str(topo), "--json").stdout)) == 2 * len(LOOSE)
-    assert _sql(mixed["postgresql"], urls["pg"], "SELECT count(*) FROM t") == [(1,)]
+    assert query(mixed["postgresql"], urls["pg"], "SELECT count(*) FROM t") == [(1,)]
 
 
 def test_init_copy_refuses_a_loose_value_naming_its_row(mixed, tmp_path):  # type: ignore[no-untyped-def]
@@ -157,16 +147,16 @@ def test_init_copy_refuses_a_loose_value_naming_its_row(mixed, tmp_path):  # typ
     urls = {}
     for site, name in (("pg", "postgresql"), ("lite", "sqlite")):
         urls[site] = mixed[name].new_site(tmp_path, site)
-        _sql(mixed[name], urls[site], DDL[name][0])
-    _sql(mixed["sqlite"], urls["lite"], "INSERT INTO t (note, n) VALUES ('fine', 1)")
-    _sql(mixed["sqlite"], urls["lite"], "INSERT INTO t (note, what) VALUES ('blob', x'00ff')")
+        query(mixed[name], urls[site], DDL[name][0])
+    query(mixed["sqlite"], urls["lite"], "INSERT INTO t (note, n) VALUES ('fine', 1)")
+    query(mixed["sqlite"], urls["lite"], "INSERT INTO t (note, what) VALUES ('blob', x'00ff')")
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     r = mm("init", "-t", str(topo))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     assert "table 't', row id=2, column 'what': b'\\x00\\xff' is bytes, not text" in r.stderr, r.stderr
-    assert _sql(mixed["postgresql"], urls["pg"], "SELECT count(*) FROM t") == [(0,)]
+    assert query(mixed["postgresql"], urls["pg"], "SELECT count(*) FROM t") == [(0,)]
 
 
 def test_postgresql_infinity_and_bc_replicate_to_postgresql_and_are_held_elsewhere(mixed, tmp_path):  # type: ignore[no-untyped-def]
@@ -177,23 +167,23 @@ def test_postgresql_infinity_and_bc_replicate_to_postgresql_and_are_held_elsewhe
     ddl = "CREATE TABLE t (id {}, note TEXT, until TIMESTAMP, at TIMESTAMPTZ, d DATE)"
     urls = {s: b.new_site(tmp_path, s) for s, b in (("a", pg), ("b", pg), ("lite", lite))}
     for s in ("a", "b"):
-        _sql(pg, urls[s], ddl.format("SERIAL PRIMARY KEY"))
-    _sql(lite, urls["lite"], ddl.format("INTEGER PRIMARY KEY AUTOINCREMENT").replace("TIMESTAMPTZ", "TIMESTAMP"))
+        query(pg, urls[s], ddl.format("SERIAL PRIMARY KEY"))
+    query(lite, urls["lite"], ddl.format("INTEGER PRIMARY KEY AUTOINCREMENT").replace("TIMESTAMPTZ", "TIMESTAMP"))
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
     assert mm("init", "-t", str(topo)).returncode == 0
-    _sql(pg, urls["a"], "INSERT INTO t (note, until, at, d) VALUES ('forever', 'infinity', '-infinity', '0044-03-15 BC')")
-    _sql(pg, urls["a"], "INSERT INTO t (note, until) VALUES ('fine', '2024-06-01 12:00')")
+    query(pg, urls["a"], "INSERT INTO t (note, until, at, d) VALUES ('forever', 'infinity', '-infinity', '0044-03-15 BC')")
+    query(pg, urls["a"], "INSERT INTO t (note, until) VALUES ('fine', '2024-06-01 12:00')")
     r = mm("refresh", "-t", str(topo), "--until-quiet", "--json")
     assert r.returncode == 1 and [lk for run in json.loads(r.stdout) for lk in run["links"] if lk["error"]] == [], r.stdout
     got = "SELECT note, until::text, at::text, d::text FROM t ORDER BY id"
-    assert _sql(pg, urls["b"], got) == _sql(pg, urls["a"], got)
-    assert _sql(pg, urls["b"], got)[0] == ("forever", "infinity", "-infinity", "0044-03-15 BC")
+    assert query(pg, urls["b"], got) == query(pg, urls["a"], got)
+    assert query(pg, urls["b"], got)[0] == ("forever", "infinity", "-infinity", "0044-03-15 BC")
     held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
     assert [(e["site"], e["change"]["values"]["note"]) for e in held] == [("lite", "forever")], held
     assert "'infinity'" in held[0]["error"] and "t.until (" in held[0]["error"]
-    assert _sql(lite, urls["lite"], "SELECT note FROM t") == [("fine",)]
+    assert query(lite, urls["lite"], "SELECT note FROM t") == [("fine",)]
 
 
 def test_mariadb_zero_dates_are_held_by_name_not_a_link_failure(mixed, tmp_path):  # type: ignore[no-untyped-def]
@@ -203,7 +193,7 @@ def test_mariadb_zero_dates_are_held_by_name_not_a_link_failure(mixed, tmp_path)
     my = mixed["mysql"]
     urls = {s: my.new_site(tmp_path, s) for s in ("a", "b")}
     for s in urls:
-        _sql(my, urls[s], "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, note TEXT, at DATETIME(6), d DATE)")
+        query(my, urls[s], "CREATE TABLE t (id INT AUTO_INCREMENT PRIMARY KEY, note TEXT, at DATETIME(6), d DATE)")
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"t": {"key": "id"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
@@ -221,7 +211,7 @@ def test_mariadb_zero_dates_are_held_by_name_not_a_link_failure(mixed, tmp_path)
     held = json.loads(mm("errors", "-t", str(topo), "--json").stdout)
     assert [(e["site"], e["change"]["values"]["note"]) for e in held] == [("b", "zero")], held
     assert "t.at (" in held[0]["error"] and "'0000-00-00'" in held[0]["error"] and "t.d (" in held[0]["error"]
-    assert _sql(my, urls["b"], "SELECT note FROM t") == [("fine",)]
+    assert query(my, urls["b"], "SELECT note FROM t") == [("fine",)]
 
 
 def test_entry_size_counts_what_a_statement_carries() -> None:
@@ -238,9 +228,9 @@ def test_an_entry_larger_than_max_allowed_packet_is_named_not_a_stall(mixed, tmp
     the table, key, size, the limit and the SET GLOBAL that lets it through."""
     pg, my = mixed["postgresql"], mixed["mysql"]
     urls = {"pg": pg.new_site(tmp_path, "pg"), "maria": my.new_site(tmp_path, "maria")}
-    _sql(pg, urls["pg"], "CREATE TABLE f (id SERIAL PRIMARY KEY, body BYTEA)")
-    _sql(my, urls["maria"], "CREATE TABLE f (id INT AUTO_INCREMENT PRIMARY KEY, body LONGBLOB)")
-    limit = int(_sql(my, urls["maria"], "SELECT @@max_allowed_packet")[0][0])
+    query(pg, urls["pg"], "CREATE TABLE f (id SERIAL PRIMARY KEY, body BYTEA)")
+    query(my, urls["maria"], "CREATE TABLE f (id INT AUTO_INCREMENT PRIMARY KEY, body LONGBLOB)")
+    limit = int(query(my, urls["maria"], "SELECT @@max_allowed_packet")[0][0])
     doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"f": {"key": "id"}}, "links": "mesh"}
     topo = tmp_path / "topology.yaml"
     topo.write_text(yaml.safe_dump(doc))
@@ -254,4 +244,4 @@ def test_an_entry_larger_than_max_allowed_packet_is_named_not_a_stall(mixed, tmp
     err = next(lk["error"] for run in json.loads(r.stdout) for lk in run["links"] if lk["error"])
     assert "table 'f' (key 1, pulled from 'pg')" in err and f"max_allowed_packet ({limit:,} bytes)" in err, err
     assert "SET GLOBAL max_allowed_packet" in err and "gone away" not in err
-    assert _sql(my, urls["maria"], "SELECT count(*) FROM f") == [(0,)]
+    assert query(my, urls["maria"], "SELECT count(*) FROM f") == [(0,)]

@@ -761,8 +761,14 @@ def _refresh_stretch(
         if not isolate.permanent(tgt.dialect, e):
             raise
         return _WHOLE  # rejected for good: held whole in a read of the whole transaction
-    res.pulled += stored_all
-    res.batches += pieces
+    return _counted(res, stored_all, pieces, results)
+
+
+def _counted(res: RefreshResult, stored: int, batches: int, results: dict[str, ReconcileResult]) -> set[str]:
+    """Add one target transaction's changes stored, batches and what it applied to `res`; the
+    tables it touched."""
+    res.pulled += stored
+    res.batches += batches
     for tb, r in results.items():
         res.reconciled[tb].add(r)
     return set(results)
@@ -892,11 +898,7 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
                 stored_all, windows, results = write_retrying(tgt, functools.partial(run, isolating=True), watch)
         except _Moved:
             continue
-        res.pulled += stored_all
-        res.batches += windows
-        for tb, r in results.items():
-            res.reconciled[tb].add(r)
-        return set(results)
+        return _counted(res, stored_all, windows, results)
 
 
 def _whole_link(
