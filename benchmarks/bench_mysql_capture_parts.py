@@ -26,6 +26,8 @@ part, by replacing the site's own objects after `init`:
 - ``no slot``: the key trigger calls `_mm_draw` without locking its connection's slot;
 - ``log row only``: one AFTER INSERT trigger writing the change-log row with a `UUID_SHORT()`
   position, nothing else (the floor of any trigger that logs a row);
+- ``log row + txn id``: ``log row only`` with the change log system-versioned, transaction-precise
+  (each entry's ROW START is its transaction's id; one registry row at COMMIT);
 - ``slot read-locked``: the key trigger locks its slot with a locking read (`SELECT ... FOR
   UPDATE`) instead of the UPDATE that writes the position into it (the slot's committed `cur`
   would no longer move: a horizon could not pass a connection that keeps writing);
@@ -154,6 +156,19 @@ END"""
     )
 
 
+def _log_only_txn(cur: Any, natural: bool) -> None:
+    """``log row only`` with the change log itself system-versioned, transaction-precise: each
+    entry's ROW START names its transaction (one `mysql.transaction_registry` row at COMMIT), the
+    least a capture that appends its row alone must pay to keep a source transaction together
+    (docs/decisions.md "MariaDB: a capture of the change-log row alone")."""
+    _log_only(cur, natural)
+    cur.execute(
+        "ALTER TABLE _mm_log_items ADD COLUMN mm_rs BIGINT UNSIGNED GENERATED ALWAYS AS ROW START INVISIBLE, "
+        "ADD COLUMN mm_re BIGINT UNSIGNED GENERATED ALWAYS AS ROW END INVISIBLE, "
+        "ADD PERIOD FOR SYSTEM_TIME (mm_rs, mm_re), ADD SYSTEM VERSIONING"
+    )
+
+
 def _no_ver_unique(cur: Any, natural: bool) -> None:
     """The change log's UNIQUE (ver) as a plain index (a local entry's version is its position
     formatted, unique by the primary key already)."""
@@ -214,6 +229,7 @@ VARIANTS: dict[str, Callable[[Any, bool], None] | None] = {
     "no shadow row": _no_shadow,
     "no slot": _no_slot,
     "log row only": _log_only,
+    "log row + txn id": _log_only_txn,
     "slot read-locked": _slot_read_locked,
     "draw inline": _draw_inline,
     "read-locked + inline": _both,
