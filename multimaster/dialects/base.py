@@ -187,6 +187,16 @@ class Dialect:
 
         return fit.checks(self.name, self.title, info.columns, [types.kind_of(self.name, c) for c in info.columns])
 
+    def key_check(self, info: TableInfo) -> Any:
+        """The same test for the key of `info`, where a change's key is stored here as it came (a
+        natural key: a text past the column's length, a character its character set lacks); None
+        for a renumbered key (this site gives its own) or where every key of its kind fits."""
+        from multimaster.dialects import fit, types
+
+        if info.spec.renumber:
+            return None
+        return fit.checks(self.name, self.title, [info.key], [types.kind_of(self.name, info.key)])[0]
+
     def upsert(self, table: str, row: Mapping[str, Any], keys: Sequence[str]) -> tuple[str, tuple[Any, ...]]:
         """(statement, parameters) inserting `row` (column -> value) into `table`, or, when a row
         with the same `keys` exists, setting its other columns to `row`'s values."""

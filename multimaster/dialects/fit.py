@@ -80,6 +80,9 @@ def _charset(title: str, col: Any) -> Check | None:
     if coll.charset not in _BMP and coll.charset not in _CODEC:
         return None  # every character fits (utf8mb4, utf16, ...)
 
+    # a binary collation stays binary (a key or UNIQUE column compared exactly, docs/mysql.md "Collations")
+    to = "CHARACTER SET utf8mb4" + (" COLLATE utf8mb4_bin" if coll.name.endswith("_bin") else "")
+
     def fits(v: Any) -> Misfit | None:
         why = charset_misfit(coll.charset, v)
         if why is None:
@@ -87,7 +90,7 @@ def _charset(title: str, col: Any) -> Check | None:
         return Misfit(
             f"text {v[:40]!r}{'...' if len(v) > 40 else ''} with {why}, which {title}'s character set {coll.charset} "
             f"({col.type_sql or 'the column'}, collation {coll.name}) does not hold: make it utf8mb4 "
-            f"(ALTER TABLE ... MODIFY {col.name} ... CHARACTER SET utf8mb4)"
+            f"(ALTER TABLE ... MODIFY {col.name} ... {to})"
         )
 
     return fits

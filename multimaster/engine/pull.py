@@ -380,6 +380,7 @@ def store_batch(
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
     conv = [(6 + i, f) for i, f in adapters] + [(6 + ncols + i, f) for i, f in adapters]  # n_ and o_ values
     fits = [(i, f) for i, f in enumerate(d.value_checks(info)) if f is not None]
+    key_fit = d.key_check(info)
     unfit: list[tuple[tuple[Any, ...], str]] = []  # (row, error): values this site cannot store exactly
     limit = d.entry_limit(conn) if rows else None
     for r in rows:
@@ -400,7 +401,7 @@ def store_batch(
                 vals = (*vals, txn if t is None else str(t))
             pending = r[4 + width] if len(r) > 4 + width else None
             vals = (*vals, r[5 + width] if len(r) > 5 + width else None)  # sup, the snapshot's last column (cols_of)
-            bad = misfits(info, fits, vals, failed) if fits or failed else None
+            bad = misfits(info, fits, vals, failed, key_fit) if fits or failed or key_fit else None
             if bad is not None:  # a value this site cannot store exactly: held, kept aside whole
                 kept, stash, why = bad
                 unfit.append(((seq, *kept, pending, stash), misfit_message(site, info, peer, vals[1], why)))
@@ -484,13 +485,16 @@ def any_misfit(site: Site, info: TableInfo, rows: Sequence[tuple[Any, ...]]) -> 
     d = site.dialect
     tests = d.value_checks(info)
     adapt = d.value_adapters(info)
+    key_fit = d.key_check(info)
     cols = [i for i in range(len(info.columns)) if tests[i] is not None or adapt[i] is not None]
-    if not cols or not rows:
+    if not (cols or key_fit) or not rows:
         return False
     n = len(info.columns)
     for r in rows:
         if r[1] != "A" or r[3] is None:
             continue
+        if key_fit is not None and r[7] is not None and key_fit(r[7]) is not None:
+            return True
         for i in cols:
             for at in (9 + i, 9 + n + i):
                 if r[at] is not None and _misfit_of(adapt[i], tests[i], r[at]) is not None:
@@ -506,19 +510,29 @@ def _misfit_of(adapt: Any, test: Any, v: Any) -> Misfit | None:
 
 
 def misfits(
-    info: TableInfo, fits: Sequence[tuple[int, Any]], vals: Sequence[Any], failed: Mapping[int, Misfit] | None = None
+    info: TableInfo,
+    fits: Sequence[tuple[int, Any]],
+    vals: Sequence[Any],
+    failed: Mapping[int, Misfit] | None = None,
+    key_fit: Any = None,
 ) -> tuple[tuple[Any, ...], str, list[tuple[str, Misfit]]] | None:
     """Of a change's snapshot values `vals` (ver, origin, op, rid, key, mask, n..., o..., ...; as
     this site's driver is given them), those its columns cannot store exactly (`fits`: (column
     index, Dialect.value_checks test); `failed`: by position, values that could not be converted
     to their column's kind at all, exact_values): None when all fit; else the values with those
     set to NULL, the values taken out as the snapshot's ``misfit`` text (column -> (new, old),
-    exact), and why each one does not fit."""
+    exact), and why each one does not fit. A natural key that does not fit (`key_fit`,
+    Dialect.key_check) is taken out the same way, under the key column's name, its snapshot
+    ``key`` NULL (the snapshot may declare it as the table does)."""
     n = len(info.columns)
     out = list(vals)
     stash: dict[str, tuple[Any, Any]] = {}
     why: list[tuple[str, Misfit]] = []
     failed = failed or {}
+    if key_fit is not None and vals[4] is not None and (km := key_fit(vals[4])) is not None:
+        stash[info.key.name] = (vals[4], vals[4])
+        why.append((info.key.name, km))
+        out[4] = None
     tests = dict(fits)
     for i in sorted(set(tests) | {(at - 6) % n for at in failed}):
         f = tests.get(i)
@@ -542,6 +556,7 @@ def misfit_message(site: Site, info: TableInfo, peer: str, origin: Any, why: Seq
 
     d = site.dialect
     kinds = {c.name: kind_of(d.name, c) for c in info.columns}
+    kinds[info.key.name] = f"{kind_of(d.name, info.key)}, the key"
     what = "; ".join(f"{info.name}.{c} ({kinds.get(c)}): {m.why}" for c, m in why)
     head = (
         f"value refused: site '{site.name}' ({d.title}) cannot store exactly a value of this change (written at "
@@ -604,6 +619,7 @@ def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collec
     fits = dict((i, f) for i, f in enumerate(d.value_checks(info)) if f is not None)
     adapt = d.value_adapters(info)
     by = {c.name: i for i, c in enumerate(info.columns)}
+    kname, key_fit = info.key.name, d.key_check(info)  # a key taken out (misfits) goes back to `key`
     still: dict[str, str] = {}
     want = set(vers)
     for ver, origin, text in conn.exec_driver_sql(
@@ -618,16 +634,19 @@ def refit(conn: Connection, site: Site, info: TableInfo, peer: str, vers: Collec
             (c, m)
             for c, (new, old) in stash.items()
             if c not in unconverted
-            for m in [_first_misfit(fits.get(by.get(c, -1)), new, old)]
+            for m in [_first_misfit(key_fit if c == kname else fits.get(by.get(c, -1)), new, old)]
             if m is not None
         ]
-        if c_missing := [c for c in stash if c not in by]:
+        if c_missing := [c for c in stash if c not in by and c != kname]:
             why += [(c, Misfit(f"column {c} is no longer at this site")) for c in c_missing]
         if why:
             still[str(ver)] = misfit_message(site, info, peer, origin, why)
             continue
-        sets = [f"{d.quote(p + c)} = {ph}" for c in stash for p in ("n_", "o_")]
-        params = [v for c in stash for v in stash[c]]
+        sets = [f"{d.quote(p + c)} = {ph}" for c in stash if c != kname for p in ("n_", "o_")]
+        params = [v for c in stash if c != kname for v in stash[c]]
+        if kname in stash:
+            sets.append(f"{d.key_col} = {ph}")
+            params.append(stash[kname][0])
         sp = conn.begin_nested()
         try:
             conn.exec_driver_sql(f"UPDATE {snap} SET {', '.join(sets)}, misfit = NULL WHERE ver = {ph}", (*params, ver))

@@ -149,7 +149,7 @@ def errors_at(
             # a snapshot dropped by remove-site before it kept them for held changes: values unknown
             if info is not None and s.dialect.table_kind(conn, names(tb, peer).snapshot()) is not None:
                 vers = [str(r["ver"]) for r in queued if (r["table"], r["peer"]) == (tb, peer) and r["op"] not in ("?", "P")]
-                held[(tb, peer)] = store.errorqueue.changes(conn, s.dialect, tb, peer, vers, info.column_names)
+                held[(tb, peer)] = store.errorqueue.changes(conn, s.dialect, tb, peer, vers, info.column_names, info.key.name)
         for r in queued:
             info = infos.get(str(r["table"]))
             if r["state"] == store.errorqueue.PARKED:

@@ -365,12 +365,13 @@ def open_versions_sql(d: Dialect, table: str) -> str:
 
 
 def changes(
-    conn: Connection, d: Dialect, table: str, peer: str, vers: Sequence[str], columns: Sequence[str]
+    conn: Connection, d: Dialect, table: str, peer: str, vers: Sequence[str], columns: Sequence[str], key: str = ""
 ) -> dict[str, dict[str, Any]]:
     """The held changes `vers` as the snapshot of `peer` holds them (ver -> its key and the new
     values of the columns it set; `columns`: the replicated columns, bit i of the mask =
     columns[i]); a version the snapshot does not hold (a malformed entry) is absent. 500 a
-    statement: `multimaster errors` of 20,000 held changes read them one by one in 8 s."""
+    statement: `multimaster errors` of 20,000 held changes read them one by one in 8 s. `key`: the
+    table's key column, under whose name a key this site cannot store is kept aside."""
     ncols = ", ".join(d.quote("n_" + c) for c in columns)
     p = d.caps.placeholder
     out: dict[str, dict[str, Any]] = {}
@@ -385,7 +386,7 @@ def changes(
             # values this site cannot store exactly are kept aside (engine/pull.py store_batch)
             aside = {c: nv for c, (nv, _ov) in decode_pending(r[3]).items()} if r[3] is not None else {}
             out[str(r[0])] = {
-                "key": r[1],
+                "key": aside[key] if r[1] is None and key in aside else r[1],
                 "values": {c: aside.get(c, r[4 + k]) for k, c in enumerate(columns) if mask >> k & 1},
             }
     return out
