@@ -235,3 +235,82 @@ def test_add_site_refuses_a_nocase_key_beside_postgresql(servers, tmp_path):  # 
     assert "site 's': table 'k', column 'k' (the key) has collation NOCASE" in err, err
     assert "make table k again without COLLATE NOCASE on k" in err, err
     assert query(lite, urls["s"], "SELECT count(*) FROM k") == [(0,)] and _mm_tables(lite, urls["s"]) == []
+
+
+PG_ICU_INDEX = [
+    "CREATE COLLATION ci (provider = icu, locale = 'und-u-ks-level2', deterministic = false)",
+    "CREATE TABLE u (id SERIAL PRIMARY KEY, email TEXT NOT NULL, v TEXT)",
+    "CREATE UNIQUE INDEX u_email_ci ON u (email COLLATE ci)",
+]
+
+
+def test_a_unique_index_with_its_own_nondeterministic_collation_counts_as_the_column_s(servers, tmp_path):  # type: ignore[no-untyped-def]
+    """A PostgreSQL UNIQUE index naming a nondeterministic collation itself, on a column whose own
+    collation is deterministic: init refuses it beside SQLite as it refuses such a column, naming
+    the index and the fix (the index made again without the COLLATE), and installs nothing (before:
+    installed without a word, only the column's collation was read; 'ann@x' and 'ANN@x' written at
+    SQLite were two rows there, the second held at PostgreSQL with the bare duplicate-key error).
+    Two PostgreSQL sites with the same index: installed, warned."""
+    urls = {
+        "loose": _site(servers, tmp_path, "loose", "postgresql", PG_ICU_INDEX),
+        "plain": _site(servers, tmp_path, "plain", "sqlite", SQLITE_PLAIN[1:]),
+    }
+    doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"u": {"key": "id"}}, "links": "mesh"}
+    topo = tmp_path / "topology.yaml"
+    topo.write_text(yaml.safe_dump(doc))
+    r = mm("init", "-t", str(topo))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    err = " ".join(r.stderr.split())
+    assert (
+        "site 'loose': table 'u', column 'email' (in UNIQUE (email)) has collation ci (named by its unique index u_email_ci), "
+        "which takes letters differing only in case ('a' and 'A')"
+    ) in err, err
+    assert "while 'plain' (SQLite) keeps them apart" in err, err
+    fix = 'DROP INDEX "u_email_ci"; CREATE UNIQUE INDEX u_email_ci ON public.u USING btree (email)'
+    assert fix in err, err
+    assert _mm_tables(servers["postgresql"], urls["loose"]) == [] and _mm_tables(servers["sqlite"], urls["plain"]) == []
+
+    # the fix named: init installs, and 'ann@x' / 'ANN@x' are two rows at both sites
+    for stmt in fix.split("; "):
+        query(servers["postgresql"], urls["loose"], stmt)
+    assert mm("init", "-t", str(topo)).returncode == 0
+    query(servers["sqlite"], urls["plain"], "INSERT INTO u (email, v) VALUES ('ann@x', 'lower'), ('ANN@x', 'upper')")
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert sorted(query(servers["postgresql"], urls["loose"], "SELECT email, v FROM u")) == [
+        ("ANN@x", "upper"),
+        ("ann@x", "lower"),
+    ]
+
+
+def test_two_postgresql_sites_with_the_same_collated_unique_index_are_warned(tmp_path):  # type: ignore[no-untyped-def]
+    """Every site's UNIQUE index takes 'a' and 'A' as one value: each enforces the same rule, so
+    init installs and warns, naming the index's collation (before: not a word)."""
+    pg = made("postgresql")
+    try:
+        urls = {s: pg.new_site(tmp_path, s) for s in ("a", "b")}
+        for url in urls.values():
+            for stmt in PG_ICU_INDEX:
+                query(pg, url, stmt)
+        doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {"u": {"key": "id"}}, "links": "mesh"}
+        topo = tmp_path / "topology.yaml"
+        topo.write_text(yaml.safe_dump(doc))
+        r = mm("init", "-t", str(topo))
+        assert r.returncode == 0, r.stdout + r.stderr
+        err = " ".join(r.stderr.split())
+        assert (
+            "warning: table 'u', column 'email' (in UNIQUE (email)) has collation ci (named by its unique index u_email_ci) at "
+            "'a', 'b', which takes letters differing only in case ('a' and 'A') as one value"
+        ) in err, err
+        # written concurrently, one at each site: each site holds the other's, named
+        query(pg, urls["a"], "INSERT INTO u (email, v) VALUES ('ann@x', 'at a')")
+        query(pg, urls["b"], "INSERT INTO u (email, v) VALUES ('ANN@x', 'at b')")
+        assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 1
+        held = {e["site"]: e["error"] for e in json.loads(mm("errors", "-t", str(topo), "--json").stdout)}
+        assert sorted(held) == ["a", "b"], held
+        assert (
+            "u.email = 'ANN@x' is the same value as 'ann@x', which a row here holds, under the column's collation, not as "
+            "text: email's collation ci (named by its unique index u_email_ci) takes letters differing only in case"
+        ) in held["a"], held["a"]
+        assert 'DROP INDEX "u_email_ci"; CREATE UNIQUE INDEX u_email_ci ON public.u USING btree (email)' in held["b"], held["b"]
+    finally:
+        pg.cleanup()

@@ -30,7 +30,7 @@ def explain(
     what = f"{info.name}.{cols[0]}" if len(cols) == 1 else f"{info.name} ({', '.join(cols)})"
     said = f"{what} = {value!r}" if value is not None else f"{what}: the value refused"
     same = f" the same value as {', '.join(repr(h) for h in held)}, which a row here holds," if held else " a duplicate"
-    sides = "; ".join(f"{c.name}'s collation {c.collation.name} takes {c.collation.merges} as one value" for c in loose)  # type: ignore[union-attr]
+    sides = "; ".join(f"{c.name}'s collation {c.collation.shown} takes {c.collation.merges} as one value" for c in loose)  # type: ignore[union-attr]
     return (
         f"{said} is{same} under the column's collation, not as text: {sides}, where the other databases and "
         f"multimaster compare texts exactly ({doc}). Fix: make the column compare exactly here "

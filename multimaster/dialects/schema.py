@@ -38,6 +38,16 @@ class Collation:
     #: why multimaster's statements cannot compare this column with its own tables' columns
     #: ('' when they can): a second binary collation of the same character set
     clash: str = ""
+    #: the unique index that names this collation itself, the column's own being exact
+    #: (PostgreSQL ``CREATE UNIQUE INDEX i ON t (c COLLATE ci)``), else ''
+    index: str = ""
+    #: that index's definition without the collation (the fix: the index made again)
+    index_sql: str = ""
+
+    @property
+    def shown(self) -> str:
+        """The collation as messages name it (with the index that names it, where one does)."""
+        return f"{self.name} (named by its unique index {self.index})" if self.index else self.name
 
 
 @dataclass(frozen=True)

@@ -311,7 +311,7 @@ def collation_findings(
                 if coll.pads_only
                 else d.exact_collation_sql(table, col)
             )
-            where = f"site '{site}': table '{table}', column '{col.name}' ({role}) has collation {coll.name}, which takes {coll.merges} as one value"
+            where = f"site '{site}': table '{table}', column '{col.name}' ({role}) has collation {coll.shown}, which takes {coll.merges} as one value"
             if others:
                 apart = ", ".join(f"'{o}' ({get_dialect(dialects[o]).title})" for o in others)
                 said = (
@@ -320,10 +320,10 @@ def collation_findings(
                     + (f"At '{site}': {fix}" if coll.pads_only else f"Fix, at '{site}': {fix}; then run init again")
                 )
                 (warnings if installed or coll.pads_only else problems).append(said)
-            elif not coll.pads_only and not alike.get((col.name, coll.name)):
-                alike[(col.name, coll.name)] = sorted(infos)
+            elif not coll.pads_only and not alike.get((col.name, coll.shown)):
+                alike[(col.name, coll.shown)] = sorted(infos)
                 warnings.append(
-                    f"table '{table}', column '{col.name}' ({role}) has collation {coll.name} at "
+                    f"table '{table}', column '{col.name}' ({role}) has collation {coll.shown} at "
                     f"{', '.join(repr(s) for s in sorted(infos))}, which takes {coll.merges} as one value: two such values "
                     f"written concurrently at two sites collide and are held in the error queue, each site keeping its own. "
                     + f"To tell case and accents apart: {fix}, at every site"

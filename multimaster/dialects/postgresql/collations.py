@@ -60,6 +60,35 @@ def collations(conn: Connection, table: str, quote: Any) -> dict[str, Collation]
             cj = json.loads(cj) if cj else {}
             locale = str(cj.get("colliculocale") or cj.get("colllocale") or cj.get("collcollate") or "")
             out[str(name)] = Collation(str(coll), "", icu_merges(locale), False, '"C"')
+    for name, coll in _index_collations(conn, table, quote).items():
+        out.setdefault(name, coll)  # the column's own collation merges already: its fix comes first
+    return out
+
+
+def _index_collations(conn: Connection, table: str, quote: Any) -> dict[str, Collation]:
+    """Per column of `table` that a unique index compares with a nondeterministic collation of its
+    own (``CREATE UNIQUE INDEX i ON t (c COLLATE ci)``: ``pg_index.indcollation``, key columns
+    only, not INCLUDE ones): that collation, the index named, and its definition without it."""
+    rows = conn.exec_driver_sql(
+        "SELECT a.attname, c.collname, to_jsonb(c)::text, ic.relname, pg_get_indexdef(i.indexrelid) "
+        "FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[], i.indcollation::oid[]) WITH ORDINALITY AS k(attnum, coll, n) "
+        "JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum "
+        "JOIN pg_collation c ON c.oid = k.coll JOIN pg_class ic ON ic.oid = i.indexrelid "
+        "WHERE i.indrelid = to_regclass(%s) AND i.indisunique AND k.n <= i.indnkeyatts AND NOT c.collisdeterministic "
+        "AND c.oid <> a.attcollation ORDER BY ic.relname, k.n",
+        (quote(table),),
+    ).all()
+    loose: dict[str, set[str]] = {}  # index -> its nondeterministic collations
+    for _name, coll, _cj, index, _def in rows:
+        loose.setdefault(str(index), set()).add(str(coll))
+    out: dict[str, Collation] = {}
+    for name, coll, cj, index, indexdef in rows:
+        cj = json.loads(cj) if cj else {}
+        locale = str(cj.get("colliculocale") or cj.get("colllocale") or cj.get("collcollate") or "")
+        # the index made again without them (its deterministic COLLATEs kept)
+        named = "|".join(rf'"{re.escape(c)}"|{re.escape(c)}\b' for c in sorted(loose[str(index)]))
+        plain = re.sub(rf"\s+COLLATE\s+(?:[\w\"]+\.)?(?:{named})", "", str(indexdef))
+        out.setdefault(str(name), Collation(str(coll), "", icu_merges(locale), False, '"C"', index=str(index), index_sql=plain))
     return out
 
 
@@ -67,6 +96,8 @@ def exact_sql(table: str, col: Column, quote: Any) -> str:
     """The ALTER that makes `col` compare exactly: citext becomes text, a nondeterministic
     collation "C" (the column's type kept)."""
     assert col.collation is not None
+    if col.collation.index:  # the unique index names the collation, not the column
+        return f"DROP INDEX {quote(col.collation.index)}; {col.collation.index_sql}"
     if col.collation.name == "citext":
         return f"ALTER TABLE {quote(table)} ALTER COLUMN {quote(col.name)} TYPE text"
     ts = col.type_sql if col.type_sql and "CITEXT" not in col.type_sql.upper() else "text"

@@ -383,12 +383,16 @@ class PostgreSQLDialect(Dialect):
         cols, value = dup
         refused: str | None = value
         held: list[str] = []
-        if len(cols) == 1 and cols[0] in {c.name for c in (info.key, *info.columns)}:
+        by = {c.name: c for c in (info.key, *info.columns)}
+        if len(cols) == 1 and cols[0] in by:
             q = self.quote
+            coll = by[cols[0]].collation
+            # under the collation the index compares with, where it names its own
+            cmp = f" COLLATE {q(coll.name)}" if coll is not None and coll.index else ""
             rows = [
                 str(r[0])
                 for r in conn.exec_driver_sql(
-                    f"SELECT {q(cols[0])}::text FROM {q(info.name)} WHERE {q(cols[0])} = %s LIMIT 3", (value,)
+                    f"SELECT {q(cols[0])}::text FROM {q(info.name)} WHERE {q(cols[0])}{cmp} = %s LIMIT 3", (value,)
                 )
             ]
             held = [r for r in rows if r != value]
