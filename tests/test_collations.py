@@ -359,3 +359,75 @@ def test_an_emoji_in_a_utf8mb3_key_is_held_by_name_and_the_link_goes_on(servers,
     query(pg, urls["pg"], "UPDATE k SET v = 'emoji, again' WHERE k = 'ok 😀'")
     assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
     assert sorted(query(my, urls["maria"], "SELECT k, v FROM k")) == [("ok 😀", "emoji, again"), ("plain é", "plain")]
+
+
+TRAILING = {  # table: (SQLite / PostgreSQL DDL, MariaDB DDL, key, column)
+    "k": ("CREATE TABLE k (k VARCHAR(100) PRIMARY KEY, v TEXT)", _my_ddl("utf8mb4_bin")[0], "k", "k"),
+    "u": (
+        "CREATE TABLE u (id INTEGER PRIMARY KEY, email VARCHAR(100) NOT NULL UNIQUE, v TEXT)",
+        _my_ddl("utf8mb4_bin")[1],
+        "id",
+        "email",
+    ),
+    "k-nopad": ("CREATE TABLE k (k VARCHAR(100) PRIMARY KEY, v TEXT)", _my_ddl("utf8mb4_nopad_bin")[0], "k", "k"),
+}
+
+
+@pytest.mark.parametrize(
+    "source,table,how",
+    [
+        ("sqlite", "k", "init"),
+        ("sqlite", "u", "add-site"),
+        ("postgresql", "k", "add-site"),
+        ("postgresql", "k-nopad", "add-site"),
+    ],
+)
+def test_a_copy_of_two_values_differing_in_trailing_spaces_is_refused_naming_both(tmp_path, source, table, how):  # type: ignore[no-untyped-def]
+    """'a' and 'a ' held side by side at SQLite / PostgreSQL, copied into an empty MariaDB site
+    (init's copy of an empty site, or add-site) whose key or UNIQUE column is utf8mb4_bin (PAD
+    SPACE: one value there), or whose key is utf8mb4_nopad_bin (multimaster's own tables there hold
+    the identities 'k:a' and 'k:a ' as one): refused, exit 2, naming the table, column, both values
+    and the fix, nothing kept (before: exit 1, the database's bare "Duplicate entry 'a ' for key
+    'PRIMARY'"). The UNIQUE value changed at the source, the copy is made, both sites alike (a key
+    cannot be: deleted, its identity stays there as a tombstone, which the copy carries)."""
+    src, my = made(source), made("mysql")
+    try:
+        src_ddl, my_ddl, key, col = TRAILING[table]
+        tb = table.split("-")[0]
+        urls = {"src": src.new_site(tmp_path, "src"), "maria": my.new_site(tmp_path, "maria")}
+        query(src, urls["src"], src_ddl)
+        query(my, urls["maria"], my_ddl)
+        doc: dict[str, Any] = {"sites": {"src": {"url": urls["src"]}}, "tables": {tb: {"key": key}}, "links": "mesh"}
+        topo = tmp_path / "topology.yaml"
+        if how == "add-site":
+            topo.write_text(yaml.safe_dump(doc))
+            assert mm("init", "-t", str(topo)).returncode == 0
+        query(src, urls["src"], f"INSERT INTO {tb} ({col}, v) VALUES ('a', 'bare'), ('a ', 'spaced'), ('b', 'other')")
+        doc["sites"]["maria"] = {"url": urls["maria"]}
+        topo.write_text(yaml.safe_dump(doc))
+        cmd = ["init", "-t", str(topo)] if how == "init" else ["add-site", "-t", str(topo), "maria", "--from", "src"]
+        r = mm(*cmd)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        err = " ".join(r.stderr.split())
+        assert "site 'maria' cannot hold two rows of 'src' that it takes as one value: " in err, err
+        if table == "k-nopad":
+            assert "k: the key 'a ' differs from the key 'a', which a row here has, only in trailing spaces" in err, err
+        else:
+            assert f"{tb}.{col} = 'a ' is the same value as 'a'" in err and "collation utf8mb4_bin" in err, err
+        assert "Nothing of the copy was kept. Fix: change one of the two values at 'src' (trailing spaces trimmed)" in err
+        assert "Duplicate entry" not in err, err
+        assert query(my, urls["maria"], f"SELECT count(*) FROM {tb}") == [(0,)]
+
+        if tb == "k":  # a key deleted there stays an identity, its tombstone, which the copy carries
+            assert "the copy carries the deleted key's identity, its tombstone, until 'multimaster purge'" in err, err
+            return
+        query(src, urls["src"], f"UPDATE {tb} SET {col} = 'a2' WHERE {col} = 'a '")
+        r = mm(*cmd)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+        want = [("a", "bare"), ("a2", "spaced"), ("b", "other")]
+        assert sorted(query(my, urls["maria"], f"SELECT {col}, v FROM {tb}")) == want
+        assert sorted(query(src, urls["src"], f"SELECT {col}, v FROM {tb}")) == want
+    finally:
+        src.cleanup()
+        my.cleanup()

@@ -294,7 +294,7 @@ def collation_findings(
     alike: dict[tuple[str, str], list[str]] = {}  # (column, collation) named already, every site alike
     for site, info in infos.items():
         d = get_dialect(dialects[site])
-        for col, role in _keyed_columns(info):
+        for col, role in keyed_columns(info):
             coll = col.collation
             if coll is not None and coll.clash and role != "the key":
                 problems.append(
@@ -331,7 +331,7 @@ def collation_findings(
     return problems, warnings
 
 
-def _keyed_columns(info: TableInfo) -> list[tuple[Column, str]]:
+def keyed_columns(info: TableInfo) -> list[tuple[Column, str]]:
     """The key of `info` and every column of a UNIQUE set, each with its role in words."""
     out = [(info.key, "the key")]
     for u in info.uniques:

@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Generator, Iterator
 
 from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.secrets import redact
@@ -68,7 +69,7 @@ from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import read_entries, store_batch
 from multimaster.engine.refresh import refresh_link, relay_origins
 from multimaster.engine.remote import AgentSite
-from multimaster.engine.schema import collation_findings, compare_schemas
+from multimaster.engine.schema import collation_findings, compare_schemas, keyed_columns
 from multimaster.engine.site import Site
 from multimaster.errors import AgentOnly, ChangesHeld, ConfigError, MultimasterError, NotInstalled, SchemaError
 from multimaster.ops.status import link_at_target, status
@@ -889,16 +890,16 @@ def _write_rows(nconn: Connection, nsite: Site, peer: str, cur: _Into, p: dict[s
     if into == "rows":
         cols = cur.head["columns"]
         ins = f"INSERT INTO {nd.quote(tb)} ({', '.join(nd.quote(c) for c in cols)}) VALUES ({nd.ph(len(cols))})"
-        nconn.exec_driver_sql(ins, cur.exact(into, cols, rows))
+        _insert_copied(nconn, nsite, peer, ni, ins, cur.exact(into, cols, rows))
         rep.rows[tb] += len(rows)
         cur.rows(rep.rows[tb])
     elif into == "shadow":
         scols = cur.head["shadow"]
         ins = f"INSERT INTO {no.shadow} ({', '.join(nd.quote(c) for c in scols)}) VALUES ({nd.ph(len(scols))})"
-        nconn.exec_driver_sql(ins, rows)
+        _insert_copied(nconn, nsite, peer, ni, ins, rows, shadow=True)
         rep.identities[tb] += len(rows)
     elif into == "fresh":
-        nconn.exec_driver_sql(f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", rows)
+        _insert_copied(nconn, nsite, peer, ni, f"INSERT INTO {no.shadow} (rid, {nd.key_col}) VALUES ({nd.ph(2)})", rows, True)
         rep.identities[tb] += len(rows)
     elif into in ("parked", "marks"):
         uniques.write_marks(nconn, nd, ni, into, p["columns"], cur.exact(into, p["columns"], rows))
@@ -921,6 +922,62 @@ def _write_rows(nconn: Connection, nsite: Site, peer: str, cur: _Into, p: dict[s
         nconn.exec_driver_sql(ins, cur.exact(into, cols, rows))
     else:
         raise MultimasterError(f"add-site {nsite.name}: the copy of '{peer}' sent rows for '{into}'; nothing was written")
+
+
+def _insert_copied(
+    nconn: Connection, nsite: Site, peer: str, ni: TableInfo, ins: str, rows: list[Any], shadow: bool = False
+) -> None:
+    """`rows` of the copy inserted by `ins` (into the table or its shadow). Two keys or UNIQUE
+    values that the peer holds apart and that are one value here (a MariaDB PAD SPACE collation:
+    'a' and 'a '; multimaster's own tables there hold the identities 'k:a' and 'k:a ' as one) are
+    refused naming both, the collation and the fix (Dialect.explain_rejection finds the row the
+    refused one equals, so the piece is written again row by row to reach it); nothing of the copy
+    is kept. `shadow`: `ins` writes the table's shadow (its identities). Before session 36 the
+    copy failed with the database's bare duplicate-key error."""
+    sp = nconn.begin_nested()
+    try:
+        nconn.exec_driver_sql(ins, rows)
+        sp.commit()
+        return
+    except DBAPIError as e:
+        sp.rollback()
+        first: DBAPIError = e
+    nd = nsite.dialect
+    for r in rows:
+        sp = nconn.begin_nested()
+        try:
+            nconn.exec_driver_sql(ins, [r])
+            sp.commit()
+        except DBAPIError as e:
+            sp.rollback()
+            why = nd.explain_identity_collision(nconn, ni, e) if shadow else nd.explain_rejection(nconn, ni, e)
+            if why is None:
+                raise
+            raise SchemaError([_copy_collision(nsite, peer, ni, why)]) from None
+    raise first
+
+
+def _copy_collision(nsite: Site, peer: str, ni: TableInfo, why: str) -> str:
+    """The words for two of `peer`'s rows that `nsite` takes as one (`why`: the dialect's
+    explanation, its fix for a held change replaced by the copy's)."""
+    said = why.split(" Fix: ")[0].rstrip(".")
+    loose = [c for c, _role in keyed_columns(ni) if c.collation is not None and c.collation.merges and not c.collation.pads_only]
+    fix = (
+        f"make the column compare exactly at '{nsite.name}' ("
+        + "; ".join(nsite.dialect.exact_collation_sql(ni.name, c) for c in loose)
+        + f"), or change one of the two values at '{peer}'"
+        if loose
+        else f"change one of the two values at '{peer}' (trailing spaces trimmed)"
+    )
+    if not ni.spec.renumber:  # a key deleted there stays an identity (its tombstone), which the copy carries
+        fix += (
+            " (a key is changed by a delete and an insert, and the copy carries the deleted key's identity, its tombstone, "
+            "until 'multimaster purge' removes it)"
+        )
+    return (
+        f"site '{nsite.name}' cannot hold two rows of '{peer}' that it takes as one value: {said}. Nothing of the copy "
+        f"was kept. Fix: {fix}; then run it again"
+    )
 
 
 def _finish_table(

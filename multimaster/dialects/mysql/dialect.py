@@ -299,6 +299,12 @@ class MySQLDialect(Dialect):
             f"the two values at its origin and skip this one"
         )
 
+    def explain_identity_collision(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
+        from multimaster.dialects.mysql import collations
+
+        dup = collations.duplicate(e)
+        return None if dup is None else self._identity_collision(conn, info, dup[0])
+
     def _identity_collision(self, conn: Connection, info: TableInfo, value: str) -> str | None:
         """A duplicate identity of a natural key in multimaster's own tables, whose collation
         (utf8mb4_bin) ignores trailing spaces: the key 'x ' beside 'x' (identities 'k:x ' and
