@@ -431,3 +431,58 @@ def test_a_copy_of_two_values_differing_in_trailing_spaces_is_refused_naming_bot
     finally:
         src.cleanup()
         my.cleanup()
+
+
+@pytest.mark.parametrize("agent", ["current", "old"])
+def test_add_site_sees_the_collations_of_a_peer_reached_through_its_agent(servers, tmp_path, monkeypatch, agent):  # type: ignore[no-untyped-def]
+    """add-site of a PostgreSQL site copying a MariaDB peer, reached through its agent, whose key
+    is utf8mb4_general_ci: refused as from its database, naming the peer's collation (before: the
+    agent's description carried no collation, the peer read as exact, and add-site installed it
+    without a word). An agent that predates collations in its description (`old`, its answer
+    without them): its columns read as exact, as before, and add-site says so."""
+    from test_agent import TOKEN, running_agent
+
+    from multimaster.config.topology import load_topology
+    from multimaster.engine import wire
+    from multimaster.errors import SchemaError
+    from multimaster.ops.instantiate import add_site
+
+    monkeypatch.setenv("MM_AGENT_TOKEN", TOKEN)
+    pg, my = servers["postgresql"], servers["mysql"]
+    urls = {"maria": my.new_site(tmp_path, "maria"), "pg": pg.new_site(tmp_path, "pg")}
+    query(my, urls["maria"], _my_ddl()[0])
+    query(pg, urls["pg"], PG_DDL[0])
+    doc: dict[str, Any] = {
+        "sites": {"maria": {"url": urls["maria"], "token": "${MM_AGENT_TOKEN}"}},
+        "tables": {"k": {"key": "k"}},
+        "links": "mesh",
+    }
+    (tmp_path / "maria.yaml").write_text(yaml.safe_dump(doc))
+    assert mm("init", "-t", str(tmp_path / "maria.yaml")).returncode == 0
+    query(my, urls["maria"], "INSERT INTO k VALUES ('a', 'lower')")
+    if agent == "old":
+        new = wire.description_of
+        monkeypatch.setattr(wire, "description_of", lambda i, d: {k: v for k, v in new(i, d).items() if k != "collations"})
+    said: list[str] = []
+    with running_agent(load_topology(tmp_path / "maria.yaml"), "maria") as url:
+        doc["sites"] = {"maria": {"url": url, "token": "${MM_AGENT_TOKEN}"}, "pg": {"url": urls["pg"]}}
+        (tmp_path / "pg.yaml").write_text(yaml.safe_dump(doc))
+        host = load_topology(tmp_path / "pg.yaml")
+        if agent == "current":
+            with pytest.raises(SchemaError) as e:
+                add_site(host, "pg", "maria", progress=lambda m: said.append(str(m)))
+            err = " ".join(str(e.value).split())
+            assert (
+                "site 'maria': table 'k', column 'k' (the key) has collation utf8mb4_general_ci, which takes letters "
+                "differing only in case or accents ('a' and 'A'" in err
+            ), err
+            assert "while 'pg' (PostgreSQL) keeps them apart" in err and "agent older" not in err, err
+            assert query(pg, urls["pg"], "SELECT count(*) FROM k") == [(0,)]
+        else:
+            rep = add_site(host, "pg", "maria", progress=lambda m: said.append(str(m)))
+            assert rep.rows == {"k": 1}
+            assert any(
+                "site 'maria' is reached through an agent older than multimaster's session 36, which does not report "
+                "collations: its columns were taken as comparing exactly" in m
+                for m in said
+            ), said

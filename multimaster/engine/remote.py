@@ -52,6 +52,8 @@ class AgentSite(Site):
         self.url = cfg.url.rstrip("/")
         self.create = False
         self.cfg = cfg
+        #: whether the agent's last description (describe) carried its columns' collations
+        self.collations_reported = True
         self._dialect: Dialect | None = None
         self._client: Any = None
         self._infos: dict[str, TableInfo] = {}
@@ -359,8 +361,12 @@ class AgentSite(Site):
         return {str(k): int(v) for k, v in self._get("/positions").items()}
 
     def describe(self) -> dict[str, TableInfo]:
-        """Every replicated table as the site has it, as add-site compares it (wire.described)."""
-        return {str(k): wire.described(v) for k, v in self._get("/describe").items()}
+        """Every replicated table as the site has it, as add-site compares it (wire.described).
+        `collations_reported` says afterwards whether the agent sent its columns' collations (an
+        agent older than session 36 does not: they read as comparing exactly)."""
+        got = self._get("/describe")
+        self.collations_reported = all(wire.collations_reported(v) for v in got.values())
+        return {str(k): wire.described(v) for k, v in got.items()}
 
     def read_copy(
         self, target: str, tables: list[str], relayed: list[str], txn: bool, batch_size: int

@@ -22,6 +22,7 @@ import base64
 import datetime as dt
 import json
 import uuid
+from dataclasses import fields, replace
 from decimal import Decimal
 from typing import Any
 
@@ -30,7 +31,7 @@ from sqlalchemy import types as sqltypes
 from multimaster.core.planner import TableSpec
 from multimaster.core.references import Ref
 from multimaster.core.unique import UniqueSet
-from multimaster.dialects.schema import Column, TableInfo
+from multimaster.dialects.schema import Collation, Column, TableInfo
 from multimaster.dialects.types import kind_of
 
 __all__ = [
@@ -213,7 +214,9 @@ _KIND_TYPES: dict[str | None, Any] = {
 def description_of(info: TableInfo, dialect: str) -> dict[str, Any]:
     """What add-site compares of a peer's table with the new site's (engine/schema.py
     compare_schemas): its key and columns (name, declared type, kind of value, nullable, default),
-    UNIQUE sets, references, schema version and dropped columns."""
+    UNIQUE sets, references, schema version and dropped columns; and the collation of each text
+    column that has one (engine/schema.py collation_findings; since session 36: a description
+    without ``collations`` comes from an older agent, which `described` marks)."""
 
     def col(c: Column) -> list[Any]:
         return [c.name, c.type_sql, kind_of(dialect, c), c.nullable, c.has_default, encode(c.default)]
@@ -227,7 +230,18 @@ def description_of(info: TableInfo, dialect: str) -> dict[str, Any]:
         "refs": [[r.column, r.parent, r.on_delete, r.on_update, r.name] for r in info.refs],
         "version": info.version,
         "dropped": sorted(info.dropped),
+        "collations": {
+            c.name: [getattr(c.collation, f.name) for f in fields(Collation)]
+            for c in (info.key, *info.columns)
+            if c.collation is not None
+        },
     }
+
+
+def collations_reported(d: dict[str, Any]) -> bool:
+    """Whether a description (`description_of`) says its columns' collations: an agent older than
+    session 36 does not, and its columns then read as comparing exactly."""
+    return "collations" in d
 
 
 def described(d: dict[str, Any]) -> TableInfo:
@@ -245,7 +259,13 @@ def described(d: dict[str, Any]) -> TableInfo:
             decode(default),
         )
 
+    width = len(fields(Collation))
+    colls = {str(n): Collation(*v[:width]) for n, v in (d.get("collations") or {}).items()}
     key, cols = col(d["key"]), tuple(col(x) for x in d["columns"])
+    key, cols = (
+        replace(key, collation=colls.get(key.name)),
+        tuple(replace(c, collation=colls.get(c.name)) for c in cols),
+    )
     return TableInfo(
         name=str(d["name"]),
         key=key,

@@ -294,6 +294,22 @@ def _describe(cl: Cluster, name: str) -> dict[str, TableInfo]:
         return {tb: s.info(conn, tb, cl.topo) for tb in cl.topo.tables}
 
 
+def _collations_unknown(cl: Cluster, peer: str, say: Progress) -> str:
+    """'' when `peer`'s columns came with their collations (its database, or an agent of session 36
+    or later); else the words added to each collation finding, also said once: an older agent
+    does not send them (its /describe predates them), so its columns read as comparing exactly."""
+    s = cl.site(peer)
+    if not isinstance(s, AgentSite) or s.collations_reported:
+        return ""
+    note = (
+        f" (site '{peer}' is reached through an agent older than multimaster's session 36, which does not report "
+        "collations: its columns were taken as comparing exactly; run this multimaster version's agent there to "
+        "compare them)"
+    )
+    say(f"note: {note[2:-1]}")
+    return note
+
+
 def add_site(
     topo: "Topology | Cluster",
     name: str,
@@ -352,6 +368,7 @@ def _add_site(
     if not installed:
         pinfo = _describe(cl, peer)
         pdialect = cl.site(peer).dialect.name
+        unknown = _collations_unknown(cl, peer, say)
         ninfo: dict[str, TableInfo] = {}
         schema_problems: list[str] = []
         with nsite.read() as nc:
@@ -366,7 +383,7 @@ def _add_site(
                 pair, pair_dialects = {peer: pinfo[tb], name: ninfo[tb]}, {peer: pdialect, name: nsite.dialect.name}
                 schema_problems += compare_schemas(tb, pair, pair_dialects)
                 # a key or UNIQUE column the new site compares otherwise (docs/mysql.md "Collations")
-                schema_problems += collation_findings(tb, pair, pair_dialects, installed=False)[0]
+                schema_problems += [m + unknown for m in collation_findings(tb, pair, pair_dialects, installed=False)[0]]
                 n = nc.exec_driver_sql(f"SELECT count(*) FROM {nsite.dialect.quote(tb)}").scalar() or 0
                 if n and not replace:
                     schema_problems.append(
