@@ -41,6 +41,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import parse_duration, parse_retention
 from multimaster.core.versions import HLC_SHIFT, now_iso
+from multimaster.dialects.schema import names
 from multimaster.engine.remote import AgentSite
 from multimaster.errors import ConfigError, MultimasterError, PurgedPastWatermark
 from multimaster.ops import retention
@@ -361,8 +362,8 @@ def purge_site(
         rep.tables[tb] = tp
         o = d.obj(tb)
         live = [p for p in rep.pullers if p.table == tb and not p.expired]
-        peers = topo.peers_of(site)
         with src.read() if dry_run else src.write() as conn:
+            peers = _snapshotted(conn, d, tb, topo.peers_of(site))
             max_seq, max_seq2 = conn.exec_driver_sql(
                 f"SELECT (SELECT max(seq) FROM {o.log}), (SELECT max(seq2) FROM {o.log2})"
             ).first() or (None, None)
@@ -459,6 +460,13 @@ def _purge_log(conn: Any, d: Any, tb: str, peers: list[str], max_seq: int, cutof
         _raise_origins(conn, d, tb, cand)
         conn.exec_driver_sql(f"DELETE FROM {o.log} WHERE seq = {ph}", [(c[0],) for c in cand])
     return cand
+
+
+def _snapshotted(conn: Any, d: Any, tb: str, peers: list[str]) -> list[str]:
+    """The peers of `peers` whose snapshot of `tb` this site holds. A site of the topology that
+    `add-site` has not connected yet has none here (it pulls nothing from here and sent nothing
+    here; add-site copies what it needs from its source), so nothing of it waits here to be kept."""
+    return [q for q in peers if d.table_kind(conn, names(tb, q).snapshot()) is not None]
 
 
 def _raise_origins(conn: Any, d: Any, tb: str, cand: list[Any]) -> None:
