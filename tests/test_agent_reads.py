@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 from clusters import Backend, TestCluster, make_cluster, mm, opened
-from test_agent import _cli, running_agent
+from test_agent import running_agent
 from test_error_queue import reject_negative_qty
 
 from multimaster import api
@@ -32,6 +32,16 @@ TABLES = {
     "notes": {"key": "id", "columns": {"body": "text"}},
 }
 AGENTS = {"s1": {"token": "${MM_READS_TOKEN}"}, "s2": {"token": "${MM_READS_TOKEN}"}}
+
+
+def _cli(*args: str, check: bool = True) -> Any:
+    """A `multimaster` command in this process (clusters.mm: what these tests check is the reads
+    through the agents, not the command's process; tests/test_agent.py runs it as a subprocess);
+    `check`: it must exit 0."""
+    r = mm(*args)
+    if check:
+        assert r.returncode == 0, r.stdout + r.stderr
+    return r
 
 
 @pytest.fixture(autouse=True)

@@ -92,7 +92,7 @@ def test_the_conflict_logs_of_the_sites_reached_are_listed_when_one_is_down(sqli
     reached on stderr and exits 1 (before: exit 1 with nothing listed)."""
     import json
 
-    from clusters import cli
+    from clusters import mm
     from test_remove_dead_site import kill
 
     cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2", "s3"], TABLES)
@@ -102,7 +102,7 @@ def test_the_conflict_logs_of_the_sites_reached_are_listed_when_one_is_down(sqli
     cl.execute("s2", "UPDATE notes SET body = 'from s2' WHERE id = 1")
     cl.refresh_until_quiet()
     kill(cl, "s3", tmp_path)
-    r = cli("conflicts", "-t", str(cl.topo.path), "--json")
+    r = mm("conflicts", "-t", str(cl.topo.path), "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "not reached: site 's3'" in r.stderr
     rows = json.loads(r.stdout)

@@ -255,7 +255,11 @@ def test_additive_seats_two_sites_each_sell_one(backend, tmp_path):  # type: ign
     assert cl.rows("s1", "items")[0][2] == 8 and cl.rows("s2", "items")[0][2] == 8
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_column_group_wins_together(backend, tmp_path):  # type: ignore[no-untyped-def]
+    """SQLite only: which write a group takes is the planner's decision (core/planner.py), and what
+    it applies, columns of one row from two origins, is the path every database runs in
+    test_concurrent_edits_of_different_columns_both_survive."""
     cfg = {"groups": {"pair": {"columns": ["name", "price"]}}}
     cl = make_cluster(backend, tmp_path, ["s1", "s2"], {"items": {**ITEMS["items"], "config": cfg}})
     cl.execute("s1", "INSERT INTO items (name, qty, price) VALUES ('a', 1, 1.0)")
@@ -268,7 +272,11 @@ def test_column_group_wins_together(backend, tmp_path):  # type: ignore[no-untyp
         assert cl.rows(s, "items")[0] == (1, "a", 1, 7.5)
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 def test_custom_resolver(backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """SQLite only: the resolver is the application's Python function, called by the planner
+    (core/policies.py); an update_update conflict on a text column, the path around it, runs on
+    every database in test_latest_timestamp_wins_and_the_conflict_is_logged."""
     import sys
     import types
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Any
 
-from clusters import MySQLBackend, cli, make_cluster
+from clusters import MySQLBackend, make_cluster, mm
 
 from multimaster import api
 from multimaster.dialects.base import Dialect
@@ -79,11 +79,11 @@ def test_purge_truncates_the_registry_unless_another_table_keeps_history(mysql_b
         MySQLBackend.stamp(c, "stock")
         ours = sorted({str(r[0]).rsplit(".", 1)[1] for r in _one(c, "SELECT txn FROM _mm_log_stock")})
         assert len(ours) == 5
-        kept = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s")
+        kept = mm("purge", "-t", topo, "--site", "s1", "--min-age", "0s")
         assert kept.returncode == 0, kept.stdout + kept.stderr
         assert "not truncated" in kept.stdout and f"{hist}" in kept.stdout, kept.stdout
         cur.execute(f"DROP TABLE {hist}")
-        done = cli("purge", "-t", topo, "--site", "s1", "--min-age", "0s", "--json")
+        done = mm("purge", "-t", topo, "--site", "s1", "--min-age", "0s", "--json")
         assert done.returncode == 0, done.stdout + done.stderr
         left = _one(c, f"SELECT count(*) FROM mysql.transaction_registry WHERE transaction_id IN ({','.join(ours)})")[0][0]
     finally:
@@ -127,7 +127,7 @@ def test_a_site_installed_before_gets_a_versioned_clock_and_keeps_its_counter(my
         assert _one(c, "SHOW CREATE TABLE _mm_tick")[0][1].find("SYSTEM VERSIONING") < 0
     finally:
         c.close()
-    r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+    r = mm("init", "-t", str(tmp_path / "topology.yaml"))
     assert r.returncode == 0, r.stdout + r.stderr
     cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('after', 1)")
     c = cl.db("s1")
@@ -169,29 +169,29 @@ def test_init_refuses_a_user_who_may_not_trim_the_clocks_history(mysql_backend, 
         as_user.write_text(yaml.safe_dump(doc, sort_keys=False))
         # DDL grants alone (session 33: init wrote tables, then stopped at _mm_state with the
         # driver's 1142, and could not be run again): refused first, naming the rows' GRANT
-        r = cli("init", "-t", str(as_user))
+        r = mm("init", "-t", str(as_user))
         assert r.returncode == 2, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())
         assert f"GRANT SELECT, INSERT, UPDATE, DELETE, LOCK TABLES ON `{db}`.* TO '{user}'@'%'" in out, out
         assert "Traceback" not in out and "OperationalError" not in out.split("cannot be read:")[0], out
         mysql_backend._admin(f"GRANT SELECT, INSERT, UPDATE, DELETE ON `{db}`.* TO '{user}'@'%'")
-        r = cli("init", "-t", str(as_user))  # LOCK TABLES, with which init holds a table while its capture starts
+        r = mm("init", "-t", str(as_user))  # LOCK TABLES, with which init holds a table while its capture starts
         assert r.returncode == 2, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())
         assert f"GRANT LOCK TABLES ON `{db}`.* TO '{user}'@'%'" in out, out
         mysql_backend._admin(f"GRANT LOCK TABLES ON `{db}`.* TO '{user}'@'%'")
-        r = cli("init", "-t", str(as_user))
+        r = mm("init", "-t", str(as_user))
         assert r.returncode != 0, r.stdout + r.stderr
         out = " ".join((r.stdout + r.stderr).split())
         assert "may not DELETE HISTORY" in out and f"GRANT DELETE HISTORY ON `{db}`.* TO '{user}'@'%'" in out, out
         assert "may not create, replace and call routines" in out, out
         assert f"GRANT CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON `{db}`.* TO '{user}'@'%'" in out, out
         mysql_backend._admin(f"GRANT DELETE HISTORY, CREATE ROUTINE, ALTER ROUTINE, EXECUTE ON `{db}`.* TO '{user}'@'%'")
-        r = cli("init", "-t", str(as_user))
+        r = mm("init", "-t", str(as_user))
         assert r.returncode == 0, r.stdout + r.stderr
         cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 1)")
         for _ in range(2):  # the second pull's horizon trims the clock as that user
-            r = cli("refresh", "-t", str(as_user))
+            r = mm("refresh", "-t", str(as_user))
             assert r.returncode == 0, r.stdout + r.stderr
         assert [row[1] for row in cl.rows("s2", "stock")] == ["x"]
     finally:

@@ -13,7 +13,7 @@ from typing import Any
 
 import faults
 import pytest
-from clusters import TestCluster, cli, make_cluster
+from clusters import TestCluster, make_cluster, mm
 
 from multimaster import api, store
 
@@ -43,7 +43,7 @@ def test_while_a_site_is_away_its_changes_reach_the_others_through_any_peer(back
     cl.execute("s2", "INSERT INTO stock (name, qty) VALUES ('y', 7)")
     faults.site_down(cl, "s3", tmp_path / "away")
     # the user's command, as a cron job would run it: s3 is named unreachable, the rest flows
-    r = cli("refresh", "-t", str(cl.topo.path), "--until-quiet", "--json")
+    r = mm("refresh", "-t", str(cl.topo.path), "--until-quiet", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "s3" in r.stdout + r.stderr
     assert _by_name(cl, "s1") == {"x": 15, "w": 1, "y": 7}, "s3's changes that s2 holds did not reach s1"
@@ -55,7 +55,7 @@ def test_while_a_site_is_away_its_changes_reach_the_others_through_any_peer(back
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert _by_name(cl, "s1") == {"x": 115, "w": 4, "y": 7}
-    r = cli("status", "-t", str(cl.topo.path), "--json")
+    r = mm("status", "-t", str(cl.topo.path), "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     assert not json.loads(r.stdout).get("stalled")
 
@@ -135,7 +135,7 @@ def test_status_does_not_count_relayed_changes_the_puller_has(
         (ln,) = [x for x in st["links"] if (x["from"], x["to"]) == ("s1", "s3")]
         return ln
 
-    r = cli("status", "-t", str(cl.topo.path), "--json")
+    r = mm("status", "-t", str(cl.topo.path), "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     ln = link(json.loads(r.stdout))
     assert ln["waiting"] == 0 and ln["oldest_waiting_age_s"] is None
@@ -192,19 +192,19 @@ def test_remove_site_counts_only_the_removed_sites_own_changes_as_waiting(backen
     topo = str(tmp_path / "topology.yaml")
     cl.execute("s3", "INSERT INTO stock (name, qty) VALUES ('own', 1)")
     cl.refresh("s1", "s3")
-    r = cli("remove-site", "-t", topo, "s3")
+    r = mm("remove-site", "-t", topo, "s3")
     assert r.returncode != 0 and "'s2': 1 waiting" in r.stderr, r.stdout + r.stderr
     cl.refresh("s2", "s3")
     cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('x', 5)")
     cl.refresh("s3", "s1")  # s3 applies x and relays it; s2 has it from neither yet
     st = api.status(cl.topo)
     assert [ln["waiting"] for ln in st["links"] if (ln["from"], ln["to"]) == ("s3", "s2")] == [1]
-    r = cli("remove-site", "-t", topo, "s3")
+    r = mm("remove-site", "-t", topo, "s3")
     assert r.returncode == 0, r.stdout + r.stderr
     # run again (a script, a second operator): it says so, and changes nothing (before: "not connected")
-    r = cli("remove-site", "-t", topo, "s3", "--json")
+    r = mm("remove-site", "-t", topo, "s3", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["already_removed"] is True, r.stdout + r.stderr
-    r = cli("remove-site", "-t", topo, "s3")
+    r = mm("remove-site", "-t", topo, "s3")
     assert r.returncode == 0 and "s3 was removed already" in r.stdout, r.stdout + r.stderr
     doc = yaml.safe_load(Path(topo).read_text())
     del doc["sites"]["s3"]

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import BACKENDS, Backend, TestCluster, cli, make_cluster, server_unavailable
+from clusters import BACKENDS, Backend, TestCluster, make_cluster, mm, server_unavailable
 
 from multimaster import api, store
 from multimaster.config.topology import load_topology
@@ -116,7 +116,7 @@ def test_the_sites_behind_get_what_another_pulled_before_the_site_died(backend: 
     prefixes(cl)
     assert ("c", 3, "c@s3") in names_at(cl, "s1") and ("c", 3, "c@s3") not in names_at(cl, "s2")
     kill(cl, "s3", tmp_path)
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["ok"] and rep["behind"] == [] and rep["unreachable"] == ["s3"] and sorted(rep["cleaned"]) == ["s1", "s2"]
@@ -136,7 +136,7 @@ def test_a_site_behind_whose_missing_changes_no_site_holds_is_named_with_the_fix
     with api.Cluster(cl.topo) as c:
         assert purge_site(c, "s1", PurgePolicy(min_age=0)).tables["items"].snapshot_rows >= 5
     kill(cl, "s3", tmp_path)
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert not rep["ok"] and rep["relayed"] == [] and rep["unreachable"] == ["s3"]
@@ -147,7 +147,7 @@ def test_a_site_behind_whose_missing_changes_no_site_holds_is_named_with_the_fix
     assert "multimaster add-site -t FILE s2 --from s1 --replace" in b["fix"]
     # the fix, as the report says: the file without s3, then s2 copied again from s1
     without(cl, "s3")
-    r = cli("add-site", "-t", str(cl.topo.path), "s2", "--from", "s1", "--replace")
+    r = mm("add-site", "-t", str(cl.topo.path), "s2", "--from", "s1", "--replace")
     assert r.returncode == 0, r.stdout + r.stderr
     cl.refresh_until_quiet()
     assert names_at(cl, "s1") == names_at(cl, "s2") == EXPECTED
@@ -163,7 +163,7 @@ def test_entries_kept_in_a_layout_before_a_schema_change_are_not_given(sqlite_ba
         cl.execute(s, "ALTER TABLE items ADD COLUMN note TEXT")
     cl.refresh("s1", "s2")
     cl.refresh("s2", "s1")
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["relayed"] == [] and [(b["site"], b["furthest"]) for b in rep["behind"]] == [("s2", "s1")]
@@ -176,7 +176,7 @@ def test_the_report_in_words_names_the_site_behind_and_the_fix(sqlite_backend: B
     with api.Cluster(cl.topo) as c:
         purge_site(c, "s1", PurgePolicy(min_age=0))
     kill(cl, "s3", tmp_path)
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force")
     assert r.returncode == 1, r.stdout + r.stderr
     out = " ".join(r.stdout.split())
     assert "behind: s2:" in out and "'s2' applied 's3''s changes of table 'items' up to version" in out
@@ -192,7 +192,7 @@ def test_a_survivor_not_reached_keeps_the_snapshots_until_a_second_run(sqlite_ba
     prefixes(cl)
     kill(cl, "s3", tmp_path)
     faults.site_down(cl, "s2", tmp_path / "down")
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert sorted(rep["unreachable"]) == ["s2", "s3"] and rep["kept"] and rep["relayed"] == []
@@ -201,7 +201,7 @@ def test_a_survivor_not_reached_keeps_the_snapshots_until_a_second_run(sqlite_ba
     assert "run 'multimaster remove-site -t FILE s3 --force' again once s2 answers" in b["fix"]
     assert not any("snapshot" in x for x in rep["cleaned"]["s1"])
     faults.site_up(cl, "s2", tmp_path / "down")
-    r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+    r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert [(g["site"], g["from"]) for g in rep["relayed"]] == [("s2", "s1")] and rep["kept"] == []
@@ -252,7 +252,7 @@ def test_applications_write_at_the_survivors_while_it_runs(kind: str, tmp_path: 
             t.start()
         try:
             time.sleep(0.2)
-            r = cli("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
+            r = mm("remove-site", "-t", str(cl.topo.path), "s3", "--force", "--json")
             time.sleep(0.2)
         finally:
             stop.set()
@@ -335,7 +335,7 @@ def test_entries_cross_dialects_from_the_survivor_ahead(kinds: tuple[str, str, s
         api.init(cl.topo)
         prefixes(cl)
         kill(cl, "s3", tmp_path)
-        r = cli("remove-site", "-t", str(path), "s3", "--force", "--json")
+        r = mm("remove-site", "-t", str(path), "s3", "--force", "--json")
         assert r.returncode == 0, r.stdout + r.stderr
         rep = json.loads(r.stdout)
         assert [(g["site"], g["from"], g["applied"]) for g in rep["relayed"]] == [("s2", "s1", 5)] and rep["ok"]
@@ -374,7 +374,7 @@ def test_changes_held_from_a_dead_site_keep_its_snapshots_until_retried(backend:
 
     cl = _held_at_b_then_a_dies(backend, tmp_path)
     topo = str(cl.topo.path)
-    r = cli("remove-site", "-t", topo, "a", "--force", "--json")
+    r = mm("remove-site", "-t", topo, "a", "--force", "--json")
     assert r.returncode == 1, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     (why,) = rep["kept"]
@@ -382,14 +382,14 @@ def test_changes_held_from_a_dead_site_keep_its_snapshots_until_retried(backend:
     assert "1 change(s) applied from 'a' whose relay waits behind a change held there" in why
     assert "multimaster errors retry -t FILE --site b --all" in why and rep["dropped"] == {}
     assert not any("snapshot" in x for x in rep["cleaned"]["b"])
-    r = cli("errors", "-t", topo, "--json")
+    r = mm("errors", "-t", topo, "--json")
     assert r.returncode == 1 and "not reached:" in r.stderr and "site 'a'" in r.stderr, r.stdout + r.stderr
     (held,) = json.loads(r.stdout)
     assert held["site"] == "b" and held["change"]["values"]["name"] == "owed" and "qty" in held["error"]
     allow_negative_qty(cl, "b")
-    r = cli("errors", "retry", "-t", topo, "--site", "b", "--all")
+    r = mm("errors", "retry", "-t", topo, "--site", "b", "--all")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = cli("remove-site", "-t", topo, "a", "--force", "--json")
+    r = mm("remove-site", "-t", topo, "a", "--force", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     rep = json.loads(r.stdout)
     assert rep["kept"] == [] and rep["dropped"] == {}
@@ -407,19 +407,19 @@ def test_changes_held_from_a_dead_site_skipped_let_what_waited_behind_them_throu
     (as an earlier release's remove-site left it) is still listed, its values unknown."""
     cl = _held_at_b_then_a_dies(sqlite_backend, tmp_path)
     topo = str(cl.topo.path)
-    assert cli("remove-site", "-t", topo, "a", "--force").returncode == 1
-    r = cli("errors", "-t", topo, "--site", "b", "--json")
+    assert mm("remove-site", "-t", topo, "a", "--force").returncode == 1
+    r = mm("errors", "-t", topo, "--site", "b", "--json")
     assert r.returncode == 1, r.stdout + r.stderr  # a change is held
     (held,) = json.loads(r.stdout)
-    r = cli("errors", "skip", "-t", topo, "--site", "b", "--id", str(held["id"]), "--reason", "a is gone")
+    r = mm("errors", "skip", "-t", topo, "--site", "b", "--id", str(held["id"]), "--reason", "a is gone")
     assert r.returncode == 0, r.stdout + r.stderr
-    r = cli("remove-site", "-t", topo, "a", "--force")
+    r = mm("remove-site", "-t", topo, "a", "--force")
     assert r.returncode == 0, r.stdout + r.stderr
     without(cl, "a")
     cl.refresh_until_quiet()
     # (the key differs: b kept the skipped insert's rank, as a deleted row's; c never heard of it)
     assert [r[1:] for r in cl.rows("b", "items")] == [r[1:] for r in cl.rows("c", "items")] == [("paid", 1, "y")]
-    r = cli("errors", "-t", topo, "--all", "--json")
+    r = mm("errors", "-t", topo, "--all", "--json")
     assert r.returncode == 0, r.stdout + r.stderr
     (skipped,) = json.loads(r.stdout)
     assert skipped["state"] == "skipped" and skipped["change"] is None

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import Backend, apply_path, cli
+from clusters import Backend, apply_path, mm
 
 pytestmark = pytest.mark.server
 
@@ -98,7 +98,7 @@ def test_json_values_cross_the_three_databases(mixed, tmp_path, fast):  # type: 
         _sql(cn, name, DDL[name])
         cn.close()
     topo = _write_topology(tmp_path, urls)
-    r = cli("init", "-t", str(topo))
+    r = mm("init", "-t", str(topo))
     assert r.returncode == 0, r.stderr  # MariaDB's JSON is json, not text; SQLite's TEXT takes JSON
     expected: dict[str, tuple[Any, ...]] = {}
     for site, name in BACKEND_OF.items():
@@ -109,9 +109,9 @@ def test_json_values_cross_the_three_databases(mixed, tmp_path, fast):  # type: 
         cn.close()
     restore = apply_path(fast)
     try:
-        r = cli("refresh", "-t", str(topo), "--until-quiet")
+        r = mm("refresh", "-t", str(topo), "--until-quiet")
         assert r.returncode == 0, r.stdout + r.stderr
-        r = cli("errors", "-t", str(topo), "--json")
+        r = mm("errors", "-t", str(topo), "--json")
         assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout
         for site in urls:
             assert _read(mixed, urls, site) == expected, site
@@ -131,11 +131,11 @@ def test_json_values_cross_the_three_databases(mixed, tmp_path, fast):  # type: 
             _sql(cn, name, "UPDATE docs SET doc = ?, j2 = ?, t = ? WHERE k = ?", (v, v, v, k))
             cn.close()
             expected[k] = (_canon(v),) * 3
-        r = cli("refresh", "-t", str(topo), "--until-quiet")
+        r = mm("refresh", "-t", str(topo), "--until-quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         for site in urls:
             assert _read(mixed, urls, site) == expected, site
-        r = cli("conflicts", "-t", str(topo), "--json")
+        r = mm("conflicts", "-t", str(topo), "--json")
         assert r.returncode == 0 and json.loads(r.stdout) == [], r.stdout
     finally:
         restore()
@@ -152,14 +152,14 @@ def test_text_that_is_not_json_is_held_for_that_change(mixed, tmp_path):  # type
         _sql(cn, name, DDL[name])
         cn.close()
     topo = _write_topology(tmp_path, urls)
-    assert cli("init", "-t", str(topo)).returncode == 0
+    assert mm("init", "-t", str(topo)).returncode == 0
     cn = mixed["sqlite"].connect(urls["lite"])
     _sql(cn, "sqlite", "INSERT INTO docs (k, doc, t) VALUES ('bad', 'not json', '1')")
     _sql(cn, "sqlite", "INSERT INTO docs (k, doc, t) VALUES ('good', '2', '\"fine\"')")
     cn.close()
-    r = cli("refresh", "-t", str(topo), "--until-quiet")
+    r = mm("refresh", "-t", str(topo), "--until-quiet")
     assert r.returncode == 1 and "holds 1 change(s) in its error queue" in r.stderr, r.stdout + r.stderr
-    r = cli("errors", "-t", str(topo), "--json")
+    r = mm("errors", "-t", str(topo), "--json")
     held = json.loads(r.stdout)
     assert sorted(e["site"] for e in held) == ["maria", "pg"], held
     by_site = {e["site"]: e for e in held}
@@ -168,7 +168,7 @@ def test_text_that_is_not_json_is_held_for_that_change(mixed, tmp_path):  # type
     for site in ("pg", "maria"):
         got = _read(mixed, urls, site)
         assert "bad" not in got and got["good"][2] == ("json", ("str", "fine")), site
-    assert cli("status", "-t", str(topo)).returncode == 1
+    assert mm("status", "-t", str(topo)).returncode == 1
 
 
 #: hs has a collation: SQLAlchemy's reflection reads it as a JSON object, decoded by SQLAlchemy
@@ -195,7 +195,7 @@ def test_pure_postgresql_json_and_intervals_are_exact(pg_backend, tmp_path, fast
             c.execute(PG_DDL)
             c.commit()
     topo = _write_topology(tmp_path, urls, "x")
-    r = cli("init", "-t", str(topo))
+    r = mm("init", "-t", str(topo))
     assert r.returncode == 0, r.stderr
     with pg_backend.connect(urls["p1"]) as c:
         for k, doc, j, ja, dur in PG_ROWS:
@@ -211,9 +211,9 @@ def test_pure_postgresql_json_and_intervals_are_exact(pg_backend, tmp_path, fast
 
     restore = apply_path(fast)
     try:
-        r = cli("refresh", "-t", str(topo), "--until-quiet")
+        r = mm("refresh", "-t", str(topo), "--until-quiet")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert json.loads(cli("errors", "-t", str(topo), "--json").stdout) == []
+        assert json.loads(mm("errors", "-t", str(topo), "--json").stdout) == []
         assert texts("p2") == texts("p1") and len(texts("p1")) == len(PG_ROWS)
         # updates at the other site: a json column (capture found no equality operator for json:
         # every update failed), an interval to an equal one ('1 mon' = '30 days' to PostgreSQL)
@@ -224,7 +224,7 @@ def test_pure_postgresql_json_and_intervals_are_exact(pg_backend, tmp_path, fast
             )
             c.execute("DELETE FROM x WHERE k = 'arr'")
             c.commit()
-        r = cli("refresh", "-t", str(topo), "--until-quiet")
+        r = mm("refresh", "-t", str(topo), "--until-quiet")
         assert r.returncode == 0, r.stdout + r.stderr
         assert texts("p1") == texts("p2")
         with pg_backend.connect(urls["p1"]) as c:
@@ -232,7 +232,7 @@ def test_pure_postgresql_json_and_intervals_are_exact(pg_backend, tmp_path, fast
                 "30 days",
                 '{"b":1, "a":"\u00e9"}',
             )
-        assert json.loads(cli("conflicts", "-t", str(topo), "--json").stdout) == []
+        assert json.loads(mm("conflicts", "-t", str(topo), "--json").stdout) == []
     finally:
         restore()
 
@@ -244,16 +244,16 @@ def test_pure_mariadb_json(mysql_backend, tmp_path):  # type: ignore[no-untyped-
         _sql(c, "mysql", DDL["mysql"])
         c.close()
     topo = _write_topology(tmp_path, urls)
-    assert cli("init", "-t", str(topo)).returncode == 0
+    assert mm("init", "-t", str(topo)).returncode == 0
     c = mysql_backend.connect(urls["m1"])
     for i, v in enumerate(VALUES):
         _sql(c, "mysql", "INSERT INTO docs VALUES (?, ?, ?, ?)", (str(i), v, v, v))
     c.close()
-    assert cli("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
     c = mysql_backend.connect(urls["m2"])
     _sql(c, "mysql", "UPDATE docs SET doc = '{\"u\": 1}' WHERE k = '0'")
     c.close()
-    assert cli("refresh", "-t", str(topo), "--until-quiet").returncode == 0
+    assert mm("refresh", "-t", str(topo), "--until-quiet").returncode == 0
 
     def rows(site: str) -> list[tuple[Any, ...]]:
         c = mysql_backend.connect(urls[site])
@@ -263,7 +263,7 @@ def test_pure_mariadb_json(mysql_backend, tmp_path):  # type: ignore[no-untyped-
             c.close()
 
     assert rows("m1") == rows("m2") and len(rows("m1")) == len(VALUES)
-    assert json.loads(cli("errors", "-t", str(topo), "--json").stdout) == []
+    assert json.loads(mm("errors", "-t", str(topo), "--json").stdout) == []
 
 
 def test_plain_sqlite_text_beside_json_is_refused_naming_the_fix(mixed, tmp_path):  # type: ignore[no-untyped-def]
@@ -276,7 +276,7 @@ def test_plain_sqlite_text_beside_json_is_refused_naming_the_fix(mixed, tmp_path
         cn = mixed[name].connect(urls[site])
         _sql(cn, name, ddl[name])
         cn.close()
-    r = cli("init", "-t", str(_write_topology(tmp_path, urls)))
+    r = mm("init", "-t", str(_write_topology(tmp_path, urls)))
     assert r.returncode == 2, r.stdout + r.stderr
     assert "column 't'" in r.stderr and "text at 'lite'" in r.stderr and "CHECK (json_valid" in r.stderr, r.stderr
     assert "column 'doc'" not in r.stderr and "column 'j2'" not in r.stderr

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, cli, make_cluster
+from clusters import Backend, make_cluster, mm
 
 TABLES = {"items": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
 
@@ -68,7 +68,7 @@ def test_without_autoincrement_init_says_what_the_application_is_told(
     c.execute("DELETE FROM items WHERE name = 'x2'")
     c.commit()
     assert _insert(c, "x3", False) == (2, 3)
-    r = cli("init", "-t", str(cl.topo.path))
+    r = mm("init", "-t", str(cl.topo.path))
     assert r.returncode == 0, r.stdout + r.stderr
     notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == ["a", "b"]
@@ -77,7 +77,7 @@ def test_without_autoincrement_init_says_what_the_application_is_told(
     _autoincrement(sqlite_backend, monkeypatch)
     (tmp_path / "auto").mkdir()
     other = make_cluster(sqlite_backend, tmp_path / "auto", ["a", "b"], TABLES)
-    r = cli("init", "-t", str(other.topo.path))
+    r = mm("init", "-t", str(other.topo.path))
     assert r.returncode == 0 and "note:" not in r.stderr, r.stdout + r.stderr
 
 
@@ -90,7 +90,7 @@ def test_a_server_application_is_told_how_to_read_a_new_key(backend: Backend, tm
     if backend.name == "sqlite":
         pytest.skip("SQLite's keys: the tests above")
     cl = make_cluster(backend, tmp_path, ["a", "b"], TABLES)
-    r = cli("init", "-t", str(cl.topo.path))
+    r = mm("init", "-t", str(cl.topo.path))
     assert r.returncode == 0, r.stdout + r.stderr
     notes = [ln for ln in r.stderr.splitlines() if ln.startswith("note: ")]
     assert [n.split(":")[1].strip() for n in notes] == ["a", "b"]

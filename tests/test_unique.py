@@ -737,7 +737,7 @@ def test_a_sqlite_text_unique_beside_a_varchar_one_is_refused_with_the_declarati
     import sqlite3
 
     import yaml
-    from clusters import BACKENDS, cli, server_unavailable
+    from clusters import BACKENDS, server_unavailable
 
     try:
         pg = BACKENDS["postgresql"]()
@@ -756,13 +756,13 @@ def test_a_sqlite_text_unique_beside_a_varchar_one_is_refused_with_the_declarati
             "links": "mesh",
         }
         (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
-        r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+        r = mm("init", "-t", str(tmp_path / "topology.yaml"))
         assert r.returncode == 2, r.stdout + r.stderr
         assert "'lite' declares no length for email: declare it VARCHAR(255) there" in " ".join(r.stderr.split())
         with sqlite3.connect(tmp_path / "lite.db") as c:
             c.execute("DROP TABLE users")
             c.execute("CREATE TABLE users (id INTEGER PRIMARY KEY AUTOINCREMENT, email VARCHAR(255) UNIQUE, name TEXT)")
-        r = cli("init", "-t", str(tmp_path / "topology.yaml"))
+        r = mm("init", "-t", str(tmp_path / "topology.yaml"))
         assert r.returncode == 0, r.stdout + r.stderr
     finally:
         pg.cleanup()

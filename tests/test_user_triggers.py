@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from clusters import Backend, TestCluster, cli, make_cluster
+from clusters import Backend, TestCluster, make_cluster, mm
 
 from multimaster import api
 from multimaster.dialects.base import unguarded_triggers
@@ -73,7 +73,7 @@ def test_a_guarded_updated_at_trigger_converges_at_every_site(backend: Backend, 
 def test_init_names_an_unguarded_trigger_and_exits_0(backend: Backend, tmp_path: Path) -> None:
     cl = make_cluster(backend, tmp_path, SITES, _tickets(backend.name), init=False)
     _make_triggers(cl, guarded=False)
-    run = cli("init", "-t", str(tmp_path / "topology.yaml"))
+    run = mm("init", "-t", str(tmp_path / "topology.yaml"))
     assert run.returncode == 0, run.stderr
     for s in SITES:
         assert f"note: {s}: trigger tickets_touch on tickets also fires when multimaster applies a peer's change" in run.stderr
