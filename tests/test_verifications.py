@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from clusters import ITEMS, SQLiteBackend, make_cluster
+from clusters import ITEMS, SQLiteBackend, make_cluster, mm
 
 from multimaster import api
 from multimaster.config.topology import load_topology
@@ -211,11 +211,10 @@ def test_a_failing_scheduled_check_is_recorded_not_raised(tmp_path, monkeypatch)
     assert Daemon(topo, ["s1"]).verify_site is None  # s3's daemon runs it, not s1's
     assert Daemon(topo).verify_site == "s3"  # one daemon for every site runs it too
     d.cluster.close()
-    env = {**os.environ, "COLUMNS": "200"}
-    r = subprocess.run([CLI, "status", "-t", str(topo.path)], capture_output=True, text=True, env=env, timeout=120)
+    r = mm("status", "-t", str(topo.path))
     assert r.returncode == 0, r.stderr
     assert "last verification" in r.stdout and "error" in r.stdout and "Java 17" in r.stdout
-    r = subprocess.run([CLI, "status", "-t", str(topo.path), "--json"], capture_output=True, text=True, env=env, timeout=120)
+    r = mm("status", "-t", str(topo.path), "--json")
     assert json.loads(r.stdout)["verification"]["status"] == "error"
 
 
