@@ -205,9 +205,10 @@ def apply_path(fast: bool) -> Any:
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m multimaster.cli ARGS`, as a user runs it (wide output: no line breaks in messages)."""
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent), "COLUMNS": "250"}
-    return subprocess.run([sys.executable, "-m", "multimaster.cli", *args], capture_output=True, text=True, env=env, timeout=300)
+    """`multimaster ARGS` in this process: :func:`mm`. (It was a `python -m multimaster.cli`
+    subprocess, ~1 s of CPU a call to import the packages, in tests that are not about the
+    command's process; a test of the front door runs :func:`mm_process`.)"""
+    return mm(*args)
 
 
 def make_cluster(
