@@ -28,6 +28,8 @@ Workloads, each transaction its own BEGIN / COMMIT as an application runs it:
 Printed: instructions per transaction (per row for the apply workloads), what multimaster adds to
 plain, and plain ÷ multimaster (the ratio a CPU-bound run would approach). The client and the
 protocol are not counted (the same for every database): what the capture itself costs.
+`--stamped`: instead of `--against`, the prototype of docs/design/mariadb-stamped-capture.md
+(benchmarks/bench_mysql_stamped.py), and what its stamper costs the server per entry.
 `--parts`: instead of `--against`, one more site per variant of
 benchmarks/bench_mysql_capture_parts.py (multimaster as installed with one part removed), counted
 the same way: what each part of the capture costs, without the noise of timing. Under valgrind
@@ -96,16 +98,24 @@ class Scratch:
         self.dir.mkdir()
         self.data = self.dir / "data"
         self.sock = self.dir / "sock"
+        # a tmpdir of its own: a starting MariaDB deletes every '#sql*' file of its tmpdir
+        # (mysql_rm_tmp_tables), so with the default /tmp each start of this server deleted the
+        # temporary tables of every other MariaDB on the host in use (session 36: the shared test
+        # server failed with "Error on delete of '/tmp/#sql-temptable-...MAI'" and crashed twice)
+        self.tmp = self.dir / "tmp"
+        self.tmp.mkdir()
         self.port = 3400 + os.getpid() % 500
         self.user = ["--user=mysql"] if os.geteuid() == 0 else []
         if self.user:
             os.chmod(base, 0o755)
             shutil.chown(self.dir, "mysql")
+            shutil.chown(self.tmp, "mysql")
         subprocess.run(
             [
                 "mariadb-install-db",
                 "--no-defaults",
                 f"--datadir={self.data}",
+                f"--tmpdir={self.tmp}",
                 *self.user,
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
@@ -122,6 +132,7 @@ class Scratch:
                 "mariadbd",
                 *SERVER_OPTS,
                 f"--datadir={self.data}",
+                f"--tmpdir={self.tmp}",
                 *self.user,
                 f"--port={self.port}",
                 "--bind-address=127.0.0.1",
@@ -174,6 +185,7 @@ class Scratch:
                 "mariadbd",
                 *SERVER_OPTS,
                 f"--datadir={run}",
+                f"--tmpdir={self.tmp}",
                 *self.user,
                 "--bootstrap",
             ],
@@ -206,12 +218,46 @@ def parts(s: Scratch, dbs: dict[str, str], workloads: list[str], txns: int) -> N
             print(f"{'':{len(w) + 2}}{name:22} {g:13,.0f} {got['plain'] / g:8.3f} {part}", flush=True)
 
 
+def stamper_cost(s: Scratch, db: str, workloads: list[str], txns: int, every: int) -> None:
+    """What the prototype's stamper (bench_mysql_stamped.py) costs the server per entry: each
+    application workload again with a stamper run after every `every` transactions, less the
+    workload alone (the stamper's work is off the writers' transactions, not off the server)."""
+    from bench_mysql_stamped import AFTER_STAMP, STAMP, STAMP_FIRST
+
+    run = "\n".join(
+        [
+            "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;",
+            "BEGIN;",
+            "SELECT clock INTO @c FROM _clock WHERE id = 1 FOR UPDATE;",
+            *(q.replace("%(c)s", "@c") + ";" for q in [STAMP_FIRST, STAMP, *AFTER_STAMP]),
+            "COMMIT;",
+            "SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ;",
+        ]
+    )
+    for w in workloads:
+        if w not in APP_WORKLOADS:
+            continue
+        alone = count_in(s, db, w, txns)
+        with_stamper = per_txn(
+            lambda sql: s.instructions(f"USE `{db}`;\n" + sql),
+            lambda i, w=w: WORKLOADS[w](i) + ("\n" + run if i % every == every - 1 else ""),
+            txns,
+        )
+        print(
+            f"{w}: the stamper, every {every} transactions, costs {with_stamper - alone:,.0f} instructions per entry", flush=True
+        )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
     ap.add_argument("--txns", type=int, default=400, help="transactions counted per workload (apply workloads: / 50)")
     ap.add_argument("--workloads", help="default: insert,update,apply insert,apply update (--parts: insert)")
     ap.add_argument("--parts", action="store_true", help="count bench_mysql_capture_parts.py's variants instead of --against")
+    ap.add_argument(
+        "--stamped", action="store_true", help="count bench_mysql_stamped.py's prototype instead of --against, and its stamper"
+    )
+    ap.add_argument("--stamp-every", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100], help="with --stamped")
     args = ap.parse_args()
     for prog in ("valgrind", "mariadbd", "mariadb-install-db"):
         if shutil.which(prog) is None:
@@ -240,6 +286,11 @@ def main() -> None:
                     change(c.cursor(), False)
                     c.commit()
                     c.close()
+            elif args.stamped:
+                from bench_mysql_stamped import stamped_site
+
+                (base / "st").mkdir()
+                urls["stamped"] = stamped_site(b, base / "st")
             elif args.against:
                 urls[args.against] = against_site(b, args.against, base)
         finally:
@@ -253,6 +304,9 @@ def main() -> None:
         if args.parts:
             return parts(s, dbs, workloads, args.txns)
         print_table(names, workloads, args.txns, PER_ROW, lambda i, w, n: count_in(s, dbs[names[i]], w, n))
+        if args.stamped:
+            for every in args.stamp_every:
+                stamper_cost(s, dbs["stamped"], workloads, args.txns, every)
 
 
 if __name__ == "__main__":
