@@ -190,3 +190,101 @@ def test_the_daemons_purge_job_keeps_what_a_live_peer_has_not_pulled(backend, tm
     cl.refresh_until_quiet()
     cl.assert_converged()
     assert len(cl.rows("s3", "stock")) == 6
+
+
+def test_the_daemon_tells_a_given_up_peer_once_as_an_error_with_the_commands(backend, tmp_path, caplog):  # type: ignore[no-untyped-def]
+    """`run --purge-every`: s3 cannot be reached and has been down for two hours. The daemon of s1
+    and s2 purges over and over; s1 gives s3 up, a loss of replication: it is logged once at ERROR
+    (not at every purge), with the commands that bring s3 back. (Before, only the purge job's INFO
+    line carried `expired=s3`, at every run.) When s3 answers again, that is logged once too."""
+    import logging
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.daemon import Daemon
+
+    cl = _three_sites_s3_behind(backend, tmp_path)
+    down = unreachable_topology(cl, tmp_path, "s3")
+    _age_last_refresh(cl, "s3", "s1", HOURS_AGO_2)
+    assert mm("purge", "-t", str(cl.topo.path), "--site", "s1", "--retention", "1h", "--min-age", "0s").returncode == 0
+    pullers = _mm(cl, "s1", "_mm_pullers")
+    _exec(
+        cl, "s1", f"UPDATE {pullers} SET checked_at = ?, first_seen_at = ? WHERE peer = ?", (_iso_ago(7000), _iso_ago(7000), "s3")
+    )
+    caplog.set_level(logging.INFO, logger="multimaster")
+
+    def purges(n: int) -> None:
+        start = len(caplog.records)
+        end = time.monotonic() + 60
+        while sum(1 for x in caplog.records[start:] if x.getMessage().startswith("purge site=s1")) < n:
+            assert time.monotonic() < end, "the purge job did not run"
+            time.sleep(0.05)
+
+    d = Daemon(load_topology(down), ["s1", "s2"], purge_every=0.2, purge_policy=PurgePolicy(retention=3600, min_age=0))
+    d.start()
+    try:
+        purges(3)
+        given_up = [x for x in caplog.records if x.getMessage().startswith("purge site=s1") and "expired=s3" in x.getMessage()]
+        assert len(given_up) >= 3
+        # s3 answers again (the file edited back, taken by the running daemon)
+        down.write_text(Path(str(cl.topo.path)).read_text())
+        assert d.reload() is True
+        purges(3)
+    finally:
+        d.stop()
+    told = [x for x in caplog.records if x.getMessage().startswith("given_up ")]
+    assert len(told) == 2, [x.getMessage() for x in told]
+    assert told[0].levelno == logging.ERROR
+    msg = told[0].getMessage()
+    assert "site=s1" in msg and "peer=s3" in msg and "given up by 's1'" in msg
+    assert f"multimaster remove-site -t {down} s3 --force" in msg
+    assert f"multimaster add-site -t {down} s3 --from s1 --replace" in msg
+    assert told[1].levelno == logging.WARNING and "peer=s3" in told[1].getMessage()
+    assert "no longer given up" in told[1].getMessage() and "multimaster status" in told[1].getMessage()
+
+
+def test_a_pending_puller_that_answers_is_never_given_up(sqlite_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """add-site of s3 on its host, s1 reached through its agent: s1 is left pending (its snapshot of
+    s3 is made on its host). s3's purge reaches s1's agent, which answers: s1 holds no watermark of
+    s3 yet, it needs every entry from position 0. Two hours later it is still pending, and s3's
+    purge keeps every entry (before, s1 counted as unreachable: given up, s3's entries purged, and
+    s1, connected, never got s3's rows)."""
+    from test_add_site_agent import TOKENS, grow, host_file
+    from test_agent import TOKEN, running_agent
+
+    from multimaster.config.topology import load_topology
+    from multimaster.ops.instantiate import add_site, connect_site
+    from multimaster.ops.purge import purge
+
+    monkeypatch.setenv("MM_AGENT_TOKEN", TOKEN)
+    cl = make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], STOCK, site_settings=TOKENS)
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('a', 1)")
+    cl.refresh_until_quiet()
+    big = grow(cl, tmp_path, ["s3"], sqlite_backend)
+    with running_agent(big.topo, "s1") as url:
+        here = load_topology(host_file(tmp_path, "s3.yaml", {"s1": url}))
+        rep = add_site(here, "s3", "s1")
+        assert [p["site"] for p in rep.pending] == ["s1"]
+        for i in range(3):
+            big.execute("s3", "INSERT INTO stock (name, qty) VALUES (?, ?)", (f"c{i}", i))
+        big.refresh("s2", "s3")
+        policy = PurgePolicy(retention=3600, min_age=0)
+        first = purge(here, "s3", policy)[0]
+        assert not first.error, first.error
+        # two hours pass, s1 still pending
+        with api.Cluster(big.topo) as c, c.site("s3").write() as conn:
+            conn.exec_driver_sql(
+                f"UPDATE {c.site('s3').dialect.mm_table('_mm_pullers')} SET checked_at = ?, first_seen_at = ? WHERE peer = ?",
+                (_iso_ago(7000), _iso_ago(7000), "s1"),
+            )
+        later = purge(here, "s3", policy)[0]
+        assert not later.error, later.error
+        assert later.expired == [] and later.given_up == []
+        s1 = [p for p in later.pullers if p.peer == "s1"]
+        assert s1 and all(p.reachable and not p.expired and p.watermark == 0 for p in s1)
+        assert later.tables["stock"].held_by == ["s1"] and later.tables["stock"].purged == 0
+    # s1 connected on its host: it gets every row s3 wrote
+    r = connect_site(big.topo, "s3", ["s1"])
+    assert r.connected == ["s1"]
+    big.refresh_until_quiet()
+    big.assert_converged()
+    assert len(big.rows("s1", "stock")) == 4

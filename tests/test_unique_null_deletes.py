@@ -110,3 +110,115 @@ def test_a_marked_childs_parent_follows_the_parents_key(backend: Backend, tmp_pa
     for s in cl.urls:
         assert _children(cl, s) == {"cid": "p"}, s  # before: cid regained key 1, 'early', at b
     cl.assert_converged()
+
+
+def _park_cluster(backend: Backend, tmp: Path, on_delete: str) -> TestCluster:
+    """child.sku UNIQUE (policy park, the default for an integer NOT NULL set), child.parent_id a
+    reference to parent: a parked child keeps its parent's key in `_mm_parked_child`."""
+    tables: dict[str, dict[str, Any]] = {
+        "parent": {"key": "id", "columns": {"name": "varchar(40)"}},
+        "child": {
+            "key": "id",
+            "columns": {
+                "name": "varchar(40)",
+                "sku": "INTEGER NOT NULL",
+                "parent_id": f"INTEGER REFERENCES parent(id) ON DELETE {on_delete}",
+            },
+        },
+    }
+    cl = make_cluster(backend, tmp, ["a", "b", "c"], tables, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_child_sku ON child (sku)")
+    api.init(cl.topo)
+    return cl
+
+
+@pytest.mark.parametrize("on_delete", ["CASCADE", "SET NULL"])
+def test_a_parent_deleted_takes_its_parked_child_along_at_every_site(backend: Backend, tmp_path: Path, on_delete: str) -> None:
+    """a and b insert a child with sku 7 under parent p concurrently: bob's claim is later, bob is
+    parked at every site (out of the table, its values, parent p's key among them, kept apart).
+    Then c deletes p. Delete wins for bob as for ann: CASCADE, both go at every site; SET NULL,
+    both hold NULL, and bob, returning once ann lets go of sku 7, references nothing."""
+    cl = _park_cluster(backend, tmp_path, on_delete)
+    app(cl, "a", ("INSERT INTO parent (name) VALUES (?)", ("p",)))
+    cl.refresh_until_quiet()
+    for site, name in (("a", "ann"), ("b", "bob")):
+        app(cl, site, ("INSERT INTO child (name, sku, parent_id) SELECT ?, 7, id FROM parent WHERE name = 'p'", (name,)))
+    cl.refresh_until_quiet()
+    for s in cl.urls:
+        assert _children(cl, s) == {"ann": "p"}, s  # bob parked
+    app(cl, "c", ("DELETE FROM parent WHERE name = 'p'", ()))
+    cl.refresh_until_quiet()  # no link fails
+    if on_delete == "SET NULL":
+        app(cl, "a", ("UPDATE child SET sku = 8 WHERE name = 'ann'", ()))  # bob returns
+        cl.refresh_until_quiet()
+    want = {} if on_delete == "CASCADE" else {"ann": None, "bob": None}
+    for s in cl.urls:
+        assert _children(cl, s) == want, s
+    cl.assert_converged()
+    assert _held(cl) == ""
+
+
+def _held(cl: TestCluster) -> str:
+    """What `multimaster errors` shows when some change is held or a row parked at a site ('' when
+    none: it exits 0)."""
+    from typer.testing import CliRunner
+
+    from multimaster.cli import app as cli
+
+    r = CliRunner().invoke(cli, ["errors", "-t", str(cl.topo.path)])
+    return "" if r.exit_code == 0 else r.output
+
+
+@pytest.mark.parametrize("on_delete", ["CASCADE", "SET NULL"])
+@pytest.mark.parametrize("deleter,lagging", [("c", None), ("a", "c")], ids=["all-marked", "one-lagging"])
+def test_a_natural_key_parent_deleted_takes_its_marked_child_along_at_every_site(
+    backend: Backend, tmp_path: Path, on_delete: str, deleter: str, lagging: str | None
+) -> None:
+    """As above with a natural-key parent (`parent.code`, given by the application, never
+    renumbered): the marked child keeps the code it wants in `_mm_unique_child`."""
+    tables: dict[str, dict[str, Any]] = {
+        "parent": {"key": "code", "columns": {"name": "varchar(40)"}, "auto": False},
+        "child": {
+            "key": "id",
+            "columns": {"name": "varchar(40)", "parent_code": f"varchar(20) REFERENCES parent(code) ON DELETE {on_delete}"},
+            "config": {"unique": {"parent_code": "null"}},
+        },
+    }
+    cl = make_cluster(backend, tmp_path, ["a", "b", "c"], tables, init=False)
+    for s in cl.urls:
+        cl.execute(s, "CREATE UNIQUE INDEX ux_child_parent ON child (parent_code)")
+    api.init(cl.topo)
+    cl.execute("a", "INSERT INTO parent (code, name) VALUES (?, ?)", ("P1", "p"))  # (app() returns an id)
+    cl.refresh_until_quiet()
+    for site, name in (("a", "ann"), ("b", "bob")):
+        app(cl, site, ("INSERT INTO child (name, parent_code) VALUES (?, 'P1')", (name,)))
+    for t, p in (("a", "b"), ("b", "a"), ("c", "a"), ("c", "b")):
+        if lagging not in (t, p):
+            cl.refresh(t, p)
+    for s in ("a", "b", "c"):
+        if s != lagging:
+            assert _coded(cl, s) == {"ann": "p", "bob": None}, s
+    app(cl, deleter, ("DELETE FROM parent WHERE code = 'P1'", ()))
+    cl.refresh_until_quiet()  # no link fails
+    want = {} if on_delete == "CASCADE" else {"ann": None, "bob": None}
+    for s in cl.urls:
+        assert _coded(cl, s) == want, s
+    cl.assert_converged()
+    assert _held(cl) == ""
+    # the code used again: a new parent P1 is not the deleted one; no child regains it
+    cl.execute("b", "INSERT INTO parent (code, name) VALUES (?, ?)", ("P1", "q"))
+    cl.refresh_until_quiet()
+    for s in cl.urls:
+        assert _coded(cl, s) == want, s
+    cl.assert_converged()
+
+
+def _coded(cl: TestCluster, site: str) -> dict[str, Any]:
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        cur.execute("SELECT c.name, c.parent_code, p.name FROM child c LEFT JOIN parent p ON p.code = c.parent_code")
+        return {n: (None if pc is None else (p if p is not None else "dangling")) for n, pc, p in cur.fetchall()}
+    finally:
+        c.close()

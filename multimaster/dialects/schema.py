@@ -78,6 +78,10 @@ class TableInfo:
     uniques: tuple[UniqueSet, ...] = ()
     #: declared foreign keys to renumbered replicated tables (engine/references.py discovers them)
     refs: tuple[Ref, ...] = ()
+    #: declared foreign keys to the key of a natural-key replicated table: nothing to resolve (the
+    #: key is the same at every site), but a row whose reference is kept apart (a UNIQUE mark, a
+    #: parked row: engine/uniques.py) follows the referenced row's delete by them
+    natural_refs: tuple[Ref, ...] = ()
     #: the schema version this site's capture writes (store/schemas.py; 1 before any change)
     version: int = 1
     #: columns an earlier schema version of this site had and it dropped since: values other

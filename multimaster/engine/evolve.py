@@ -374,8 +374,13 @@ def capture_unseen_rows(conn: Connection, site: Site, info: TableInfo) -> tuple[
                 )
     tbl, key = q(info.name), q(info.key.name)
     rows: list[dict[str, Any]] = []
+    # where DDL commits at once (MariaDB) the capture triggers exist already and applications
+    # update these rows meanwhile (capture.sql: without an entry, the row is sent whole here): a
+    # locking read takes each row as its last writer committed it and holds it to the end (a plain
+    # read is this transaction's snapshot, older than such an update, which was then lost)
+    locking = "" if d.caps.transactional_ddl else " FOR UPDATE"
     for k in keys:
-        found = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}", (k,)).mappings().first()
+        found = conn.exec_driver_sql(f"SELECT * FROM {tbl} WHERE {key} = {ph}{locking}", (k,)).mappings().first()
         rows.append({str(c): v for c, v in dict(found or {}).items() if not (renumber and c == info.key.name)})
     d.set_applying(conn, True)
     conn.exec_driver_sql(f"DELETE FROM {tbl} WHERE {key} = {ph}", [(k,) for k in keys])

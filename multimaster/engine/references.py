@@ -98,13 +98,15 @@ def _is_integer_key(insp: Any, table: str, cols: list[str]) -> bool:
     return False
 
 
-def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") -> tuple[Ref, ...]:
+def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") -> tuple[tuple[Ref, ...], tuple[Ref, ...]]:
     """The references of replicated table `info` at `site`: its declared single-column foreign keys
-    to the key of a renumbered replicated table. Raises SchemaError naming both tables for a foreign
+    to the key of a renumbered replicated table, and those to the key of a natural-key one
+    (TableInfo.natural_refs). Raises SchemaError naming both tables for a foreign
     key to a table that is not replicated but has an auto-counter key (its keys differ per site),
     and for an ON UPDATE action that would not follow a moved key."""
     insp = inspect(conn)
     refs: list[Ref] = []
+    natural: list[Ref] = []
     problems: list[str] = []
     for fk in site.dialect.foreign_keys(conn, info.name):
         cols, parent, pcols = fk.get("constrained_columns") or [], fk.get("referred_table"), fk.get("referred_columns") or []
@@ -120,9 +122,13 @@ def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") ->
                 )
             continue
         pinfo = info if parent == info.name else site.info(conn, parent, topo)
-        if not pinfo.spec.renumber or pcols != [pinfo.key.name]:
-            continue  # natural keys, and other columns, are the same at every site
+        if pcols != [pinfo.key.name]:
+            continue  # other columns are the same at every site
         ref = Ref(cols[0], parent, _action(opts.get("ondelete")), _action(opts.get("onupdate")), fk.get("name"))
+        if not pinfo.spec.renumber:  # natural keys are the same at every site: nothing to resolve
+            if orphan_action(ref.on_delete) != "default":  # (the database's default is the site's)
+                natural.append(ref)
+            continue
         if ref.on_update in REFUSED_ON_UPDATE:
             problems.append(
                 f"site '{site.name}': table '{info.name}' (column '{ref.column}') references renumbered table '{parent}' "
@@ -140,7 +146,7 @@ def discover(conn: Connection, site: Site, info: TableInfo, topo: "Topology") ->
         refs.append(ref)
     if problems:
         raise SchemaError(problems)
-    return tuple(sorted(refs, key=lambda r: r.column))
+    return tuple(sorted(refs, key=lambda r: r.column)), tuple(sorted(natural, key=lambda r: r.column))
 
 
 def log_columns(d: Dialect, info: TableInfo, prefix: str = "") -> list[str]:
@@ -644,6 +650,26 @@ def orphan_marked(
             found[k] = (tuple(row), v)
     d.catch_up(conn, info)
     _act(conn, site, info, info.name, info.key.name, column, cols, orphan_action(on_delete), found, peers, set())
+
+
+def orphan_parked(
+    conn: Connection, site: Site, info: TableInfo, column: str, on_delete: str, rows: dict[Any, tuple[str, list[Any], str]]
+) -> None:
+    """Parked rows of `info` (key -> (identity, kept values in TableInfo.columns order, a delete's
+    version)) whose kept reference by `column` (ON DELETE `on_delete`) names a deleted row: a
+    parked row is not in its table, so neither the database's referential action nor the rule
+    finding rows by their value reached them (docs/unique.md). SET NULL: the caller set the kept
+    value NULL; any other action: deleted, their shadow rows marked with the version (no row
+    references them: init refuses a park set on a referenced table). A conflict record `orphan`
+    each, with the values kept."""
+    if not rows:
+        return
+    idx = {c.name: i for i, c in enumerate(info.columns)}
+    cols = [info.key.name, column] + [c for c in info.column_names if c != column]
+    found = {k: ((k, *(img[idx[c]] for c in cols[1:])), ver) for k, (_rid, img, ver) in rows.items()}
+    _record_orphans(
+        conn, site.dialect, info.name, column, cols, orphan_action(on_delete), found, {k: r[0] for k, r in rows.items()}
+    )
 
 
 def _act(

@@ -153,7 +153,8 @@ class Site:
             base = replace(base, version=cur[0], dropped=store.schemas.dropped(conn, self.dialect, table))
         mine[table] = base
         try:
-            full = replace(base, refs=discover(conn, self, base, topo))
+            refs, natural = discover(conn, self, base, topo)
+            full = replace(base, refs=refs, natural_refs=natural)
         finally:
             del mine[table]
         self._infos[table] = full

@@ -667,12 +667,16 @@ def _dead_references(
     conn: Connection, site: Site, info: TableInfo, stored: dict[str, dict[int, tuple[str, Any]]], pend: Pending
 ) -> list[tuple[str, Any, int, Ref, str]]:
     """The live marked rows whose wanted value of a reference column (remembered, or a candidate's
-    that before_apply replaced) names a row of the referenced table that is gone: deleted here by
-    an application (the database's referential action did not reach them: the table holds the
-    mark's NULL), or by a delete whose orphan rule found rows by their value. As (rid, key, column
-    index, reference, the delete's version). Valid values only: a later change of the column ended
-    the mark (docs/unique.md)."""
-    refs = {r.column: r for r in info.refs}
+    that before_apply replaced), and the parked rows whose kept value of one, name a row of the
+    referenced table that is gone: deleted here by an application (the database's referential
+    action did not reach them: the table holds the mark's NULL, or not the parked row), or by a
+    delete whose orphan rule found rows by their value. A natural key names a row of the same
+    key written later too: the row they wanted is the one whose delete came after their value
+    (its version is later). As (rid, key, column index, reference, the delete's version). Valid
+    values only: a later change of the column ended the mark (docs/unique.md)."""
+    refs = {r.column: r for r in (*info.refs, *info.natural_refs)}
+    if not refs:
+        return []
     want: dict[tuple[str, int], tuple[str, Any]] = {}
     for rid, marks in stored.items():
         for i, (ver, val) in marks.items():
@@ -681,48 +685,107 @@ def _dead_references(
     for ver, rid, i, val in pend.rewritten:
         if info.columns[i].name in refs and val is not None:
             want[(rid, i)] = (ver, val)
-    if not want:
+    parked = _parked_references(conn, site.dialect, info, refs)
+    if not want and not parked:
         return []
     d = site.dialect
-    q = d.quote
-    ph = d.caps.placeholder
     rows = _load(conn, d, info, sorted({rid for rid, _ in want}))
-    out = []
+    checks = []
     for (rid, i), (ver, val) in sorted(want.items(), key=lambda x: x[0]):
         r = rows.get(rid)
-        if r is None or not r.live or r.versions[i] != ver:
-            continue
+        if r is not None and r.live and r.versions[i] == ver:
+            checks.append((rid, r.key, i, ver, val))
+    out = []
+    for rid, key, i, ver, val in checks + parked:
         ref = refs[info.columns[i].name]
         pinfo = info if ref.parent == info.name else site.known_info(ref.parent, conn)
         if pinfo is None:
             continue
-        if conn.exec_driver_sql(f"SELECT 1 FROM {q(pinfo.name)} WHERE {q(pinfo.key.name)} = {ph}", (val,)).first() is not None:
-            continue
-        gone = conn.exec_driver_sql(
-            f"SELECT max(deleted) FROM {d.obj(pinfo.name).shadow} WHERE {d.key_col} = {ph} AND deleted IS NOT NULL", (val,)
-        ).scalar()
-        out.append((rid, r.key, i, ref, str(gone) if gone is not None else ver))
+        gone = _gone(conn, d, pinfo, val, ver)
+        if gone is not None:
+            out.append((rid, key, i, ref, gone or ver))
     return out
+
+
+def _parked_references(
+    conn: Connection, d: Dialect, info: TableInfo, refs: dict[str, Ref]
+) -> list[tuple[str, Any, int, str, Any]]:
+    """The parked rows' kept values of the reference columns `refs`, not NULL: (rid, key, column
+    index, the version of the column's slot, the value)."""
+    images = _images(conn, d, info)
+    if not images:
+        return []
+    ph = d.caps.placeholder
+    sh = d.obj(info.name).shadow
+    idx = [i for i, c in enumerate(info.columns) if c.name in refs]
+    slots = sorted({_slot_col(info, i) for i in idx})
+    out = []
+    for rid, img in sorted(images.items()):
+        r = conn.exec_driver_sql(
+            f"SELECT {d.key_col}{''.join(', ' + d.quote(v) for v in slots)} FROM {sh} WHERE rid = {ph} AND deleted IS NULL",
+            (rid,),
+        ).first()
+        if r is None:
+            continue
+        vers = dict(zip(slots, r[1:]))
+        for i in idx:
+            if img[i] is not None:
+                out.append((rid, r[0], i, str(vers[_slot_col(info, i)] or _default_ver(info, rid)), img[i]))
+    return out
+
+
+def _gone(conn: Connection, d: Dialect, pinfo: TableInfo, val: Any, ver: str) -> str | None:
+    """Whether the row of `pinfo` a reference valid since version `ver` names by key `val` is gone:
+    its delete's version ('' when no delete is recorded), or None while it is there. A natural key
+    names the row of that key deleted after `ver` (not one written again since under that key)."""
+    q = d.quote
+    ph = d.caps.placeholder
+    sh = d.obj(pinfo.name).shadow
+    if not pinfo.spec.renumber:
+        later = conn.exec_driver_sql(
+            f"SELECT min(deleted) FROM {sh} WHERE {d.key_col} = {ph} AND deleted IS NOT NULL AND deleted > {ph}", (val, ver)
+        ).scalar()
+        if later is not None:
+            return str(later)
+    if conn.exec_driver_sql(f"SELECT 1 FROM {q(pinfo.name)} WHERE {q(pinfo.key.name)} = {ph}", (val,)).first() is not None:
+        return None
+    gone = conn.exec_driver_sql(
+        f"SELECT max(deleted) FROM {sh} WHERE {d.key_col} = {ph} AND deleted IS NOT NULL", (val,)
+    ).scalar()
+    return str(gone) if gone is not None else ""
 
 
 def _orphan(
     conn: Connection, site: Site, info: TableInfo, dead: list[tuple[str, Any, int, Ref, str]], pend: Pending, peers: Sequence[str]
 ) -> None:
-    """Delete wins for the marked rows `dead` (:func:`_dead_references`) as for any row: ON DELETE
-    SET NULL, the value they want is NULL now (their mark's NULL stays, as a normal value); any
-    other action, they are deleted (engine/references.py ``orphan_marked``)."""
+    """Delete wins for the marked and parked rows `dead` (:func:`_dead_references`) as for any
+    row: ON DELETE SET NULL, the value they want is NULL now (a marked row's mark's NULL stays, as
+    a normal value; a parked row's kept value is NULL); any other action, they are deleted
+    (engine/references.py ``orphan_marked``; a parked row: ``orphan_parked``, its kept values go
+    when the rows are decided)."""
     d = site.dialect
     ph = d.caps.placeholder
+    images = _images(conn, d, info)
     gone: dict[tuple[str, str], dict[Any, str]] = {}
+    held: dict[tuple[str, str], dict[Any, tuple[str, list[Any], str]]] = {}
     for rid, key, i, ref, ver in dead:
-        if orphan_action(ref.on_delete) == "null":
-            name = info.columns[i].name
+        name = info.columns[i].name
+        if rid in images:
+            held.setdefault((ref.column, ref.on_delete), {})[key] = (rid, images[rid], ver)
+        elif orphan_action(ref.on_delete) == "null":
             conn.exec_driver_sql(f"DELETE FROM {table_name(d, info.name)} WHERE rid = {ph} AND col = {ph}", (rid, name))
             pend.rewritten = [x for x in pend.rewritten if (x[1], x[2]) != (rid, i)]
         else:
             gone.setdefault((ref.column, ref.on_delete), {})[key] = ver
     for (column, on_delete), rows in gone.items():
         references.orphan_marked(conn, site, info, column, on_delete, rows, peers)
+    for (column, on_delete), prows in held.items():
+        if orphan_action(on_delete) == "null":
+            conn.exec_driver_sql(
+                f"UPDATE {parked_table(d, info.name)} SET {d.quote('c_' + column)} = NULL WHERE rid = {ph}",
+                [(rid,) for rid, _img, _v in prows.values()],
+            )
+        references.orphan_parked(conn, site, info, column, on_delete, prows)
 
 
 def _park_moves(rows: dict[str, _Row], res: Resolution) -> tuple[list[str], list[str], list[str]]:

@@ -185,8 +185,17 @@ def _json_line(event: str, at: float, fields: dict[str, Any]) -> str:
     return json.dumps({"ts": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)), "event": event, **fields}, default=str)
 
 
+#: events logged at ERROR: replication lost until someone acts (a puller given up by purge)
+_ERROR_EVENTS = ("given_up",)
+
+
 def _emit(event: str, fmt: str, **fields: Any) -> None:
-    level = logging.WARNING if fields.get("error") or event in ("clock_warning", "lock_wait") else logging.INFO
+    if event in _ERROR_EVENTS and fields.get("error"):
+        level = logging.ERROR
+    elif fields.get("error") or event in ("clock_warning", "lock_wait", "given_up"):
+        level = logging.WARNING
+    else:
+        level = logging.INFO
     if fmt == "json":
         line = _json_line(event, time.time(), fields)
     else:
@@ -238,6 +247,9 @@ class Daemon:
         #: per site, the follow's last error logged and when (time.monotonic): the same error is
         #: logged again only after FOLLOW_ERROR_REPEAT seconds, not at every follow_every
         self._follow_errors: dict[str, tuple[str, float]] = {}
+        #: per site purged, the pullers its last purge gave up: each is logged when it is given up
+        #: and when it is no longer, not at every purge (docs/operations.md "Log purge and retention")
+        self._given_up: dict[str, set[str]] = {}
         self.purge_policy = purge_policy or PurgePolicy()
         self.metrics_port = metrics_port
         self.metrics_host = metrics_host
@@ -659,9 +671,30 @@ class Daemon:
                     held_by=",".join(sorted({h for t in rep.tables.values() for h in t.state_held_by})) or None,
                     expired=",".join(rep.expired) or None,
                 )
+                self._tell_given_up(s, rep.expired, rep.given_up)
             except Exception as e:  # noqa: BLE001 - logged, retried on the next run
                 self.stats.purge_errors += 1
                 _emit("purge", self.log_format, site=s, error=f"{type(e).__name__}: {e}")
+
+    def _tell_given_up(self, site: str, expired: list[str], told: list[str]) -> None:
+        """A puller of `site` its purge gave up is logged at ERROR, once, with the commands that
+        bring it back (purge's message, `told`: one per puller of `expired`, in that order); one
+        no longer given up (it answers again, or it left the topology) once at WARNING: if
+        `site` purged past its watermark, its link fails and status names the fix."""
+        before, now = self._given_up.get(site, set()), set(expired)
+        for peer, msg in zip(expired, told):
+            if peer not in before:
+                _emit("given_up", self.log_format, site=site, peer=peer, error=msg)
+        for peer in sorted(before - now):
+            _emit(
+                "given_up",
+                self.log_format,
+                site=site,
+                peer=peer,
+                state=f"no longer given up: '{peer}' answers again or left the topology; if its link from "
+                f"'{site}' fails with purged changes, 'multimaster status' names the fix",
+            )
+        self._given_up[site] = now
 
     def _spark_session(self) -> Any:
         """The scheduled checks' SparkSession: started on the first run (PySpark is imported here

@@ -293,7 +293,11 @@ def _given_up(topo: "Topology", site: str, states: list[PullerState], policy: Pu
 
 def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int, str | None]]:
     """(puller, table) -> (the watermark the puller holds for `site`, its last successful refresh
-    from `site`), for every puller that answers and has multimaster installed."""
+    from `site`), for every puller that answers and has multimaster installed. One that holds no
+    watermark of `site` yet (left pending by add-site of `site`: its snapshot is made on its own
+    host, `add-site --connect-only`, from position 0) holds 0: it answers, so it is never given
+    up, and it needs every entry (before, it read as unreachable and was given up after the
+    retention: `site` purged what it had not pulled)."""
     topo = cl.topo
     seen: dict[tuple[str, str], tuple[int, str | None]] = {}
     for ln in topo.links:
@@ -307,8 +311,7 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
                     continue
                 for tb in topo.tables:
                     wm = held["watermarks"].get(tb)
-                    if wm is not None:
-                        seen[(ln.target, tb)] = (int(wm), held.get("last_success_at"))
+                    seen[(ln.target, tb)] = (int(wm or 0), held.get("last_success_at"))
                 continue
             with p.read() as conn:
                 if not p.installed_tables(conn):
@@ -316,8 +319,7 @@ def _watermarks_held(cl: Cluster, site: str) -> dict[tuple[str, str], tuple[int,
                 last = store.links.row(conn, p.dialect, site).get("last_success_at")
                 for tb in topo.tables:
                     wm = store.watermarks.find(conn, p.dialect, site, tb)
-                    if wm is not None:
-                        seen[(ln.target, tb)] = (wm, last)
+                    seen[(ln.target, tb)] = (wm or 0, last)
         except MultimasterError:
             continue
         except Exception:  # noqa: BLE001 - an unreachable or half-installed puller: use what was recorded
