@@ -248,6 +248,33 @@ def stamper_cost(s: Scratch, db: str, workloads: list[str], txns: int, every: in
         )
 
 
+def stamper_parts(s: Scratch, db: str, n: int) -> None:
+    """The prototype's stamper taken apart: `n` inserts, then one stamper run of the statements
+    up to each one (cumulative), less the inserts alone, per entry."""
+    from bench_mysql_stamped import AFTER_STAMP, STAMP, STAMP_FIRST
+
+    window = STAMP.replace(
+        "(@mm_m := GREATEST(@mm_m, wall - rn)) + rn",
+        "rn + GREATEST(%(c)s, MAX(wall - rn) OVER (ORDER BY pid ROWS UNBOUNDED PRECEDING))",
+    )
+    plain = STAMP.replace("(@mm_m := GREATEST(@mm_m, wall - rn)) + rn", "rn + %(c)s")
+    names = ["the shadow", "the rids of updates", "the pending rows deleted", "the clock"]
+    steps: dict[str, list[str]] = {
+        "copy, no running maximum": [plain],
+        "copy, window MAX": [window],
+        "copy": [STAMP_FIRST, STAMP],
+        **{f"+ {name}": [STAMP_FIRST, STAMP, *AFTER_STAMP[: i + 1]] for i, name in enumerate(names)},
+    }
+    ins = "\n".join(APP_WORKLOADS["insert"](i) for i in range(n))
+    head = "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED;\nBEGIN;\nSELECT clock INTO @c FROM _clock WHERE id = 1 FOR UPDATE;"
+    alone = s.instructions(f"USE `{db}`;\n{ins}\n")
+    print(f"\nthe stamper taken apart, one run after {n} inserts (instructions per entry, cumulative):")
+    for name, qs in steps.items():
+        run = "\n".join(q.replace("%(c)s", "@c") + ";" for q in qs)
+        got = s.instructions(f"USE `{db}`;\n{ins}\n{head}\n{run}\nCOMMIT;\n")
+        print(f"  {name:28} {(got - alone) / n:>10,.0f}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--against", default="d4c2b13", help="revision whose init makes the third database ('' for none)")
@@ -257,6 +284,7 @@ def main() -> None:
     ap.add_argument(
         "--stamped", action="store_true", help="count bench_mysql_stamped.py's prototype instead of --against, and its stamper"
     )
+    ap.add_argument("--stamper-parts", type=int, default=0, help="with --stamped: take one run of N entries apart")
     ap.add_argument("--stamp-every", type=lambda v: [int(x) for x in v.split(",")], default=[10, 100], help="with --stamped")
     args = ap.parse_args()
     for prog in ("valgrind", "mariadbd", "mariadb-install-db"):
@@ -307,6 +335,8 @@ def main() -> None:
         if args.stamped:
             for every in args.stamp_every:
                 stamper_cost(s, dbs["stamped"], workloads, args.txns, every)
+            if args.stamper_parts:
+                stamper_parts(s, dbs["stamped"], args.stamper_parts)
 
 
 if __name__ == "__main__":
