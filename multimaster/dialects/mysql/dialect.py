@@ -1352,32 +1352,46 @@ class MySQLDialect(Dialect):
     def lock_rows(self, conn: Connection, info: TableInfo, tmp: str) -> None:
         """The rows, in key order (the order an application's multi-row UPDATE takes them), then
         their shadow rows: the order an application's write takes them in too (its row, then its
-        trigger's shadow row). The rows are named through an IN subquery, which InnoDB reads
-        without locking: a join locks every table it reads, in the join's order (the shadow row
-        first), and deadlocked with an application updating the same row (MariaDB rolled the
-        application back: docs/decisions.md, session 27). With brief waits (lock_writers), none
-        is waited for (_lock_or_retry)."""
-        q = self.quote
+        trigger's shadow row). A join locks every table it reads, in the join's order: a join of
+        the shadow and the table locked the shadow row first and deadlocked with an application
+        updating the same row (MariaDB rolled the application back: docs/decisions.md, session
+        27). So the shadow rows of `tmp` are read first, without locking (READ COMMITTED: a
+        consistent read), into a scratch table in key order (_keyed_rows), and the table's rows,
+        then the shadow's, are locked through it. With brief waits (lock_writers), none is waited
+        for (_lock_or_retry)."""
         o = self.obj(info.name)
-        key = q(info.key.name)
-        self._lock_or_retry(
-            conn,
-            f"{q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s JOIN {tmp} r ON r.rid = s.rid)",
-            f"t.{key}",
-        )
-        self._lock_or_retry(conn, f"{o.shadow} s JOIN {tmp} r ON r.rid = s.rid", "s.`key`")
+        held = self._keyed_rows(conn, f"{tmp} r STRAIGHT_JOIN {o.shadow} s ON s.rid = r.rid")
+        self._lock_or_retry(conn, self._table_rows(info, held), "h._mm_row")
+        self._lock_or_retry(conn, f"{held} h STRAIGHT_JOIN {o.shadow} s ON s.rid = h.rid", "h._mm_row")
+        self.drop_temp(conn, held)
         if info.spec.renumber:
             # rows whose key a new identity may shift: those with a later identity than the earliest new one
             first_new = conn.exec_driver_sql(
                 f"SELECT r.rid FROM {tmp} r LEFT JOIN {o.shadow} s ON s.rid = r.rid WHERE s.rid IS NULL ORDER BY r.rid LIMIT 1"
             ).scalar()
             if first_new is not None:
-                self._lock_or_retry(
-                    conn,
-                    f"{q(info.name)} t WHERE t.{key} IN (SELECT s.`key` FROM {o.shadow} s WHERE s.rid > %s)",
-                    f"t.{key}",
-                    (first_new,),
-                )
+                held = self._keyed_rows(conn, f"{o.shadow} s WHERE s.rid > %s", (first_new,))
+                self._lock_or_retry(conn, self._table_rows(info, held), "h._mm_row")
+                self.drop_temp(conn, held)
+
+    def _keyed_rows(self, conn: Connection, rows: str, params: tuple[Any, ...] = ()) -> str:
+        """Create and name a scratch table of the shadow rows `rows` selects (FROM ... with the
+        shadow as `s`): (rid, kv), numbered `_mm_row` in key order. It drives the locking joins
+        (lock_rows), so that they read only these rows: the table's rows named through an IN
+        subquery of the shadow were read by MariaDB's semi-join scanning the whole table's key
+        index, on every call (a large transaction applied in pieces: each piece's locks cost more
+        than the last, docs/performance.md "One large transaction")."""
+        held = self.temp_name("_mm_tmp_lock")
+        self.drop_temp(conn, held)
+        conn.exec_driver_sql(
+            self.temp_ddl(held, f"SELECT s.rid AS rid, s.`key` AS kv FROM {rows} ORDER BY s.`key`, s.rid", index=None), params
+        )
+        return held
+
+    def _table_rows(self, info: TableInfo, held: str) -> str:
+        """The table's rows of the shadow rows in `held` (_keyed_rows), read through it, in its order."""
+        q = self.quote
+        return f"{held} h STRAIGHT_JOIN {q(info.name)} t ON t.{q(info.key.name)} = h.kv"
 
     def lock_keys(self, conn: Connection, info: TableInfo, keys: Sequence[int]) -> None:
         """With brief waits: lock the rows whose keys move, waiting for none (_lock_or_retry). An
