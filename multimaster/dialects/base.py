@@ -73,10 +73,12 @@ class Capabilities:
     #: into a renumbered table draw keys from a counter, and the reconciler ranks them
     #: (engine/apply.py normalize_keys) while it holds lock_writers (docs/concepts.md)
     concurrent_capture: bool
-    #: change-log entries (and snapshots) carry ``txn``, the source transaction that wrote them, and
+    #: the site's own capture records ``txn``, the source transaction that wrote an entry, and
     #: positions are one site-wide order: a puller cuts a link's batches at transaction boundaries
     #: below the horizon (core/batches.py). Without it a batch is one whole read of the source,
-    #: whose read transaction holds only whole transactions (docs/transactions.md)
+    #: whose read transaction holds only whole transactions (docs/transactions.md). Every
+    #: dialect's change log and snapshots have the column: a relayed entry keeps its origin's
+    #: ``txn`` (and a SQLite site's own entries have none)
     txn_column: bool
     #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
     #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file
@@ -353,6 +355,12 @@ class Dialect:
 
     def prepare_site(self, engine: Engine) -> None:
         """One-time settings outside any transaction, before install. Default: none."""
+
+    def upgrade_on_open(self, engine: Engine) -> list[str]:
+        """What an earlier multimaster installed that this release reads differently, brought up to
+        date when a process first opens the site (engine/site.py): before any read of it, so a site
+        not through `init` again keeps working. Returns the relations changed. Default: none."""
+        return []
 
     def is_retryable(self, exc: BaseException) -> bool:
         """A transient failure (deadlock, serialization failure, lock timeout): roll back and retry."""

@@ -200,16 +200,15 @@ def pending(
 ) -> list[dict[str, Any]]:
     """The changes of `infos` not applied yet: snapshot rows (of every peer, one per version) with
     `applied` in `states` that `_mm_origins` does not count as applied here, table by table, each
-    as a mapping (tbl, peer, ver, origin, rid, op, txn: its source transaction where this site
-    records them, else None)."""
+    as a mapping (tbl, peer, ver, origin, rid, op, txn: its source transaction, None where its
+    origin recorded none)."""
     out: list[dict[str, Any]] = []
-    txn = "s.txn" if d.caps.txn_column else "NULL"
     for info in infos:
         seen: set[str] = set()
         for p in peers:
             snap = d.obj(info.name, p).snapshot()
             sql = (
-                f"SELECT s.ver, s.origin, s.rid, s.op, {txn} FROM {snap} s WHERE s.applied IN ({', '.join(str(int(x)) for x in states)}) "
+                f"SELECT s.ver, s.origin, s.rid, s.op, s.txn FROM {snap} s WHERE s.applied IN ({', '.join(str(int(x)) for x in states)}) "
                 f"AND {store.origins.not_applied(d, info.name, 's')} ORDER BY s.ver"
             )
             for ver, origin, rid, op, t in conn.exec_driver_sql(sql):

@@ -32,15 +32,14 @@ __all__ = ["LinkRead", "entry_groups", "log_select_columns", "pull_batch", "pull
 def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[str]:
     """The change log's columns in the order the engine reads them: ver, origin, op, rid, key, mask,
     then n_<column> and o_<column> for every replicated column (quoted; `prefix` is an alias, 'l.'),
-    then txn where the dialect records source transactions (docs/transactions.md), then sup (the
+    then txn (the source transaction, docs/transactions.md; NULL in a SQLite site's own entries), then sup (the
     heads the change superseded, docs/conflicts.md "Concurrent heads"), always last."""
     q = site.dialect.quote
     cols = [f"{prefix}ver", f"{prefix}origin", f"{prefix}op", f"{prefix}rid", prefix + site.dialect.key_col, f"{prefix}mask"]
     cols += [prefix + q("n_" + c) for c in info.column_names]
     cols += [prefix + q("o_" + c) for c in info.column_names]
     cols += references.log_columns(site.dialect, info, prefix)  # identities of references (f_, fo_)
-    if site.dialect.caps.txn_column:
-        cols.append(f"{prefix}txn")
+    cols.append(f"{prefix}txn")
     cols.append(f"{prefix}sup")  # last: engine/reconcile.py reads it there
     return cols
 
@@ -113,7 +112,7 @@ def _read_entries(
     cols = ["l.ver", "l.origin", "l.op", "l.rid", "l." + d.key_col, "l.mask"]
     cols += ["l." + q("n_" + c) for c in union] + ["l." + q("o_" + c) for c in union]
     cols += references.log_columns(d, info, "l.")  # identities of references (f_, fo_)
-    cols += ["l.txn" if d.caps.txn_column else "NULL", "l.sv" if versioned else "NULL", "l.sup"]
+    cols += ["l.txn", "l.sv" if versioned else "NULL", "l.sup"]
     # origins the target applied up to a version: their entries up to it travel as positions
     had, had_args = store.origins.beyond(d, have)
     sql = (
@@ -354,9 +353,10 @@ def store_batch(
     telling them by the lowest position returned (reconcile_table's `fresh`), which saves marking
     every row afterwards; not when the snapshot held positions at or past the batch already.
 
-    Where this site records source transactions, each row keeps its transaction (relays copy it
-    on); a row that came without one (from a site that records none, whose batch is one read of
-    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together.
+    Each row keeps its source transaction (relays copy it on; on every dialect, SQLite's too since
+    session 36); a row that came without one (a SQLite site's own change: its batch is one read of
+    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together
+    — where this site's capture records transactions (not at a SQLite site: there it keeps none).
 
     A change with a value this site cannot store exactly (Dialect.value_checks) is stored held, its
     values kept aside, and held in the error queue (:func:`misfits`); the changes held so are
@@ -374,7 +374,9 @@ def store_batch(
         applied = applied and not held
     ncols = len(info.columns)
     width = 6 + 2 * ncols + 2 * len(info.refs)
-    keep_txn = d.caps.txn_column
+    # a SQLite site gives a change that came without a transaction none of its own (as before
+    # session 36, when its snapshots had no txn): it holds such a change alone
+    own_txn = d.caps.txn_column
     appended = []
     waiting: list[tuple[Any, ...]] = []
     adapters = [(i, f) for i, f in enumerate(d.value_adapters(info)) if f is not None]
@@ -396,9 +398,8 @@ def store_batch(
                 vals, failed = exact_values(vals, conv)
             if limit is not None and (size := entry_size(vals, limit - 4096)):  # room for the statement around it
                 raise EntryTooLarge(site.name, info.name, peer, vals[4], size, limit)
-            if keep_txn:
-                t = r[3 + width] if len(r) > 3 + width else None
-                vals = (*vals, txn if t is None else str(t))
+            t = r[3 + width] if len(r) > 3 + width else None
+            vals = (*vals, (txn if own_txn else None) if t is None else str(t))
             pending = r[4 + width] if len(r) > 4 + width else None
             vals = (*vals, r[5 + width] if len(r) > 5 + width else None)  # sup, the snapshot's last column (cols_of)
             bad = misfits(info, fits, vals, failed, key_fit) if fits or failed or key_fit else None
@@ -412,12 +413,12 @@ def store_batch(
         else:
             raise CorruptChange(info.name, peer, seq, f"unknown second-order log record type {op2!r}")
     if appended:
-        cols = cols_of(d, info, keep_txn)
+        cols = cols_of(d, info)
         d.store_snapshot_rows(conn, o.snapshot(), cols, appended, applied)
     if waiting:
-        _hold_for_columns(conn, site, info, peer, cols_of(d, info, keep_txn), waiting)
+        _hold_for_columns(conn, site, info, peer, cols_of(d, info), waiting)
     if unfit:
-        got = _hold_misfits(conn, site, info, peer, cols_of(d, info, keep_txn), unfit)
+        got = _hold_misfits(conn, site, info, peer, cols_of(d, info), unfit)
         if refused is not None:
             refused.extend(got)
     last = rows[-1][0] if rows else 0
@@ -594,17 +595,15 @@ def _hold_misfits(
         [(*r[:-2], 1 if str(r[1]) in done else HELD, r[-2], r[-1]) for r, _ in rows],
     )
     fresh = [(r, e) for r, e in rows if str(r[1]) not in done and str(r[1]) not in held_here]
-    hs = [(Held(info.name, peer, r[1], r[2], r[4], r[3], _txn_of(r, info, d.caps.txn_column)), e) for r, e in fresh]
+    hs = [(Held(info.name, peer, r[1], r[2], r[4], r[3], _txn_of(r, info)), e) for r, e in fresh]
     store.errorqueue.hold_new(conn, d, hs, "failed", now_iso())
     return [
         {"tbl": h.table, "peer": h.peer, "ver": h.ver, "origin": h.origin, "rid": h.rid, "op": h.op, "txn": h.txn} for h, _ in hs
     ]
 
 
-def _txn_of(row: tuple[Any, ...], info: TableInfo, keep_txn: bool) -> str | None:
+def _txn_of(row: tuple[Any, ...], info: TableInfo) -> str | None:
     """The source transaction of a snapshot row as store_batch builds it (pseq, ver, ..., txn, sup, ...)."""
-    if not keep_txn:
-        return None
     t = row[1 + 6 + 2 * len(info.columns) + 2 * len(info.refs)]
     return None if t is None else str(t)
 
@@ -684,14 +683,14 @@ def _first_misfit(f: Any, new: Any, old: Any) -> Misfit | None:
     return next((m for v in (new, old) if v is not None and (m := f(v)) is not None), None)
 
 
-def cols_of(d: Any, info: TableInfo, keep_txn: bool) -> list[str]:
+def cols_of(d: Any, info: TableInfo) -> list[str]:
     """The snapshot columns store_batch writes, in the order of its rows."""
     return (
         ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
         + [d.quote("n_" + c) for c in info.column_names]
         + [d.quote("o_" + c) for c in info.column_names]
         + references.log_columns(d, info)
-        + (["txn"] if keep_txn else [])
+        + ["txn"]
         + ["sup"]  # last, as log_select_columns reads it
     )
 

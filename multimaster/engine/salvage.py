@@ -99,7 +99,7 @@ def _snapshot_columns(d: Any, info: TableInfo) -> list[str]:
     cols = ["pseq", "ver", "origin", "op", "rid", d.key_col, "mask"]
     cols += [q("n_" + c) for c in info.column_names] + [q("o_" + c) for c in info.column_names]
     cols += references.log_columns(d, info)
-    cols += ["txn" if d.caps.txn_column else "NULL", "pending", "sup"]
+    cols += ["txn", "pending", "sup"]
     return cols
 
 

@@ -91,8 +91,27 @@ class Site:
                     str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
                 )
                 raise SiteUnreachable(self.name, self.display_url, redact(reason.replace(u.password or "\0", "***"))) from None
+            self._upgrade(eng)
             self._engine = eng
         return self._engine
+
+    def _upgrade(self, eng: Engine) -> None:
+        """What an earlier multimaster installed here brought up to date (Dialect.upgrade_on_open:
+        a SQLite site's change logs and snapshots get ``txn``, docs/transactions.md)."""
+        try:
+            self.dialect.upgrade_on_open(eng)
+        except SQLAlchemyError as e:
+            eng.dispose()
+            if self.dialect.is_retryable(e):
+                raise
+            reason = (
+                str(getattr(e, "orig", e)).strip().splitlines()[0] if str(getattr(e, "orig", e)).strip() else type(e).__name__
+            )
+            raise NotInstalled(
+                self.name,
+                "txn column in its change logs and snapshots (installed by a multimaster before session 36), and adding "
+                f"it failed ({redact(reason)})",
+            ) from None
 
     @contextmanager
     def read(self) -> Iterator[Connection]:

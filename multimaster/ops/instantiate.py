@@ -592,7 +592,9 @@ class CopyRequest:
     #: the new site's other sources the peer pulls: their watermarks at the peer and the peer's
     #: snapshot rows of them not applied yet come along
     relayed: tuple[str, ...]
-    txn: bool  #: the new site's change log records source transactions (docs/transactions.md)
+    #: the new site's change log has ``txn`` (docs/transactions.md): every site of this release
+    #: (an add-site of a release before session 36 asks without it for a SQLite site)
+    txn: bool
     batch_size: int  #: rows per piece
 
 
@@ -648,7 +650,7 @@ def _read_table(pconn: Connection, psite: Site, pi: TableInfo, ask: CopyRequest,
         + ["n_" + c for c in pi.column_names]
         + ["o_" + c for c in pi.column_names]
         + [p_ + r.column for r in pi.refs for p_ in ("f_", "fo_")]
-        + (["txn"] if pd.caps.txn_column and ask.txn else [])  # docs/transactions.md
+        + (["txn"] if ask.txn else [])  # docs/transactions.md
         + ["sup"]  # the heads the change superseded (docs/conflicts.md "Concurrent heads")
     )
     total = int(pconn.exec_driver_sql(f"SELECT count(*) FROM {pd.quote(tb)}").scalar() or 0)
@@ -746,7 +748,7 @@ def _copy(
     }
     relayed = tuple(q for q in sources if q != peer and q in peer_sources)
     nsite.dialect.prepare_site(nsite.engine)
-    ask = CopyRequest(name, tuple(t.tables), relayed, nsite.dialect.caps.txn_column, batch_size)
+    ask = CopyRequest(name, tuple(t.tables), relayed, True, batch_size)
     if isinstance(psite, AgentSite):
         pieces = psite.read_copy(ask.target, list(ask.tables), list(ask.relayed), ask.txn, ask.batch_size)
     else:

@@ -37,7 +37,9 @@ class SQLiteDialect(Dialect):
         set_based_apply=True,  # BEGIN IMMEDIATE: the apply transaction is the only writer
         fastpath_min=64,  # below it the planner is faster (docs/performance.md "The fast path's threshold")
         concurrent_capture=False,  # positions and keys are given in commit order
-        txn_column=False,  # no transaction id in triggers: a batch is one whole read
+        # no transaction id in triggers: a batch is one whole read (the change log and snapshots
+        # still have txn: a relayed entry keeps its origin's, docs/transactions.md)
+        txn_column=False,
         daemon_lock_sql=None,  # no server: the daemon locks a file next to the database
         serial_pk="INTEGER PRIMARY KEY",  # the rowid
         log_rid_column="xrid",  # rid is a generated column: coalesce(xrid, ver) (sqlite/table.sql)
@@ -158,11 +160,39 @@ class SQLiteDialect(Dialect):
             **o.mapping(),
         ):
             conn.exec_driver_sql(sql)
-        self.add_columns(conn, o.log, [("sv", "INTEGER")])  # (a change log made by an earlier multimaster)
+        # (a change log made by an earlier multimaster; txn: before session 36, upgrade_on_open)
+        self.add_columns(conn, o.log, [("sv", "INTEGER"), ("txn", "TEXT")])
         if kept:
             cols = ", ".join(q(c) for c in kept)
             conn.exec_driver_sql(f"INSERT INTO {o.shadow} ({cols}) SELECT {cols} FROM temp._mm_tmp_shadow")
             conn.exec_driver_sql("DROP TABLE temp._mm_tmp_shadow")
+
+    def install_snapshot(self, conn: Connection, info: TableInfo, peer: str) -> None:
+        super().install_snapshot(conn, info, peer)
+        self.add_columns(conn, self.obj(info.name, peer).snapshot(), [("txn", "TEXT")])  # (before session 36)
+
+    def upgrade_on_open(self, engine: Engine) -> list[str]:
+        """Until session 36 a SQLite site's change logs and snapshots had no ``txn`` column (a
+        relayed entry lost its origin's transaction, docs/transactions.md): the first time a
+        multimaster process opens such a site it adds it, in one write transaction (an O(1) change
+        of the schema; nothing is rewritten). One read of the catalog when nothing lacks it."""
+        find = (
+            "SELECT m.name FROM sqlite_master m WHERE m.type = 'table' "
+            "AND (m.name LIKE '\\_mm\\_log\\_%' ESCAPE '\\' OR m.name LIKE '\\_mm\\_snap\\_%\\_\\_%' ESCAPE '\\') "
+            "AND EXISTS (SELECT 1 FROM pragma_table_info(m.name) p WHERE p.name = 'mask') "
+            "AND NOT EXISTS (SELECT 1 FROM pragma_table_info(m.name) p WHERE p.name = 'txn') ORDER BY m.name"
+        )
+        with engine.connect() as conn:
+            if not conn.exec_driver_sql(find).first():
+                conn.rollback()
+                return []
+            conn.rollback()
+            conn.execution_options(mm_write=True)
+            with conn.begin():
+                todo = [str(r[0]) for r in conn.exec_driver_sql(find)]
+                for rel in todo:
+                    conn.exec_driver_sql(f"ALTER TABLE {self.quote(rel)} ADD COLUMN txn TEXT")
+            return todo
 
     def _unique_key_shadow(self, conn: Connection, info: TableInfo) -> list[str] | None:
         """Migration of a natural-key shadow made when a key had one shadow row (UNIQUE key): its

@@ -7,6 +7,7 @@ CREATE TABLE IF NOT EXISTS $snap (
   rid TEXT NOT NULL,
   key $keytype,
   mask INTEGER NOT NULL$logcols,
+  txn TEXT,  -- the change's source transaction, as its origin named it (docs/transactions.md)
   applied INTEGER NOT NULL DEFAULT 0,
   pending TEXT,  -- values of columns this site does not have yet, the change waits for (docs/schema-changes.md)
   misfit TEXT  -- values of a held change this site cannot store exactly (engine/pull.py)

@@ -9,6 +9,7 @@ CREATE TABLE IF NOT EXISTS $log (
   rid TEXT GENERATED ALWAYS AS (coalesce(xrid, ver)) VIRTUAL,
   key $keytype,
   sv INTEGER,  -- the schema version the entry was written in (store/schemas.py; NULL: 1)
+  txn TEXT,  -- a relayed entry's source transaction, as its origin named it; NULL in entries captured here (docs/transactions.md)
   mask INTEGER NOT NULL$logcols
 );
 --
