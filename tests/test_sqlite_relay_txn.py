@@ -202,3 +202,43 @@ def test_a_sqlite_site_holds_a_rejected_postgresql_transaction_whole(tmp_path: P
     finally:
         for b in backends.values():
             b.cleanup()
+
+
+def test_a_transaction_relayed_by_a_sqlite_site_keeps_its_txn_through_the_sqlite_sites_agent(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """far pulls lite through lite's agent (engine/wire.py rows): the same transaction held whole."""
+    import yaml
+    from test_agent import running_agent
+
+    from multimaster import api
+    from multimaster.config.topology import load_topology
+
+    monkeypatch.setenv("MM_AGENT_TOKEN", "relay-token-0123456789abcdef")
+    backends = {"pg": made("postgresql"), "lite": made("sqlite"), "far": made("mysql")}
+    try:
+        cl = MixedCluster(backends, tmp_path, TABLES)
+        path = tmp_path / "topology.yaml"
+        doc = yaml.safe_load(path.read_text())
+        doc["sites"]["lite"]["token"] = "${MM_AGENT_TOKEN}"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        cl.execute("far", "ALTER TABLE olines ADD CONSTRAINT qty_ok CHECK (qty >= 0)")
+        _order(cl, "A", [1, -1, 2])
+        cl.refresh("lite", "pg")
+        with running_agent(load_topology(path), "lite") as url:
+            doc["sites"]["lite"]["url"] = url
+            (tmp_path / "far.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+            res = api.refresh(load_topology(tmp_path / "far.yaml"), "far", "lite")
+            assert res[0].error is None and res[0].pulled >= 4, res
+        assert _see_a(cl, "far") == (0, 0)
+        held = _held(str(path), "far")
+        assert sorted((h["table"], h["state"]) for h in held) == [
+            ("olines", "failed"),
+            ("olines", "txn"),
+            ("olines", "txn"),
+            ("orders", "txn"),
+        ], held
+        assert {(h["origin"], h["txn"]) for h in held} <= _lite_txns(cl) and len({h["txn"] for h in held}) == 1
+    finally:
+        for b in backends.values():
+            b.cleanup()
