@@ -242,3 +242,32 @@ def test_a_transaction_relayed_by_a_sqlite_site_keeps_its_txn_through_the_sqlite
     finally:
         for b in backends.values():
             b.cleanup()
+
+
+def test_a_sqlite_site_made_before_that_cannot_be_written_is_refused_naming_init(tmp_path: Path) -> None:
+    """The first use cannot add the column to a file opened read-only: refused naming the site,
+    the column and init (not a bare 'no such column' at the first read); opened writable, it is added."""
+    import sqlite3
+
+    from multimaster.engine.site import Site
+    from multimaster.errors import NotInstalled
+
+    db = tmp_path / "old.db"
+    c = sqlite3.connect(db)
+    c.executescript(
+        "CREATE TABLE _mm_log_t (seq INTEGER PRIMARY KEY, mask INTEGER NOT NULL); CREATE TABLE _mm_snap_t__p (pseq INTEGER PRIMARY KEY, mask INTEGER NOT NULL)"
+    )
+    c.close()
+    ro = Site("lite", f"sqlite:///file:{db}?mode=ro&uri=true")
+    with pytest.raises(NotInstalled) as e:
+        ro.engine  # noqa: B018 - opening it is the first use
+    assert "site 'lite'" in str(e.value) and "txn" in str(e.value) and "multimaster init" in str(e.value), e.value
+    rw = Site("lite", f"sqlite:///{db}")
+    rw.engine  # noqa: B018
+    rw.dispose()
+    c = sqlite3.connect(db)
+    try:
+        for rel in ("_mm_log_t", "_mm_snap_t__p"):
+            assert "txn" in {r[1] for r in c.execute(f"PRAGMA table_info({rel})")}
+    finally:
+        c.close()
