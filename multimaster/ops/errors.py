@@ -14,7 +14,7 @@ from multimaster.core.errorqueue import group_of, released_by, retry_set
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import names
 from multimaster.engine import held, isolate, uniques
-from multimaster.engine.cluster import Cluster, as_cluster, read_each
+from multimaster.engine.cluster import Cluster, as_cluster, each, read_each
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
@@ -260,21 +260,22 @@ def held_counts(cl: Cluster, sites: Sequence[str]) -> dict[str, int]:
     """Per site of `sites` reached directly, the changes its error queue holds (the states status
     counts as held: failed, waiting, held with their transaction, parked); sites holding none are
     left out, and so are sites behind an agent or not readable (status names those)."""
-    out: dict[str, int] = {}
-    for n in sites:
+    return {n: held for n, held in zip(sites, each(lambda n: _held(cl, n), list(sites))) if held}  # sites at once
+
+
+def _held(cl: Cluster, n: str) -> int:
+    """held_counts of site `n` (0: none, or not read)."""
+    try:
         s = cl.site(n)
         if isinstance(s, AgentSite):
-            continue
-        try:
-            with s.read() as conn:
-                if not s.installed_tables(conn):
-                    continue
-                c = store.errorqueue.counts(conn, s.dialect)
-        except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
-            continue
-        if held := store.errorqueue.held_total(c):
-            out[n] = held
-    return out
+            return 0
+        with s.read() as conn:
+            if not s.installed_tables(conn):
+                return 0
+            c = store.errorqueue.counts(conn, s.dialect)
+    except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
+        return 0
+    return store.errorqueue.held_total(c)
 
 
 def _has_queue(cl: Cluster, n: str) -> bool:

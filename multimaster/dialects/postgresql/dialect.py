@@ -245,15 +245,18 @@ class PostgreSQLDialect(Dialect):
             prev = dbapi_conn.autocommit
             dbapi_conn.autocommit = True
             with dbapi_conn.cursor() as cur:
-                cur.execute("SELECT set_config('search_path', current_setting('search_path') || ', _mm', false)")
-                cur.execute("SET TIME ZONE 'UTC'")  # timestamptz values come back in UTC
-                # every statement planned for its parameters: psycopg prepares a statement run five
-                # times, and PostgreSQL then keeps a generic plan made with the statistics of
-                # bookkeeping tables that grow within the transaction (the error queue from 0 to
-                # 20,000 rows while a batch is held); a generic plan cannot hash an IN list of
-                # parameters, and such a lookup took 180 ms where its custom plan takes 5 ms
-                # (docs/performance.md "Holding and releasing many changes")
-                cur.execute("SET plan_cache_mode = force_custom_plan")
+                # in one statement (a round trip each over a WAN: docs/performance.md "`status`
+                # across a WAN"): timestamptz values come back in UTC; every statement planned for
+                # its parameters: psycopg prepares a statement run five times, and PostgreSQL then
+                # keeps a generic plan made with the statistics of bookkeeping tables that grow
+                # within the transaction (the error queue from 0 to 20,000 rows while a batch is
+                # held); a generic plan cannot hash an IN list of parameters, and such a lookup took
+                # 180 ms where its custom plan takes 5 ms (docs/performance.md "Holding and
+                # releasing many changes")
+                cur.execute(
+                    "SELECT set_config('search_path', current_setting('search_path') || ', _mm', false), "
+                    "set_config('TimeZone', 'UTC', false), set_config('plan_cache_mode', 'force_custom_plan', false)"
+                )
             dbapi_conn.autocommit = prev
             _load_as_text(dbapi_conn)
 
