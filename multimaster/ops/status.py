@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -450,15 +451,20 @@ def conflicts_page(
         raise ConfigError([f"--offset: {offset} is negative (0: from the newest)"])
     page = ConflictsPage()
     want = offset + limit if limit else 0
+    adding = threading.Lock()  # (the sites are read at once: engine/cluster.py read_each)
 
     def count(s: Site | AgentSite, rows: list[dict[str, Any]]) -> None:
-        if isinstance(s, AgentSite):  # its agent lists them; counted as far as they were read
-            page.total += len(rows)
-            page.exact = page.exact and not (want and len(rows) > want)
-            return
-        with s.read() as conn:
-            if s.installed_tables(conn):
-                page.total += store.conflicts.count_matching(conn, s.dialect, table, since, kind)
+        n, exact = len(rows), not (want and len(rows) > want)  # an agent lists them: counted as far as read
+        if not isinstance(s, AgentSite):
+            with s.read() as conn:
+                n, exact = (
+                    (store.conflicts.count_matching(conn, s.dialect, table, since, kind), True)
+                    if s.installed_tables(conn)
+                    else (0, True)
+                )
+        with adding:
+            page.total += n
+            page.exact = page.exact and exact
 
     rows = conflicts(topo, site, table, want + 1 if want else 0, since=since, kind=kind, unreachable=unreachable, counted=count)
     newest = rows[::-1][offset : want or None]
