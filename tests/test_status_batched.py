@@ -42,6 +42,7 @@ def _per_table(conn: Any, s: Any, peer: str, tables: list[str], have: Any, their
         },
         "conflicts": _n(conn, d.mm_table("_mm_conflicts")),
         "changed": [tb for tb in tables if s.dialect.table_signature(conn, tb) != store.schemas.current(conn, d, tb)[2]],
+        "signatures": {tb: s.dialect.table_signature(conn, tb) for tb in tables},
     }
 
 
@@ -66,6 +67,7 @@ def _batched(conn: Any, s: Any, peer: str, tables: list[str], have: Any, theirs:
         "counts": summary["tables"],
         "conflicts": summary["conflicts"],
         "changed": evolve.changed_tables(conn, s, tables),
+        "signatures": s.dialect.table_signatures(conn, tables),
     }
 
 
@@ -91,6 +93,7 @@ def test_batched_readers_equal_per_table(backend: Backend, tmp_path: Path, union
         with a.write() as conn:  # t1's changes from b wait (for what does not matter to the readers)
             conn.exec_driver_sql(f"UPDATE {a.dialect.obj('t1', 'b').snap} SET applied = 2 WHERE applied = 0")
             store.purges.record_horizon(conn, a.dialect, "t0", 1, 1)
+        cl.execute("b", "ALTER TABLE t2 ADD COLUMN extra INTEGER")  # changed, not followed yet
         seen = {}
         for n, peer in (("a", "b"), ("b", "a")):
             s = c.site(n)
@@ -108,3 +111,4 @@ def test_batched_readers_equal_per_table(backend: Backend, tmp_path: Path, union
     assert seen["a"]["waiting"]["t0"][0] == 1 and seen["a"]["waiting"]["t2"][0] == 1 and seen["a"]["waiting"]["t1"][0] == 0
     assert seen["a"]["counts"]["t1"]["tombstones"] == 1 and seen["a"]["horizons"]["t0"] == 1
     assert all(v is not None for v in seen["a"]["versions"].values())
+    assert seen["b"]["changed"] == ["t2"] and seen["a"]["changed"] == []
