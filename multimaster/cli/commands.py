@@ -190,10 +190,13 @@ def refresh(
         allres = []
         with api.Cluster(topo) as cl, Reporter() as progress:
             for _ in range(max_rounds if until_quiet else 1):
-                res = api.refresh(cl, site, peer, batch_size=batch_size, reconcile_=not no_reconcile, progress=progress)
+                res = api.refresh(
+                    cl, site, peer, batch_size=batch_size, reconcile_=not no_reconcile, progress=progress, parallel=True
+                )
                 allres.append(res)
                 if not until_quiet or all(r.pulled == 0 for r in res) or any(r.error for r in res):
                     break
+            held = api.held_counts(cl, sorted({r.site for r in allres[-1]}))  # on the sites' open connections
         last = allres[-1]
         _removed(topo, [r for res in allres for r in res])
         if as_json:
@@ -235,9 +238,7 @@ def refresh(
                 err.print(w, markup=False, highlight=False, soft_wrap=True)
         stalled = _stalled_exit([r.stalled for r in last if r.stalled])
         gaps = _gaps_exit(sorted({g for r in last for g in r.gaps}))
-        with api.Cluster(topo) as cl:
-            held = _held_at(api.held_counts(cl, sorted({r.site for r in last})))
-        return 1 if any(r.error for r in last) else max(stalled, gaps, held)
+        return 1 if any(r.error for r in last) else max(stalled, gaps, _held_at(held))
 
     code = execute(go, traceback)
     raise typer.Exit(code)

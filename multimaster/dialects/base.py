@@ -632,6 +632,12 @@ class Dialect:
         with the same columns (engine/evolve.py, docs/schema-changes.md "A table made again")."""
         return f"{self.column_signature(conn, table)} capture={','.join(self.capture_present(conn, table))}"
 
+    def table_signatures(self, conn: Connection, tables: Sequence[str]) -> dict[str, str]:
+        """:meth:`table_signature` of each of `tables` (`status`, engine/evolve.py changed_tables);
+        a dialect reads them in one statement per kind where it can (over a WAN each statement is
+        a round trip)."""
+        return {t: self.table_signature(conn, t) for t in tables}
+
     def capture_present(self, conn: Connection, table: str) -> list[str]:
         """The capture triggers of `table` that exist (sorted; all three when capture works)."""
         o = names(table)

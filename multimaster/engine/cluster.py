@@ -100,20 +100,28 @@ def read_each(
     read: Callable[[Site | AgentSite], list[T]],
     unreachable: dict[str, str] | None = None,
 ) -> list[T]:
-    """`read(site)` for each site of `names`, the results joined. A site that cannot be reached (its
-    database down, or its agent not answering) raises; with `unreachable` (a dict) it goes there
-    instead (site -> why) and the other sites are read: a listing (`errors`, `conflicts`) shows
-    what it can while a site is down, which is when an operator reads it."""
-    out: list[T] = []
-    for n in names:
+    """`read(site)` for each site of `names`, the sites at once (:func:`each`), the results joined in
+    the order of `names`. A site that cannot be reached (its database down, or its agent not
+    answering) raises (the first in that order); with `unreachable` (a dict) it goes there instead
+    (site -> why, in that order) and the other sites are read: a listing (`errors`, `conflicts`)
+    shows what it can while a site is down, which is when an operator reads it. `read` runs in
+    threads: what it does must not depend on another site's read (a page's window at each site is
+    computed from counts read first: ops/errors.py errors_page)."""
+    names = list(names)
+
+    def one(n: str) -> tuple[list[T], str | None, BaseException | None]:
         try:
-            out += read(cl.site(n))
+            return read(cl.site(n)), None, None
         except (SiteUnreachable, AgentError) as e:
-            if unreachable is None:
-                raise
-            unreachable[n] = str(e)
+            return [], str(e), e
         except DBAPIError as e:  # reached, not readable (a login that may only pull): named, the others read
+            return [], f"site '{n}' cannot be read with this login: {first_line(e)}", e
+
+    out: list[T] = []
+    for n, (rows, why, e) in zip(names, each(one, names)):
+        if e is not None:
             if unreachable is None:
-                raise
-            unreachable[n] = f"site '{n}' cannot be read with this login: {first_line(e)}"
+                raise e
+            unreachable[n] = str(why)
+        out += rows
     return out

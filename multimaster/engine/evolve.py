@@ -122,16 +122,13 @@ def registered_columns(conn: Connection, site: Site, table: str) -> list[str] | 
 
 def changed_tables(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:
     """The tables of `tables` whose columns changed at `site` since its capture last followed them
-    (one catalog read each)."""
+    (the recorded signatures in one statement, the catalog's in one per kind where the dialect can)."""
     d = site.dialect
     if not store.schemas.exists(conn, d):
         return []
-    out = []
-    for tb in tables:
-        cur = store.schemas.current(conn, d, tb)
-        if cur is not None and d.table_signature(conn, tb) != cur[2]:
-            out.append(tb)
-    return out
+    sigs = store.schemas.current_sigs(conn, d)
+    now = d.table_signatures(conn, [tb for tb in tables if tb in sigs])
+    return [tb for tb in now if now[tb] != sigs[tb]]
 
 
 def evolve_table(

@@ -4,8 +4,10 @@ transaction at the target, with retries of transient failures; reconcile and cat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import random
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +18,7 @@ from sqlalchemy.exc import DBAPIError
 
 from multimaster import store
 from multimaster.config.secrets import redact
-from multimaster.config.topology import Topology
+from multimaster.config.topology import Link, Topology
 from multimaster.core import waits as waits_core
 from multimaster.core.batches import Step, stream_step
 from multimaster.core.progress import ProgressEvent
@@ -25,7 +27,7 @@ from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead, ve
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
-from multimaster.engine.cluster import Cluster, Progress, as_cluster
+from multimaster.engine.cluster import Cluster, Progress, as_cluster, each
 from multimaster.engine.lockwatch import Watch, watching
 from multimaster.engine.pull import LinkRead, entry_groups, pull_link, store_batch
 from multimaster.engine.reconcile import ReconcileResult, RefreshResult, rank_local_keys, reconcile_table
@@ -114,7 +116,7 @@ def refresh_link(
     reconcile_: bool = True,
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
-    followed: dict[str, list[str]] | None = None,
+    followed: Followed | None = None,
 ) -> RefreshResult:
     """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch
     (_refresh_link).
@@ -221,7 +223,7 @@ def _refresh_link(
     reconcile_: bool = True,
     progress: Progress | None = None,
     stop: Callable[[], bool] | None = None,
-    followed: dict[str, list[str]] | None = None,
+    followed: Followed | None = None,
 ) -> RefreshResult:
     """Pull `source`'s change logs into `target`'s snapshots and reconcile, batch by batch.
 
@@ -277,7 +279,7 @@ def _pull_described(
     cl: Cluster,
     target: str,
     source: str,
-    followed: dict[str, list[str]] | None,
+    followed: Followed | None,
     reconcile_: bool,
     res: RefreshResult,
     batch: int,
@@ -312,7 +314,7 @@ def _pull_described(
 
 
 def _follow_and_describe(
-    cl: Cluster, target: str, source: str, followed: dict[str, list[str]] | None, reconcile_: bool, res: RefreshResult
+    cl: Cluster, target: str, source: str, followed: Followed | None, reconcile_: bool, res: RefreshResult
 ) -> tuple[list[str], dict[str, _LinkTable], bool]:
     """_follow_schemas, then _describe: again after a jittered backoff (as write_retrying) when a
     read fails transiently — MariaDB refuses to describe a table whose ALTER runs at that moment
@@ -492,7 +494,22 @@ def clock_warning(target: str, source: str, origin: str, ahead: float, warn: flo
     )
 
 
-def _follow_schemas(cl: Cluster, target: str, source: str, followed: dict[str, list[str]] | None = None) -> list[str]:
+class Followed:
+    """The sites a refresh of several links followed already in this round (engine/evolve.py), with
+    what was refused there: each site is followed once per round, by the first link of it, while
+    the links of other sites wait for it (links refreshed in threads, refresh's `parallel`)."""
+
+    def __init__(self) -> None:
+        self.done: dict[str, list[str]] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def lock(self, site: str) -> threading.Lock:
+        with self._lock:
+            return self._locks.setdefault(site, threading.Lock())
+
+
+def _follow_schemas(cl: Cluster, target: str, source: str, followed: Followed | None = None) -> list[str]:
     """The link's two sites capture in their tables' current schema (engine/evolve.py): a table
     whose columns changed there (or whose capture is gone) is followed first. The source only
     where this refresher may write there (a pull login may not: its own refresher follows it).
@@ -503,18 +520,19 @@ def _follow_schemas(cl: Cluster, target: str, source: str, followed: dict[str, l
     for n in (target, source):
         if n == source and isinstance(cl.site(n), AgentSite):
             continue  # read through its agent, which writes nothing: the site's own refresher follows it
-        if followed is not None and n in followed:
-            problems.extend(followed[n])
-            continue
-        try:
-            mine = [p for ev in follow_site(cl, n) for p in ev.problems]
-        except DBAPIError:
-            if n == target:
-                raise
-            continue
-        problems.extend(mine)
-        if followed is not None:
-            followed[n] = mine
+        with followed.lock(n) if followed is not None else contextlib.nullcontext():
+            if followed is not None and n in followed.done:
+                problems.extend(followed.done[n])
+                continue
+            try:
+                mine = [p for ev in follow_site(cl, n) for p in ev.problems]
+            except DBAPIError:
+                if n == target:
+                    raise
+                continue
+            problems.extend(mine)
+            if followed is not None:
+                followed.done[n] = mine
     return problems
 
 
@@ -1231,8 +1249,14 @@ def refresh(
     batch_size: int | None = None,
     reconcile_: bool = True,
     progress: Progress | None = None,
+    parallel: bool = False,
 ) -> list[RefreshResult]:
-    """Refresh every link into `site` (all sites if None), only from `peer` if given."""
+    """Refresh every link into `site` (all sites if None), only from `peer` if given; the results
+    in the topology's order of the links. `parallel` (`multimaster refresh`): the links into each
+    site one after another, as without it, and those into different sites at once, in threads (at
+    most engine/cluster.py PARALLEL), as the daemon runs them: over a WAN each link waits on its
+    round trips. A change then travels one link per round at least, not necessarily along a
+    chain of links in the file's order; a link's failure is its result's error, as without it."""
     cl, own = as_cluster(topo)
     try:
         t = cl.topo
@@ -1246,13 +1270,21 @@ def refresh(
             raise AgentOnly(site, t.sites[site].url, "refreshing it (its links write its database)")
         if not links:
             raise ConfigError([f"no link matches --site {site} --peer {peer} (see 'links' in the topology)"])
-        followed: dict[str, list[str]] = {}  # each site's schema is followed once in the round
-        return [
-            refresh_link(
-                cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress, followed=followed
-            )
-            for ln in links
-        ]
+        followed = Followed()  # each site's schema is followed once in the round
+
+        def run(group: list[Link]) -> list[RefreshResult]:
+            return [
+                refresh_link(
+                    cl, ln.target, ln.source, batch_size=batch_size, reconcile_=reconcile_, progress=progress, followed=followed
+                )
+                for ln in group
+            ]
+
+        if not parallel:
+            return run(links)
+        groups = [[ln for ln in links if ln.target == n] for n in dict.fromkeys(ln.target for ln in links)]
+        done = {(r.site, r.peer): r for group in each(run, groups) for r in group}
+        return [done[(ln.target, ln.source)] for ln in links]
     finally:
         if own:
             cl.close()

@@ -14,7 +14,7 @@ from multimaster.core.errorqueue import group_of, released_by, retry_set
 from multimaster.core.versions import now_iso
 from multimaster.dialects.schema import names
 from multimaster.engine import held, isolate, uniques
-from multimaster.engine.cluster import Cluster, as_cluster, read_each
+from multimaster.engine.cluster import Cluster, as_cluster, each, read_each
 from multimaster.engine.refresh import apply_order, relay_origins, write_retrying
 from multimaster.engine.remote import AgentSite
 from multimaster.engine.site import Site
@@ -101,28 +101,38 @@ def errors_page(
             raise ConfigError([f"--table: table '{table}' is not defined under tables"])
         page = ErrorsPage()
         states = _states(include_skipped)
+        agents: dict[str, list[dict[str, Any]]] = {}  # a site behind an agent: read whole, paged here
 
-        def read(s: Site | AgentSite) -> list[dict[str, Any]]:
-            start = page.total  # this site's changes are listed from here on
+        def count(s: Site | AgentSite) -> list[tuple[str, int, int]]:
+            """The site's changes the listing has, and how many are held ([]: not installed)."""
             if isinstance(s, AgentSite):
-                rows = s.errors(table, include_skipped)
-                page.total += len(rows)
-                page.held += sum(1 for r in rows if r["state"] in store.errorqueue.HELD)
-                return rows[max(0, offset - start) : (max(0, offset + limit - start) if limit else None)]
+                rows = agents[s.name] = s.errors(table, include_skipped)
+                return [(s.name, len(rows), sum(1 for r in rows if r["state"] in store.errorqueue.HELD))]
             with s.read() as conn:
                 if not s.installed_tables(conn):
                     return []
                 c = store.errorqueue.counts_of(conn, s.dialect, table)
-            n = sum(c.get(k, 0) for k in states)
-            page.total += n
-            page.held += store.errorqueue.held_total(c)
+            return [(s.name, sum(c.get(k, 0) for k in states), store.errorqueue.held_total(c))]
+
+        # every site counted at once, then the page's window at each from the counts of the sites
+        # before it (in the topology's order), then each site's window read at once
+        windows: dict[str, tuple[int, int]] = {}  # site -> (first, how many; 0: to its end)
+        for n, total, held in read_each(cl, _sites(cl, site), count, unreachable):
+            start = page.total  # this site's changes are listed from here on
+            page.total += total
+            page.held += held
             first = max(0, offset - start)
-            want = n - first if not limit else min(n - first, offset + limit - start - first)
-            if want <= 0:
-                return []
+            want = total - first if not limit else min(total - first, offset + limit - start - first)
+            if want > 0:
+                windows[n] = (first, want)
+
+        def read(s: Site | AgentSite) -> list[dict[str, Any]]:
+            first, want = windows[s.name]
+            if isinstance(s, AgentSite):
+                return agents[s.name][first : first + want]
             return errors_at(s, cl.topo, table, include_skipped, limit=want, offset=first)
 
-        page.rows = read_each(cl, _sites(cl, site), read, unreachable)
+        page.rows = read_each(cl, list(windows), read, unreachable)
         return page
     finally:
         if own:
@@ -260,21 +270,22 @@ def held_counts(cl: Cluster, sites: Sequence[str]) -> dict[str, int]:
     """Per site of `sites` reached directly, the changes its error queue holds (the states status
     counts as held: failed, waiting, held with their transaction, parked); sites holding none are
     left out, and so are sites behind an agent or not readable (status names those)."""
-    out: dict[str, int] = {}
-    for n in sites:
+    return {n: held for n, held in zip(sites, each(lambda n: _held(cl, n), list(sites))) if held}  # sites at once
+
+
+def _held(cl: Cluster, n: str) -> int:
+    """held_counts of site `n` (0: none, or not read)."""
+    try:
         s = cl.site(n)
         if isinstance(s, AgentSite):
-            continue
-        try:
-            with s.read() as conn:
-                if not s.installed_tables(conn):
-                    continue
-                c = store.errorqueue.counts(conn, s.dialect)
-        except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
-            continue
-        if held := store.errorqueue.held_total(c):
-            out[n] = held
-    return out
+            return 0
+        with s.read() as conn:
+            if not s.installed_tables(conn):
+                return 0
+            c = store.errorqueue.counts(conn, s.dialect)
+    except Exception:  # noqa: BLE001 - refresh reported what it could not reach already
+        return 0
+    return store.errorqueue.held_total(c)
 
 
 def _has_queue(cl: Cluster, n: str) -> bool:

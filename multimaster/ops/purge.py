@@ -424,12 +424,13 @@ def purged_past(
     Each horizon is read after the watermarks and a watermark below it is read again: a live
     puller's watermark was at or past every horizon when that purge ran (purge keeps what a live
     puller has not pulled) and only grows, so one still below it belongs to a puller given up."""
+    if isinstance(src, AgentSite):
+        horizons = {tb: src.purge_horizon(tb) for tb in watermarks}
+    else:
+        with src.read() as conn:  # every table's in one statement
+            horizons = store.purges.horizons(conn, src.dialect, list(watermarks))
     for tb, wm in watermarks.items():
-        if isinstance(src, AgentSite):
-            h = src.purge_horizon(tb)
-        else:
-            with src.read() as conn:
-                h = store.purges.horizon(conn, src.dialect, tb)
+        h = horizons[tb]
         if h <= wm:
             continue
         if isinstance(tgt, AgentSite):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -213,9 +214,10 @@ def link_at_target(tgt: Site, source: str, t: Topology) -> dict[str, Any]:
         return {
             "connected": True,
             "row": store.links.row(tconn, tgt.dialect, source),
-            "watermarks": {tb: store.watermarks.read(tconn, tgt.dialect, source, tb) for tb in t.tables},
-            "unapplied": {tb: store.links.unapplied(tconn, tgt.dialect, tb, source) for tb in t.tables},
-            "parked": [store.links.parked(tconn, tgt.dialect, tb, source) for tb in t.tables],
+            # each kind for every table in one statement (over a WAN each is a round trip)
+            "watermarks": store.watermarks.read_all(tconn, tgt.dialect, source, list(t.tables)),
+            "unapplied": store.links.unapplied_all(tconn, tgt.dialect, list(t.tables), source),
+            "parked": store.links.parked_all(tconn, tgt.dialect, list(t.tables), source),
             "have": store.origins.have(tconn, tgt.dialect, t.tables) if t.pulls_every_writable() else None,
         }
 
@@ -231,7 +233,7 @@ def link_at_source(
     oldest version), without those `have` says the target applied (relayed in a mesh: not waiting,
     and their older versions would make the link look late)."""
     with src.read() as sconn:
-        return {tb: store.links.waiting(sconn, src.dialect, tb, watermarks[tb], target, (have or {}).get(tb)) for tb in t.tables}
+        return store.links.waiting_all(sconn, src.dialect, {tb: watermarks[tb] for tb in t.tables}, target, have)
 
 
 def _held_at_source(
@@ -280,9 +282,9 @@ def _schemas(conn: Any, s: Any, t: Topology, tables: list[str]) -> dict[str, Any
     if not store.schemas.exists(conn, d):
         return {}
     out: dict[str, Any] = {"schema_versions": {}, "schema_behind": {}}
+    versions = store.schemas.current_versions(conn, d)
     for tb in tables:
-        cur = store.schemas.current(conn, d, tb)
-        out["schema_versions"][tb] = cur[0] if cur else None
+        out["schema_versions"][tb] = versions.get(tb)
     out["schema_unfollowed"] = evolve.changed_tables(conn, s, tables)
     out["capture_gaps"] = store.gaps.read_open(conn, d)
     waits = store.errorqueue.schema_waits(conn, d)
@@ -449,15 +451,20 @@ def conflicts_page(
         raise ConfigError([f"--offset: {offset} is negative (0: from the newest)"])
     page = ConflictsPage()
     want = offset + limit if limit else 0
+    adding = threading.Lock()  # (the sites are read at once: engine/cluster.py read_each)
 
     def count(s: Site | AgentSite, rows: list[dict[str, Any]]) -> None:
-        if isinstance(s, AgentSite):  # its agent lists them; counted as far as they were read
-            page.total += len(rows)
-            page.exact = page.exact and not (want and len(rows) > want)
-            return
-        with s.read() as conn:
-            if s.installed_tables(conn):
-                page.total += store.conflicts.count_matching(conn, s.dialect, table, since, kind)
+        n, exact = len(rows), not (want and len(rows) > want)  # an agent lists them: counted as far as read
+        if not isinstance(s, AgentSite):
+            with s.read() as conn:
+                n, exact = (
+                    (store.conflicts.count_matching(conn, s.dialect, table, since, kind), True)
+                    if s.installed_tables(conn)
+                    else (0, True)
+                )
+        with adding:
+            page.total += n
+            page.exact = page.exact and exact
 
     rows = conflicts(topo, site, table, want + 1 if want else 0, since=since, kind=kind, unreachable=unreachable, counted=count)
     newest = rows[::-1][offset : want or None]

@@ -3,15 +3,28 @@ totals; and a link's lag read from the logs and snapshots (for status)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 
 from multimaster.core.waits import NEEDS_ACTION, Wait
 from multimaster.dialects.base import Dialect
-from multimaster.store import origins, watermarks
+from multimaster.store import _rows, origins, watermarks
 
-__all__ = ["ensure", "stats", "error", "row", "forget", "unapplied", "waiting", "waiting_from", "parked"]
+__all__ = [
+    "ensure",
+    "stats",
+    "error",
+    "row",
+    "forget",
+    "unapplied",
+    "unapplied_all",
+    "waiting",
+    "waiting_all",
+    "waiting_from",
+    "parked",
+    "parked_all",
+]
 
 _ROW = ("last_success_at", "last_error", "last_error_at", "pulled", "applied", "conflicts")
 
@@ -66,6 +79,37 @@ def unapplied(conn: Connection, d: Dialect, table: str, peer: str) -> tuple[int,
     return (int(r[0] or 0), r[1]) if r else (0, None)
 
 
+def unapplied_all(conn: Connection, d: Dialect, tables: Sequence[str], peer: str) -> dict[str, tuple[int, str | None]]:
+    """:func:`unapplied` of every table of `tables`, in one statement."""
+    sql = "SELECT count(*) AS n, min(ver) AS v FROM {} WHERE applied NOT IN (1, 3)"
+    rows = _rows.each_one(conn, [(sql.format(d.obj(tb, peer).snap), ()) for tb in tables])
+    return {tb: (int(r[0] or 0), r[1]) for tb, r in zip(tables, rows)}
+
+
+def waiting_all(
+    conn: Connection, d: Dialect, watermarks_: Mapping[str, int], puller: str, have: Mapping[str, Mapping[str, str]] | None = None
+) -> dict[str, tuple[int, str | None]]:
+    """:func:`waiting` of every table of `watermarks_` (table -> the puller's watermark; `have`:
+    per table, as there), in one statement."""
+    selects = [_waiting_sql(d, tb, wm, puller, (have or {}).get(tb)) for tb, wm in watermarks_.items()]
+    rows = _rows.each_one(conn, selects)
+    return {tb: (int(r[0] or 0), None if r[1] is None else str(r[1])) for tb, r in zip(watermarks_, rows)}
+
+
+def _waiting_sql(
+    d: Dialect, table: str, watermark: int, puller: str, have: Mapping[str, str] | None, origin: str | None = None
+) -> tuple[str, list[Any]]:
+    o = d.obj(table)
+    p = d.caps.placeholder
+    had, had_args = origins.beyond(d, have)
+    only, only_args = (f" AND l.origin = {p}", [origin]) if origin is not None else ("", [])
+    sql = (
+        f"SELECT count(*) AS n, min(l.ver) AS v, min(l2.seq2) AS s FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
+        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}{only}"
+    )
+    return sql, [watermark, puller, *had_args, *only_args]
+
+
 def waiting(
     conn: Connection,
     d: Dialect,
@@ -93,15 +137,8 @@ def waiting_from(
     origin: str | None = None,
 ) -> tuple[int, str | None, int | None]:
     """:func:`waiting`, and the lowest position of those changes (None: none)."""
-    o = d.obj(table)
-    p = d.caps.placeholder
-    had, had_args = origins.beyond(d, have)
-    only, only_args = (f" AND l.origin = {p}", [origin]) if origin is not None else ("", [])
-    r = conn.exec_driver_sql(
-        f"SELECT count(*), min(l.ver), min(l2.seq2) FROM {o.log2} l2 JOIN {o.log} l ON l.seq = l2.seq "
-        f"WHERE l2.seq2 > {p} AND l2.op = 'A' AND l.origin <> {p}{had}{only}",
-        (watermark, puller, *had_args, *only_args),
-    ).first()
+    sql, args = _waiting_sql(d, table, watermark, puller, have, origin)
+    r = conn.exec_driver_sql(sql, tuple(args)).first()
     if not r:
         return 0, None, None
     return int(r[0] or 0), None if r[1] is None else str(r[1]), None if r[2] is None else int(r[2])
@@ -113,8 +150,22 @@ def parked(conn: Connection, d: Dialect, table: str, peer: str) -> Wait | None:
     none does."""
     snap = d.obj(table, peer).snap
     r = conn.exec_driver_sql(f"SELECT count(*), min(ver) FROM {snap} WHERE applied = 2").first()
+    return _parked(conn, d, table, peer, r)
+
+
+def parked_all(conn: Connection, d: Dialect, tables: Sequence[str], peer: str) -> list[Wait | None]:
+    """:func:`parked` of every table of `tables`, in their order: the counts in one statement (the
+    oldest waiting change then read for the tables where some wait)."""
+    sql = "SELECT count(*) AS n, min(ver) AS v FROM {} WHERE applied = 2"
+    rows = _rows.each_one(conn, [(sql.format(d.obj(tb, peer).snap), ()) for tb in tables])
+    return [_parked(conn, d, tb, peer, r) for tb, r in zip(tables, rows)]
+
+
+def _parked(conn: Connection, d: Dialect, table: str, peer: str, r: Any) -> Wait | None:
+    """parked, given the count and oldest version of the changes waiting (`r`)."""
     if not r or not r[0]:
         return None
+    snap = d.obj(table, peer).snap
     ph = d.caps.placeholder
     first = conn.exec_driver_sql(f"SELECT origin, op, rid FROM {snap} WHERE applied = 2 AND ver = {ph}", (r[1],)).first()
     if first is None:

@@ -91,7 +91,11 @@ def read(conn: Connection, d: Dialect, table: str) -> list[tuple[str, str]]:
 def have(conn: Connection, d: Dialect, tables: Iterable[str]) -> dict[str, dict[str, str]]:
     """Per table of `tables`, origin -> max_ver: what this site applied, as a pull or a waiting
     count sends it to the source (:func:`beyond`)."""
-    return {tb: dict(read(conn, d, tb)) for tb in tables}
+    out: dict[str, dict[str, str]] = {tb: {} for tb in tables}
+    for tb, o, v in conn.exec_driver_sql(f"SELECT tbl, origin, max_ver FROM {d.mm_table('_mm_origins')}"):  # one statement
+        if tb in out:
+            out[tb][o] = v
+    return out
 
 
 def of_origin(conn: Connection, d: Dialect, origin: str) -> dict[str, str]:

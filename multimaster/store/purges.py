@@ -7,6 +7,8 @@ gives them to the peer's other pullers, docs/operations.md "Removing a site"). S
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from sqlalchemy.engine import Connection
 
 from multimaster.core.versions import now_iso
@@ -16,6 +18,7 @@ from multimaster.store import _rows
 __all__ = [
     "install",
     "horizon",
+    "horizons",
     "record_horizon",
     "pullers",
     "record_puller",
@@ -51,6 +54,13 @@ def horizon(conn: Connection, d: Dialect, table: str) -> int:
         ).scalar()
         or 0
     )
+
+
+def horizons(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str, int]:
+    """:func:`horizon` of every table of `tables`, in one statement."""
+    rows = conn.exec_driver_sql(f"SELECT tbl, horizon FROM {d.mm_table('_mm_purges')}")
+    have = {str(tb): int(h or 0) for tb, h in rows}
+    return {tb: have.get(tb, 0) for tb in tables}
 
 
 def record_horizon(conn: Connection, d: Dialect, table: str, horizon: int, purged: int) -> None:

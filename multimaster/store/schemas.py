@@ -27,6 +27,8 @@ __all__ = [
     "mark_capturing",
     "capturing",
     "current",
+    "current_versions",
+    "current_sigs",
     "versions",
     "layouts",
     "dropped",
@@ -101,6 +103,18 @@ def current(conn: Connection, d: Dialect, table: str) -> tuple[int, list[Col], s
         f"SELECT version, columns, sig FROM {_t(d)} WHERE tbl = {p} ORDER BY version DESC LIMIT 1", (table,)
     ).first()
     return None if r is None else (int(r[0]), _cols(r[1]), str(r[2]))
+
+
+def current_versions(conn: Connection, d: Dialect) -> dict[str, int]:
+    """The number of each table's current version, in one statement (tables without one are absent)."""
+    return {str(tb): int(v) for tb, v in conn.exec_driver_sql(f"SELECT tbl, max(version) FROM {_t(d)} GROUP BY tbl")}
+
+
+def current_sigs(conn: Connection, d: Dialect) -> dict[str, str]:
+    """The recorded signature (`sig`) of each table's current version, in one statement."""
+    t = _t(d)
+    sql = f"SELECT s.tbl, s.sig FROM {t} s WHERE s.version = (SELECT max(m.version) FROM {t} m WHERE m.tbl = s.tbl)"
+    return {str(tb): str(sig) for tb, sig in conn.exec_driver_sql(sql)}
 
 
 def current_version(conn: Connection, d: Dialect, table: str) -> int | None:

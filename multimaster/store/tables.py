@@ -13,7 +13,7 @@ from sqlalchemy.exc import DBAPIError
 from multimaster.core.versions import BASE_VER
 from multimaster.dialects.base import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.store import _rows, conflicts
+from multimaster.store import _rows
 
 __all__ = [
     "installed",
@@ -118,20 +118,16 @@ def site_status(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str
     tombstone and row counts."""
     st = conn.exec_driver_sql(f"SELECT site FROM {d.mm_table('_mm_state')}").first()
     out: dict[str, Any] = {"name": st[0] if st else None, "hlc": d.read_clock(conn) if st else None, "tables": {}}
-    out["conflicts"] = conflicts.count(conn, d)
-    for t in tables:
+    kinds = ("log", "log2", "tombstones", "rows")
+    counts = [f"SELECT count(*) AS n FROM {d.mm_table('_mm_conflicts')}"]
+    for t in tables:  # every count in one statement (status over a WAN: a round trip each)
         o = d.obj(t)
-        out["tables"][t] = {
-            "log": _count(conn, o.log),
-            "log2": _count(conn, o.log2),
-            "tombstones": _count(conn, o.shadow, "deleted IS NOT NULL"),
-            "rows": _count(conn, d.quote(t)),
-        }
+        counts += [f"SELECT count(*) AS n FROM {x}" for x in (o.log, o.log2, o.shadow + " WHERE deleted IS NOT NULL", d.quote(t))]
+    n = [int(r[0] or 0) for r in _rows.each_one(conn, [(sql, ()) for sql in counts])]
+    out["conflicts"] = n[0]
+    for i, t in enumerate(tables):
+        out["tables"][t] = dict(zip(kinds, n[1 + 4 * i : 5 + 4 * i]))
     return out
-
-
-def _count(conn: Connection, table: str, where: str | None = None) -> int:
-    return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}" + (f" WHERE {where}" if where else "")).scalar() or 0)
 
 
 def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:

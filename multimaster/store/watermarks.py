@@ -3,13 +3,15 @@ pulled (``seq2``) and when."""
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from sqlalchemy.engine import Connection
 
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["read", "read_locked", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
+__all__ = ["read", "read_all", "read_locked", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
 
 
 def find(conn: Connection, d: Dialect, peer: str, table: str, *, lock: bool = False) -> int | None:
@@ -40,6 +42,13 @@ def peers_of(conn: Connection, d: Dialect, table: str) -> set[str]:
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
     """The watermark of (peer, table); 0 when nothing was pulled yet."""
     return find(conn, d, peer, table) or 0
+
+
+def read_all(conn: Connection, d: Dialect, peer: str, tables: Sequence[str]) -> dict[str, int]:
+    """:func:`read` of every table of `tables`, in one statement."""
+    sql = f"SELECT tbl, seq2 FROM {d.mm_table('_mm_watermarks')} WHERE peer = {d.caps.placeholder}"
+    have = {str(tb): int(seq2 or 0) for tb, seq2 in conn.exec_driver_sql(sql, (peer,))}
+    return {tb: have.get(tb, 0) for tb in tables}
 
 
 def read_locked(conn: Connection, d: Dialect, peer: str, table: str) -> int:

@@ -245,15 +245,18 @@ class PostgreSQLDialect(Dialect):
             prev = dbapi_conn.autocommit
             dbapi_conn.autocommit = True
             with dbapi_conn.cursor() as cur:
-                cur.execute("SELECT set_config('search_path', current_setting('search_path') || ', _mm', false)")
-                cur.execute("SET TIME ZONE 'UTC'")  # timestamptz values come back in UTC
-                # every statement planned for its parameters: psycopg prepares a statement run five
-                # times, and PostgreSQL then keeps a generic plan made with the statistics of
-                # bookkeeping tables that grow within the transaction (the error queue from 0 to
-                # 20,000 rows while a batch is held); a generic plan cannot hash an IN list of
-                # parameters, and such a lookup took 180 ms where its custom plan takes 5 ms
-                # (docs/performance.md "Holding and releasing many changes")
-                cur.execute("SET plan_cache_mode = force_custom_plan")
+                # in one statement (a round trip each over a WAN: docs/performance.md "`status`
+                # across a WAN"): timestamptz values come back in UTC; every statement planned for
+                # its parameters: psycopg prepares a statement run five times, and PostgreSQL then
+                # keeps a generic plan made with the statistics of bookkeeping tables that grow
+                # within the transaction (the error queue from 0 to 20,000 rows while a batch is
+                # held); a generic plan cannot hash an IN list of parameters, and such a lookup took
+                # 180 ms where its custom plan takes 5 ms (docs/performance.md "Holding and
+                # releasing many changes")
+                cur.execute(
+                    "SELECT set_config('search_path', current_setting('search_path') || ', _mm', false), "
+                    "set_config('TimeZone', 'UTC', false), set_config('plan_cache_mode', 'force_custom_plan', false)"
+                )
             dbapi_conn.autocommit = prev
             _load_as_text(dbapi_conn)
 
@@ -642,6 +645,32 @@ class PostgreSQLDialect(Dialect):
             (self.quote(table),),
         ).all()
         return repr([tuple(r) for r in rows])
+
+    def table_signatures(self, conn: Connection, tables: Sequence[str]) -> dict[str, str]:
+        if not tables:
+            return {}
+        each = "FROM unnest(%s::text[]) WITH ORDINALITY AS t(name, i) "
+        cols: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(1, len(tables) + 1)}
+        for r in conn.exec_driver_sql(
+            "SELECT t.i, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull, pg_get_expr(d.adbin, d.adrelid) "
+            + each
+            + "JOIN pg_attribute a ON a.attrelid = t.name::regclass "
+            "LEFT JOIN pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum "
+            "WHERE a.attnum > 0 AND NOT a.attisdropped ORDER BY t.i, a.attnum",
+            ([self.quote(t) for t in tables],),
+        ):
+            cols[int(r[0])].append(tuple(r[1:]))
+        trig: dict[int, set[str]] = {i: set() for i in cols}
+        for i, name in conn.exec_driver_sql(
+            "SELECT t.i, g.tgname " + each + "JOIN pg_trigger g ON g.tgrelid = t.name::regclass AND NOT g.tgisinternal",
+            ([self.quote(t) for t in tables],),
+        ):
+            trig[int(i)].add(str(name))
+        out = {}
+        for i, t in enumerate(tables, start=1):  # as column_signature and capture_present give them
+            o = names(t)
+            out[t] = f"{cols[i]!r} capture={','.join(sorted({o.cap_i, o.cap_u, o.cap_d} & trig[i]))}"
+        return out
 
     applying_flag = "current_setting('mm.applying', true)"
     applying_marker = "mm.applying"
