@@ -76,7 +76,8 @@ class Capabilities:
     #: change-log entries (and snapshots) carry ``txn``, the source transaction that wrote them, and
     #: positions are one site-wide order: a puller cuts a link's batches at transaction boundaries
     #: below the horizon (core/batches.py). Without it a batch is one whole read of the source,
-    #: whose read transaction holds only whole transactions (docs/transactions.md)
+    #: whose read transaction holds only whole transactions (docs/transactions.md). An id is never
+    #: 32 lowercase hex digits: that is a batch's own name (core/batches.py batch_txn)
     txn_column: bool
     #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
     #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file

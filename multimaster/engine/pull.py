@@ -356,7 +356,9 @@ def store_batch(
 
     Where this site records source transactions, each row keeps its transaction (relays copy it
     on); a row that came without one (from a site that records none, whose batch is one read of
-    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together.
+    whole transactions) gets `txn`, the batch's own name (core/batches.py batch_txn), so what this
+    site relays of it stays together for the cuts downstream; the error queue takes that name for
+    none (each such change is a unit of its own, core/errorqueue.py group_key).
 
     A change with a value this site cannot store exactly (Dialect.value_checks) is stored held, its
     values kept aside, and held in the error queue (:func:`misfits`); the changes held so are
