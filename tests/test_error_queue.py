@@ -63,7 +63,7 @@ class MixedCluster(TestCluster):
 
     __test__ = False
 
-    def __init__(self, backends: dict[str, Backend], tmp: Path, tables: dict[str, Any]):
+    def __init__(self, backends: dict[str, Backend], tmp: Path, tables: dict[str, Any], links: Any = "mesh"):
         import yaml
 
         self.backends = backends
@@ -74,7 +74,7 @@ class MixedCluster(TestCluster):
         doc = {
             "sites": {s: {"url": u} for s, u in urls.items()},
             "tables": {tb: {"key": spec["key"]} for tb, spec in tables.items()},
-            "links": "mesh",
+            "links": links,
         }
         path = tmp / "topology.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))

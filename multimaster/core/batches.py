@@ -29,10 +29,44 @@ are held back for a later refresh. The rules (docs/transactions.md):
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Collection, Hashable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["plan_cuts", "clean", "stream_step", "Step"]
+__all__ = ["plan_cuts", "clean", "stream_step", "Step", "batch_txn", "is_batch_txn", "source_txn"]
+
+# ---- a batch's own name for the changes that came without a source transaction
+#
+# A site that records source transactions (PostgreSQL, MariaDB) stores every change a peer that
+# records none (SQLite) sends it under the name of the batch that stored it, a read of whole
+# transactions: what it relays of them keeps that name in its change log, so the cuts downstream
+# (plan_cuts) never split one of them. The name covers the whole batch, though — a SQLite link's
+# backlog, the changes of other origins it relays included —, so it is no source transaction: the
+# error queue's unit stays the change alone (core/errorqueue.py group_key, docs/errors.md).
+#
+# The name is 32 lowercase hex digits, the form it has always had, which no
+# source transaction's id has: PostgreSQL's is a decimal number of at most 20 digits, MariaDB's
+# '<connection>:<epoch>.<trx>' holds a ':' (a new dialect's must not be 32 hex digits either).
+
+_BATCH_TXN = re.compile(r"[0-9a-f]{32}\Z")
+
+
+def batch_txn() -> str:
+    """A new batch's name for the changes it stores without a source transaction."""
+    return uuid.uuid4().hex
+
+
+def is_batch_txn(txn: Any) -> bool:
+    """Whether `txn` is a batch's name (:func:`batch_txn`), not a source transaction's id."""
+    return isinstance(txn, str) and _BATCH_TXN.match(txn) is not None
+
+
+def source_txn(txn: Any) -> str | None:
+    """The source transaction `txn` names, as text: None when it names none (None, or a batch's
+    name: the source recorded no transaction)."""
+    return None if txn is None or is_batch_txn(txn) else str(txn)
 
 
 def _spans(entries: Sequence[tuple[int, Hashable | None]]) -> dict[Hashable, tuple[int, int]]:

@@ -17,6 +17,7 @@ import heapq
 import re
 from typing import Any, Callable, Collection, Hashable, Iterable, Mapping, Sequence
 
+from multimaster.core.batches import source_txn
 from multimaster.core.planner import parse_sup
 
 __all__ = [
@@ -103,14 +104,22 @@ def retry_order(rows: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
 # A change is described by a mapping with (at least) ``tbl``, ``rid``, ``ver``, ``origin`` and
 # ``txn`` (the source transaction, None where the source records none: a SQLite site's changes).
 # Changes of one ``(origin, txn)`` are one *group*: held together, applied together. A change
-# without a transaction is a group of its own.
+# without a transaction is a group of its own; so is one whose ``txn`` is a batch's name
+# (core/batches.py batch_txn: the changes a batch stored from a source that records none, which
+# keeps them together for the cuts downstream, and is no source transaction).
+
+
+def _txn_of(change: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The source transaction ``(origin, txn)`` of `change`, None when its source recorded none."""
+    txn = source_txn(change.get("txn"))
+    return None if txn is None else (str(change["origin"]), txn)
 
 
 def group_key(change: Mapping[str, Any], ident: Hashable) -> Hashable:
     """The group of `change`: its source transaction ``(origin, txn)``, or `ident` (its own) when
-    it has none."""
-    txn = change.get("txn")
-    return ("txn", change["origin"], str(txn)) if txn is not None else ("one", ident)
+    it has none (no ``txn``, or a batch's name)."""
+    t = _txn_of(change)
+    return ("txn", *t) if t is not None else ("one", ident)
 
 
 def _table_rank(table_order: Sequence[str]) -> Callable[[str], tuple[int, str]]:
@@ -285,8 +294,9 @@ class Holds:
         self.txns: dict[tuple[str, str], Ref] = {}
         ordered = sorted(queued, key=lambda q: (q["state"] != "failed", q["ver"], q["id"]))
         for q in ordered:  # a transaction's held changes are held with its failed one, if any
-            if q.get("txn") is not None:
-                self.txns.setdefault((q["origin"], str(q["txn"])), q["id"])
+            t = _txn_of(q)
+            if t is not None:
+                self.txns.setdefault(t, q["id"])
         for q in sorted(ordered, key=lambda q: (q["ver"], q["id"])):
             self.rows.setdefault((q["tbl"], q["rid"]), (q["ver"], q["id"]))
 
@@ -298,8 +308,9 @@ class Holds:
             row = self.rows.get((m["tbl"], m["rid"]))
             if row is not None:
                 return pos, "waiting", row[1]
-            if m.get("txn") is not None and (m["origin"], str(m["txn"])) in self.txns:
-                return pos, "txn", self.txns[(m["origin"], str(m["txn"]))]
+            t = _txn_of(m)
+            if t is not None and t in self.txns:
+                return pos, "txn", self.txns[t]
         return None
 
     def hold(self, members: Sequence[Mapping[str, Any]], refs: Sequence[Ref], head: int) -> None:
@@ -308,8 +319,9 @@ class Holds:
         transactions is held with it."""
         for m, r in zip(members, refs):
             self.rows.setdefault((m["tbl"], m["rid"]), (m["ver"], r))
-            if m.get("txn") is not None:
-                self.txns.setdefault((m["origin"], str(m["txn"])), refs[head])
+            t = _txn_of(m)
+            if t is not None:
+                self.txns.setdefault(t, refs[head])
 
 
 def plan_holds(

@@ -78,7 +78,8 @@ class Capabilities:
     #: below the horizon (core/batches.py). Without it a batch is one whole read of the source,
     #: whose read transaction holds only whole transactions (docs/transactions.md). Every
     #: dialect's change log and snapshots have the column: a relayed entry keeps its origin's
-    #: ``txn`` (and a SQLite site's own entries have none)
+    #: ``txn`` (and a SQLite site's own entries have none). An id is never 32 lowercase hex
+    #: digits: that is a batch's own name (core/batches.py batch_txn)
     txn_column: bool
     #: SQL taking a session-level lock named by its one parameter without waiting, returning a true
     #: value when taken: at most one daemon per site (ops/daemon.py). None: the daemon locks a file

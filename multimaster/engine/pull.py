@@ -355,8 +355,10 @@ def store_batch(
 
     Each row keeps its source transaction (relays copy it on; on every dialect, SQLite's too since
     session 36); a row that came without one (a SQLite site's own change: its batch is one read of
-    whole transactions) gets `txn`, the batch's own, so what this site relays of it stays together
-    — where this site's capture records transactions (not at a SQLite site: there it keeps none).
+    whole transactions) gets `txn`, the batch's own name (core/batches.py batch_txn), so what this
+    site relays of it stays together for the cuts downstream — where this site's capture records
+    transactions (not at a SQLite site: there it keeps none). The error queue takes that name for
+    none (each such change is a unit of its own, core/errorqueue.py group_key).
 
     A change with a value this site cannot store exactly (Dialect.value_checks) is stored held, its
     values kept aside, and held in the error queue (:func:`misfits`); the changes held so are

@@ -9,7 +9,6 @@ import functools
 import random
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
@@ -20,7 +19,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Link, Topology
 from multimaster.core import waits as waits_core
-from multimaster.core.batches import Step, stream_step
+from multimaster.core.batches import Step, batch_txn, stream_step
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.references import fk_order
 from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead, ver_ms
@@ -766,7 +765,7 @@ def _refresh_stretch(
     tgt = first.tgt
     # pieces of the whole window: each piece's reconcile costs more as the target's open
     # transaction grows (docs/performance.md "One large transaction"), so fewer, larger pieces
-    run = functools.partial(_stretch_txn, tables=tables, window=window, batch=batch, token=uuid.uuid4().hex, tell=tell, pre=pre)
+    run = functools.partial(_stretch_txn, tables=tables, window=window, batch=batch, token=batch_txn(), tell=tell, pre=pre)
     try:
         stored_all, pieces, results = write_retrying(tgt, run, tell.watch if tell else None)
     except _Moved:
@@ -895,7 +894,7 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
     whose first window was cut reads its later windows holding the lock."""
     first = next(iter(tables.values()))
     tgt, src, source, target = first.tgt, first.src, first.source, first.target
-    token = uuid.uuid4().hex
+    token = batch_txn()
     while True:
         with tgt.read() as conn:
             wms0 = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
@@ -1124,7 +1123,9 @@ def _apply_batch(
     for tb, link in tables.items():
         if rows.get(tb):
             _check_clock_offset(link, rows[tb])
-    token = token or uuid.uuid4().hex  # the transaction of rows that came without one (store_batch)
+    # the name of rows that came without a source transaction (store_batch): kept together for the
+    # cuts downstream of this site, never a unit of the error queue (core/batches.py batch_txn)
+    token = token or batch_txn()
     stored_all, applied, conflicts = 0, 0, 0
     results: dict[str, ReconcileResult] = {}
     infos = [link.info for link in tables.values()]  # in apply_order

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from sqlalchemy.engine import Connection
 
+from multimaster.core.batches import source_txn
 from multimaster.core.schemas import decode_pending
 from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
@@ -111,6 +112,11 @@ class Held:
     rid: str
     op: str
     txn: str | None = None  # its source transaction (None where the source records none)
+
+    def __post_init__(self) -> None:
+        # a batch's name (core/batches.py batch_txn) is no source transaction: queued as none, so
+        # the change is a unit of its own and `errors` names no transaction for it
+        object.__setattr__(self, "txn", source_txn(self.txn))
 
 
 def _t(d: Dialect) -> str:

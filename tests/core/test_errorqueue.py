@@ -2,7 +2,9 @@
 changes of one source transaction (origin, txn) are one unit, a change without a transaction is
 one alone, and the order of units respects every row's version order; the model finds the units by
 brute force (transitive closure of "changes a row before"), the holds by a fixpoint over all pairs
-of units, a retry's set by a fixpoint over all pairs of changes."""
+of units, a retry's set by a fixpoint over all pairs of changes. A change whose ``txn`` is a batch's
+name (the changes a batch stored from a source that records no transaction, core/batches.py
+batch_txn) is one alone too: the model knows the names it drew."""
 
 from __future__ import annotations
 
@@ -11,9 +13,17 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from multimaster.core.batches import batch_txn, is_batch_txn, source_txn
 from multimaster.core.errorqueue import Holds, closure, group_of, plan_holds, retry_set, units
 
 TABLES = ["orders", "lines", "notes"]
+#: two batches' names (engine/refresh.py gives them to changes that came without a transaction)
+BATCHES = ["3b5d5c3712955042212316173ccf37be", "00000000000000000000000000000042"]
+
+
+def model_txn(t: Any) -> Any:
+    """The source transaction the model takes `t` for: none for a batch's name."""
+    return None if t in BATCHES else t
 
 
 @st.composite
@@ -29,7 +39,7 @@ def changes(draw: st.DrawFn, n_max: int = 14) -> list[dict[str, Any]]:
                 "rid": draw(st.sampled_from(["r0", "r1", "r2", "r3"])),
                 "ver": "%019d:%s" % (h, origin),
                 "origin": origin,
-                "txn": draw(st.sampled_from([None, "t0", "t1", "t2"])),
+                "txn": draw(st.sampled_from([None, "t0", "t1", "t2", *BATCHES])),
             }
         )
     return out
@@ -37,7 +47,7 @@ def changes(draw: st.DrawFn, n_max: int = 14) -> list[dict[str, Any]]:
 
 def model_key(cs: list[dict[str, Any]], i: int) -> Any:
     c = cs[i]
-    return (c["origin"], c["txn"]) if c["txn"] is not None else i
+    return (c["origin"], c["txn"]) if model_txn(c["txn"]) is not None else i
 
 
 def model_units(cs: list[dict[str, Any]]) -> set[frozenset[int]]:
@@ -88,16 +98,12 @@ def queues(draw: st.DrawFn) -> list[dict[str, Any]]:
 def model_held_units(cs: list[dict[str, Any]], queued: list[dict[str, Any]]) -> set[frozenset[int]]:
     us = units(cs, TABLES)
     qrows = {(q["tbl"], q["rid"]) for q in queued}
-    qtxns = {(q["origin"], q["txn"]) for q in queued if q["txn"] is not None}
+    qtxns = {(q["origin"], q["txn"]) for q in queued if model_txn(q["txn"]) is not None}
 
     def rows(u: list[int]) -> set[tuple[str, str]]:
         return {(cs[i]["tbl"], cs[i]["rid"]) for i in u}
 
-    held = {
-        k
-        for k, u in enumerate(us)
-        if rows(u) & qrows or any(cs[i]["txn"] is not None and (cs[i]["origin"], cs[i]["txn"]) in qtxns for i in u)
-    }
+    held = {k for k, u in enumerate(us) if rows(u) & qrows or any((cs[i]["origin"], cs[i]["txn"]) in qtxns for i in u)}
     grown = True
     while grown:
         grown = False
@@ -130,7 +136,8 @@ def test_a_unit_is_held_whole_behind_what_holds_it(cs: list[dict[str, Any]], que
         if state == "waiting":  # behind a held change of its row
             assert (target["tbl"], target["rid"]) == (cs[h]["tbl"], cs[h]["rid"])
         else:  # with its transaction's held changes
-            assert state == "txn" and (target["origin"], target["txn"]) == (cs[h]["origin"], cs[h]["txn"])
+            assert state == "txn" and model_txn(cs[h]["txn"]) is not None
+            assert (target["origin"], target["txn"]) == (cs[h]["origin"], cs[h]["txn"])
         for i in u:
             if i != h:
                 assert decided[i] == ("txn", ("new", h))
@@ -172,7 +179,7 @@ def model_closure(queued: list[dict[str, Any]], starts: list[int], behind: bool 
             if q["id"] in want:
                 continue
             for p in (by_id[i] for i in list(want)):
-                same_txn = q["txn"] is not None and (q["origin"], q["txn"]) == (p["origin"], p["txn"])
+                same_txn = model_txn(q["txn"]) is not None and (q["origin"], q["txn"]) == (p["origin"], p["txn"])
                 same_row = (q["tbl"], q["rid"]) == (p["tbl"], p["rid"])
                 if same_txn or (same_row and (q["ver"] >= p["ver"] or (behind and q.get("blocked_by") == p["id"]))):
                     want.add(q["id"])
@@ -196,7 +203,7 @@ def test_a_retry_takes_the_transactions_and_the_rows_behind(queued: list[dict[st
     assert g == {
         q["id"]
         for q in queued
-        if q["id"] == start or (s["txn"] is not None and (q["origin"], q["txn"]) == (s["origin"], s["txn"]))
+        if q["id"] == start or (model_txn(s["txn"]) is not None and (q["origin"], q["txn"]) == (s["origin"], s["txn"]))
     }
 
 
@@ -218,9 +225,35 @@ def test_the_closure_of_many_starts_is_the_fixpoint_of_the_rule(data: st.DataObj
                 "rid": data.draw(st.sampled_from(["r0", "r1"])),
                 "ver": "%019d:%s" % (h, origin),
                 "origin": origin,
-                "txn": data.draw(st.sampled_from([None, "t0", "t1"])),
+                "txn": data.draw(st.sampled_from([None, "t0", "t1", BATCHES[0]])),
                 "blocked_by": data.draw(st.sampled_from([None, *range(100, 100 + n)])) if n else None,
             }
         )
     starts = data.draw(st.lists(st.sampled_from([q["id"] for q in queued] + [99]), max_size=4)) if queued else [99]
     assert closure(queued, starts, behind=behind) == sorted(model_closure(queued, starts, behind))
+
+
+@settings(max_examples=300)
+@given(changes(), queues())
+def test_a_batch_s_name_counts_for_no_transaction(cs: list[dict[str, Any]], queued: list[dict[str, Any]]) -> None:
+    """Every decision is the one taken with no transaction where a change carries a batch's name:
+    a unit is never larger than a source transaction where the source recorded none (session 36:
+    one change held from a SQLite peer held the whole batch that came with it)."""
+    bare = [dict(c, txn=model_txn(c["txn"])) for c in cs]
+    bare_q = [dict(q, txn=model_txn(q["txn"])) for q in queued]
+    assert units(cs, TABLES) == units(bare, TABLES)
+    assert plan_holds(cs, queued, TABLES) == plan_holds(bare, bare_q, TABLES)
+    for q in queued:
+        assert closure(queued, [q["id"]]) == closure(bare_q, [q["id"]])
+        assert group_of(queued, q["id"]) == group_of(bare_q, q["id"])
+
+
+@given(st.integers(0, 2**64 - 1), st.integers(1, 2**32), st.integers(0, 2**48), st.integers(0, 2**32))
+def test_no_source_transaction_id_is_taken_for_a_batch_s_name(xid: int, conn: int, trx: int, bound: int) -> None:
+    """PostgreSQL's id (a 64-bit number as text) and MariaDB's ('<connection>:0.<trx>', split at a
+    bound: ':<bound>' appended) are source transactions; a batch's name is none."""
+    for t in (str(xid), f"{conn}:0.{trx}", f"{conn}:0.{trx}:{bound}", f"{conn}:0."):
+        assert not is_batch_txn(t) and source_txn(t) == t
+    name = batch_txn()
+    assert is_batch_txn(name) and source_txn(name) is None and source_txn(None) is None
+    assert name != batch_txn()
