@@ -397,6 +397,7 @@ def status(
                     _held_exit(st, as_json),
                     _stalled_exit(st.get("stalled") or []),
                     _stalled_exit(st.get("failing") or []),
+                    _stalled_exit(st.get("behind") or []),
                     _untracked_exit(st),
                     _gaps_exit(st.get("capture_gaps") or []),
                 )
@@ -407,6 +408,7 @@ def status(
                     _held_exit(st, as_json),
                     _stalled_exit(st.get("stalled") or []),
                     _stalled_exit(st.get("failing") or []),
+                    _stalled_exit(st.get("behind") or []),
                     _untracked_exit(st),
                     _gaps_exit(st.get("capture_gaps") or []),
                 )

@@ -11,7 +11,7 @@ from typing import Any
 
 from multimaster.config.topology import Link, Topology
 
-__all__ = ["TopologyView", "view", "render_text"]
+__all__ = ["TopologyView", "view", "render_text", "worst_wait"]
 
 
 @dataclass
@@ -74,6 +74,12 @@ def _cron_gap(expr: str) -> float:
             gap = max(gap, (nxt - prev).total_seconds())
         prev, now = nxt, nxt
     return gap
+
+
+def worst_wait(ln: Link) -> float:
+    """Longest a change can wait at `ln.source` before `ln.target` pulls it (its schedule's gap
+    and jitter; `status` gives a link that long beyond refresh.stall_after before calling it behind)."""
+    return _worst(ln)
 
 
 def _worst(ln: Link) -> float:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from multimaster.core.versions import BASE_VER, ver_ms
 
-__all__ = ["Wait", "reason", "stalled", "fix", "failing", "NEEDS_ACTION"]
+__all__ = ["Wait", "reason", "stalled", "fix", "failing", "behind", "behind_message", "since_s", "NEEDS_ACTION"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,56 @@ def failing(
     if last_success_at is None:
         return True
     return _seconds(now) - _seconds(last_success_at) >= after_s
+
+
+def behind(
+    waiting: int, oldest_age_s: float | None, since_success_s: float | None, after_s: float | None, allowance_s: float = 0.0
+) -> float | None:
+    """How long a link has made no progress while changes wait at its source for it, when that is
+    at least `after_s` (refresh.stall_after) plus `allowance_s` (the longest its schedule lets a
+    change wait before its next refresh even starts); None otherwise, or when `after_s` is None
+    ('off'). It is the shorter of the age of the oldest change waiting (`oldest_age_s`, from when
+    it was made at its origin) and the time since the link's last successful refresh
+    (`since_success_s`, None: none ever succeeded): a link refreshed by hand now and then is not
+    behind for a change made a moment ago, nor a link that keeps succeeding for an old change it is
+    taking now. Changes held at the target (parked, in its error queue) are not `waiting` here:
+    :func:`stalled` and the error queue name them."""
+    if after_s is None or waiting <= 0 or oldest_age_s is None:
+        return None
+    stuck = oldest_age_s if since_success_s is None else min(oldest_age_s, since_success_s)
+    return stuck if stuck >= after_s + max(0.0, allowance_s) else None
+
+
+def behind_message(
+    source: str,
+    target: str,
+    waiting: int,
+    oldest_age_s: float,
+    stuck_s: float,
+    last_success_at: str | None,
+    last_error: str | None,
+) -> str:
+    """What `status` says of a link :func:`behind` found behind, with what is known of why (its
+    last error after its last success, if any) and the commands that show or end it."""
+    since = f"since {last_success_at}" if last_success_at else "since it was set up"
+    why = (
+        f"its last failed refresh said: {last_error}"
+        if last_error
+        else "no refresh of it failed meanwhile: one is running and not finishing (a lock held at "
+        f"'{target}', a very long transaction), or no refresher runs for '{target}'"
+    )
+    return (
+        f"link {source} -> {target} behind: {waiting} change(s) wait at '{source}', the oldest made "
+        f"{oldest_age_s:.0f}s ago, and no refresh of the link succeeded {since} ({stuck_s:.0f}s without "
+        f"progress); {why}. See what it waits for: 'multimaster refresh -t FILE --site {target} --peer "
+        f"{source}' names a lock it waits for and the session holding it (so does the daemon's log, "
+        f"'lock_wait'); start 'multimaster run -t FILE --site {target}' if no refresher runs"
+    )
+
+
+def since_s(at: str | None, now: str) -> float | None:
+    """Seconds from bookkeeping time `at` to `now` (None when `at` is)."""
+    return None if at is None else max(0.0, _seconds(now) - _seconds(at))
 
 
 def _seconds(at: str) -> float:

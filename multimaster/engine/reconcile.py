@@ -62,6 +62,10 @@ class RefreshResult:
     seconds: float = 0.0
     reconciled: dict[str, ReconcileResult] = field(default_factory=dict)
     error: str | None = None
+    #: the error was a transient one of a site's database (a lock wait timed out, a deadlock, a
+    #: serialization failure: Dialect.is_retryable) that outlasted the refresh's own retries: the
+    #: sites answer, so the daemon tries again at the link's schedule, not backing off as from a down peer
+    transient: bool = False
     #: changes of this link that wait at the target after the refresh (for their row, a
     #: referenced row, an earlier change of their origin), and what the oldest waits for
     waiting: int = 0

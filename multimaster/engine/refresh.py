@@ -266,6 +266,7 @@ def _refresh_link(
         _record_error(tgt, source, res.error, lasting=isinstance(e, LASTING))
     except Exception as e:  # noqa: BLE001 - recorded for status, re-raised by the caller when asked
         res.error = redact(f"{type(e).__name__}: {str(getattr(e, 'orig', e)).splitlines()[0] if str(e) else ''}")
+        res.transient = isinstance(e, DBAPIError) and (tgt.dialect.is_retryable(e) or src.dialect.is_retryable(e))
         _record_error(tgt, source, res.error)
         if isinstance(e, DBAPIError) and tgt.dialect.names_missing_column(e):
             for tb in t.tables:  # described again by the next refresh (isolate.permanent)

@@ -161,6 +161,7 @@ class LinkState:
     last_error: str | None = None
     retry_at: float = 0.0
     running: bool = False
+    transient: bool = False  # the last failure was transient (RefreshResult.transient)
 
     @property
     def name(self) -> str:
@@ -537,7 +538,12 @@ class Daemon:
 
     # ---- jobs ------------------------------------------------------------------------------
     def backoff(self, st: LinkState) -> float:
+        """Seconds before a failing link is tried again: its interval doubled per consecutive
+        failure (up to max_backoff), except after a transient failure (a lock wait that timed out,
+        a deadlock: the sites answer, docs/decisions.md session 36), tried again after the interval."""
         base = max(st.link.interval if not st.link.cron else 1.0, 1.0)
+        if st.transient:
+            return float(min(self.max_backoff, base))
         return float(min(self.max_backoff, base * 2 ** max(0, st.failures - 1)))
 
     def _refresh(self, st: LinkState) -> None:
@@ -570,10 +576,12 @@ class Daemon:
             st.failures += 1
             st.errors += 1
             st.last_error = res.error
+            st.transient = res.transient
             retry = self.backoff(st)
             st.retry_at = time.time() + retry
         else:
             st.failures = 0
+            st.transient = False
             st.retry_at = 0.0
         if res.pulled or res.error or log.isEnabledFor(logging.DEBUG):
             _emit(

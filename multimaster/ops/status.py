@@ -13,8 +13,9 @@ from sqlalchemy.exc import DBAPIError
 from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology
+from multimaster.config.view import worst_wait
 from multimaster.core.versions import now_iso, ver_ms, ver_origin
-from multimaster.core.waits import NEEDS_ACTION, Wait, failing, fix, reason, stalled
+from multimaster.core.waits import NEEDS_ACTION, Wait, behind, behind_message, failing, fix, reason, since_s, stalled
 from multimaster.dialects.base import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster, each, read_each
@@ -112,7 +113,32 @@ def _link_entry(cl: Cluster, t: Topology, ln: Any, site_data: dict[str, dict[str
     entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
     if any(ahead[tb][0] for tb in t.tables) and not isinstance(src, AgentSite):
         _held_at_source(entry, src, ln.target, t, wms, t.refresh.stall_after_seconds(), have)
+    _behind(entry, ln, ahead, now_ms, t.refresh.stall_after_seconds())
     return entry
+
+
+def _behind(
+    entry: dict[str, Any], ln: Any, ahead: Mapping[str, tuple[int, str | None]], now_ms: int, after_s: float | None
+) -> None:
+    """A link that makes no progress while changes wait at its source (core/waits.py behind): how
+    long (`behind_s`) and the message with what is known of why (`behind`); None otherwise, and
+    for a link already named as stalled or failing."""
+    entry["behind"] = entry["behind_s"] = None
+    count = sum(n for n, _ in ahead.values())
+    vers = [o for _, o in ahead.values() if o is not None]
+    if not count or not vers or entry.get("stalled"):
+        return
+    now = now_iso()
+    success, error_at = entry.get("last_success_at"), entry.get("last_error_at")
+    if failing(success, error_at, now, after_s, entry.get("last_error")):
+        return  # named as failing, with its error (_failing)
+    age = max(0.0, (now_ms - ver_ms(min(vers))) / 1000)
+    stuck = behind(count, age, since_s(success, now), after_s, worst_wait(ln))
+    if stuck is None:
+        return
+    error = entry.get("last_error") if error_at is not None and (success is None or error_at >= success) else None
+    entry["behind_s"] = round(stuck, 1)
+    entry["behind"] = behind_message(ln.source, ln.target, count, age, stuck, success, error)
 
 
 def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]:
@@ -137,6 +163,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         out["removed"] = _removed_links(site_data, out["links"], t)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
+        out["behind"] = [ln["behind"] for ln in out["links"] if ln.get("behind")]
         out["failing"] = _failing(site_data, out["links"], t.refresh.stall_after_seconds(), out["removed"])
         warn, limit = t.refresh.clock_warn_seconds(), t.refresh.max_offset_seconds()
         out["clock_warnings"] = [
@@ -363,6 +390,7 @@ def attention(st: dict[str, Any], after_s: float | None) -> list[str]:
             "fix the cause, then 'multimaster errors retry -t FILE --all'"
         )
     out += [ln["stalled"] for ln in st["links"] if ln.get("stalled")]
+    out += [ln["behind"] for ln in st["links"] if ln.get("behind")]
     out += _failing(st["sites"], st["links"], after_s, [n for n in st.get("removed") or [] if n in st["sites"]])
     out += [untracked_message(tb, n) for n, d in st["sites"].items() for tb in d.get("untracked") or []]
     out += [evolve.gap_message(n, g) for n, d in st["sites"].items() for g in d.get("capture_gaps") or []]

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multimaster.core.versions import base_rid
-from multimaster.core.waits import Wait, reason, stalled
+from multimaster.core.waits import Wait, behind, reason, stalled
 
 MS = 65536  # one millisecond of the hybrid clock
 
@@ -77,3 +77,27 @@ def test_a_failure_that_needs_action_is_failing_at_once(ok: int | None, bad: int
     assert failing(last_ok, _iso(bad), _iso(now), after, NEEDS_ACTION + "site 's2' has no replication objects")
     want = after is not None and (ok is None or (ok < bad and now - ok >= after))
     assert failing(last_ok, _iso(bad), _iso(now), after, "OperationalError: connection refused") == want
+
+
+_S = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+
+
+@given(st.integers(0, 5), st.none() | _S, st.none() | _S, st.none() | _S, _S)
+def test_behind_exactly_when_changes_wait_and_nothing_progressed_for_the_limit(
+    waiting: int, oldest: float | None, since: float | None, after: float | None, allowance: float
+) -> None:
+    got = behind(waiting, oldest, since, after, allowance)
+    if after is None or waiting == 0 or oldest is None:
+        assert got is None
+        return
+    stuck = oldest if since is None else min(oldest, since)
+    assert (got is not None) == (stuck >= after + allowance)
+    if got is not None:  # how long: never more than the oldest change's age, nor the time since a success
+        assert got == stuck and got <= oldest and (since is None or got <= since)
+
+
+def test_a_recent_success_or_a_recent_change_is_not_behind() -> None:
+    assert behind(3, 900.0, 5.0, 60.0) is None  # refreshed 5 s ago: taking its old changes
+    assert behind(3, 5.0, 900.0, 60.0) is None  # a change made 5 s ago on a link refreshed by hand
+    assert behind(3, 900.0, 120.0, 60.0) == 120.0
+    assert behind(3, 900.0, 120.0, 60.0, allowance_s=86400.0) is None  # a nightly link's wait

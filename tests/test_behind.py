@@ -1,0 +1,90 @@
+"""A link that makes no progress while changes wait for it is never silent (docs/operations.md
+"Links behind"): an application holding a lock at the target keeps the link's refresh from
+finishing; once no refresh has succeeded for refresh.stall_after while changes wait, `status` calls
+the link behind, says for how long and what is known of why, and exits 1. A refresh failing only on
+such a lock is tried again at the link's schedule by the daemon, not backed off as from a down
+peer. Applications write with plain clients; the CLI runs as a user runs it. States are asserted,
+never durations."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from typing import Any
+
+import pytest
+from clusters import make_cluster, mm
+
+from multimaster import api
+from multimaster.ops.daemon import Daemon
+
+STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
+LINKS = [
+    {"from": "s1", "to": "s2", "interval": "100ms", "jitter": 0},
+    {"from": "s2", "to": "s1", "interval": "100ms", "jitter": 0},
+]
+
+
+def _held_back(backend: Any, tmp_path: Any) -> tuple[Any, Any]:
+    """Two sites in step, then an application at s2 holding the row that s1's next change updates."""
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=LINKS, settings={"refresh": {"stall_after": "1s"}})
+    cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('bolts', 1)")
+    cl.refresh_until_quiet()
+    app = cl.db("s2")
+    app.cursor().execute("UPDATE stock SET qty = 5 WHERE name = 'bolts'")  # open: the row stays locked
+    cl.execute("s1", "UPDATE stock SET qty = 9 WHERE name = 'bolts'")
+    return cl, app
+
+
+def test_a_link_whose_refresh_waits_on_an_application_lock_is_behind(backend, tmp_path):  # type: ignore[no-untyped-def]
+    if backend.name == "sqlite":
+        pytest.skip("sqlite: an application holding the database's write lock is covered by its busy timeout")
+    cl, app = _held_back(backend, tmp_path)
+    topo = str(tmp_path / "topology.yaml")
+    done: list[Any] = []
+    th = threading.Thread(target=lambda: done.append(api.refresh(cl.topo, "s2", "s1")), daemon=True)
+    try:
+        th.start()
+        seen = None
+        while seen is None and th.is_alive():  # the refresh waits for the application's lock meanwhile
+            st = mm("status", "-t", topo, "--json")
+            (link,) = [ln for ln in json.loads(st.stdout)["links"] if ln["from"] == "s1" and ln["to"] == "s2"]
+            if link.get("behind"):
+                seen = (st, link)
+            else:
+                time.sleep(0.2)
+        assert seen is not None, f"status never called the link behind while its refresh waited: {link}"
+        st, link = seen
+        assert st.returncode == 1, st.stdout + st.stderr
+        assert link["behind"] in json.loads(st.stdout)["behind"] and link["behind"] in st.stderr, st.stderr
+        assert link["behind"].startswith("link s1 -> s2 behind: 1 change(s) wait at 's1'"), link["behind"]
+        assert "--site s2 --peer s1" in link["behind"] and link["behind_s"] >= 1, link
+        assert link["last_error"] is None, link  # nothing failed yet: before, status exited 0 here
+    finally:
+        app.rollback()
+        app.close()
+        th.join()
+    cl.refresh_until_quiet()
+    assert mm("status", "-t", topo).returncode == 0
+    assert [r[2] for r in cl.rows("s2", "stock")] == [9]
+
+
+def test_a_refresh_failing_on_a_lock_is_retried_at_its_interval(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
+    cl, app = _held_back(pg_backend, tmp_path)
+    d = Daemon(cl.topo, ["s2"], max_backoff=300)
+    try:
+        st = d.stats.links["s1->s2"]
+        st.failures = 6  # as after six failures in a row: a down peer would now wait 64 intervals
+        d._refresh(st)  # PostgreSQL gives up the row after its lock_timeout, on every retry
+        assert st.failures == 7 and "lock timeout" in (st.last_error or ""), st
+        assert st.transient and d.backoff(st) == 1.0, st
+        app.rollback()
+        st.retry_at = 0.0
+        d._refresh(st)
+        assert st.failures == 0 and not st.transient, st
+    finally:
+        app.rollback()
+        app.close()
+        d.cluster.close()
+    assert [r[2] for r in cl.rows("s2", "stock")] == [9]
