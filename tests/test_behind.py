@@ -88,3 +88,45 @@ def test_a_refresh_failing_on_a_lock_is_retried_at_its_interval(pg_backend, tmp_
         app.close()
         d.cluster.close()
     assert [r[2] for r in cl.rows("s2", "stock")] == [9]
+
+
+def test_a_mariadb_refresh_waits_out_an_applications_lock_only_in_its_last_attempt(mysql_backend, tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    """A natural-key table at a MariaDB target, a row an application keeps locked: every attempt
+    of the refresh but the last gives up at once (brief waits from the reconcilers' lock on), and
+    the link goes on once the application ends. Before (session 36) brief waits began only with a
+    renumbered table's writers' lock, so each of the ten attempts waited out innodb_lock_wait_timeout
+    (50 s): 500 s behind one application's transaction, and no attempt failed at once."""
+    from multimaster.dialects.mysql import dialect as my
+
+    codes = {"codes": {"key": "code", "columns": {"qty": "int"}, "auto": False}}
+    cl = make_cluster(mysql_backend, tmp_path, ["s1", "s2"], codes)
+    cl.execute("s1", "INSERT INTO codes (code, qty) VALUES ('a', 1)")
+    cl.refresh_until_quiet()
+    quick: list[int] = []
+    real = my.MySQLDialect._lock_or_retry
+
+    def counted(self, conn, *a, **k):  # type: ignore[no-untyped-def]
+        try:
+            return real(self, conn, *a, **k)
+        except Exception:
+            quick.append(1 if conn.info.get(my.BRIEF_NOW) else 0)
+            raise
+
+    monkeypatch.setattr(my.MySQLDialect, "_lock_or_retry", counted)
+    app = cl.db("s2")
+    app.cursor().execute("UPDATE codes SET qty = 5 WHERE code = 'a'")  # open: the row stays locked
+    cl.execute("s1", "UPDATE codes SET qty = 9 WHERE code = 'a'")
+    th = threading.Thread(target=lambda: api.refresh(cl.topo, "s2", "s1"), daemon=True)
+    try:
+        th.start()
+        for _ in range(200):  # before: the first attempt alone waited 50 s without failing
+            if sum(quick) >= 3 or not th.is_alive():
+                break
+            time.sleep(0.1)
+        assert sum(quick) >= 3, f"attempts that gave up at once: {quick}"
+    finally:
+        app.rollback()
+        app.close()
+    th.join()
+    cl.refresh_until_quiet()
+    assert [r[1] for r in cl.rows("s2", "codes")] == [9]

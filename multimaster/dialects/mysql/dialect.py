@@ -1142,9 +1142,26 @@ class MySQLDialect(Dialect):
         )
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
-        """The table's _mm_clock row, which only reconcilers lock (waited for patiently)."""
+        """The table's _mm_clock row, which only reconcilers lock (waited for patiently). With brief
+        waits, every lock wait after it gives up at once (_brief_from_now), as after lock_writers:
+        an attempt that is not the last never waits for a row an application holds. Before
+        (session 36) that held only once a renumbered table's writers were locked, so a refresh of
+        a natural-key table waited out innodb_lock_wait_timeout (50 s) on every one of its ten
+        attempts: 500 s behind one application's long transaction. Now the attempts before the last
+        fail at once (with backoff, a few seconds in all) and only the last waits the full timeout."""
         with self._patiently(conn):
             conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
+        self._brief_from_now(conn)
+
+    @staticmethod
+    def _brief_from_now(conn: Connection) -> None:
+        """In a transaction run with brief waits (BRIEF_WAITS, Site.write), every lock wait from
+        here on gives up at once (innodb_lock_wait_timeout 0: 1205, retried); the session's own
+        timeout is kept in @mm_rwait for the framework's own locks (_patiently) and comes back when
+        the connection goes back to the pool."""
+        if not conn.info.get(BRIEF_NOW) and conn.get_execution_options().get(BRIEF_WAITS):
+            conn.exec_driver_sql("SET @mm_rwait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
+            conn.info[BRIEF_NOW] = True
 
     @contextmanager
     def _patiently(self, conn: Connection) -> Iterator[None]:
@@ -1173,9 +1190,7 @@ class MySQLDialect(Dialect):
         with self._patiently(conn):
             conn.exec_driver_sql("SELECT tbl FROM _mm_gates WHERE tbl = %s FOR UPDATE", (info.name,)).all()
             conn.exec_driver_sql("SELECT count(*) FROM _mm_slots WHERE tbl = %s FOR UPDATE", (info.name,)).all()
-        if not conn.info.get(BRIEF_NOW) and conn.get_execution_options().get(BRIEF_WAITS):
-            conn.exec_driver_sql("SET @mm_rwait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = 0")
-            conn.info[BRIEF_NOW] = True
+        self._brief_from_now(conn)
 
     def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
         """Of the connections whose slot some transaction holds (a read that skips the free ones,
