@@ -32,6 +32,7 @@ from multimaster.dialects.schema import Collation, Column, Names, TableInfo, nam
 from multimaster.errors import SchemaError
 
 __all__ = [
+    "BRIEF_EARLY",
     "BRIEF_NOW",
     "BRIEF_WAITS",
     "Capabilities",
@@ -120,6 +121,11 @@ _ADD_IF_MISSING = re.compile(r"\s*ALTER\s+TABLE\s+(\S+)\s+ADD\s+COLUMN\s+IF\s+NO
 #: execution option of a write transaction (Site.write(brief=True)): once it holds the writers'
 #: lock of a table (Dialect.lock_writers), its lock waits give up at once (a retryable error)
 BRIEF_WAITS = "mm_brief_waits"
+#: execution option of a write transaction (Site.write(early=True)), an attempt between the first
+#: and the last: its lock waits give up at once already from the table's reconcilers' lock on
+#: (Dialect.lock_for_apply; MariaDB), so a row an application keeps locked is waited out in the
+#: first attempt (the lock watch names its holder) and the last, not in every one
+BRIEF_EARLY = "mm_brief_early"
 #: Connection.info key: this transaction's lock waits are brief now (the dialect set them so)
 BRIEF_NOW = "mm_brief_now"
 

@@ -1218,7 +1218,7 @@ def write_retrying(site: Site, fn: Callable[[Connection], T], watch: Watch | Non
     with watching(site, watch) as lw:
         for attempt in range(RETRIES):
             try:
-                with site.write(lw, brief=attempt < RETRIES - 1) as conn:
+                with site.write(lw, brief=attempt < RETRIES - 1, early=0 < attempt < RETRIES - 1) as conn:
                     return fn(conn)
             except DBAPIError as e:
                 if attempt == RETRIES - 1 or not site.dialect.is_retryable(e):

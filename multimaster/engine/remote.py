@@ -87,7 +87,7 @@ class AgentSite(Site):
         yield  # pragma: no cover
 
     @contextmanager
-    def write(self, watch: LockWatch | None = None, *, brief: bool = False) -> Iterator[Connection]:
+    def write(self, watch: LockWatch | None = None, *, brief: bool = False, early: bool = False) -> Iterator[Connection]:
         raise AgentOnly(self.name, hidden_url(self.url), "writing its database")
         yield  # pragma: no cover
 

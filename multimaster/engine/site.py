@@ -17,7 +17,7 @@ from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.config.topology import Topology, hidden_url
 from multimaster.dialects import Dialect, get_dialect
-from multimaster.dialects.base import BRIEF_NOW, BRIEF_WAITS
+from multimaster.dialects.base import BRIEF_EARLY, BRIEF_NOW, BRIEF_WAITS
 from multimaster.dialects.liveness import Timeouts
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine.lockwatch import LockWatch
@@ -120,14 +120,15 @@ class Site:
                 yield conn
 
     @contextmanager
-    def write(self, watch: LockWatch | None = None, *, brief: bool = False) -> Iterator[Connection]:
+    def write(self, watch: LockWatch | None = None, *, brief: bool = False, early: bool = False) -> Iterator[Connection]:
         """A write transaction that takes the site's write lock up front (SQLite: BEGIN IMMEDIATE);
         once it committed, what it registered with after_commit runs, each in a transaction of its
         own. `watch`: the operation's lock watch (engine/lockwatch.py), told of the transaction's
         session and of its BEGIN. `brief`: once the transaction holds a table's writers' lock, its
-        lock waits give up at once (Dialect.lock_writers); for a caller that runs it again."""
+        lock waits give up at once (Dialect.lock_writers); for a caller that runs it again. `early`:
+        already once it holds the table's reconcilers' lock (BRIEF_EARLY)."""
         with self.engine.connect() as conn:
-            conn.execution_options(mm_write=True, **{BRIEF_WAITS: brief})
+            conn.execution_options(mm_write=True, **{BRIEF_WAITS: brief, BRIEF_EARLY: early})
             conn.info.pop(BRIEF_NOW, None)  # (a transaction before on this session set it)
             if watch is None:
                 txn = conn.begin()

@@ -30,6 +30,7 @@ from sqlalchemy.exc import DBAPIError
 
 from multimaster.core.progress import Blocker
 from multimaster.dialects.base import (
+    BRIEF_EARLY,
     BRIEF_NOW,
     BRIEF_WAITS,
     CLOCK_SLACK,
@@ -1142,16 +1143,17 @@ class MySQLDialect(Dialect):
         )
 
     def lock_for_apply(self, conn: Connection, info: TableInfo) -> None:
-        """The table's _mm_clock row, which only reconcilers lock (waited for patiently). With brief
-        waits, every lock wait after it gives up at once (_brief_from_now), as after lock_writers:
-        an attempt that is not the last never waits for a row an application holds. Before
-        (session 36) that held only once a renumbered table's writers were locked, so a refresh of
-        a natural-key table waited out innodb_lock_wait_timeout (50 s) on every one of its ten
-        attempts: 500 s behind one application's long transaction. Now the attempts before the last
-        fail at once (with backoff, a few seconds in all) and only the last waits the full timeout."""
+        """The table's _mm_clock row, which only reconcilers lock (waited for patiently). In an
+        attempt between the first and the last (BRIEF_EARLY), every lock wait after it gives up at
+        once (_brief_from_now), as after lock_writers: a row an application keeps locked is waited
+        out in the first attempt (the lock watch names its holder meanwhile) and in the last, not
+        in every one. Before (session 36) brief waits began only with a renumbered table's writers'
+        lock, so a refresh of a natural-key table waited out innodb_lock_wait_timeout (50 s) in
+        each of its ten attempts: 500 s behind one application's long transaction."""
         with self._patiently(conn):
             conn.exec_driver_sql("SELECT hlc FROM _mm_clock WHERE tbl = %s FOR UPDATE", (info.name,)).all()
-        self._brief_from_now(conn)
+        if conn.get_execution_options().get(BRIEF_EARLY):
+            self._brief_from_now(conn)
 
     @staticmethod
     def _brief_from_now(conn: Connection) -> None:
