@@ -616,6 +616,23 @@ def query(b: Backend, url: str, sql: str, params: tuple[Any, ...] = (), *, qmark
         c.close()
 
 
+#: what a reader sees of order 'A' (the order, its lines): all of a source transaction or none of it
+SEE_A = "SELECT (SELECT count(*) FROM orders WHERE oref = 'A'), (SELECT count(*) FROM olines WHERE oref = 'A')"
+
+
+def see_a(cl: Any, site: str) -> tuple[int, int]:
+    """(orders, lines) of order 'A' at `site` of cluster `cl`, as an application reads them."""
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        cur.execute(SEE_A)
+        r = cur.fetchone()
+        c.rollback()
+        return int(r[0]), int(r[1])
+    finally:
+        c.close()
+
+
 def opened(name: str) -> Iterator[Backend]:
     """A fixture's body: the backend `name` (skipped, or failed under MM_REQUIRE_SERVERS, when its
     server does not answer), its databases dropped after the test."""

@@ -89,18 +89,22 @@ class Pair:
         finally:
             c.close()
 
-    def rows(self, site: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+    def read(self, site: str, *queries: str) -> tuple[list[tuple[Any, ...]], ...]:
+        """The rows of each of `queries` at `site`, read in one transaction."""
         c = self.connect(site)
         try:
             cur = c.cursor()
-            cur.execute("SELECT oref, nlines FROM orders ORDER BY oref")
-            orders = [tuple(r) for r in cur.fetchall()]
-            cur.execute("SELECT oref, n FROM olines ORDER BY oref, n")
-            lines = [tuple(r) for r in cur.fetchall()]
+            out = []
+            for q in queries:
+                cur.execute(q)
+                out.append([tuple(r) for r in cur.fetchall()])
             c.rollback()
-            return orders, lines
+            return tuple(out)
         finally:
             c.close()
+
+    def rows(self, site: str) -> tuple[list[tuple[Any, ...]], ...]:
+        return self.read(site, "SELECT oref, nlines FROM orders ORDER BY oref", "SELECT oref, n FROM olines ORDER BY oref, n")
 
 
 def order(p: Pair, c: Any, oref: str, k: int, commit: bool = True) -> None:
@@ -366,19 +370,9 @@ def test_the_reconciler_plans_a_large_transaction_in_pieces(
     assert p.rows("b")[1] == [("big", n) for n in range(BIG)]
 
 
-def mixed_rows(p: Pair, site: str) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def mixed_rows(p: Pair, site: str) -> tuple[list[tuple[Any, ...]], ...]:
     """Every row of both MIXED tables at `site`, with its key."""
-    c = p.connect(site)
-    try:
-        cur = c.cursor()
-        cur.execute("SELECT id, name, n FROM items ORDER BY id")
-        items = [tuple(r) for r in cur.fetchall()]
-        cur.execute("SELECT code, name, n FROM codes ORDER BY code")
-        codes = [tuple(r) for r in cur.fetchall()]
-        c.rollback()
-        return items, codes
-    finally:
-        c.close()
+    return p.read(site, "SELECT id, name, n FROM items ORDER BY id", "SELECT code, name, n FROM codes ORDER BY code")
 
 
 def big_mixed(p: Pair, local: bool) -> int:

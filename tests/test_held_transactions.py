@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, TestCluster, made, make_cluster
+from clusters import SEE_A, Backend, TestCluster, made, make_cluster, see_a
 from test_error_queue import MixedCluster, mm
 
 TABLES = {
@@ -24,10 +24,8 @@ TABLES = {
     "olines": {"key": "id", "columns": {"oref": "text", "n": "int", "qty": "int"}},
 }
 
+
 #: how a reader at the receiving site sees order A: (orders, lines), in one statement
-SEE_A = "SELECT (SELECT count(*) FROM orders WHERE oref = 'A'), (SELECT count(*) FROM olines WHERE oref = 'A')"
-
-
 @pytest.fixture(params=["postgresql", "mysql", "postgresql-to-mysql"])
 def cluster(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
     """s1 writes, s2 receives (and rejects a line)."""
@@ -96,18 +94,6 @@ def _held_order(cl: TestCluster, tmp: Path) -> tuple[str, list[dict[str, Any]]]:
     return topo, _errors(topo, "--site", "s2")
 
 
-def _see_a(cl: TestCluster, site: str) -> tuple[int, int]:
-    c = cl.db(site)
-    try:
-        cur = c.cursor()
-        cur.execute(SEE_A)
-        r = cur.fetchone()
-        c.rollback()
-        return int(r[0]), int(r[1])
-    finally:
-        c.close()
-
-
 def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: TestCluster, tmp_path: Path) -> None:
     cl = cluster
     topo, held = _held_order(cl, tmp_path)
@@ -134,7 +120,7 @@ def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: Te
     again = _errors(topo, "--site", "s2")
     assert sorted(h["id"] for h in again) == sorted(h["id"] for h in held)
     assert [h["attempts"] for h in again] == [2, 2, 2, 2]
-    assert _see_a(cl, "s2") == (0, 0)
+    assert see_a(cl, "s2") == (0, 0)
     # a later transaction changes order A and adds a line: held whole behind it (a refresh, not
     # isolating mode: nothing of it was rejected)
     p = _ph(cl, "s1")
@@ -152,7 +138,7 @@ def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: Te
     assert sorted((h["table"], h["op"], h["state"]) for h in later) == [("olines", "I", "txn"), ("orders", "U", "waiting")]
     head = next(h for h in later if h["state"] == "waiting")
     assert head["blocked_by"] == order["id"] and all(h["blocked_by"] == head["id"] for h in later if h is not head)
-    assert _see_a(cl, "s2") == (0, 0)
+    assert see_a(cl, "s2") == (0, 0)
     # the cause fixed: one retry applies the order with all its lines together, as a reader sees
     cl.execute("s2", "ALTER TABLE olines DROP CONSTRAINT qty_ok")
     seen: set[tuple[int, int]] = set()
@@ -180,7 +166,7 @@ def test_a_rejected_change_holds_its_whole_transaction_until_retried(cluster: Te
     assert r.returncode == 0, r.stdout + r.stderr
     assert "applied 6" in r.stdout, r.stdout  # both transactions: the later one waited behind the first
     assert seen <= {(0, 0), (1, 4)} and (0, 0) in seen, seen
-    assert _see_a(cl, "s2") == (1, 4)
+    assert see_a(cl, "s2") == (1, 4)
     assert _errors(topo) == []
     cl.refresh_until_quiet()
     cl.assert_converged()
@@ -204,7 +190,7 @@ def test_skip_drops_the_whole_transaction_and_applies_what_waited(cluster: TestC
     logged = _errors(topo, "--all")
     assert sorted(h["id"] for h in logged) == sorted(h["id"] for h in held)
     assert {(h["state"], h["reason"]) for h in logged} == {("skipped", "order A cancelled")}
-    assert _see_a(cl, "s2") == (0, 0)  # never applied here, nor the update that waited (its row is gone)
+    assert see_a(cl, "s2") == (0, 0)  # never applied here, nor the update that waited (its row is gone)
     assert [r[1:] for r in cl.rows("s2", "orders")] == [("B", 1)]
     assert mm("status", "-t", topo).returncode == 0
     # the link goes on
@@ -220,7 +206,7 @@ def test_sqlite_changes_carry_no_transaction_each_is_held_alone(sqlite_backend: 
     _reject_negative(cl, "s2")
     _order(cl, "A", [1, -1, 2])
     cl.refresh_until_quiet()
-    assert _see_a(cl, "s2") == (1, 2)
+    assert see_a(cl, "s2") == (1, 2)
     held = _errors(topo, "--site", "s2")
     assert [(h["table"], h["state"], h["txn"]) for h in held] == [("olines", "failed", None)]
 

@@ -17,14 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusters import Backend, made
+from clusters import Backend, made, see_a
 from test_error_queue import MixedCluster, mm
 
 TABLES = {
     "orders": {"key": "id", "columns": {"oref": "text", "nlines": "int"}},
     "olines": {"key": "id", "columns": {"oref": "text", "n": "int", "qty": "int"}},
 }
-SEE_A = "SELECT (SELECT count(*) FROM orders WHERE oref = 'A'), (SELECT count(*) FROM olines WHERE oref = 'A')"
 
 
 @pytest.fixture(params=["mysql", "postgresql"])
@@ -53,16 +52,12 @@ def _order(cl: MixedCluster, oref: str, qtys: list[int]) -> None:
         c.close()
 
 
-def _see_a(cl: MixedCluster, site: str) -> tuple[int, int]:
-    c = cl.db(site)
-    try:
-        cur = c.cursor()
-        cur.execute(SEE_A)
-        r = cur.fetchone()
-        c.rollback()
-        return int(r[0]), int(r[1])
-    finally:
-        c.close()
+#: order A held whole: its rejected line, and the order and its other lines with it
+HELD_WHOLE = [("olines", "failed"), ("olines", "txn"), ("olines", "txn"), ("orders", "txn")]
+
+
+def _states(held: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    return sorted((h["table"], h["state"]) for h in held)
 
 
 def _held(topo: str, site: str) -> list[dict[str, Any]]:
@@ -91,7 +86,7 @@ def _relay_and_hold(cl: MixedCluster, tmp: Path) -> tuple[str, list[dict[str, An
     txns = _lite_txns(cl)
     assert {o for o, _ in txns} == {"pg"} and len(txns) == 2 and all(t is not None for _, t in txns), txns
     cl.refresh("far", "lite")  # far hears of A only through lite
-    assert _see_a(cl, "far") == (0, 0)  # nothing of A: not the order without a line
+    assert see_a(cl, "far") == (0, 0)  # nothing of A: not the order without a line
     assert [r[1:] for r in cl.rows("far", "orders")] == [("B", 1)]
     return topo, _held(topo, "far")
 
@@ -99,12 +94,7 @@ def _relay_and_hold(cl: MixedCluster, tmp: Path) -> tuple[str, list[dict[str, An
 def test_a_transaction_relayed_by_a_sqlite_site_is_held_whole_and_retried_whole(relayed: MixedCluster, tmp_path: Path) -> None:
     cl = relayed
     topo, held = _relay_and_hold(cl, tmp_path)
-    assert sorted((h["table"], h["state"]) for h in held) == [
-        ("olines", "failed"),
-        ("olines", "txn"),
-        ("olines", "txn"),
-        ("orders", "txn"),
-    ], held
+    assert _states(held) == HELD_WHOLE, held
     assert {h["origin"] for h in held} == {"pg"} and len({h["txn"] for h in held}) == 1 and held[0]["txn"] is not None
     assert {(h["origin"], h["txn"]) for h in held} <= _lite_txns(cl)
     # the cause fixed: one retry applies the order with all its lines
@@ -112,7 +102,7 @@ def test_a_transaction_relayed_by_a_sqlite_site_is_held_whole_and_retried_whole(
     failed = next(h for h in held if h["state"] == "failed")
     r = mm("errors", "retry", "-t", topo, "--site", "far", "--id", str(failed["id"]))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert _see_a(cl, "far") == (1, 3)
+    assert see_a(cl, "far") == (1, 3)
     cl.refresh_until_quiet()
     cl.assert_converged()
 
@@ -165,12 +155,7 @@ def test_a_sqlite_site_made_before_relays_transactions_whole_once_upgraded(
         assert all(has for _, has in _lite_columns(cl))
     _, held = _relay_and_hold(cl, tmp_path)  # first use: the refresh's own process adds them
     assert all(has for _, has in _lite_columns(cl))
-    assert sorted((h["table"], h["state"]) for h in held) == [
-        ("olines", "failed"),
-        ("olines", "txn"),
-        ("olines", "txn"),
-        ("orders", "txn"),
-    ], held
+    assert _states(held) == HELD_WHOLE, held
 
 
 def test_a_sqlite_site_holds_a_rejected_postgresql_transaction_whole(tmp_path: Path) -> None:
@@ -186,19 +171,14 @@ def test_a_sqlite_site_holds_a_rejected_postgresql_transaction_whole(tmp_path: P
         )
         _order(cl, "A", [1, -1, 2])
         cl.refresh_until_quiet()
-        assert _see_a(cl, "lite") == (0, 0)
+        assert see_a(cl, "lite") == (0, 0)
         held = _held(topo, "lite")
-        assert sorted((h["table"], h["state"]) for h in held) == [
-            ("olines", "failed"),
-            ("olines", "txn"),
-            ("olines", "txn"),
-            ("orders", "txn"),
-        ], held
+        assert _states(held) == HELD_WHOLE, held
         assert len({(h["origin"], h["txn"]) for h in held}) == 1 and held[0]["txn"] is not None
         cl.execute("lite", "DROP TRIGGER qty_ok")
         r = mm("errors", "retry", "-t", topo, "--all")
         assert r.returncode == 0, r.stdout + r.stderr
-        assert _see_a(cl, "lite") == (1, 3)
+        assert see_a(cl, "lite") == (1, 3)
     finally:
         for b in backends.values():
             b.cleanup()
@@ -230,14 +210,9 @@ def test_a_transaction_relayed_by_a_sqlite_site_keeps_its_txn_through_the_sqlite
             (tmp_path / "far.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
             res = api.refresh(load_topology(tmp_path / "far.yaml"), "far", "lite")
             assert res[0].error is None and res[0].pulled >= 4, res
-        assert _see_a(cl, "far") == (0, 0)
+        assert see_a(cl, "far") == (0, 0)
         held = _held(str(path), "far")
-        assert sorted((h["table"], h["state"]) for h in held) == [
-            ("olines", "failed"),
-            ("olines", "txn"),
-            ("olines", "txn"),
-            ("orders", "txn"),
-        ], held
+        assert _states(held) == HELD_WHOLE, held
         assert {(h["origin"], h["txn"]) for h in held} <= _lite_txns(cl) and len({h["txn"] for h in held}) == 1
     finally:
         for b in backends.values():
