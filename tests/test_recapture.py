@@ -419,7 +419,11 @@ def test_an_update_in_the_moment_capture_is_made_again_is_not_refused(mysql_back
             try:
                 cur = watch.cursor()
                 for _ in range(600):
-                    cur.execute("SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
+                    # a row lock wait (INNODB_TRX) or a metadata lock wait (PROCESSLIST only)
+                    cur.execute(
+                        "SELECT (SELECT count(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT') + "
+                        "(SELECT count(*) FROM information_schema.PROCESSLIST WHERE state LIKE 'Waiting for%lock%')"
+                    )
                     if not t.is_alive() or cur.fetchone()[0]:
                         break
                     time.sleep(0.05)
