@@ -9,6 +9,8 @@ never durations."""
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
 from typing import Any
@@ -17,7 +19,9 @@ import pytest
 from clusters import make_cluster, mm
 
 from multimaster import api
+from multimaster.core.versions import now_iso
 from multimaster.ops.daemon import Daemon
+from multimaster.ops.metrics import health, render
 
 STOCK = {"stock": {"key": "id", "columns": {"name": "text", "qty": "int"}}}
 LINKS = [
@@ -28,7 +32,8 @@ LINKS = [
 
 def _held_back(backend: Any, tmp_path: Any) -> tuple[Any, Any]:
     """Two sites in step, then an application at s2 holding the row that s1's next change updates."""
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=LINKS, settings={"refresh": {"stall_after": "1s"}})
+    settings = {"refresh": {"stall_after": "1s", "lock_wait_warn": "300ms"}}
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], STOCK, links=LINKS, settings=settings)
     cl.execute("s1", "INSERT INTO stock (name, qty) VALUES ('bolts', 1)")
     cl.refresh_until_quiet()
     app = cl.db("s2")
@@ -42,25 +47,41 @@ def test_a_link_whose_refresh_waits_on_an_application_lock_is_behind(backend, tm
         pytest.skip("sqlite: an application holding the database's write lock is covered by its busy timeout")
     cl, app = _held_back(backend, tmp_path)
     topo = str(tmp_path / "topology.yaml")
+    holder = app_backend_id(backend, app)
     done: list[Any] = []
     th = threading.Thread(target=lambda: done.append(api.refresh(cl.topo, "s2", "s1")), daemon=True)
     try:
         th.start()
         seen = None
-        while seen is None and th.is_alive():  # the refresh waits for the application's lock meanwhile
+        # the refresh waits for the application's lock meanwhile; its lock watch records the wait
+        # at s2 (store/running.py) once it passes lock_wait_warn
+        while seen is None and th.is_alive():
             st = mm("status", "-t", topo, "--json")
             (link,) = [ln for ln in json.loads(st.stdout)["links"] if ln["from"] == "s1" and ln["to"] == "s2"]
-            if link.get("behind"):
+            if link.get("behind") and link.get("running"):
                 seen = (st, link)
             else:
                 time.sleep(0.2)
-        assert seen is not None, f"status never called the link behind while its refresh waited: {link}"
+        assert seen is not None, f"status never called the link behind, naming the refresh waiting: {link}"
         st, link = seen
         assert st.returncode == 1, st.stdout + st.stderr
         assert link["behind"] in json.loads(st.stdout)["behind"] and link["behind"] in st.stderr, st.stderr
         assert link["behind"].startswith("link s1 -> s2 behind: 1 change(s) wait at 's1'"), link["behind"]
         assert "--site s2 --peer s1" in link["behind"] and link["behind_s"] >= 1, link
         assert link["last_error"] is None, link  # nothing failed yet: before, status exited 0 here
+        # which refresh, since when, and who holds the lock (before: "one is running and not
+        # finishing ..., or no refresher runs", inferred)
+        run = link["running"]
+        assert run["process"] == f"{socket.gethostname()}:{os.getpid()}", run
+        assert run["started_at"] <= run["waiting_since"] <= now_iso(), run
+        assert f"a refresh of it running since {run['started_at']} (process {run['process']})" in link["behind"]
+        assert "waiting" in run["waiting_for"] and "for a lock at s2, held by" in run["waiting_for"], run
+        assert str(holder) in run["waiting_for"], (run, holder)
+        assert run["waiting_for"] in link["behind"], link["behind"]
+        metrics = render(json.loads(st.stdout))  # the figures of that moment (the refresh may end since)
+        assert 'multimaster_link_behind_seconds{source="s1",target="s2"} ' in metrics, metrics
+        assert 'multimaster_link_behind_seconds{source="s1",target="s2"} 0\n' not in metrics, metrics
+        assert 'multimaster_link_refresh_lock_wait_seconds{source="s1",target="s2"} 0\n' not in metrics, metrics
     finally:
         app.rollback()
         app.close()
@@ -68,6 +89,18 @@ def test_a_link_whose_refresh_waits_on_an_application_lock_is_behind(backend, tm
     cl.refresh_until_quiet()
     assert mm("status", "-t", topo).returncode == 0
     assert [r[2] for r in cl.rows("s2", "stock")] == [9]
+    # the wait ended: its record went with it
+    with api.Cluster(cl.topo) as c, c.site("s2").read() as conn:
+        assert conn.exec_driver_sql(f"SELECT count(*) FROM {c.site('s2').dialect.mm_table('_mm_running')}").scalar() == 0
+    metrics = render(health(cl.topo))
+    assert 'multimaster_link_behind_seconds{source="s1",target="s2"} 0\n' in metrics, metrics
+
+
+def app_backend_id(backend: Any, app: Any) -> int:
+    """The server session of the application's connection (what a lock holder is named by)."""
+    cur = app.cursor()
+    cur.execute("SELECT pg_backend_pid()" if backend.name == "postgresql" else "SELECT CONNECTION_ID()")
+    return int(cur.fetchone()[0])
 
 
 def test_a_refresh_failing_on_a_lock_is_retried_at_its_interval(pg_backend, tmp_path):  # type: ignore[no-untyped-def]

@@ -97,6 +97,11 @@ def now_iso() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def iso_in(seconds: float) -> str:
+    """The UTC time `seconds` from now (negative: ago), as :func:`now_iso` writes it."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + seconds))
+
+
 def started_at_now() -> str:
     """The current UTC time as a verify run's start is written ('2026-01-02T03:04:05+00:00',
     VerifyResult.started_at and `_mm_verifications.started_at`)."""

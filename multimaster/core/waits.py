@@ -116,20 +116,40 @@ def behind_message(
     stuck_s: float,
     last_success_at: str | None,
     last_error: str | None,
+    running: tuple[str, str, str, str] | None = None,
 ) -> str:
-    """What `status` says of a link :func:`behind` found behind, with what is known of why (its
-    last error after its last success, if any) and the commands that show or end it."""
+    """What `status` says of a link :func:`behind` found behind, with what is known of why and the
+    commands that show or end it: a refresh of it waiting for a lock at the target now, as its
+    lock watch recorded it (`running`: when the refresh began, the process, when its wait began,
+    the watch's last report; store/running.py), else its last error after its last success, if
+    any, else that a refresh runs without finishing or none runs."""
     since = f"since {last_success_at}" if last_success_at else "since it was set up"
-    why = (
-        f"its last failed refresh said: {last_error}"
-        if last_error
-        else "no refresh of it failed meanwhile: one is running and not finishing (a lock held at "
-        f"'{target}', a very long transaction), or no refresher runs for '{target}'"
-    )
-    return (
+    if running is not None:
+        started, runner, wait_since, report = running
+        why = (
+            f"a refresh of it running since {started} (process {runner}) waits for a lock since {wait_since}; "
+            f"its last report: {report}"
+        )
+    elif last_error:
+        why = f"its last failed refresh said: {last_error}"
+    else:
+        why = (
+            "no refresh of it failed meanwhile: one is running and not finishing (a lock held at "
+            f"'{target}', a very long transaction), or no refresher runs for '{target}'"
+        )
+    head = (
         f"link {source} -> {target} behind: {waiting} change(s) wait at '{source}', the oldest made "
         f"{oldest_age_s:.0f}s ago, and no refresh of the link succeeded {since} ({stuck_s:.0f}s without "
-        f"progress); {why}. See what it waits for: 'multimaster refresh -t FILE --site {target} --peer "
+        f"progress); {why}."
+    )
+    if running is not None:
+        return (
+            f"{head} It goes on by itself once the transaction holding the lock ends (it commits or rolls "
+            "back, or its session is ended: pg_terminate_backend(pid) on PostgreSQL, KILL <connection> on "
+            f"MariaDB); 'multimaster refresh -t FILE --site {target} --peer {source}' shows the wait live"
+        )
+    return (
+        f"{head} See what it waits for: 'multimaster refresh -t FILE --site {target} --peer "
         f"{source}' names a lock it waits for and the session holding it (so does the daemon's log, "
         f"'lock_wait'); start 'multimaster run -t FILE --site {target}' if no refresher runs"
     )

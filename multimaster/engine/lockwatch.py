@@ -11,12 +11,20 @@ apply gives up a lock after 500 ms and tries again), the watch reports it once, 
 then every `every` seconds while it goes on, and once when it ends. A wait that ends in a failure
 says nothing more: the operation's error is the message.
 
+A refresh's watch (`Watch.peer` set) also records each report at a server site, in a short
+transaction of its own, in ``_mm_running`` (store/running.py): `status` of another process then
+says which refresh waits, since when, for whom. The row is renewed at every report and deleted when
+the wait ends (a process killed meanwhile leaves one that expires). Not on SQLite: the watch would
+wait for the very write lock it reports.
+
 Quick operations cost nothing but a thread: the first look is one `poll` after the start, and a
 server is asked only from then on. Never imported by the layers below the engine; the reports go
 through the caller's progress callback (core/progress.py)."""
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 import time
 from contextlib import contextmanager, nullcontext
@@ -25,8 +33,10 @@ from typing import Any, ContextManager, Iterator, Protocol
 
 from sqlalchemy.engine import Engine
 
+from multimaster import store
 from multimaster.config.secrets import redact
 from multimaster.core.progress import Blocker, Progress, ProgressEvent, wait_text
+from multimaster.core.versions import iso_in, now_iso
 from multimaster.dialects import Dialect
 
 __all__ = ["Watch", "LockWatch", "watching", "REPEAT_S"]
@@ -37,6 +47,15 @@ REPEAT_S = 10.0
 POLL_MAX_S = 0.5
 #: a wait has ended when this many looks in a row found none
 QUIET_LOOKS = 2
+
+#: a recorded wait counts for at least this long after the report that renewed it (seconds)
+RECORD_MIN_S = 30.0
+
+
+def runner() -> str:
+    """This process, as a recorded wait names it (host:pid; read when asked: a forked daemon has its own)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
 
 #: the sites whose lock waits could not be read (each said once per process)
 _unreadable: set[str] = set()
@@ -59,6 +78,10 @@ class Watch:
     report: Progress
     after: float
     every: float = REPEAT_S
+    #: a refresh's watch: the link's source (its waits are recorded at the target, store/running.py)
+    peer: str | None = None
+    #: when the refresh began (the bookkeeping's UTC text)
+    started_at: str | None = None
 
     def over(self, site: _Site) -> LockWatch:
         return LockWatch(site, self)
@@ -91,6 +114,7 @@ class LockWatch:
         self._reported_at: float | None = None
         self._blockers: tuple[Blocker, ...] = ()
         self._at_begin = False
+        self._recorded = False  # a row of _mm_running is ours (store/running.py)
 
     # ---- the operation's side ------------------------------------------------------------------
     def __enter__(self) -> LockWatch:
@@ -106,6 +130,8 @@ class LockWatch:
             if exc_type is None and self._reported_at is not None:
                 self._say(ended=True)
                 self._reported_at = None
+            if self._recorded:  # the operation failed while it waited: its error says the rest
+                self._record(ended=True)
 
     def attach(self, dbapi_conn: Any) -> None:
         """An attempt's write transaction begins on `dbapi_conn`."""
@@ -200,6 +226,35 @@ class LockWatch:
                 blockers=self._blockers,
             )
         )
+        self._record(ended, text)
+
+    def _record(self, ended: bool, text: str = "") -> None:
+        """A refresh's wait at a server site, recorded for `status` (store/running.py): the row
+        renewed at every report, deleted when the wait ends. Never fatal: a site installed before
+        the table, or one that does not answer, has no record."""
+        w, s = self.watch, self.site
+        if w.peer is None or s.dialect.caps.single_writer or (ended and not self._recorded):
+            return
+        try:
+            with s.engine.begin() as c:
+                if ended:
+                    store.running.clear(c, s.dialect, w.peer, runner())
+                else:
+                    store.running.record(
+                        c,
+                        s.dialect,
+                        store.running.Running(
+                            w.peer,
+                            w.started_at or now_iso(),
+                            runner(),
+                            iso_in(-self.episode),
+                            text,
+                            iso_in(max(3 * w.every, RECORD_MIN_S)),
+                        ),
+                    )
+            self._recorded = not ended
+        except Exception:  # noqa: BLE001 - what status would say is lost, not the refresh
+            pass
 
     def _tell(self, what: ProgressEvent | str) -> None:
         try:

@@ -239,7 +239,7 @@ def _refresh_link(
     batch = batch_size or t.refresh.batch_size
     res = RefreshResult(target, source)
     t0 = time.perf_counter()
-    tell = _Tell.of(progress, f"{source} -> {target}", t0, t.refresh.lock_wait_warn_seconds())
+    tell = _Tell.of(progress, source, target, t0, t.refresh.lock_wait_warn_seconds())
     try:
         for tb in t.tables:
             res.reconciled[tb] = ReconcileResult(tb)
@@ -615,6 +615,10 @@ Rows = list[tuple[Any, ...]]
 WINDOW_BATCHES = 4
 
 
+def _told_nobody(_what: Any) -> None:
+    """The progress of a refresh nobody asked to be told of."""
+
+
 @dataclass(frozen=True)
 class _Tell:
     """What a link's refresh tells its caller's `progress`: the changes pulled so far (`pulled`),
@@ -627,10 +631,13 @@ class _Tell:
     watch: Watch | None
 
     @classmethod
-    def of(cls, progress: Progress | None, subject: str, started: float, wait_after: float | None) -> _Tell | None:
-        if progress is None:
-            return None
-        return cls(progress, subject, started, None if wait_after is None else Watch(subject, progress, wait_after))
+    def of(cls, progress: Progress | None, source: str, target: str, started: float, wait_after: float | None) -> _Tell:
+        """Also without a `progress` to tell: the watch records the refresh's lock waits at a
+        server target for `status` (store/running.py)."""
+        report: Progress = progress if progress is not None else _told_nobody
+        subject = f"{source} -> {target}"
+        watch = None if wait_after is None else Watch(subject, report, wait_after, peer=source, started_at=now_iso())
+        return cls(report, subject, started, watch)
 
     def pulled(self, pulled: int, applied: int, batches: int) -> None:
         self.progress(

@@ -127,6 +127,12 @@ class _Out:
         self.lines.append(f"{name}{{{lab}}} {float(value):g}" if lab else f"{name} {float(value):g}")
 
 
+def _waited_s(running: dict[str, Any] | None) -> float:
+    """Seconds since a recorded lock wait of a link's refresh began (status's `running`; 0: none)."""
+    since = _ts((running or {}).get("waiting_since"))
+    return 0.0 if since is None else max(0.0, round(time.time() - since, 1))
+
+
 def render(h: dict[str, Any], daemon: Any = None) -> str:
     """The figures of :func:`health` (and a daemon's counters) in the Prometheus text format."""
     o = _Out()
@@ -158,6 +164,20 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             "gauge",
             "1 when the oldest waiting change is older than refresh.stall_after (status says what it waits for).",
             None if "parked" not in ln else 1 if ln.get("stalled") else 0,
+            **lab,
+        )
+        o.add(
+            "multimaster_link_behind_seconds",
+            "gauge",
+            "Seconds the link has made no progress while changes wait at its source (0 when it is not behind; status says why).",
+            None if "behind_s" not in ln else ln.get("behind_s") or 0,
+            **lab,
+        )
+        o.add(
+            "multimaster_link_refresh_lock_wait_seconds",
+            "gauge",
+            "How long a refresh of the link has waited for a lock at the target, as its lock watch last recorded (0: none recorded).",
+            None if "running" not in ln else _waited_s(ln.get("running")),
             **lab,
         )
         o.add(

@@ -113,17 +113,17 @@ def _link_entry(cl: Cluster, t: Topology, ln: Any, site_data: dict[str, dict[str
     entry["oldest_waiting_age_s"] = None if oldest is None else max(0.0, (now_ms - ver_ms(oldest)) / 1000)
     if any(ahead[tb][0] for tb in t.tables) and not isinstance(src, AgentSite):
         _held_at_source(entry, src, ln.target, t, wms, t.refresh.stall_after_seconds(), have)
-    _behind(entry, ln, ahead, now_ms, t.refresh.stall_after_seconds())
+    _behind(entry, tgt, ln, ahead, now_ms, t.refresh.stall_after_seconds())
     return entry
 
 
 def _behind(
-    entry: dict[str, Any], ln: Any, ahead: Mapping[str, tuple[int, str | None]], now_ms: int, after_s: float | None
+    entry: dict[str, Any], tgt: Any, ln: Any, ahead: Mapping[str, tuple[int, str | None]], now_ms: int, after_s: float | None
 ) -> None:
     """A link that makes no progress while changes wait at its source (core/waits.py behind): how
     long (`behind_s`) and the message with what is known of why (`behind`); None otherwise, and
     for a link already named as stalled or failing."""
-    entry["behind"] = entry["behind_s"] = None
+    entry["behind"] = entry["behind_s"] = entry["running"] = None
     count = sum(n for n, _ in ahead.values())
     vers = [o for _, o in ahead.values() if o is not None]
     if not count or not vers or entry.get("stalled"):
@@ -138,7 +138,32 @@ def _behind(
         return
     error = entry.get("last_error") if error_at is not None and (success is None or error_at >= success) else None
     entry["behind_s"] = round(stuck, 1)
-    entry["behind"] = behind_message(ln.source, ln.target, count, age, stuck, success, error)
+    r = _running(tgt, ln.source, now)
+    entry["running"] = (
+        None
+        if r is None
+        else {
+            "started_at": r.started_at,
+            "process": r.runner,
+            "waiting_since": r.wait_since,
+            "waiting_for": r.waiting_for,
+        }
+    )
+    running = None if r is None else (r.started_at, r.runner, r.wait_since, r.waiting_for)
+    entry["behind"] = behind_message(ln.source, ln.target, count, age, stuck, success, error, running)
+
+
+def _running(tgt: Any, source: str, now: str) -> store.running.Running | None:
+    """The refresh of the link from `source` waiting for a lock at `tgt` now, as its lock watch
+    recorded it (store/running.py; read only for a link found behind: one statement more then);
+    None at a SQLite or agent site (nothing records there) or where it cannot be read."""
+    if isinstance(tgt, AgentSite) or tgt.dialect.caps.single_writer:
+        return None
+    try:
+        with tgt.read() as conn:
+            return store.running.read(conn, tgt.dialect, source, now)
+    except Exception:  # noqa: BLE001 - the link is named behind all the same, with what else is known
+        return None
 
 
 def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]:

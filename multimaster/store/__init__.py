@@ -18,7 +18,9 @@ only code that reads or writes its tables:
 - :mod:`~multimaster.store.schemas` ``_mm_schemas``: the schema versions of each replicated table;
 - :mod:`~multimaster.store.retired` ``_mm_retired``: the sites removed from the cluster;
 - :mod:`~multimaster.store.skew` ``_mm_skew``: per link and origin, a clock found ahead past
-  refresh.clock_warn.
+  refresh.clock_warn;
+- :mod:`~multimaster.store.running` ``_mm_running``: per link into the site, a refresh waiting for
+  a lock there now (its lock watch records it; status names it).
 
 Every function takes ``(conn, d: Dialect, ...)`` and builds its SQL with the dialect's syntax only
 (placeholder, quoting, upsert, qualified names). What is database mechanics stays in the dialect:
@@ -41,6 +43,7 @@ from multimaster.store import (
     origins,
     purges,
     retired,
+    running,
     schemas,
     skew,
     tables,
@@ -58,6 +61,7 @@ __all__ = [
     "origins",
     "purges",
     "retired",
+    "running",
     "schemas",
     "skew",
     "tables",
@@ -71,7 +75,7 @@ __all__ = [
 def install(conn: Connection, d: Dialect) -> None:
     """The bookkeeping tables that are the same SQL on every database (idempotent), after the
     dialect's install_site: ``_mm_origins``, ``_mm_purges``, ``_mm_pullers``, ``_mm_snap_horizons``, ``_mm_fences``,
-    ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``, ``_mm_gaps``; and the columns a later version added to ``_mm_conflicts``."""
+    ``_mm_verifications``, ``_mm_retired``, ``_mm_skew``, ``_mm_gaps``, ``_mm_running``; and the columns a later version added to ``_mm_conflicts``."""
     origins.install(conn, d)
     purges.install(conn, d)
     fences.install(conn, d)
@@ -82,6 +86,7 @@ def install(conn: Connection, d: Dialect) -> None:
     retired.install(conn, d)
     skew.install(conn, d)
     gaps.install(conn, d)
+    running.install(conn, d)
 
 
 def forget_table(conn: Connection, d: Dialect, table: str) -> dict[str, int]:

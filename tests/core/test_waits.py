@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from multimaster.core.versions import base_rid
-from multimaster.core.waits import Wait, behind, reason, stalled
+from multimaster.core.waits import Wait, behind, behind_message, reason, stalled
 
 MS = 65536  # one millisecond of the hybrid clock
 
@@ -101,3 +101,18 @@ def test_a_recent_success_or_a_recent_change_is_not_behind() -> None:
     assert behind(3, 5.0, 900.0, 60.0) is None  # a change made 5 s ago on a link refreshed by hand
     assert behind(3, 900.0, 120.0, 60.0) == 120.0
     assert behind(3, 900.0, 120.0, 60.0, allowance_s=86400.0) is None  # a nightly link's wait
+
+
+def test_a_link_behind_names_the_recorded_refresh_waiting_else_what_is_known() -> None:
+    """A refresh's recorded lock wait (store/running.py) is named over an older last error and
+    over the guess; without one, the last error after the last success, else the guess."""
+    run = ("2026-11-30T07:29:35Z", "vm:14833", "2026-11-30T07:29:36Z", "s1 -> s2: waiting 0.3 s for a lock at s2, held by pid 7")
+    m = behind_message("s1", "s2", 1, 3.0, 3.0, "2026-11-30T07:29:32Z", "an old error", run)
+    assert m.startswith("link s1 -> s2 behind: 1 change(s) wait at 's1'"), m
+    assert "a refresh of it running since 2026-11-30T07:29:35Z (process vm:14833) waits for a lock since " in m, m
+    assert run[3] in m and "an old error" not in m and "--site s2 --peer s1" in m, m
+    assert "no refresher runs" not in m, m
+    m = behind_message("s1", "s2", 1, 3.0, 3.0, None, "lock timeout")
+    assert "its last failed refresh said: lock timeout" in m and "since it was set up" in m, m
+    m = behind_message("s1", "s2", 1, 3.0, 3.0, None, None)
+    assert "one is running and not finishing" in m and "start 'multimaster run -t FILE --site s2'" in m, m
