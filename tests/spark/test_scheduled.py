@@ -1,24 +1,21 @@
 """Scheduled checks with Spark: the daemon's job run once (not waiting for its cron) against a real
 three-site SQLite cluster built and replicated by the core engine, and `multimaster verify --record`
-as a user runs it. The topology/storage side without Spark is in tests/test_verifications.py."""
+(in this process; in a process of its own in test_standalone.py). The topology/storage side without Spark is in tests/test_verifications.py."""
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
+from typer.testing import CliRunner
 
 from multimaster import api
+from multimaster.cli import app
 from multimaster.config.topology import load_topology
 from multimaster.ops import verifications
 from multimaster.ops.daemon import Daemon
-
-CLI = str(Path(sys.executable).parent / "multimaster")
 
 
 def core_cluster(tmp_path: Path, verify: dict | None) -> Path:
@@ -68,16 +65,12 @@ def test_the_scheduled_job_stores_converged_then_converging(spark, tmp_path):  #
 
 
 def test_verify_record_through_the_cli(spark, tmp_path):  # type: ignore[no-untyped-def]
+    """`multimaster verify --record` run in this process (CliRunner: the command finds the tests'
+    SparkSession active and uses it). The same command in a process of its own, starting its own
+    Spark, records its run in test_standalone.py."""
     path = core_cluster(tmp_path, None)  # no verify section: recorded at the first site
-    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"}
-    r = subprocess.run(
-        [CLI, "verify", "-t", str(path), "--master", "local[1]", "--partitions", "1", "--json", "--record"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
-    assert r.returncode == 0, r.stderr[-3000:]
+    r = CliRunner().invoke(app, ["verify", "-t", str(path), "--master", "local[1]", "--partitions", "1", "--json", "--record"])
+    assert r.exit_code == 0, r.output
     assert json.loads(r.stdout)["converged"] is True
     v = verifications.last(load_topology(path))
     assert v is not None and v["site"] == "s1" and v["source"] == "manual" and v["converged"] is True

@@ -1,5 +1,6 @@
 """verify on a Spark standalone cluster (one master, one worker on 127.0.0.1) gives the same
-answer as local mode. Runs verify in a subprocess: one SparkSession per process."""
+answer as local mode, and `--record` stores it. Runs verify in a subprocess, as a user runs the
+command: one SparkSession per process, started with the product's own settings."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from pathlib import Path
 
 import pytest
 from mm_spark_helpers import make_every_kind
+
+from multimaster.config.topology import load_topology
+from multimaster.ops import verifications
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +62,7 @@ def test_standalone_cluster_same_result_as_local(spark, cluster, tmp_path):
     make_every_kind(cluster)
     from multimaster.spark import verify
 
-    local = verify(cluster, spark=spark).to_dict()
+    local = verify(cluster, spark=spark).to_dict()  # partitions 4: the answer does not depend on them
 
     env = dict(
         os.environ,
@@ -110,7 +114,22 @@ def test_standalone_cluster_same_result_as_local(spark, cluster, tmp_path):
             start_new_session=True,
         )
         r = subprocess.run(
-            [sys.executable, "-m", "multimaster.cli", "verify", "-t", str(cluster), "--master", url, "--json"],
+            # --record: the command as a user runs it, in a process of its own, stores its result
+            # (test_scheduled.py checks --record in this process); --partitions 2: the worker's cores
+            [
+                sys.executable,
+                "-m",
+                "multimaster.cli",
+                "verify",
+                "-t",
+                str(cluster),
+                "--master",
+                url,
+                "--partitions",
+                "2",
+                "--json",
+                "--record",
+            ],
             env=dict(env, PYTHONPATH=str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")),
             capture_output=True,
             text=True,
@@ -127,3 +146,7 @@ def test_standalone_cluster_same_result_as_local(spark, cluster, tmp_path):
     for k in ("status", "rows", "fingerprints", "counts", "columns", "differing", "identities"):
         assert a[k] == b[k], k
     assert [s["rid"] for s in a["samples"]] == [s["rid"] for s in b["samples"]]
+    v = verifications.last(load_topology(cluster))  # no verify section: recorded at the first site
+    assert v is not None and (v["site"], v["source"], v["converged"], v["status"]) == ("s1", "manual", False, "diverged")
+    assert v["summary"]["master"] == url and v["summary"]["sites"] == ["s1", "s2", "s3"]
+    assert v["summary"]["tables"]["items"]["counts"] == a["counts"]
