@@ -249,6 +249,33 @@ def test_ddl_command_reports_per_site(sqlite_backend, tmp_path):  # type: ignore
     cl.assert_converged()
 
 
+def test_ddl_on_postgresql_waits_out_an_application_holding_the_table(pg_backend, tmp_path):  # type: ignore[no-untyped-def]
+    """An application's transaction that has read the table (a lock DDL must wait for) and ends a
+    few seconds later: `ddl` tries again behind it and applies at both sites. Before (session 37)
+    the first lock timeout (500 ms) failed the site ("canceling statement due to lock timeout")
+    and the column was left at the other site only."""
+    cl = make_cluster(pg_backend, tmp_path, ["a", "b"], _items())
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    cl.refresh_until_quiet()
+    app_ = cl.db("a")
+    app_.cursor().execute("SELECT count(*) FROM items")  # holds ACCESS SHARE until it ends
+    ender = threading.Timer(3.0, app_.commit)
+    ender.start()
+    try:
+        run = CliRunner().invoke(
+            app, ["ddl", "-t", str(tmp_path / "topology.yaml"), "--json", "ALTER TABLE items ADD COLUMN color TEXT"]
+        )
+    finally:
+        ender.join()
+        app_.close()
+    assert run.exit_code == 0, run.output
+    assert [r["status"] for r in json.loads(run.output)] == ["applied", "applied"], run.output
+    cl.execute("a", "INSERT INTO items (name, qty, color) VALUES ('y', 2, 'red')")
+    cl.refresh_until_quiet()
+    _cols(cl, "name", "qty", "color")
+    assert cl.rows("b", "items") == [(1, "x", 1, None), (2, "y", 2, "red")]
+
+
 def _mixed(tmp: Path) -> tuple[dict[str, Backend], Any, dict[str, str]]:
     backs: dict[str, Backend] = {}
     for name in ("sqlite", "postgresql", "mysql"):

@@ -25,6 +25,7 @@ from multimaster.dialects import Dialect
 from multimaster.engine import evolve
 from multimaster.engine.cluster import Cluster, as_cluster
 from multimaster.engine.refresh import back_off, follow_site, relay_origins, schemas_elsewhere
+from multimaster.engine.site import Site
 from multimaster.errors import ConfigError, SchemaError, first_line
 
 __all__ = ["DdlReport", "ddl", "table_of"]
@@ -159,21 +160,7 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
         return _at_committing(cl, n, table, statement)
     others = schemas_elsewhere(cl, n)(table)  # read before the site's write transaction
     try:
-        with s.write() as conn:
-            s.require_installed(conn, t)
-            info = s.info(conn, table, t)
-            # as a follow takes them (engine/evolve.py _follow_table): the table's reconcilers
-            # first, then its writers; dropping the triggers first deadlocked with a refresher
-            d.lock_for_apply(conn, info)
-            d.lock_for_install(conn, [table])
-            d.drop_capture(conn, info)  # made again below, in this transaction
-            conn.exec_driver_sql(statement)
-            ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=True)
-            rep.version = ev.version
-            if ev.change is not None:
-                rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)
-            if dry_run:
-                raise _DryRun()
+        _transactionally(s, t, n, table, statement, others, rep, dry_run)
     except _DryRun:
         s.forget(table)
         rep.status = "would apply"
@@ -197,8 +184,44 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
 
 
 #: how long `ddl` keeps trying a DDL statement that waits for a table's metadata lock, where each
-#: try waits at most Dialect.short_ddl_waits (MariaDB: 1 s)
+#: try waits at most Dialect.short_ddl_waits (MariaDB: 1 s) or the table's lock at most
+#: APPLY_LOCK_TIMEOUT (PostgreSQL: 500 ms, Dialect.lock_for_install)
 DDL_TRIES = 60
+
+
+def _transactionally(
+    s: Site, t: Topology, n: str, table: str, statement: str, others: Any, rep: DdlReport, dry_run: bool
+) -> None:
+    """`ddl` at a site whose DDL is transactional (PostgreSQL, SQLite): the statement and the
+    capture's follow in one write transaction, run again after a backoff while a lock wait or a
+    deadlock is what fails it (at most DDL_TRIES times). Before (session 37), the first lock
+    timeout behind an application's transaction on the table failed the site for good, and the
+    cluster was left with the column at some sites only."""
+    d = s.dialect
+    delay = 0.02
+    for attempt in range(DDL_TRIES):
+        try:
+            with s.write() as conn:
+                s.require_installed(conn, t)
+                info = s.info(conn, table, t)
+                # as a follow takes them (engine/evolve.py _follow_table): the table's reconcilers
+                # first, then its writers; dropping the triggers first deadlocked with a refresher
+                d.lock_for_apply(conn, info)
+                d.lock_for_install(conn, [table])
+                d.drop_capture(conn, info)  # made again below, in this transaction
+                conn.exec_driver_sql(statement)
+                ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=True)
+                rep.version = ev.version
+                if ev.change is not None:
+                    rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)
+                if dry_run:
+                    raise _DryRun()
+            return
+        except DBAPIError as e:
+            s.forget(table)
+            if attempt == DDL_TRIES - 1 or not d.is_retryable(e):
+                raise
+            delay = back_off(delay)
 
 
 def _briefly(conn: Connection, d: Dialect, fn: Callable[[], Any]) -> Any:
