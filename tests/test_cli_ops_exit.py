@@ -158,3 +158,21 @@ def test_status_json_keys_are_documented(sqlite_backend: Backend, tmp_path: Path
     doc = (Path(__file__).resolve().parent.parent / "docs" / "cli.md").read_text()
     section = doc.split("### `multimaster status", 1)[1].split("\n### ", 1)[0]
     assert [k for k in st if f'"{k}"' not in section and f"`{k}`" not in section] == []
+    # and every key of a link's entry, which every link has (null where not known)
+    (ln, _) = st["links"]
+    assert [k for k in ln if f'"{k}"' not in section and f"`{k}`" not in section] == []
+
+
+def test_a_link_into_a_site_not_reached_has_every_key(sqlite_backend: Backend, tmp_path: Path) -> None:
+    """A monitoring script reading `status --json` finds every link key also for a link whose
+    target could not be read (before: no `waiting`, `stalled`, `behind`, and a script indexing
+    them crashed), null there, the link's `error` saying why."""
+    make_cluster(sqlite_backend, tmp_path, ["s1", "s2"], TABLES)
+    (tmp_path / "s2.db").rename(tmp_path / "s2.away")
+    r = mm("status", "-t", _topo(tmp_path), "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    links = {(ln["from"], ln["to"]): ln for ln in json.loads(r.stdout)["links"]}
+    into, out_of = links[("s1", "s2")], links[("s2", "s1")]
+    assert set(into) == set(out_of), set(into) ^ set(out_of)
+    assert into["error"] and into["waiting"] is None and into["stalled"] is None and into["behind"] is None, into
+    assert out_of["error"], out_of

@@ -288,6 +288,19 @@ def reconcile(
     execute(go, traceback)
 
 
+def _last_error_cell(ln: dict[str, Any]) -> str:
+    """status's "last error" of a link: why it could not be read, else its last error with its time,
+    dimmed as past when a refresh succeeded after it (before, an error of 25 minutes ago stood
+    beside a success of a moment ago with no time to tell them apart)."""
+    if ln.get("error"):
+        return f"[red]{escape(str(ln['error']))}[/]"
+    last, at, ok = ln.get("last_error"), ln.get("last_error_at"), ln.get("last_success_at")
+    if not last:
+        return "-"
+    text = escape(f"{at}: {last}" if at else str(last))
+    return f"[dim]{text} (succeeded since)[/]" if at and ok and str(ok) > str(at) else text
+
+
 def _status_tables(st: dict[str, Any]) -> list[Table]:
     t = Table(title="sites")
     since = any("conflicts_since" in d for d in st["sites"].values())
@@ -323,7 +336,7 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
         held = ln.get("held_at_source")  # behind a transaction open at the source
         lt.add_row(
             f"{ln['from']} → {ln['to']}",
-            str(ln.get("waiting", "-"))
+            ("-" if ln.get("waiting") is None else str(ln["waiting"]))
             + ("" if held is None else f" [{'red' if ln.get('stalled') else 'yellow'}](held at source)[/]"),
             "-" if age is None else f"{age:.1f}s",
             "-"
@@ -335,7 +348,7 @@ def _status_tables(st: dict[str, Any]) -> list[Table]:
             else "0",
             ", ".join(f"{tb}:{v['watermark']}" for tb, v in ln.get("tables", {}).items()),
             str(ln.get("last_success_at") or "-"),
-            str(ln.get("last_error") or ln.get("error") or "-"),
+            _last_error_cell(ln),
         )
     from multimaster.ops.verifications import rich_table  # the last recorded verify run (docs/verify.md, Scheduled checks)
 

@@ -4,6 +4,7 @@ command's function is run (errors to exit codes, tracebacks only when asked)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import traceback as tb
 from typing import Any, Callable, NoReturn, Sequence
@@ -24,8 +25,21 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-console = Console()
-err = Console(stderr=True)
+#: the width of output that goes to a pipe or a file when COLUMNS does not say (Rich's 80 wrapped
+#: the error queue's and status's tables into unreadable columns in a log or `| less`)
+PIPED_WIDTH = 200
+
+
+def _console(stderr: bool = False) -> Console:
+    """A console as wide as the terminal, or PIPED_WIDTH when the output is not one (COLUMNS wins)."""
+    c = Console(stderr=stderr)
+    if c.is_terminal or os.environ.get("COLUMNS"):
+        return c
+    return Console(stderr=stderr, width=PIPED_WIDTH)
+
+
+console = _console()
+err = _console(stderr=True)
 
 
 def _version(value: bool) -> None:

@@ -1413,7 +1413,7 @@ def _check_drained(cl: Cluster, name: str) -> None:
     for ln in st["links"]:
         if ln["from"] != name or not (ln.get("waiting") or ln.get("error")):
             continue
-        n = ln.get("waiting", "?") if ln.get("error") else _own_waiting(cl, name, ln)
+        n = (ln["waiting"] if ln.get("waiting") is not None else "?") if ln.get("error") else _own_waiting(cl, name, ln)
         if n or ln.get("error"):
             details.append(f"'{ln['to']}': {n} waiting" + (f" ({ln['error']})" if ln.get("error") else ""))
     if details:

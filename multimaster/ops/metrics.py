@@ -138,6 +138,7 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
     o = _Out()
     for ln in h.get("links", []):
         lab = {"source": ln["from"], "target": ln["to"]}
+        read = ln.get("waiting") is not None  # the link's state was read (else its `error` says why)
         o.add(
             "multimaster_link_waiting_changes",
             "gauge",
@@ -149,7 +150,7 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             "multimaster_link_visibility_delay_seconds",
             "gauge",
             "Age of the oldest change not yet applied (0 when none waits).",
-            ln.get("oldest_waiting_age_s") or (0 if "waiting" in ln else None),
+            ln.get("oldest_waiting_age_s") or (0 if read else None),
             **lab,
         )
         o.add(
@@ -163,28 +164,28 @@ def render(h: dict[str, Any], daemon: Any = None) -> str:
             "multimaster_link_stalled",
             "gauge",
             "1 when the oldest waiting change is older than refresh.stall_after (status says what it waits for).",
-            None if "parked" not in ln else 1 if ln.get("stalled") else 0,
+            None if ln.get("parked") is None else 1 if ln.get("stalled") else 0,
             **lab,
         )
         o.add(
             "multimaster_link_behind_seconds",
             "gauge",
             "Seconds the link has made no progress while changes wait at its source (0 when it is not behind; status says why).",
-            None if "behind_s" not in ln else ln.get("behind_s") or 0,
+            None if not read else ln.get("behind_s") or 0,
             **lab,
         )
         o.add(
             "multimaster_link_refresh_lock_wait_seconds",
             "gauge",
             "How long a refresh of the link has waited for a lock at the target, as its lock watch last recorded (0: none recorded).",
-            None if "running" not in ln else _waited_s(ln.get("running")),
+            None if not read else _waited_s(ln.get("running")),
             **lab,
         )
         o.add(
             "multimaster_link_held_at_source",
             "gauge",
             "1 when every change waiting at the source for this link waits for a transaction still open there (status names it).",
-            None if "waiting" not in ln else 1 if ln.get("held_at_source") else 0,
+            None if not read else 1 if ln.get("held_at_source") else 0,
             **lab,
         )
         o.add(

@@ -62,9 +62,33 @@ def _site_entry(cl: Cluster, t: Topology, n: str, since: str | None) -> dict[str
     return d
 
 
+#: the keys of every link's entry besides from / to / tables / clock_ahead (None when not known)
+LINK_KEYS = (
+    "error",
+    "last_success_at",
+    "last_error",
+    "last_error_at",
+    "pulled",
+    "applied",
+    "conflicts",
+    "waiting",
+    "oldest_waiting_age_s",
+    "parked",
+    "parked_age_s",
+    "waits_for",
+    "stalled",
+    "held_at_source",
+    "behind",
+    "behind_s",
+    "running",
+)
+
+
 def _link_entry(cl: Cluster, t: Topology, ln: Any, site_data: dict[str, dict[str, Any]], now_ms: int) -> dict[str, Any]:
     """status's entry for link `ln`: its state at its target, and what waits at its source."""
-    entry: dict[str, Any] = {"from": ln.source, "to": ln.target, "tables": {}}
+    # every key present whatever is known (a monitoring script reads them; null: not known, the
+    # link's `error` says why): before, a link into an unreachable site had no `waiting`, `stalled`, ...
+    entry: dict[str, Any] = {"from": ln.source, "to": ln.target, "tables": {}, **dict.fromkeys(LINK_KEYS)}
     entry["clock_ahead"] = {
         w["origin"]: w["ahead_s"] for w in site_data[ln.target].get("clock_ahead", []) if w["peer"] == ln.source
     }

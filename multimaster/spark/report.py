@@ -106,7 +106,9 @@ def verdict(name: str, t: TableResult) -> str:
     if t.status == "converging":
         return (
             f"{name}: each of the {t.differing:,} differing row(s) has a change on its way "
-            f"({t.waiting_total:,} change(s) waiting in all): not yet converged. Run refresh and verify again."
+            f"({t.waiting_total:,} change(s) waiting in all): not yet converged. Run refresh and verify again "
+            "(a change held in a site's error queue is not applied by a refresh: 'multimaster errors' lists them, "
+            "'errors retry' applies them once their cause is fixed)."
         )
     first = next((x for x in t.samples if not x.waiting), None)
     named = ""
