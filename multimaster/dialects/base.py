@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import re
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -128,6 +129,63 @@ BRIEF_WAITS = "mm_brief_waits"
 BRIEF_EARLY = "mm_brief_early"
 #: Connection.info key: this transaction's lock waits are brief now (the dialect set them so)
 BRIEF_NOW = "mm_brief_now"
+
+
+#: the bookkeeping tables of a whole site: `init` makes them and only `uninstall` drops them
+#: (none is made or dropped per replicated table), so that one found in a scope of catalog_once()
+#: stays there for the rest of it
+SITE_TABLES = (
+    "_mm_tables",
+    "_mm_schemas",
+    "_mm_errors",
+    "_mm_gaps",
+    "_mm_retired",
+    "_mm_skew",
+    "_mm_watermarks",
+    "_mm_verifications",
+    "_mm_snap_horizons",
+)
+
+#: inside catalog_once(): per site (its engine), the SITE_TABLES found there, with their kind
+_FOUND: ContextVar[dict[Engine, dict[str, str]] | None] = ContextVar("mm_site_tables_found", default=None)
+
+
+@contextmanager
+def catalog_once() -> Iterator[None]:
+    """A scope (one refresh of a link, engine/refresh.py) in which Dialect.table_kind reads which of
+    a site's SITE_TABLES exist once, in one statement, instead of one catalogue read per question:
+    a refresh asked 5-15 times per site (over a WAN each a round trip). A table not found is asked
+    again each time, as outside the scope (init may make it meanwhile). Nested scopes share the
+    outer one; a thread started inside it shares it when it runs in a copy of the context
+    (engine/cluster.py each)."""
+    if _FOUND.get() is not None:
+        yield
+        return
+    token = _FOUND.set({})
+    try:
+        yield
+    finally:
+        _FOUND.reset(token)
+
+
+#: conn.info's key of txn_memo's record
+_TXN_MEMO = "mm_txn_memo"
+
+
+def txn_memo(conn: Connection) -> dict[Any, Any]:
+    """What the transaction open on `conn` did already and need not do again (a lock it holds, a
+    setting it made), for a dialect to note and read: one dict per transaction and savepoint level,
+    a new one when a transaction begins or a savepoint is entered or left (what a rollback to a
+    savepoint undoes is not remembered past it). Outside a transaction: a new dict each time."""
+    root = conn.get_transaction()
+    if root is None:
+        return {}
+    level = (root, conn.get_nested_transaction())
+    memo = conn.info.get(_TXN_MEMO)
+    if memo is None or memo[0][0] is not level[0] or memo[0][1] is not level[1]:
+        memo = (level, {})
+        conn.info[_TXN_MEMO] = memo
+    return memo[1]  # type: ignore[no-any-return]
 
 
 class Dialect:
@@ -532,7 +590,28 @@ class Dialect:
 
     def table_kind(self, conn: Connection, name: str) -> str | None:
         """What the object `name` (unqualified, in the bookkeeping schema) is: "view", "table" (any
-        other relation) or None when there is none."""
+        other relation) or None when there is none. Inside :func:`catalog_once`, a bookkeeping
+        table of the whole site (SITE_TABLES) is answered from one read of them all, a table
+        found there not asked again."""
+        found = _FOUND.get()
+        if found is None or name not in SITE_TABLES:
+            return self.read_table_kind(conn, name)
+        have = found.get(conn.engine)
+        if have is None:
+            have = found[conn.engine] = self.read_table_kinds(conn, SITE_TABLES)
+        kind = have.get(name)
+        if kind is None:  # not there when read (init makes it later, or an earlier release's site): asked each time
+            kind = self.read_table_kind(conn, name)
+            if kind is not None:
+                have[name] = kind
+        return kind
+
+    def read_table_kind(self, conn: Connection, name: str) -> str | None:
+        """table_kind read from the catalogue."""
+        raise NotImplementedError
+
+    def read_table_kinds(self, conn: Connection, names_: Sequence[str]) -> dict[str, str]:
+        """table_kind of each of `names_` that exists, in one statement."""
         raise NotImplementedError
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
@@ -889,8 +968,9 @@ class Dialect:
         """Under lock_writers, after normalize_keys: the next local insert into `info` (renumbered)
         takes key top + 1 where the counter can be moved back. A counter that a rollback does not
         move back (a sequence) must not go below any key a rollback of the transaction would bring
-        back: the caller's `top` accounts for that (engine/apply.py keys_ranked_now). Default:
-        after_apply's forward move."""
+        back: the caller's `top` accounts for that (engine/apply.py keys_ranked_now). It leaves
+        every counter at least where after_apply would (a reconcile that gives keys calls this
+        one, not both). Default: after_apply's forward move."""
         self.after_apply(conn, info)
 
     def advance_clock(self, conn: Connection, hlc: int, table: str | None = None) -> None:

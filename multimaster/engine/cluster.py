@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -91,7 +92,9 @@ def each(fn: Callable[[A], T], items: Sequence[A]) -> list[T]:
     if len(items) <= 1:
         return [fn(i) for i in items]
     with ThreadPoolExecutor(max_workers=min(len(items), PARALLEL)) as ex:
-        return list(ex.map(fn, items))
+        # each in a copy of the caller's context: a scope it opened (dialects/base.py catalog_once) goes on there
+        futures = [ex.submit(contextvars.copy_context().run, fn, i) for i in items]
+        return [f.result() for f in futures]
 
 
 def read_each(

@@ -58,6 +58,8 @@ __all__ = [
 
 #: the relay of a table at a site (engine/refresh.py relay_origins)
 RelayOf = Callable[[TableInfo], Sequence[str] | None]
+#: per table, (number, recorded signature) of its current schema version (_heads)
+Heads = dict[str, tuple[int, str]]
 
 
 @dataclass
@@ -120,13 +122,16 @@ def registered_columns(conn: Connection, site: Site, table: str) -> list[str] | 
     return None if cur is None else [c.name for c in cur[1]]
 
 
-def changed_tables(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:
+def changed_tables(conn: Connection, site: Site, tables: Sequence[str], heads: Heads | None = None) -> list[str]:
     """The tables of `tables` whose columns changed at `site` since its capture last followed them
-    (the recorded signatures in one statement, the catalog's in one per kind where the dialect can)."""
+    (the recorded signatures in one statement, the catalog's in one per kind where the dialect can);
+    `heads`: the recorded ones, read already (_heads)."""
     d = site.dialect
-    if not store.schemas.exists(conn, d):
+    if heads is None:
+        heads = _heads(conn, site)
+    if heads is None:
         return []
-    sigs = store.schemas.current_sigs(conn, d)
+    sigs = {tb: sig for tb, (_v, sig) in heads.items()}
     now = d.table_signatures(conn, [tb for tb in tables if tb in sigs])
     return [tb for tb in now if now[tb] != sigs[tb]]
 
@@ -586,8 +591,9 @@ def follow(
     after a transient failure, a lock wait of its DDL among them); default: once."""
     names = list(tables if tables is not None else topo.tables)
     with site.read() as conn:
-        todo = changed_tables(conn, site, names)
-        behind = _described_behind(conn, site, names)
+        heads = _heads(conn, site)
+        todo = changed_tables(conn, site, names, heads)
+        behind = _described_behind(conn, site, names, heads)
         waiting = _waiting_tables(conn, site, names)
     for tb in behind:
         site.forget(tb)
@@ -667,19 +673,25 @@ def _follow_table(
         return Evolved(site.name, tb, cur[0] if cur else 0, None, 0, list(e.problems)), True
 
 
-def _described_behind(conn: Connection, site: Site, tables: Sequence[str]) -> list[str]:
+def _heads(conn: Connection, site: Site) -> Heads | None:
+    """(version, recorded signature) of each table's current schema version at `site`, in one
+    statement; None when the site keeps no versions (installed by an earlier release)."""
+    if not store.schemas.exists(conn, site.dialect):
+        return None
+    return store.schemas.current_heads(conn, site.dialect)
+
+
+def _described_behind(conn: Connection, site: Site, tables: Sequence[str], heads: Heads | None) -> list[str]:
     """The tables of `tables` that `site` (this process's description of it) describes in a schema
-    version other than the one recorded there now: another process followed them since."""
-    d = site.dialect
-    if not store.schemas.exists(conn, d):
+    version other than the one recorded there now (`heads`, _heads): another process followed
+    them since."""
+    if heads is None:
         return []
     out = []
     for tb in tables:
         known = site.known_info(tb)
-        if known is not None:
-            cur = store.schemas.current(conn, d, tb)
-            if cur is not None and cur[0] != known.version:
-                out.append(tb)
+        if known is not None and tb in heads and heads[tb][0] != known.version:
+            out.append(tb)
     return out
 
 

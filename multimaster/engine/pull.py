@@ -44,6 +44,10 @@ def log_select_columns(site: Site, info: TableInfo, prefix: str = "") -> list[st
     return cols
 
 
+#: read_entries' `layouts` when not given: read there
+_READ_HERE: Any = object()
+
+
 def read_entries(
     sconn: Connection,
     source: Site,
@@ -53,6 +57,7 @@ def read_entries(
     below: int | None = None,
     limit: int | None = None,
     have: Mapping[str, str] | None = None,
+    layouts: Any = _READ_HERE,
 ) -> list[tuple[Any, ...]]:
     """On a connection to `source`: its second-order log entries past `watermark` (and below
     `below`), joined with the change-log rows they reference, in order, as rows (seq2, op2, seq,
@@ -71,11 +76,13 @@ def read_entries(
     The source's schema versions are read before its entries, each in a statement of its own: a
     version recorded (and its first entries committed) between the two is read again, and the
     entries with it (a site following its schema meanwhile records a version before its capture
-    writes an entry of it, engine/evolve.py)."""
+    writes an entry of it, engine/evolve.py). `layouts`: the versions, read already in this
+    transaction (store.schemas.layouts_all: pull_link reads every table's in one statement), for
+    the first read; an entry of a version they lack has them read again as above."""
     unknown = _UnknownVersion(None, 0)
-    for _ in range(3):
+    for given in ([layouts] if layouts is not _READ_HERE else []) + [_READ_HERE] * 3:
         try:
-            return _read_entries(sconn, source, target, info, watermark, below, limit, have)
+            return _read_entries(sconn, source, target, info, watermark, below, limit, have, given)
         except _UnknownVersion as e:
             unknown = e
     raise CorruptChange(
@@ -99,12 +106,13 @@ def _read_entries(
     below: int | None,
     limit: int | None,
     have: Mapping[str, str] | None,
+    given: Any,
 ) -> list[tuple[Any, ...]]:
     d = source.dialect
     o = d.obj(info.name)
     ph = d.caps.placeholder
     q = d.quote
-    layouts = store.schemas.layouts(sconn, d, info.name)
+    layouts = store.schemas.layouts(sconn, d, info.name) if given is _READ_HERE else given
     versioned = layouts is not None
     if layouts is None:  # a source installed before schema versions: its layout is the target's
         layouts = {1: list(info.column_names)}
@@ -228,8 +236,11 @@ def pull_link(
     with source.read() as sconn:
         hs = list(source.dialect.read_horizons(sconn, [i.name for i in infos]).values())
         horizon = min(h for h in hs if h is not None) if any(h is not None for h in hs) else None
+        known = store.schemas.layouts_all(sconn, source.dialect, [i.name for i in infos])  # (one statement)
         rows = {
-            i.name: read_entries(sconn, source, target, i, watermarks[i.name], limit=window, have=(have or {}).get(i.name))
+            i.name: read_entries(
+                sconn, source, target, i, watermarks[i.name], limit=window, have=(have or {}).get(i.name), layouts=known[i.name]
+            )
             for i in infos
         }
         own = [int(r[2]) for i in infos for r in rows[i.name] if r[4] == source.name]

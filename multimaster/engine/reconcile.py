@@ -194,9 +194,10 @@ def _reconcile(
         relays.relay(conn, site, info, cands.table, cands.columns, relay, list(snaps.values()))
     # 7. the clock moves past every version received
     d.advance_clock(conn, max_hlc, info.name)
-    d.after_apply(conn, info)
-    if keying:
+    if keying:  # (its reset_key_counter moves the counters past every key as after_apply does: not both)
         keys_ranked_now(conn, d, info, base_max)
+    else:
+        d.after_apply(conn, info)
     d.set_applying(conn, False)
     d.drop_temp(conn, cands.table)
     res.applied = cands.total - len(parked)

@@ -23,6 +23,7 @@ from multimaster.core.batches import Step, batch_txn, stream_step
 from multimaster.core.progress import ProgressEvent
 from multimaster.core.references import fk_order
 from multimaster.core.versions import ahead_warnings, now_iso, seconds_ahead, ver_ms
+from multimaster.dialects.base import catalog_once
 from multimaster.dialects.schema import TableInfo
 from multimaster.engine import evolve, isolate, references, uniques
 from multimaster.engine.apply import keys_unranked
@@ -129,6 +130,12 @@ def refresh_link(
     its schema check at a site of the link (_unfit: a key or column the file names that the table
     lacks) is left out alike, the link's error naming the table, the problem and the fix."""
     kw: dict[str, Any] = dict(batch_size=batch_size, reconcile_=reconcile_, progress=progress, stop=stop, followed=followed)
+    with catalog_once():  # each site's bookkeeping tables looked up once in the refresh, not per question
+        return _refresh_link_installed(cl, target, source, kw)
+
+
+def _refresh_link_installed(cl: Cluster, target: str, source: str, kw: dict[str, Any]) -> RefreshResult:
+    """refresh_link: the tables a site of the link lacks or cannot describe left out."""
     missing = _not_installed(cl, target, source)
     lacking = {tb for tables in missing.values() for tb in tables}
     unfit = _unfit(cl, target, source, lacking)
@@ -177,6 +184,8 @@ def _unfit(cl: Cluster, target: str, source: str, lacking: set[str]) -> dict[str
         s = cl.site(n) if n in cl.topo.sites else None
         if s is None or isinstance(s, AgentSite):
             continue
+        if all(s.known_info(tb) is not None for tb in cl.topo.tables if tb not in lacking and tb not in out):
+            continue  # described already (s.info would not read): no transaction for nothing
         try:
             with s.read() as conn:
                 for tb in cl.topo.tables:
@@ -249,7 +258,7 @@ def _refresh_link(
             _note_waits(tgt, t, source, res)
         if res.held_back and not res.pulled and not isinstance(src, AgentSite):
             with tgt.read() as conn:
-                wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in t.tables}
+                wms = store.watermarks.read_all(conn, tgt.dialect, source, list(t.tables))
                 have = _have(conn, tables) if tables else None
             res.held_at_source = held_at_source(src, target, t, wms, have)
             if res.held_at_source is not None and res.stalled is None:
@@ -299,9 +308,10 @@ def _pull_described(
                 for tb, r in _settle_left(tables, tell.watch if tell else None, stop).items():
                     res.reconciled[tb].add(r)
             if reconcile_ and not (stop is not None and stop()):
-                for tb, link in tables.items():
-                    if tb not in touched:
-                        res.reconciled[tb].add(_settle_if_needed(link, tell.watch if tell else None, stop))
+                idle = {tb: link for tb, link in tables.items() if tb not in touched}
+                todo = _unsettled_all(idle)  # (one read transaction for them all)
+                for tb, link in idle.items():
+                    res.reconciled[tb].add(_settle_if_needed(link, todo[tb], tell.watch if tell else None, stop))
             return tables, warned, problems
         except _DescribedBehind as e:
             for tb in e.tables:
@@ -339,20 +349,21 @@ def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: Refr
     t = cl.topo
     tgt, src = cl.site(target), cl.site(source)
     with tgt.read() as conn:
-        tgt.require_installed(conn, t)
+        bases = store.tables.base_maxes(conn, tgt.dialect)  # (the tables installed: its keys)
+        tgt.require_installed(conn, t, bases)
         if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
             raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
-        res.gaps = evolve.gap_messages(conn, tgt)
+        # three tables almost always empty: asked together, each read only when it has rows
+        rare = store.with_rows(conn, tgt.dialect, {"_mm_gaps": "closed IS NULL", "_mm_retired": "", "_mm_skew": ""})
+        res.gaps = evolve.gap_messages(conn, tgt) if "_mm_gaps" in rare else []
         infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
-        known = isolate.known_origins(conn, tgt, list(t.sites))
-        warned = any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
+        known = isolate.known_origins(conn, tgt, list(t.sites)) if "_mm_retired" in rare else frozenset(t.sites)
+        warned = "_mm_skew" in rare and any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
         versioned = store.schemas.exists(conn, tgt.dialect)
         skew: dict[str, float] = {}
         peers = t.peers_of(target)
         tables = {
-            tb: _LinkTable(
-                t, target, source, tgt, src, tb, infos[tb], _base_max(conn, tgt, tb), peers, reconcile_, known, skew, versioned
-            )
+            tb: _LinkTable(t, target, source, tgt, src, tb, infos[tb], bases[tb], peers, reconcile_, known, skew, versioned)
             for tb in apply_order(t, infos)
         }
     return tables, warned
@@ -459,7 +470,7 @@ def _note_waits(tgt: Site, t: Topology, source: str, res: RefreshResult) -> None
     """After a refresh: how many changes of the link wait at the target, what the oldest waits
     for, and whether the link is stalled (the oldest older than refresh.stall_after)."""
     with tgt.read() as conn:
-        found = [store.links.parked(conn, tgt.dialect, tb, source) for tb in t.tables]
+        found = store.links.parked_all(conn, tgt.dialect, list(t.tables), source)  # (one statement, not one per table)
     waits = [w for w in found if w is not None]
     if not waits:
         return
@@ -670,7 +681,7 @@ def _refresh_batches(
     whole = False  # a stretch met a change to hold: its transactions are read whole (as before pieces)
     while True:
         with tgt.read() as conn:
-            wms = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+            wms = store.watermarks.read_all(conn, tgt.dialect, source, list(tables))
             have = _have(conn, tables)
         read = read_link(src, target, [lt.info for lt in tables.values()], wms, window, have)
         if not _not_purged(first, wms):
@@ -905,7 +916,7 @@ def _refresh_whole(tables: dict[str, _LinkTable], window: int, res: RefreshResul
     token = batch_txn()
     while True:
         with tgt.read() as conn:
-            wms0 = {tb: store.watermarks.read(conn, tgt.dialect, source, tb) for tb in tables}
+            wms0 = store.watermarks.read_all(conn, tgt.dialect, source, list(tables))
             have0 = _have(conn, tables)
         pre = read_link(src, target, [lt.info for lt in tables.values()], wms0, window, have0)
         if not _not_purged(first, wms0):
@@ -1016,12 +1027,20 @@ def _parts(read: LinkRead, cuts: list[int]) -> list[dict[str, Rows]]:
     return out
 
 
-def _settle_if_needed(link: _LinkTable, watch: Watch | None = None, stop: Callable[[], bool] | None = None) -> ReconcileResult:
+def _unsettled_all(tables: dict[str, _LinkTable]) -> dict[str, str | None]:
+    """:func:`_unsettled` of each of `tables`, read in one transaction at their target."""
+    if not tables:
+        return {}
+    with next(iter(tables.values())).tgt.read() as conn:
+        return {tb: _unsettled(conn, link) for tb, link in tables.items()}
+
+
+def _settle_if_needed(
+    link: _LinkTable, todo: str | None, watch: Watch | None = None, stop: Callable[[], bool] | None = None
+) -> ReconcileResult:
     """A table the refresh brought nothing for: still apply what an earlier `refresh
-    --no-reconcile` stored, and rank the keys local inserts drew, as a reconcile would (read
-    first: usually there is nothing to do)."""
-    with link.tgt.read() as conn:
-        todo = _unsettled(conn, link)
+    --no-reconcile` stored, and rank the keys local inserts drew, as a reconcile would (`todo`:
+    what _unsettled read first; usually there is nothing to do)."""
     if todo:
         try:
             return write_retrying(link.tgt, functools.partial(_settle, link=link), watch)
@@ -1394,15 +1413,28 @@ def _not_purged(link: _LinkTable, wms: dict[str, int]) -> bool:
     again from where it stands). Raises :class:`PurgedPastWatermark` when the target really is
     behind what the source purged."""
     try:
-        for tb, wm in wms.items():
-            check_not_purged(link.src, link.target, tb, wm)
+        _check_none_purged(link.src, link.target, wms)
     except PurgedPastWatermark:
         with link.tgt.read() as conn:
-            now = {tb: store.watermarks.read(conn, link.tgt.dialect, link.source, tb) for tb in wms}
+            now = store.watermarks.read_all(conn, link.tgt.dialect, link.source, list(wms))
         if now != wms:
             return False
         raise
     return True
+
+
+def _check_none_purged(src: Site, target: str, wms: dict[str, int]) -> None:
+    """check_not_purged of every table of `wms` (table -> watermark), in their order: the
+    horizons read in one statement (the agent's: one request per table, as before)."""
+    if isinstance(src, AgentSite):
+        for tb, wm in wms.items():
+            check_not_purged(src, target, tb, wm)
+        return
+    with src.read() as conn:
+        hs = store.purges.horizons(conn, src.dialect, list(wms))
+    for tb, wm in wms.items():
+        if hs[tb] > wm:
+            raise PurgedPastWatermark(src.name, target, tb, wm, hs[tb])
 
 
 def check_not_purged(src: Site, target: str, table: str, watermark: int) -> None:

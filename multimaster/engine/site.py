@@ -6,7 +6,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Callable, Hashable, Iterator
+from typing import Callable, Hashable, Iterable, Iterator
 from weakref import WeakKeyDictionary
 
 from sqlalchemy import create_engine
@@ -166,11 +166,12 @@ class Site:
         mine: dict[str, TableInfo] = self._describing.__dict__.setdefault("tables", {})
         if table in mine:  # this thread is describing it: a reference cycle back to it
             return mine[table]
-        cur = store.schemas.current(conn, self.dialect, table) if store.schemas.exists(conn, self.dialect) else None
-        only = None if cur is None else {c.name for c in cur[1]}
+        # every version in one read: the current one's columns, and those an earlier one had
+        vs = store.schemas.versions(conn, self.dialect, table) if store.schemas.exists(conn, self.dialect) else {}
+        only = {c.name for c in vs[max(vs)]} if vs else None
         base = introspect(conn, self.name, table, topo.tables[table], only)
-        if cur is not None:
-            base = replace(base, version=cur[0], dropped=store.schemas.dropped(conn, self.dialect, table))
+        if vs:
+            base = replace(base, version=max(vs), dropped=store.schemas.dropped_of(vs))
         mine[table] = base
         try:
             refs, natural = discover(conn, self, base, topo)
@@ -197,8 +198,10 @@ class Site:
     def installed_tables(self, conn: Connection) -> list[str]:
         return store.tables.installed(conn, self.dialect)
 
-    def require_installed(self, conn: Connection, topo: Topology) -> None:
-        have = set(self.installed_tables(conn))
+    def require_installed(self, conn: Connection, topo: Topology, have: Iterable[str] | None = None) -> None:
+        """Raise NotInstalled naming the tables of `topo` this site has no replication objects
+        for; `have`: the tables installed here, read already (store.tables.installed)."""
+        have = set(self.installed_tables(conn) if have is None else have)
         missing = [t for t in topo.tables if t not in have]
         if missing:
             raise NotInstalled(self.name, f"replication objects for table(s) {missing}", missing)

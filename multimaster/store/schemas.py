@@ -11,7 +11,7 @@ Peers read this table with the change log, to carry each entry by column name.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Sequence
 
 from sqlalchemy.engine import Connection
 
@@ -29,9 +29,12 @@ __all__ = [
     "current",
     "current_versions",
     "current_sigs",
+    "current_heads",
     "versions",
     "layouts",
+    "layouts_all",
     "dropped",
+    "dropped_of",
     "to_json",
     "forget_table",
 ]
@@ -112,9 +115,14 @@ def current_versions(conn: Connection, d: Dialect) -> dict[str, int]:
 
 def current_sigs(conn: Connection, d: Dialect) -> dict[str, str]:
     """The recorded signature (`sig`) of each table's current version, in one statement."""
+    return {tb: sig for tb, (_v, sig) in current_heads(conn, d).items()}
+
+
+def current_heads(conn: Connection, d: Dialect) -> dict[str, tuple[int, str]]:
+    """(number, recorded signature) of each table's current version, in one statement."""
     t = _t(d)
-    sql = f"SELECT s.tbl, s.sig FROM {t} s WHERE s.version = (SELECT max(m.version) FROM {t} m WHERE m.tbl = s.tbl)"
-    return {str(tb): str(sig) for tb, sig in conn.exec_driver_sql(sql)}
+    sql = f"SELECT s.tbl, s.version, s.sig FROM {t} s WHERE s.version = (SELECT max(m.version) FROM {t} m WHERE m.tbl = s.tbl)"
+    return {str(tb): (int(v), str(sig)) for tb, v, sig in conn.exec_driver_sql(sql)}
 
 
 def current_version(conn: Connection, d: Dialect, table: str) -> int | None:
@@ -141,9 +149,23 @@ def layouts(conn: Connection, d: Dialect, table: str) -> dict[int, list[str]] | 
     return out or None
 
 
+def layouts_all(conn: Connection, d: Dialect, tables: Sequence[str]) -> dict[str, dict[int, list[str]] | None]:
+    """:func:`layouts` of each of `tables`, in one statement."""
+    if not exists(conn, d):
+        return {tb: None for tb in tables}
+    out: dict[str, dict[int, list[str]]] = {}
+    for tb, v, c in conn.exec_driver_sql(f"SELECT tbl, version, columns FROM {_t(d)} ORDER BY tbl, version"):
+        out.setdefault(str(tb), {})[int(v)] = [col.name for col in _cols(c)]
+    return {tb: out.get(tb) or None for tb in tables}
+
+
 def dropped(conn: Connection, d: Dialect, table: str) -> frozenset[str]:
     """The columns some earlier version of `table` had and the current one has not."""
-    vs = versions(conn, d, table)
+    return dropped_of(versions(conn, d, table))
+
+
+def dropped_of(vs: dict[int, list[Col]]) -> frozenset[str]:
+    """:func:`dropped`, of a table's versions read already (:func:`versions`)."""
     if not vs:
         return frozenset()
     cur = {c.name for c in vs[max(vs)]}

@@ -17,6 +17,7 @@ from multimaster.store import _rows
 
 __all__ = [
     "installed",
+    "base_maxes",
     "register",
     "set_columns",
     "base_max",
@@ -33,6 +34,22 @@ _REG = ("key_col", "renumber", "columns", "base_max")
 
 def installed(conn: Connection, d: Dialect) -> list[str]:
     """The tables replicated at this site (none when it is not installed)."""
+    if not _registered(conn, d):
+        return []
+    return [r[0] for r in conn.exec_driver_sql(f"SELECT tbl FROM {d.mm_table('_mm_tables')} ORDER BY tbl")]
+
+
+def base_maxes(conn: Connection, d: Dialect) -> dict[str, int]:
+    """:func:`base_max` of every table replicated at this site, in one statement (in the order of
+    :func:`installed`, its keys; {} when the site is not installed)."""
+    if not _registered(conn, d):
+        return {}
+    sql = f"SELECT tbl, base_max FROM {d.mm_table('_mm_tables')} ORDER BY tbl"
+    return {str(tb): int(m or 0) for tb, m in conn.exec_driver_sql(sql)}
+
+
+def _registered(conn: Connection, d: Dialect) -> bool:
+    """Whether this site has ``_mm_tables`` (is installed); raises when this login may not read it."""
     if d.table_kind(conn, "_mm_tables") is None:
         if d.hides_unreadable:  # (a login that may not read it does not see it: say so, not "not installed")
             with conn.begin_nested():
@@ -41,10 +58,10 @@ def installed(conn: Connection, d: Dialect) -> list[str]:
                 except DBAPIError as e:
                     if d.is_permission_denied(e):
                         raise
-                    return []
+                    return False
         else:
-            return []
-    return [r[0] for r in conn.exec_driver_sql(f"SELECT tbl FROM {d.mm_table('_mm_tables')} ORDER BY tbl")]
+            return False
+    return True
 
 
 def register(conn: Connection, d: Dialect, info: TableInfo) -> None:

@@ -338,8 +338,11 @@ class MySQLDialect(Dialect):
 
     def entry_limit(self, conn: Connection) -> int | None:
         """This session's max_allowed_packet: a statement longer than it makes the server drop
-        the connection ("server has gone away"), which no retry gets past."""
-        return int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+        the connection ("server has gone away"), which no retry gets past. Read once per
+        connection (a session cannot change its own, and SET GLOBAL changes only later sessions')."""
+        if "mm_max_packet" not in conn.info:
+            conn.info["mm_max_packet"] = int(conn.exec_driver_sql("SELECT @@max_allowed_packet").scalar_one())
+        return int(conn.info["mm_max_packet"])
 
     def value_adapters(self, info: TableInfo) -> list[Any]:
         from multimaster.dialects import types
@@ -562,9 +565,17 @@ class MySQLDialect(Dialect):
         ).scalar()
         return None if kind is None else str(kind)
 
-    def table_kind(self, conn: Connection, name: str) -> str | None:
+    def read_table_kind(self, conn: Connection, name: str) -> str | None:
         kind = self._table_type(conn, name)
         return None if kind is None else "view" if kind == "VIEW" else "table"
+
+    def read_table_kinds(self, conn: Connection, names_: Sequence[str]) -> dict[str, str]:
+        rows = conn.exec_driver_sql(
+            "SELECT TABLE_NAME, TABLE_TYPE FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() "
+            f"AND TABLE_NAME IN ({', '.join(['%s'] * len(names_))})",
+            tuple(names_),
+        )
+        return {str(n): "view" if k == "VIEW" else "table" for n, k in rows}
 
     def install_problems(self, conn: Connection, tables: Sequence[str]) -> list[str]:
         """Found before init writes anything, since MySQL's DDL cannot be rolled back: the base's
@@ -761,6 +772,38 @@ class MySQLDialect(Dialect):
             (table,),
         )
         return {str(r[0]) for r in rows}
+
+    #: tables whose signatures table_signatures reads in one statement per kind
+    SIGNATURES_AT_ONCE = 50
+
+    def table_signatures(self, conn: Connection, tables: Sequence[str]) -> dict[str, str]:
+        """:meth:`table_signature` of each of `tables`, one statement per kind (and per
+        SIGNATURES_AT_ONCE tables): column_signature's and triggers_on's SELECT once per table,
+        joined by UNION ALL (each keeps its lookup by name in information_schema, which an IN list
+        would turn into a read of every table of the database)."""
+        out: dict[str, str] = {}
+        for start in range(0, len(tables), self.SIGNATURES_AT_ONCE):
+            part = list(tables[start : start + self.SIGNATURES_AT_ONCE])
+            cols: dict[int, list[tuple[Any, ...]]] = {i: [] for i in range(len(part))}
+            sql = " UNION ALL ".join(
+                f"SELECT {i} AS mm_i, ORDINAL_POSITION, COLUMN_NAME, COLUMN_TYPE, IS_NULLABLE, COLUMN_DEFAULT "
+                "FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s"
+                for i in range(len(part))
+            )
+            for r in conn.exec_driver_sql(sql + " ORDER BY mm_i, ORDINAL_POSITION", tuple(part)):
+                cols[int(r[0])].append(tuple(r[2:]))
+            trig: dict[int, set[str]] = {i: set() for i in cols}
+            sql = " UNION ALL ".join(
+                f"SELECT {i} AS mm_i, TRIGGER_NAME FROM information_schema.TRIGGERS "
+                "WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = %s"
+                for i in range(len(part))
+            )
+            for i, name in conn.exec_driver_sql(sql, tuple(part)):
+                trig[int(i)].add(str(name))
+            for i, t in enumerate(part):  # as column_signature and capture_present give them
+                o = names(t)
+                out[t] = f"{cols[i]!r} capture={','.join(sorted({o.cap_i, o.cap_u, o.cap_d} & trig[i]))}"
+        return out
 
     def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:
         conn.exec_driver_sql(f"ALTER TABLE {obj} MODIFY COLUMN {self.quote(col)} {type_sql}")

@@ -33,6 +33,7 @@ from multimaster.dialects.base import (
     capture_fragments,
     shadow_key_index,
     table_relations,
+    txn_memo,
 )
 from multimaster.dialects.liveness import Address, Guard, Timeouts
 from multimaster.dialects.schema import Collation, Column, TableInfo, names
@@ -438,11 +439,11 @@ class PostgreSQLDialect(Dialect):
             ).scalar()
         ]
         was = conn.exec_driver_sql("SELECT current_setting('lock_timeout')").scalar()
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
+        self._lock_timeout(conn, APPLY_LOCK_TIMEOUT)
         for mode, group in (("ACCESS EXCLUSIVE", captured), ("SHARE ROW EXCLUSIVE", [t for t in existing if t not in captured])):
             if group:
                 conn.exec_driver_sql(f"LOCK TABLE {', '.join(q(t) for t in group)} IN {mode} MODE")
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (was,))
+        self._lock_timeout(conn, str(was))
 
     def install_table(self, conn: Connection, info: TableInfo) -> None:
         self._check_names(info)
@@ -700,13 +701,21 @@ class PostgreSQLDialect(Dialect):
         for t in names:
             conn.exec_driver_sql(f"DROP TRIGGER IF EXISTS {t} ON {self.quote(table)}")
 
-    def table_kind(self, conn: Connection, name: str) -> str | None:
+    def read_table_kind(self, conn: Connection, name: str) -> str | None:
         kind = conn.exec_driver_sql(
             "SELECT c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE n.nspname = %s AND c.relname = %s",
             (SCHEMA, name),
         ).scalar()
         return None if kind is None else "view" if kind == "v" else "table"
+
+    def read_table_kinds(self, conn: Connection, names_: Sequence[str]) -> dict[str, str]:
+        rows = conn.exec_driver_sql(
+            "SELECT c.relname, c.relkind FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = %s AND c.relname = ANY(%s)",
+            (SCHEMA, list(names_)),
+        )
+        return {str(n): "view" if k == "v" else "table" for n, k in rows}
 
     def uninstall(self, conn: Connection, tables: Sequence[str], peers: Sequence[str]) -> list[str]:
         if conn.exec_driver_sql(f"SELECT to_regnamespace('{SCHEMA}')").scalar() is None:
@@ -822,12 +831,23 @@ class PostgreSQLDialect(Dialect):
         reconciler needs, is not the deadlock victim — the reconciler gives up first and its batch
         is retried (is_retryable)."""
         brief = bool(conn.info.get(BRIEF_NOW))
+        want = HELD_LOCK_TIMEOUT if brief else APPLY_LOCK_TIMEOUT
+        memo = txn_memo(conn)
+        if memo.get(("apply_lock", info.name)) and memo.get("lock_timeout") == want:
+            return  # held already (a batch takes it before it stores, the reconcile again), the waits bounded alike
         if brief:  # (this transaction holds another table's writers' lock: lock_writers)
-            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
+            self._lock_timeout(conn, APPLY_LOCK_TIMEOUT)
         conn.exec_driver_sql(
             f"SELECT pg_advisory_xact_lock({APPLY_LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),)
         )
-        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (HELD_LOCK_TIMEOUT if brief else APPLY_LOCK_TIMEOUT,))
+        memo[("apply_lock", info.name)] = True
+        self._lock_timeout(conn, want)
+
+    @staticmethod
+    def _lock_timeout(conn: Connection, value: str) -> None:
+        """The transaction's lock_timeout from here on, noted (txn_memo) for lock_for_apply."""
+        conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (value,))
+        txn_memo(conn)["lock_timeout"] = value
 
     def lock_writers(self, conn: Connection, info: TableInfo) -> None:
         """The table's writers' lock, exclusively (waiting APPLY_LOCK_TIMEOUT for it). With brief
@@ -836,10 +856,10 @@ class PostgreSQLDialect(Dialect):
         UPDATE, FOR SHARE, a foreign key's check) held every writer of the table back that long."""
         brief = bool(conn.info.get(BRIEF_NOW))
         if brief:
-            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (APPLY_LOCK_TIMEOUT,))
+            self._lock_timeout(conn, APPLY_LOCK_TIMEOUT)
         conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({LOCK_CLASS}, %s::regclass::oid::int)", (self.quote(info.name),))
         if brief or conn.get_execution_options().get(BRIEF_WAITS):
-            conn.exec_driver_sql("SELECT set_config('lock_timeout', %s, true)", (HELD_LOCK_TIMEOUT,))
+            self._lock_timeout(conn, HELD_LOCK_TIMEOUT)
             conn.info[BRIEF_NOW] = True
 
     def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:

@@ -363,9 +363,16 @@ class SQLiteDialect(Dialect):
             for stmt in self._catchup_sql(info).split(";\n"):
                 conn.exec_driver_sql(stmt.strip().rstrip(";"))
 
-    def table_kind(self, conn: Connection, name: str) -> str | None:
+    def read_table_kind(self, conn: Connection, name: str) -> str | None:
         v = conn.exec_driver_sql("SELECT type FROM sqlite_master WHERE name = ? AND type IN ('table', 'view')", (name,)).scalar()
         return None if v is None else str(v)
+
+    def read_table_kinds(self, conn: Connection, names_: Sequence[str]) -> dict[str, str]:
+        rows = conn.exec_driver_sql(
+            f"SELECT name, type FROM sqlite_master WHERE type IN ('table', 'view') AND name IN ({', '.join('?' * len(names_))})",
+            tuple(names_),
+        )
+        return {str(n): str(k) for n, k in rows}
 
     def column_signature(self, conn: Connection, table: str) -> str:
         return repr([tuple(r)[1:5] for r in conn.exec_driver_sql(f"PRAGMA table_info({self.quote(table)})")])
