@@ -8,6 +8,7 @@ through plain DB-API clients; every command runs through the CLI."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -238,6 +239,30 @@ def test_the_daemon_finds_a_table_made_again_and_a_hand_run_drop_within_follow_e
         assert d.stop() == 0
     cl.refresh_until_quiet()
     assert [n for _k, n, _q in cl.rows("b", "items")][-1] == "captured"
+
+
+def test_the_daemon_logs_a_capture_gap_its_refresh_found_first(sqlite_backend: Backend, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Links refreshed more often than refresh.follow_every: the refresh's own follow finds the
+    table made again and makes its capture again, and the daemon logs the gap (once) with the
+    command that closes it. Before (explorer, session 37) only the follow loop's finding was
+    logged: a capture a refresh made again never appeared in the log, while status named it."""
+    from test_daemon import Proc, wait_for
+
+    fast = [{"from": a, "to": b, "interval": "100ms", "jitter": 0} for a, b in (("a", "b"), ("b", "a"))]
+    cl = make_cluster(sqlite_backend, tmp_path, ["a", "b"], _items(), links=fast, settings={"refresh": {"follow_every": "1h"}})
+    cl.execute("a", "INSERT INTO items (name, qty) VALUES ('x', 1)")
+    d = Proc(tmp_path, cl.topo.path, "--site", "a", "-v")
+    try:
+        wait_for(lambda: d.has("started"), "the daemon to start")
+        wait_for(lambda: d.has("refresh", link="b->a"), "a first refresh")
+        _remake(cl, "a")
+        wait_for(lambda: d.has("capture_gap", site="a", table="items"), "the daemon to log the gap its refresh found")
+        time.sleep(1.0)  # ten more refreshes of the link, the gap still open
+        gaps = [e for e in d.events() if e.get("event") == "capture_gap"]
+        assert len(gaps) == 1, gaps
+        assert "multimaster recapture -t FILE --site a --table items" in gaps[0]["message"], gaps
+    finally:
+        assert d.stop() == 0
 
 
 @pytest.mark.server

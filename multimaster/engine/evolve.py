@@ -110,7 +110,12 @@ def gap_message(site: str, gap: Mapping[str, Any]) -> str:
 
 def gap_messages(conn: Connection, site: Site) -> list[str]:
     """The open capture gaps of `site`, each named with its fix."""
-    return [gap_message(site.name, g) for g in store.gaps.read_open(conn, site.dialect)]
+    return [m for _tb, m in open_gaps(conn, site)]
+
+
+def open_gaps(conn: Connection, site: Site) -> list[tuple[str, str]]:
+    """The open capture gaps of `site`: (table, message naming the fix), oldest first."""
+    return [(g["tbl"], gap_message(site.name, g)) for g in store.gaps.read_open(conn, site.dialect)]
 
 
 def registered_columns(conn: Connection, site: Site, table: str) -> list[str] | None:

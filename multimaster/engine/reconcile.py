@@ -84,6 +84,8 @@ class RefreshResult:
     #: the target's tables whose capture was found missing and whose writes of then are not
     #: recaptured yet, each named with the fix (store/gaps.py, engine/evolve.py gap_message)
     gaps: list[str] = field(default_factory=list)
+    #: the table of each of `gaps`
+    gap_tables: list[str] = field(default_factory=list)
 
     @property
     def applied(self) -> int:

@@ -355,7 +355,8 @@ def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: Refr
             raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
         # three tables almost always empty: asked together, each read only when it has rows
         rare = store.with_rows(conn, tgt.dialect, {"_mm_gaps": "closed IS NULL", "_mm_retired": "", "_mm_skew": ""})
-        res.gaps = evolve.gap_messages(conn, tgt) if "_mm_gaps" in rare else []
+        gaps = evolve.open_gaps(conn, tgt) if "_mm_gaps" in rare else []
+        res.gaps, res.gap_tables = [m for _, m in gaps], [tb for tb, _ in gaps]
         infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
         known = isolate.known_origins(conn, tgt, list(t.sites)) if "_mm_retired" in rare else frozenset(t.sites)
         warned = "_mm_skew" in rare and any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))

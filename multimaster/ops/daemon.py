@@ -248,6 +248,9 @@ class Daemon:
         #: per site, the follow's last error logged and when (time.monotonic): the same error is
         #: logged again only after FOLLOW_ERROR_REPEAT seconds, not at every follow_every
         self._follow_errors: dict[str, tuple[str, float]] = {}
+        # capture gaps logged (site, message): each once, whether the follow or a refresh found it
+        self._told_gaps: set[tuple[str, str]] = set()
+        self._told_mu = threading.Lock()
         #: per site purged, the pullers its last purge gave up: each is logged when it is given up
         #: and when it is no longer, not at every purge (docs/operations.md "Log purge and retention")
         self._given_up: dict[str, set[str]] = {}
@@ -598,6 +601,21 @@ class Daemon:
             )
         for w in res.clock_warnings:  # applied, a warning (docs/clock.md "Clock discipline")
             _emit("clock_warning", self.log_format, link=st.name, message=w)
+        # a capture found missing and made again by the refresh's own follow (a link refreshed
+        # more often than refresh.follow_every finds it first): logged as the follow logs it,
+        # once per gap (before, only the follow's finding was logged: a dropped trigger a
+        # refresh made again was never in the log, explorer session 37)
+        for tb, m in zip(res.gap_tables, res.gaps):
+            if self._first_telling(st.link.target, m):
+                _emit("capture_gap", self.log_format, site=st.link.target, table=tb, message=m)
+
+    def _first_telling(self, site: str, gap: str) -> bool:
+        """Whether capture gap `gap` of `site` is logged now (each open gap once per process)."""
+        with self._told_mu:
+            if (site, gap) in self._told_gaps:
+                return False
+            self._told_gaps.add((site, gap))
+            return True
 
     def _removed(self, st: LinkState, error: str) -> str:
         """A link of a site remove-site removed (its file still lists it) fails saying so, not with
@@ -643,8 +661,9 @@ class Daemon:
             for ev in follow_site(cl, n):
                 if ev.gap:
                     with site.read() as conn:
-                        for m in evolve.gap_messages(conn, site):
-                            _emit("capture_gap", self.log_format, site=n, table=ev.table, message=m)
+                        for tb, m in evolve.open_gaps(conn, site):
+                            if self._first_telling(n, m):
+                                _emit("capture_gap", self.log_format, site=n, table=tb, message=m)
                 elif ev.problems:
                     _emit("schema", self.log_format, site=n, table=ev.table, error="; ".join(ev.problems))
                 else:
