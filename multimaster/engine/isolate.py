@@ -46,7 +46,7 @@ from multimaster.core.errorqueue import MALFORMED, Holds, in_halves, is_version,
 from multimaster.core.versions import now_iso
 from multimaster.dialects import Dialect
 from multimaster.dialects.schema import TableInfo
-from multimaster.engine import held, references, relays
+from multimaster.engine import held, references, relays, uniques
 from multimaster.engine.pull import any_misfit, refit, store_batch
 from multimaster.engine.reconcile import ReconcileResult, reconcile_table
 from multimaster.engine.site import Site
@@ -474,14 +474,20 @@ def _insert_at_rank(
     d.lock_for_apply(conn, info)
     d.set_applying(conn, True)
     with references.deferred(conn, d, references.involved(conn, d, info)):  # as the reconciler applies
-        collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
-        conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *row))
+        # its UNIQUE sets as at a first apply: a value a row here holds is decided by the rule, so
+        # this site marks (or parks) the row every other site did (before session 37: the raw
+        # values, refused as a duplicate, and held for good)
+        values, pend = uniques.room_for_insert(conn, site, info, h.rid, row)
+        if values is not None:
+            collist = ", ".join([q(info.key.name)] + [q(c) for c in cols])
+            conn.exec_driver_sql(f"INSERT INTO {q(info.name)} ({collist}) VALUES ({d.ph(len(cols) + 1)})", (key, *values))
+        conflicts = uniques.after_insert(conn, site, info, pend, list(snaps))
         references.orphans_of(conn, site, info, snap, h.ver, list(snaps))  # it references a row deleted meanwhile
     d.after_apply(conn, info)
     held.mark(conn, d, list(snaps.values()), h.ver, applied=1)
     relays.relay_one(conn, site, info, snap, list(snaps.values()), h.ver, h.origin, relay)
     d.set_applying(conn, False)
-    return ReconcileResult(info.name, applied=1, inserted=1)
+    return ReconcileResult(info.name, applied=1, inserted=1, conflicts=conflicts)
 
 
 @dataclass
@@ -752,8 +758,8 @@ def _why(conn: Connection, site: Site, info: TableInfo | None, e: BaseException)
         return describe(e)
     return (
         f"value refused: site '{site.name}' ({site.dialect.title}): {told} ('multimaster errors retry -t FILE --site "
-        f"{site.name} --id ID', 'multimaster errors skip -t FILE --site {site.name} --id ID --reason TEXT'; "
-        f"database error: {describe(e)})"
+        f"{site.name} --id ID', 'multimaster errors skip -t FILE --site {site.name} --id ID --reason TEXT', which drops "
+        f"it with the rest of its source transaction at this site only; database error: {describe(e)})"
     )
 
 

@@ -51,6 +51,8 @@ __all__ = [
     "parked_table",
     "before_apply",
     "after_apply",
+    "room_for_insert",
+    "after_insert",
     "settle",
     "unsettled",
     "no_fast",
@@ -336,6 +338,62 @@ def before_apply(conn: Connection, site: Site, info: TableInfo, cand: str) -> Pe
         ):
             pend.whole = True
     return pend
+
+
+def room_for_insert(
+    conn: Connection, site: Site, info: TableInfo, rid: str, row: Sequence[Any]
+) -> tuple[list[Any] | None, Pending | None]:
+    """:func:`before_apply` for one insert that does not go through the reconciler: a held insert
+    of a renumbered table retried at the rank it kept (engine/isolate.py ``_insert_at_rank``), in
+    the reconcile transaction with the capture guard set. `row`: its values (TableInfo.columns
+    order). For each UNIQUE set whose values a row of the table holds: a ``park`` set takes those
+    rows out of the table and keeps the insert's values apart (None is returned: no table row to
+    write, the shadow row it kept is its identity); a marking set vacates them and the insert writes
+    its mark value. Returns the values to insert and what :func:`after_insert` needs (None: the
+    table has no UNIQUE set). Before session 37 the retry inserted the raw values: the database
+    refused the duplicate and the change stayed held for good, while every other site had marked
+    the row (docs/unique.md "At apply time")."""
+    if not info.uniques:
+        return list(row), None
+    _require(conn, site, info)
+    d = site.dialect
+    pend = Pending(was_marked={r: set(m) for r, m in _stored(conn, d, info).items()}, was_parked=set(_images(conn, d, info)))
+    vals = list(row)
+
+    def holding(u: UniqueSet) -> set[Any]:
+        g = tuple(row[i] for i in u.columns)
+        if any(v is None for v in g):
+            return set()  # NULLs collide with nothing
+        rids = _holders(conn, d, info, u, [g]) - {rid}
+        return {r.key for r in _load(conn, d, info, sorted(rids)).values() if r.live}
+
+    parks = {k for u in info.uniques if u.policy == PARK for k in holding(u)}
+    if parks:
+        _park_keys(conn, d, info, parks)
+        _put_image(conn, d, info, rid, vals, "", "")  # _settle decides who goes back
+        return None, pend
+    versions = _load(conn, d, info, [rid])[rid].versions  # its shadow row, kept with its rank
+    for u in (x for x in info.uniques if x.policy != PARK):
+        keys = holding(u)
+        if not keys:
+            continue
+        _vacate(conn, d, info, u, keys, pend)
+        m = u.mark
+        if vals[m] is not None and not any(x[1] == rid and x[2] == m for x in pend.rewritten):
+            pend.rewritten.append((versions[m], rid, m, vals[m]))
+            vals[m] = mark_value(u, vals[m], rid)
+    return vals, pend
+
+
+def after_insert(
+    conn: Connection, site: Site, info: TableInfo, pend: Pending | None, peers: Sequence[str] = ()
+) -> list[ConflictRecord]:
+    """After the insert :func:`room_for_insert` made room for: the rule decides the rows it
+    vacated, the inserted row and every claimant of their values (the same :func:`settle` a
+    reconcile ends with). Returns the conflict records written."""
+    if pend is None:
+        return []
+    return _settle(conn, site, info, pend, write=True, peers=peers)[0]
 
 
 def parked_change(conn: Connection, d: Dialect, info: TableInfo, rid: str) -> dict[str, Any] | None:

@@ -284,6 +284,16 @@ class MySQLDialect(Dialect):
             rows = conn.exec_driver_sql(
                 f"SELECT {q(cols[0])} FROM {q(info.name)} WHERE {q(cols[0])} = %s LIMIT 3", (value,)
             ).all()
+            if any(r[0] == value for r in rows):
+                # the very same text: no collation made it equal (before session 37 this was blamed
+                # on the collation's trailing spaces, and the advice to skip lost the transaction)
+                return (
+                    f"{what} = {value!r}: a row here holds exactly this value, byte for byte (not a collation "
+                    "difference). multimaster decides who holds a UNIQUE value by its rule (docs/unique.md); a row "
+                    "written here outside it (an application, meanwhile) is decided again by a retry. Fix: retry "
+                    "the change; a skip would drop it with every other change of its source transaction at this "
+                    "site only, which the other sites keep"
+                )
             if rows:
                 held = ", ".join(repr(r[0]) for r in rows)
                 held = f" the same value as {held}, which a row here holds,"
@@ -293,11 +303,16 @@ class MySQLDialect(Dialect):
             f'where other databases and multimaster compare texts exactly (docs/mysql.md "Collations"). Fix: '
         )
         if all(coll.pads_only for _, coll in loose):
-            return head + "change one of the two values at its origin (trailing spaces trimmed), then skip this change"
+            return head + (
+                "change one of the two values at its origin (trailing spaces trimmed), then skip this change: a skip "
+                "drops it with every other change of its source transaction at this site only (listed by 'multimaster "
+                "errors' as held with it), which the other sites keep: the sites then differ by them"
+            )
         fix = "; ".join(self.exact_collation_sql(info.name, c) for c, _ in loose)
         return head + (
             f"give the column the binary collation here ({fix}), then retry the change; or change one of "
-            f"the two values at its origin and skip this one"
+            f"the two values at its origin and skip this one (a skip drops it with every other change of its "
+            f"source transaction at this site only, which the other sites keep)"
         )
 
     def explain_identity_collision(self, conn: Connection, info: TableInfo, e: BaseException) -> str | None:
