@@ -455,6 +455,85 @@ def test_add_site(backend: Backend, tmp_path: Path) -> None:
     check(cl, ["a", "b", "b2", "c", "a2"])
 
 
+COPY_KINDS = [("postgresql", "sqlite"), ("postgresql", "postgresql"), ("postgresql", "mysql"), ("mysql", "mysql")]
+
+
+@pytest.mark.parametrize("source,target", COPY_KINDS, ids=[f"{s}-to-{t}" for s, t in COPY_KINDS])
+def test_add_site_from_a_peer_with_unranked_keys_and_holes(tmp_path: Path, source: str, target: str) -> None:
+    """add-site copies a peer (PostgreSQL, MariaDB: keys drawn by concurrent writers are ranked by
+    its next reconcile) whose local keys are not ranked yet and have holes (rolled-back inserts:
+    the key counter is not transactional). The new site ranks the copied keys, and every column
+    referencing them moves with them: each child keeps its parent. Before, the children were
+    copied with the peer's keys: c-two named p-three (silently, exit 0), g-two a child key nobody
+    held (a foreign-key error at add-site)."""
+    from multimaster.ops.instantiate import add_site
+
+    backends: dict[str, Backend] = {}
+    try:
+        for site, name in (("a", source), ("b", "sqlite"), ("c", target)):
+            try:
+                backends[site] = BACKENDS[name]()
+            except ConnectionError as e:
+                server_unavailable(name, str(e))
+        tables = _tables()
+        urls = {}
+        for site, be in backends.items():
+            urls[site] = be.new_site(tmp_path, site)
+            for tb, spec in tables.items():
+                be.create_table(urls[site], tb, spec["key"], spec["columns"])
+        doc = {
+            "sites": {s: {"url": urls[s]} for s in ("a", "b")},
+            "tables": {tb: {"key": "id"} for tb in tables},
+            "links": "mesh",
+        }
+        (tmp_path / "two.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        cl = MixedCluster(
+            backends["b"], load_topology(tmp_path / "two.yaml"), {s: urls[s] for s in ("a", "b")}, tables, backends=backends
+        )
+        api.init(cl.topo)
+        q = _q(cl, "a")
+
+        def rolled_back(table: str, values: str) -> None:
+            c = cl.db("a")
+            try:
+                c.cursor().execute(f"INSERT INTO {table} ({q}name{q}{values}) VALUES ('rolled back'{', NULL' if values else ''})")
+                c.rollback()
+            finally:
+                c.close()
+
+        ins_p = f"INSERT INTO parent ({q}name{q}) VALUES (?)"
+        ins_c = f"INSERT INTO child ({q}name{q}, parent_id) VALUES (?, ?)"
+        (p_one,) = app(cl, "a", (ins_p, ("p-one",)))
+        rolled_back("parent", "")
+        (p_two,) = app(cl, "a", (ins_p, ("p-two",)))
+        app(cl, "a", (ins_p, ("p-three",)))  # holds c-two's parent key once ranked
+        app(cl, "a", (ins_c, ("c-one", p_one)))
+        rolled_back("child", ", parent_id")
+        (c_two,) = app(cl, "a", (ins_c, ("c-two", p_two)))
+        # no child holds g-two's child key once ranked
+        app(cl, "a", (f"INSERT INTO grand ({q}name{q}, child_id) VALUES (?, ?)", ("g-two", c_two)))
+        want = {("-", "c-one", "p-one"), ("-", "c-two", "p-two"), ("g-two", "c-two", "p-two")}
+        assert families(cl, "a") == want
+
+        doc["sites"]["c"] = {"url": urls["c"]}
+        (tmp_path / "three.yaml").write_text(yaml.safe_dump(doc, sort_keys=False))
+        cl.topo = load_topology(tmp_path / "three.yaml")
+        cl.urls["c"] = urls["c"]
+        add_site(cl.topo, "c", "a")
+        assert families(cl, "c") == want
+        cl.refresh_until_quiet()
+        for s in urls:
+            assert families(cl, s) == want, s
+        for tb in tables:
+            ref = _rows(cl, "a", tb)
+            assert [k for k, *_ in ref] == list(range(1, len(ref) + 1)), tb  # ranked: no hole left
+            for s in urls:
+                assert _rows(cl, s, tb) == ref, (tb, s)
+    finally:
+        for be in backends.values():
+            be.cleanup()
+
+
 def test_many_writers_while_refreshing(backend: Backend, tmp_path: Path) -> None:
     """Applications insert families from several threads at two sites while a refresher loops:
     keys drawn concurrently are ranked and moved, and every reference follows."""

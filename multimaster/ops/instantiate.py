@@ -837,47 +837,54 @@ def _write_copy(
         raise MultimasterError(f"add-site {name}: the copy of '{peer}' did not start with its clock; nothing was written")
     npos: dict[str, int] = {}
     done: list[str] = []
+    ranked: dict[str, int | None] = {}  # per table copied: the peer's ranked keys (table_end)
     cur: _Into | None = None
     with watching(nsite, watch) as lw, nsite.write(lw) as nconn:
         nd.install_site(nconn, name)
         store.install(nconn, nd)
-        nd.defer_foreign_keys(nconn, True)  # rows referencing rows copied later (docs/foreign-keys.md)
-        for p in pieces:
-            kind, tb = p["kind"], p.get("table")
-            if kind == "table":
-                if tb not in ninfo or tb in done:
-                    raise MultimasterError(
-                        f"add-site {name}: the copy of '{peer}' sent table '{tb}' unasked; nothing was written"
+        # rows referencing rows copied later (docs/foreign-keys.md); one block for the whole copy:
+        # the ranking's own (nested) block then reuses it, and MariaDB's checks stay off until the
+        # end (they came back on after the first ranked table, so the later tables' copied
+        # references were checked, before they had moved)
+        with references.deferred(nconn, nd):
+            for p in pieces:
+                kind, tb = p["kind"], p.get("table")
+                if kind == "table":
+                    if tb not in ninfo or tb in done:
+                        raise MultimasterError(
+                            f"add-site {name}: the copy of '{peer}' sent table '{tb}' unasked; nothing was written"
+                        )
+                    ni = ninfo[tb]
+                    cur = _Into(
+                        ni,
+                        p,
+                        _copied(say, f"{peer} -> {name}", tb, "rows", int(p["rows_total"])),
+                        _copied(say, f"{peer} -> {name}", tb, "change-log entries", None),
+                        {c: f for c, f in zip(ni.column_names, nd.value_adapters(ni)) if f is not None},
                     )
-                ni = ninfo[tb]
-                cur = _Into(
-                    ni,
-                    p,
-                    _copied(say, f"{peer} -> {name}", tb, "rows", int(p["rows_total"])),
-                    _copied(say, f"{peer} -> {name}", tb, "change-log entries", None),
-                    {c: f for c, f in zip(ni.column_names, nd.value_adapters(ni)) if f is not None},
-                )
-                rep.rows[tb] = rep.identities[tb] = rep.log_entries[tb] = 0
-                _start_table(nconn, nsite, cur.info, sources, replace)
-                continue
-            if cur is None or tb != cur.info.name:
-                raise MultimasterError(f"add-site {name}: the copy of '{peer}' sent pieces out of order; nothing was written")
-            if kind == "rows":
-                _write_rows(nconn, nsite, peer, cur, p, rep)
-            elif kind == "applied":
-                # the last position of NAME's change log the copy wrote (its log is complete now)
-                npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {nd.obj(tb).log2}").scalar() or 0)
-                store.origins.copy_in(nconn, nd, tb, list(p["origins"]))
-                if p["own_top"]:
-                    store.origins.mark_applied(nconn, nd, tb, peer, str(p["own_top"]))
-            elif kind == "table_end":
-                _finish_table(nconn, nsite, name, peer, cur, p, sources, other_pos, rep, name in t.read_only)
-                done.append(tb)
-                cur = None
-        missing = [tb for tb in t.tables if tb not in done]
-        if missing:
-            raise MultimasterError(f"add-site {name}: the copy of '{peer}' lacks table(s) {missing}; nothing was written")
-        nd.defer_foreign_keys(nconn, False)
+                    rep.rows[tb] = rep.identities[tb] = rep.log_entries[tb] = 0
+                    _start_table(nconn, nsite, cur.info, sources, replace)
+                    continue
+                if cur is None or tb != cur.info.name:
+                    raise MultimasterError(f"add-site {name}: the copy of '{peer}' sent pieces out of order; nothing was written")
+                if kind == "rows":
+                    _write_rows(nconn, nsite, peer, cur, p, rep)
+                elif kind == "applied":
+                    # the last position of NAME's change log the copy wrote (its log is complete now)
+                    npos[tb] = int(nconn.exec_driver_sql(f"SELECT coalesce(max(seq2), 0) FROM {nd.obj(tb).log2}").scalar() or 0)
+                    store.origins.copy_in(nconn, nd, tb, list(p["origins"]))
+                    if p["own_top"]:
+                        store.origins.mark_applied(nconn, nd, tb, peer, str(p["own_top"]))
+                elif kind == "table_end":
+                    _finish_table(nconn, nsite, peer, cur, p, sources, other_pos, rep)
+                    ranked[tb] = p.get("ranked")
+                    done.append(tb)
+                    cur = None
+            missing = [tb for tb in t.tables if tb not in done]
+            if missing:
+                raise MultimasterError(f"add-site {name}: the copy of '{peer}' lacks table(s) {missing}; nothing was written")
+            for tb in done:  # every table is copied: the references to a ranked key are all there to move
+                _settle_table(nconn, nsite, name, ninfo[tb], ranked[tb], name in t.read_only)
         # the new site's whole clock (no table: MySQL moves every table's clock row and the site's
         # floor) to at least the source's, so its next change sorts after everything copied
         nd.advance_clock(nconn, int(head["clock"]))
@@ -1002,17 +1009,15 @@ def _copy_collision(nsite: Site, peer: str, ni: TableInfo, why: str) -> str:
 def _finish_table(
     nconn: Connection,
     nsite: Site,
-    name: str,
     peer: str,
     cur: _Into,
     p: dict[str, Any],
     sources: list[str],
     other_pos: dict[str, dict[str, int]],
     rep: AddSiteReport,
-    read_only: bool,
 ) -> None:
     """The end of one table's copy: its registration, where the new site starts pulling each
-    source, and its triggers."""
+    source, and its capture (the rest once every table is copied: _settle_table)."""
     nd, ni, tb = nsite.dialect, cur.info, cur.info.name
     store.tables.copy_in(nconn, nd, tb, tuple(p["registration"]))
     for q in sources:
@@ -1026,8 +1031,17 @@ def _finish_table(
         store.purges.ensure_snapshot_horizon(nconn, nd, q, tb, wm)  # nothing pulled below it is held
         rep.watermarks.setdefault(q, {})[tb] = wm
     nd.install_capture(nconn, ni)
+
+
+def _settle_table(nconn: Connection, nsite: Site, name: str, ni: TableInfo, ranked: int | None, read_only: bool) -> None:
+    """After every table is copied: the copied keys of renumbered `ni` ranked (`ranked`: the
+    peer's, table_end) with every reference to them, then the read-only guards, the schema
+    version, the key counters. Ranked as each table's copy ended, before session 37, a table
+    copied later (a child) kept the keys it references as the peer had them: a child named the
+    wrong parent, silently, or a key no row held (a foreign-key error at COMMIT)."""
+    nd = nsite.dialect
     if ni.spec.renumber:  # (the key counter exists now)
-        _rank_copied_keys(nconn, nsite, ni, p.get("ranked"))
+        _rank_copied_keys(nconn, nsite, ni, ranked)
     nd.guard_writes(nconn, ni, name, read_only)  # docs/topologies.md "Read-only sites"
     evolve.ensure_registered(nconn, nsite, ni)  # schema version 1 (docs/schema-changes.md)
     nd.after_apply(nconn, ni)
