@@ -163,6 +163,94 @@ def test_a_refresh_names_the_lock_it_waits_for(backend: Backend, tmp_path: Path)
     assert [r[1:] for r in cl.rows("s2", "items")] == [("a", 2)]
 
 
+def _session(cl: TestCluster, conn: Any) -> str:
+    """How a lock wait names the session of an application's connection."""
+    cur = conn.cursor()
+    if cl.backend.name == "postgresql":
+        return f"pid {conn.info.backend_pid}"
+    cur.execute("SELECT CONNECTION_ID()")
+    return f"connection {cur.fetchone()[0]}"
+
+
+def _waits(cl: TestCluster, site: str, session: str) -> bool:
+    """Whether the application session `session` waits for a lock now."""
+    c = cl.db(site)
+    try:
+        cur = c.cursor()
+        sid = int(session.split()[-1])
+        if cl.backend.name == "postgresql":
+            cur.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s", (sid,))
+        else:
+            cur.execute(
+                "SELECT trx_state = 'LOCK WAIT' FROM information_schema.INNODB_TRX WHERE trx_mysql_thread_id = %s", (sid,)
+            )
+        row = cur.fetchone()
+        return bool(row and row[0])
+    finally:
+        c.close()
+
+
+def test_a_refresh_names_the_transaction_holding_the_row_not_one_queued_for_it(backend: Backend, tmp_path: Path) -> None:
+    """The soak's D5: application A holds a row (idle in transaction), application B waits for it,
+    and a refresh waits for the row too. The refresh's message named B (queued before it, itself
+    waiting: MariaDB's INNODB_LOCK_WAITS and PostgreSQL's pg_blocking_pids both name the waiters
+    ahead in the queue), so ending B would not have let it go. It names A first now, B only as
+    itself waiting for A."""
+    if backend.name == "sqlite":
+        return  # one writer at a time: the database file is what a refresh waits for (above)
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, settings={"refresh": {"lock_wait_warn": "300ms"}})
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('a', 1)")
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('b', 1)")
+    cl.refresh("s2")
+    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
+    p = cl.backend.param()
+    queued, holder = cl.db("s2"), cl.db("s2")
+    b, a = _session(cl, queued), _session(cl, holder)
+    queued.cursor().execute("UPDATE items SET qty = 3 WHERE id = 2")  # B's transaction began first ...
+    time.sleep(1.1)  # (INNODB_TRX's trx_started counts seconds)
+    holder.cursor().execute("SELECT * FROM items WHERE id = 1 FOR UPDATE")  # ... A holds the row ...
+    blocked = threading.Thread(target=lambda: queued.cursor().execute(f"UPDATE items SET qty = {p} WHERE id = 1", (4,)))
+    blocked.start()  # ... and B waits for it
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not _waits(cl, "s2", b):
+        time.sleep(0.05)
+    assert _waits(cl, "s2", b)
+    env = {**os.environ, "COLUMNS": "250"}
+    r = subprocess.Popen(
+        [sys.executable, "-m", "multimaster.cli", "refresh", "-t", str(cl.topo.path), "--site", "s2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    err: list[str] = []
+    named = threading.Event()
+
+    def read() -> None:
+        for line in iter(r.stderr.readline, ""):  # type: ignore[union-attr]
+            err.append(line)
+            if "waiting" in line:
+                named.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert named.wait(90), "".join(err)
+    finally:
+        holder.commit()
+        holder.close()
+        blocked.join(60)
+        queued.commit()
+        queued.close()
+    r.wait(timeout=120)
+    reader.join(timeout=10)
+    text = "".join(err)
+    assert r.returncode == 0, r.stdout.read() + text  # type: ignore[union-attr]
+    (line,) = [ln for ln in err if "waiting" in ln][:1]
+    assert f"held by {a} (" in line, (a, b, line)  # the root holder first: what to end
+    assert f"{b} (" not in line or f"waiting for {a}" in line, (a, b, line)  # B only as queued behind it
+
+
 # ---- progress -----------------------------------------------------------------------------------
 
 

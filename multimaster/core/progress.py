@@ -16,6 +16,7 @@ __all__ = [
     "progress_detail",
     "wait_text",
     "blocker_text",
+    "lock_roots",
 ]
 
 
@@ -167,3 +168,34 @@ def wait_text(
         more = f"; and {len(blockers) - 3} more" if len(blockers) > 3 else ""
         return f"{head}, held by {named}{more}"
     return f"{head} (the database does not name its holder)"
+
+
+def lock_roots(edges: dict[int, set[int]], start: int) -> tuple[set[int], dict[int, list[int]]]:
+    """Of the lock waits `edges` (a waiting session -> the sessions it waits for), those `start`
+    waits for, followed through the sessions that wait themselves: (the roots, which wait for
+    nothing; each waiting one on the way -> the roots it waits behind). A lock's queue names the
+    sessions waiting ahead for it besides its holders (InnoDB's lock waits, PostgreSQL's
+    pg_blocking_pids): ending a queued one lets nothing go; the roots are what to end."""
+    seen: set[int] = set()
+    todo = list(edges.get(start, ()))
+    while todo:
+        s = todo.pop()
+        if s in seen or s == start:
+            continue
+        seen.add(s)
+        todo.extend(edges.get(s, ()))
+    roots = {s for s in seen if s not in edges}
+    queued: dict[int, list[int]] = {}
+    for s in seen - roots:
+        below: set[int] = set()
+        todo, done = list(edges[s]), {s}
+        while todo:
+            x = todo.pop()
+            if x in done:
+                continue
+            done.add(x)
+            if x in roots:
+                below.add(x)
+            todo.extend(edges.get(x, ()))
+        queued[s] = sorted(below)
+    return roots, queued

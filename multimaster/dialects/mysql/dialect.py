@@ -28,7 +28,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
-from multimaster.core.progress import Blocker
+from multimaster.core.progress import Blocker, lock_roots
 from multimaster.dialects.base import (
     BRIEF_EARLY,
     BRIEF_NOW,
@@ -50,6 +50,10 @@ from multimaster.errors import MultimasterError, SchemaError
 _RETRY_CODES = {1213, 1205, 1020, 1412, 1684}
 #: seconds a follow of a table's schema waits for another process's follow of it (lock_follow)
 FOLLOW_LOCK_WAIT = 300
+#: the name of the named lock (GET_LOCK) every connection of multimaster holds while it lives, of
+#: a connection id (an SQL expression): how `status` tells multimaster's own sessions from the
+#: applications' (open_writer). Server-wide like every named lock: any database's multimaster.
+OWN_LOCK = "CONCAT('mm-own-', {})"
 #: seconds a follow's DDL waits for a table's metadata lock before it fails as a lock wait and the
 #: follow is tried again (short_ddl_waits): the longest an application's statement waits behind it
 DDL_LOCK_WAIT = 1
@@ -221,9 +225,12 @@ class MySQLDialect(Dialect):
             cur = dbapi_conn.cursor()
             # strict for every table: a value a column cannot hold fails the statement (held in
             # the error queue, docs/errors.md) instead of being stored cut or clamped with a warning
+            # the named lock OWN_LOCK marks the session as multimaster's own (open_writer, any
+            # session asks IS_USED_LOCK of it, no privilege needed); held until it disconnects
             cur.execute(
                 "SET SESSION time_zone = '+00:00', @mm_applying = NULL, "
-                "sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES')"
+                "sql_mode = CONCAT_WS(',', NULLIF(@@SESSION.sql_mode, ''), 'STRICT_ALL_TABLES'), "
+                f"@mm_own = GET_LOCK({OWN_LOCK.format('CONNECTION_ID()')}, 0)"
             )
             cur.close()
 
@@ -387,53 +394,87 @@ class MySQLDialect(Dialect):
         """InnoDB's lock waits of the session's transaction (rows, gaps, InnoDB table locks) and
         the transactions holding them, each with its connection (PROCESSLIST): MariaDB's
         information_schema.INNODB_LOCK_WAITS, or MySQL 8's performance_schema.data_lock_waits.
+        Those name every transaction ahead in the lock's queue, the ones waiting for it too: each
+        of them is followed to the transactions at the root of the chain, which wait for nothing
+        (core/progress.py lock_roots); those come first, and a queued one follows them as "itself waiting for"
+        its roots (before, a queued application was named as the holder: the soak's D5).
         Waiting for another lock (a metadata lock of DDL or LOCK TABLES, GET_LOCK): the session's
         state names it, not its holder. Needs the PROCESS privilege."""
-        from sqlalchemy.exc import DBAPIError
-
-        cols = (
-            "SELECT b.trx_mysql_thread_id, p.USER, p.HOST, p.COMMAND, p.STATE, "
-            "TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1000000, COALESCE(b.trx_query, p.INFO) "
-            "FROM information_schema.INNODB_TRX r "
-        )
-        tail = (
-            "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id "
-            "WHERE r.trx_mysql_thread_id = %s ORDER BY b.trx_started, b.trx_mysql_thread_id"
-        )
-        waits = (
-            "JOIN information_schema.INNODB_LOCK_WAITS w ON w.requesting_trx_id = r.trx_id "
-            "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.blocking_trx_id ",
-            # MySQL 8.0 dropped INNODB_LOCK_WAITS for performance_schema
-            "JOIN performance_schema.data_lock_waits w ON w.REQUESTING_ENGINE_TRANSACTION_ID = r.trx_id "
-            "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.BLOCKING_ENGINE_TRANSACTION_ID ",
-        )
-        for i, join in enumerate(waits):
-            try:
-                rows = conn.exec_driver_sql(cols + join + tail, (backend,)).all()
-                break
-            except DBAPIError as e:  # 1109: unknown table (the other server kind)
-                orig = getattr(e, "orig", e)
-                if i == len(waits) - 1 or getattr(orig, "args", (None,))[0] not in (1109, 1146):
-                    raise
-                conn.rollback()
-        out = []
-        for tid, user, host, command, state, age, query in rows:
-            out.append(
-                Blocker(
-                    session=f"connection {tid}",
-                    who=f"user {user}" if user else None,
-                    client=host or None,
-                    state=state or (str(command).lower() if command else None),
-                    txn_seconds=None if age is None else float(age),
-                    query=query or None,
-                )
-            )
+        edges = self._lock_waits(conn)
+        roots, queued = lock_roots(edges, backend)
+        out = self._trx_sessions(conn, roots, {})
+        out += self._trx_sessions(conn, set(queued), queued)
         if out:
             return out
         state = conn.exec_driver_sql("SELECT STATE FROM information_schema.PROCESSLIST WHERE ID = %s", (backend,)).scalar()
         if state and str(state).lower().startswith("waiting for") and "lock" in str(state).lower():
             return [Blocker(state=str(state))]  # e.g. "Waiting for table metadata lock"
         return []
+
+    @staticmethod
+    def _lock_waits(conn: Connection) -> dict[int, set[int]]:
+        """Every InnoDB lock wait now, as the connections each waiting connection waits for."""
+        from sqlalchemy.exc import DBAPIError
+
+        sql = (
+            "SELECT r.trx_mysql_thread_id, b.trx_mysql_thread_id FROM {} "
+            "JOIN information_schema.INNODB_TRX r ON r.trx_id = w.{} "
+            "JOIN information_schema.INNODB_TRX b ON b.trx_id = w.{}"
+        )
+        waits = (
+            sql.format("information_schema.INNODB_LOCK_WAITS w", "requesting_trx_id", "blocking_trx_id"),
+            # MySQL 8.0 dropped INNODB_LOCK_WAITS for performance_schema
+            sql.format(
+                "performance_schema.data_lock_waits w", "REQUESTING_ENGINE_TRANSACTION_ID", "BLOCKING_ENGINE_TRANSACTION_ID"
+            ),
+        )
+        for i, q in enumerate(waits):
+            try:
+                rows = conn.exec_driver_sql(q).all()
+                break
+            except DBAPIError as e:  # 1109: unknown table (the other server kind)
+                orig = getattr(e, "orig", e)
+                if i == len(waits) - 1 or getattr(orig, "args", (None,))[0] not in (1109, 1146):
+                    raise
+                conn.rollback()
+        edges: dict[int, set[int]] = {}
+        for r, b in rows:
+            if r is not None and b is not None and int(r) != int(b):
+                edges.setdefault(int(r), set()).add(int(b))
+        return edges
+
+    @staticmethod
+    def _trx_sessions(conn: Connection, ids: set[int], waiting_for: dict[int, list[int]]) -> list[Blocker]:
+        """The open transactions of connections `ids` (the oldest first), a session of
+        multimaster's own said so (OWN_LOCK); one of `waiting_for` said to wait for its roots."""
+        if not ids:
+            return []
+        own = f"IS_USED_LOCK({OWN_LOCK.format('b.trx_mysql_thread_id')}) <=> b.trx_mysql_thread_id"
+        rows = conn.exec_driver_sql(
+            f"SELECT b.trx_mysql_thread_id, p.USER, p.HOST, p.COMMAND, p.STATE, {own}, "
+            "TIMESTAMPDIFF(MICROSECOND, b.trx_started, NOW(6)) / 1000000, COALESCE(b.trx_query, p.INFO) "
+            "FROM information_schema.INNODB_TRX b LEFT JOIN information_schema.PROCESSLIST p ON p.ID = b.trx_mysql_thread_id "
+            f"WHERE b.trx_mysql_thread_id IN ({', '.join(str(int(c)) for c in sorted(ids))}) "
+            "ORDER BY b.trx_started, b.trx_mysql_thread_id"
+        ).all()
+        out = []
+        for tid, user, host, command, state, mine, age, query in rows:
+            who = ", ".join((["multimaster's own session"] if mine else []) + ([f"user {user}"] if user else []))
+            doing = state or (str(command).lower() if command else None)
+            if int(tid) in waiting_for:
+                roots = waiting_for[int(tid)]
+                doing = "itself waiting for " + (", ".join(f"connection {c}" for c in roots) if roots else "a lock")
+            out.append(
+                Blocker(
+                    session=f"connection {tid}",
+                    who=who or None,
+                    client=host or None,
+                    state=doing,
+                    txn_seconds=None if age is None else float(age),
+                    query=query or None,
+                )
+            )
+        return out
 
     def temp_rids(self, conn: Connection) -> str:
         conn.exec_driver_sql(
@@ -1256,7 +1297,12 @@ class MySQLDialect(Dialect):
         """Of the connections whose slot some transaction holds (a read that skips the free ones,
         site.sql), the one whose transaction began first (information_schema.INNODB_TRX, a cache
         at most 0.1 s old), with what PROCESSLIST shows of it (other users' sessions only with
-        the PROCESS privilege)."""
+        the PROCESS privilege). None when that is multimaster's own session (OWN_LOCK: a refresh
+        applying here, relaying, or holding its writers' lock, which locks every slot of the
+        table: lock_writers), or when none of them has a transaction open (their slots are locked
+        by such a refresh): its work ends by itself, and its lock watch names what it waits for.
+        Before, the first busy slot's connection was named (`KILL` of a refresh, or of an
+        application's connection long closed: the soak's D4)."""
         free = {int(c) for (c,) in conn.exec_driver_sql("SELECT conn FROM _mm_slots LOCK IN SHARE MODE SKIP LOCKED")}
         conn.exec_driver_sql("ROLLBACK")
         # every slot, those created by transactions still running too (READ UNCOMMITTED)
@@ -1266,18 +1312,24 @@ class MySQLDialect(Dialect):
         if not busy:
             return None
         ids = ", ".join(str(c) for c in sorted(busy))
+        own = f"IS_USED_LOCK({OWN_LOCK.format('t.trx_mysql_thread_id')}) <=> t.trx_mysql_thread_id"
         try:
             r = conn.exec_driver_sql(
-                "SELECT t.trx_mysql_thread_id, TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, p.COMMAND, p.INFO "
-                "FROM information_schema.INNODB_TRX t LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
+                "SELECT t.trx_mysql_thread_id, TIMESTAMPDIFF(MICROSECOND, t.trx_started, NOW(6)) / 1e6, p.COMMAND, p.INFO, "
+                f"{own} FROM information_schema.INNODB_TRX t "
+                "LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id "
                 f"WHERE t.trx_mysql_thread_id IN ({ids}) ORDER BY t.trx_started LIMIT 1"
             ).first()
         except DBAPIError:  # INNODB_TRX needs the PROCESS privilege: the connection is known, not its age
-            r = None
-        if r is None:  # the cache did not show it yet
+            conn.rollback()
+            cols = ", ".join(f"IS_USED_LOCK({OWN_LOCK.format(c)}) <=> {c}" for c in sorted(busy))
+            if any(conn.exec_driver_sql(f"SELECT {cols}").one()):  # one of them is multimaster's own
+                return None
             c = min(busy)
             return Dialect.OpenWriter(f"connection {c}", None, None, f"KILL {c}")
-        c, age, command, info = r
+        if r is None or r[4]:
+            return None
+        c, age, command, info, _ = r
         doing = None if command is None else "idle in transaction" if command == "Sleep" else f"{command}: {info}"
         return Dialect.OpenWriter(f"connection {int(c)}", None if age is None else float(age), doing, f"KILL {int(c)}")
 

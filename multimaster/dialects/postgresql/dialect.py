@@ -23,7 +23,7 @@ from typing import Any, Sequence
 from sqlalchemy import event
 from sqlalchemy.engine import Connection, Engine
 
-from multimaster.core.progress import Blocker
+from multimaster.core.progress import Blocker, lock_roots
 from multimaster.dialects.base import (
     BRIEF_NOW,
     BRIEF_WAITS,
@@ -77,6 +77,15 @@ TEXT_LOADED = ("json", "jsonb", "interval")
 
 def _lit(s: str) -> str:
     return "'" + s.replace("'", "''") + "'"
+
+
+def _own(app: str) -> str:
+    """An SQL condition true when the application_name `app` (an SQL expression) is one of
+    multimaster's own sessions (prepare_engine sets it)."""
+    return f"({app} = 'multimaster' OR {app} LIKE 'multimaster (%%')"
+
+
+_APP = "current_setting('application_name')"
 
 
 class _AbortedPipeline(logging.Filter):
@@ -254,9 +263,14 @@ class PostgreSQLDialect(Dialect):
                 # held); a generic plan cannot hash an IN list of parameters, and such a lookup took
                 # 180 ms where its custom plan takes 5 ms (docs/performance.md "Holding and
                 # releasing many changes")
+                # application_name 'multimaster' ('multimaster (<the URL's>)' when the URL names
+                # one) marks the session as multimaster's own (open_writer; lock waits show it)
                 cur.execute(
                     "SELECT set_config('search_path', current_setting('search_path') || ', _mm', false), "
-                    "set_config('TimeZone', 'UTC', false), set_config('plan_cache_mode', 'force_custom_plan', false)"
+                    "set_config('TimeZone', 'UTC', false), set_config('plan_cache_mode', 'force_custom_plan', false), "
+                    f"set_config('application_name', CASE WHEN {_own(_APP)} THEN current_setting('application_name') "
+                    "WHEN current_setting('application_name') = '' THEN 'multimaster' "
+                    "ELSE 'multimaster (' || current_setting('application_name') || ')' END, false)"
                 )
             dbapi_conn.autocommit = prev
             _load_as_text(dbapi_conn)
@@ -286,19 +300,34 @@ class PostgreSQLDialect(Dialect):
 
     def lock_blockers(self, conn: Connection, backend: int) -> list[Blocker]:
         """pg_blocking_pids of the session while it waits for a lock (heavyweight locks: rows,
-        tables, advisory locks), each described by pg_stat_activity. pg_blocking_pids briefly
-        locks the lock manager: it is called only for a session found waiting."""
+        tables, advisory locks), each described by pg_stat_activity. pg_blocking_pids names the
+        sessions waiting ahead in the lock's queue besides its holders (a row's: the one waiting
+        for the row's holder to end): each is followed through its own pg_blocking_pids to the
+        sessions at the root, which wait for nothing; those come first, and a queued one follows
+        them as "itself waiting for" its roots (core/progress.py lock_roots; before, it was named
+        as the holder: the soak's D5). pg_blocking_pids briefly locks the lock manager: it is
+        called only from a session found waiting, and for the sessions it names."""
         rows = conn.exec_driver_sql(
-            "SELECT b.pid, b.application_name, b.usename, host(b.client_addr), b.state, "
-            "EXTRACT(EPOCH FROM clock_timestamp() - b.xact_start)::float8, left(b.query, 200) "
-            "FROM pg_stat_activity w CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS x(pid) "
-            "JOIN pg_stat_activity b ON b.pid = x.pid "
-            "WHERE w.pid = %s AND w.wait_event_type = 'Lock' ORDER BY b.xact_start NULLS LAST, b.pid",
-            (backend,),
+            "WITH RECURSIVE chain(pid, waits_for) AS ("
+            " SELECT x.pid, pg_blocking_pids(x.pid) FROM pg_stat_activity w CROSS JOIN LATERAL unnest(pg_blocking_pids(w.pid)) AS x(pid)"
+            "  WHERE w.pid = %s AND w.wait_event_type = 'Lock'"
+            " UNION"
+            " SELECT y.pid, pg_blocking_pids(y.pid) FROM chain c CROSS JOIN LATERAL unnest(c.waits_for) AS y(pid))"
+            "SELECT DISTINCT ON (b.xact_start, b.pid) b.pid, c.waits_for, b.application_name, b.usename, host(b.client_addr),"
+            " b.state, EXTRACT(EPOCH FROM clock_timestamp() - b.xact_start)::float8, left(b.query, 200) "
+            "FROM chain c JOIN pg_stat_activity b ON b.pid = c.pid "
+            "WHERE b.pid <> %s ORDER BY b.xact_start NULLS LAST, b.pid",
+            (backend, backend),
         ).all()
+        edges = {int(r[0]): {int(x) for x in r[1]} for r in rows if r[1]}
+        roots, queued = lock_roots({backend: {int(r[0]) for r in rows}, **edges}, backend)
+        first = [r for r in rows if int(r[0]) in roots] + [r for r in rows if int(r[0]) in queued]
         out = []
-        for pid, app, user, addr, state, age, query in rows:
+        for pid, _, app, user, addr, state, age, query in first:
             who = ", ".join(([f"application '{app}'"] if app else []) + ([f"user {user}"] if user else []))
+            if int(pid) in queued:
+                below = queued[int(pid)]
+                state = "itself waiting for " + (", ".join(f"pid {p}" for p in below) if below else "a lock")
             out.append(
                 Blocker(
                     session=f"pid {pid}",
@@ -865,17 +894,21 @@ class PostgreSQLDialect(Dialect):
     def open_writer(self, conn: Connection) -> Dialect.OpenWriter | None:
         """The registered transaction with the lowest bound (the advisory lock _mm_horizon reads,
         site.sql), with what pg_stat_activity shows of its session (its query only to its own
-        role or pg_read_all_stats)."""
+        role or pg_read_all_stats). None when that is multimaster's own session (its
+        application_name, prepare_engine: a refresh relaying changes here, append_log): its work
+        ends by itself, and its lock watch names what it waits for (the soak's D4: `status`
+        advised terminating it)."""
         r = conn.exec_driver_sql(
-            "SELECT l.pid, extract(epoch FROM clock_timestamp() - a.xact_start), a.state, left(a.query, 120) "
+            "SELECT l.pid, extract(epoch FROM clock_timestamp() - a.xact_start), a.state, left(a.query, 120), "
+            f"{_own('a.application_name')} "
             "FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid "
             "WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.classid >= 262144 AND l.classid < 2147483648 "
             "AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) "
             "ORDER BY (l.classid::bigint << 32) | l.objid::bigint LIMIT 1"
         ).first()
-        if r is None:
+        if r is None or r[4]:
             return None
-        pid, age, state, query = r
+        pid, age, state, query, _ = r
         doing = None if state is None else f"{state}: {query}" if query else str(state)
         return Dialect.OpenWriter(
             f"backend pid {pid}", None if age is None else float(age), doing, f"SELECT pg_terminate_backend({int(pid)})"
