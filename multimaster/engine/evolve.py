@@ -600,10 +600,11 @@ def follow(
         todo = changed_tables(conn, site, names, heads)
         behind = _described_behind(conn, site, names, heads)
         waiting = _waiting_tables(conn, site, names)
+        # the sources it holds a snapshot of: not a site the file lists before add-site added it
+        peers = store.watermarks.added(conn, site.dialect, topo.peers_of(site.name)) if todo or waiting else []
     for tb in behind:
         site.forget(tb)
     out: list[Evolved] = []
-    peers = topo.peers_of(site.name)
     run = write or _write_once
     for tb in todo:
         elsewhere = others(tb) if others else None

@@ -305,7 +305,8 @@ def recapture(cl: Cluster, site: str, table: str, peer: str | None = None, dry_r
             if refused is not None:
                 raise RecaptureRefused(site, table, refused)
             if out.inserted:  # the changes of peers that collided with them apply now
-                evolve.release(conn, s, info, t.peers_of(site), lambda i: relay_origins(t, site, i), held=True)
+                peers = store.watermarks.added(conn, d, t.peers_of(site))  # not a site listed and not added yet
+                evolve.release(conn, s, info, peers, lambda i: relay_origins(t, site, i), held=True)
         # the site's values, sent to the peer: what the peer cannot store is not sent
         here, here_unfit = _rows(conn, s, info, cols, info, s, (peer, _fits(p_info, p)))
         rids, keys = _in_flight(queries, sites, table)

@@ -362,7 +362,7 @@ def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: Refr
         warned = "_mm_skew" in rare and any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
         versioned = store.schemas.exists(conn, tgt.dialect)
         skew: dict[str, float] = {}
-        peers = t.peers_of(target)
+        peers = store.watermarks.added(conn, tgt.dialect, t.peers_of(target))  # not a site listed and not added yet
         tables = {
             tb: _LinkTable(t, target, source, tgt, src, tb, infos[tb], bases[tb], peers, reconcile_, known, skew, versioned)
             for tb in apply_order(t, infos)
@@ -386,7 +386,7 @@ def apply_entries(
         tgt.require_installed(conn, t)
         infos = {tb: tgt.info(conn, tb, t) for tb in t.tables}
         known = isolate.known_origins(conn, tgt, list(t.sites))
-        peers = t.peers_of(target)
+        peers = store.watermarks.added(conn, tgt.dialect, t.peers_of(target))
         tables = {
             tb: _LinkTable(t, target, source, tgt, cl.site(source), tb, infos[tb], _base_max(conn, tgt, tb), peers, True, known)
             for tb in apply_order(t, infos)
@@ -1329,12 +1329,12 @@ def reconcile(topo: Topology | Cluster, site: str | None = None) -> dict[str, di
         for n in [site] if site else list(t.sites):
             s = cl.site(n)
             out[n] = {}
-            peers = t.peers_of(n)
 
             def apply(conn: Connection, isolating: bool = False) -> dict[str, ReconcileResult]:
                 # every table in one transaction, referenced tables first, as a refresh applies a
                 # batch: a source transaction across tables is seen whole or not at all
                 s.require_installed(conn, t)
+                peers = store.watermarks.added(conn, s.dialect, t.peers_of(n))  # a site listed and not added yet: none
                 infos = {tb: s.info(conn, tb, t) for tb in t.tables}
                 order = [infos[tb] for tb in apply_order(t, infos)]
                 bases = {i.name: _base_max(conn, s, i.name) for i in order}

@@ -177,7 +177,8 @@ def _at(cl: Cluster, n: str, table: str, statement: str, dry_run: bool) -> DdlRe
     try:
         with s.write() as conn:  # what waited for a column the site has now
             info = s.info(conn, table, t)
-            rep.released = len(evolve.release(conn, s, info, t.peers_of(n), lambda i: relay_origins(t, n, i)).applied)
+            peers = store.watermarks.added(conn, d, t.peers_of(n))
+            rep.released = len(evolve.release(conn, s, info, peers, lambda i: relay_origins(t, n, i)).applied)
     except Exception as e:  # noqa: BLE001 - the change is made; what waits for it is the next refresh's
         rep.message = f"the changes waiting for its columns were not applied yet: {first_line(e)} (the next refresh applies them)"
     return rep
@@ -210,7 +211,8 @@ def _transactionally(
                 d.lock_for_install(conn, [table])
                 d.drop_capture(conn, info)  # made again below, in this transaction
                 conn.exec_driver_sql(statement)
-                ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=True)
+                peers = store.watermarks.added(conn, d, t.peers_of(n))  # not a site listed and not added yet
+                ev = evolve.evolve_table(conn, s, t, table, peers, others, capture_dropped=True)
                 rep.version = ev.version
                 if ev.change is not None:
                     rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)

@@ -215,7 +215,8 @@ def _retry_at(
         relay = {tb: relay_origins(t, n, infos[tb]) for tb in t.tables}
         mine = [q for q in queued if str(q["tbl"]) in t.tables]
         known = isolate.known_origins(conn, s, list(t.sites))
-        isolate.retry(conn, s, infos, order, t.peers_of(n), base, relay, mine, others, res, known)
+        peers = store.watermarks.added(conn, s.dialect, t.peers_of(n))  # not a site listed and not added yet
+        isolate.retry(conn, s, infos, order, peers, base, relay, mine, others, res, known)
         return res
 
     return write_retrying(s, go)
@@ -340,7 +341,9 @@ def skip_error(topo: Topology | Cluster, id_: int, reason: str, site: str | None
                 store.errorqueue.skip(conn, s.dialect, q["id"], reason.strip(), at)
                 skipped.append(int(q["id"]))
                 if q["tbl"] in t.tables and q["op"] != "?":  # its snapshot rows: done with, on purpose
-                    snaps = [s.dialect.obj(q["tbl"], p).snapshot() for p in t.peers_of(n)]
+                    snaps = [
+                        s.dialect.obj(q["tbl"], p).snapshot() for p in store.watermarks.added(conn, s.dialect, t.peers_of(n))
+                    ]
                     held.mark(conn, s.dialect, snaps, q["ver"], applied=1)
                     info = s.info(conn, q["tbl"], t)
                     if q["op"] == "I" and info.spec.renumber and held.rank_kept(conn, s.dialect, info, q["rid"]) is not None:

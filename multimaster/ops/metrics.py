@@ -79,7 +79,7 @@ def health(
                     for tb in cl.topo.tables:
                         d["tables"][tb]["snapshot_rows"] = sum(
                             int(conn.exec_driver_sql(f"SELECT count(*) FROM {s.dialect.obj(tb, p).snap}").scalar() or 0)
-                            for p in cl.topo.peers_of(n)
+                            for p in store.watermarks.added(conn, s.dialect, cl.topo.peers_of(n))
                         )
                 ps = pullers(cl, n, policy, record=False)
                 d["pullers"] = [

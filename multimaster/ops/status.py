@@ -209,6 +209,7 @@ def status(topo: Topology | Cluster, since: str | None = None) -> dict[str, Any]
         _types_elsewhere(cl, site_data)
         now_ms = int(time.time() * 1000)
         out["links"] = each(lambda ln: _link_entry(cl, t, ln, site_data, now_ms), list(t.links))
+        _pending_links(site_data, out["links"], t)
         out["removed"] = _removed_links(site_data, out["links"], t)
         out["converging"] = all(ln.get("waiting", 1) == 0 for ln in out["links"])
         out["stalled"] = [ln["stalled"] for ln in out["links"] if ln.get("stalled")]
@@ -365,7 +366,7 @@ def _schemas(conn: Any, s: Any, t: Topology, tables: list[str]) -> dict[str, Any
     out["capture_gaps"] = store.gaps.read_open(conn, d)
     waits = store.errorqueue.schema_waits(conn, d)
     for tb in sorted({str(w["tbl"]) for w in waits}):
-        cols = evolve.waited_columns(conn, s, tb, t.peers_of(s.name))
+        cols = evolve.waited_columns(conn, s, tb, store.watermarks.added(conn, d, t.peers_of(s.name)))
         n = sum(1 for w in waits if w["tbl"] == tb)
         out["schema_behind"][tb] = {"changes": n, "columns": sorted(cols), "types": {}}
     return out
@@ -404,6 +405,30 @@ def _not_installed(site_data: dict[str, dict[str, Any]], n: str) -> str | None:
     if not d.get("tables"):  # nothing installed at all
         return str(NotInstalled(n))
     return str(NotInstalled(n, f"replication objects for table(s) {missing}", missing))
+
+
+def _pending_links(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], t: Topology) -> None:
+    """A site of `t` that answers with nothing installed while others are installed is listed
+    before `add-site` added it (docs/operations.md "Adding a site"): each link of its gets the
+    command that adds it, not `init` (a new cluster's) nor `add-site --connect-only` (a puller
+    left to connect on its host)."""
+    placed = [n for n, d in site_data.items() if d.get("tables")]
+    if not placed:
+        return  # a new cluster: init installs every site
+    for n, d in site_data.items():
+        if d.get("reachable") and not d.get("tables") and d.get("missing"):
+            msg = pending_message(n, next((p for p in t.peers_of(n) if p in placed), None) or "PEER")
+            for entry in links:
+                if n in (entry["from"], entry["to"]):
+                    entry["error"] = msg
+
+
+def pending_message(site: str, peer: str) -> str:
+    """What `status` says of a link of a site the topology file lists that is not added yet."""
+    return (
+        f"site '{site}' is in the topology file and not added to the cluster yet: run 'multimaster add-site -t FILE "
+        f'{site} --from {peer}\' (docs/operations.md "Adding a site"); the other links go on meanwhile'
+    )
 
 
 def _removed_links(site_data: dict[str, dict[str, Any]], links: list[dict[str, Any]], t: Topology) -> list[str]:

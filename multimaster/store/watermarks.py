@@ -11,7 +11,19 @@ from multimaster.core.versions import now_iso
 from multimaster.dialects.base import Dialect
 from multimaster.store import _rows
 
-__all__ = ["read", "read_all", "read_locked", "find", "tables_of", "peers_of", "write", "ensure", "forget", "forget_table"]
+__all__ = [
+    "read",
+    "read_all",
+    "read_locked",
+    "find",
+    "tables_of",
+    "peers_of",
+    "added",
+    "write",
+    "ensure",
+    "forget",
+    "forget_table",
+]
 
 
 def find(conn: Connection, d: Dialect, peer: str, table: str, *, lock: bool = False) -> int | None:
@@ -37,6 +49,20 @@ def peers_of(conn: Connection, d: Dialect, table: str) -> set[str]:
         return set()
     sql = f"SELECT peer FROM {d.mm_table('_mm_watermarks')} WHERE tbl = {d.caps.placeholder}"
     return {str(r[0]) for r in conn.exec_driver_sql(sql, (table,))}
+
+
+def added(conn: Connection, d: Dialect, peers: Sequence[str]) -> list[str]:
+    """The peers of `peers` (in their order) this site holds a snapshot of: those it keeps a
+    watermark for (the snapshot and its watermark rows are made and dropped together: init,
+    add-site, remove-site). A site the topology file lists before `add-site` added it (docs/
+    operations.md "Adding a site", step 2), or whose puller add-site left to be connected on its
+    host, has none here yet: it sent nothing here, and a reconcile, relay, retry or purge that
+    read its snapshot failed (``no such table: _mm_snap_<table>__<site>``) on every link. Its
+    caller has this site's multimaster tables installed (require_installed)."""
+    if not peers:
+        return []
+    have = {str(r[0]) for r in conn.exec_driver_sql(f"SELECT DISTINCT peer FROM {d.mm_table('_mm_watermarks')}")}
+    return [p for p in peers if p in have]
 
 
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
