@@ -351,7 +351,8 @@ def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: Refr
     with tgt.read() as conn:
         bases = store.tables.base_maxes(conn, tgt.dialect)  # (the tables installed: its keys)
         tgt.require_installed(conn, t, bases)
-        if not set(t.tables) <= store.watermarks.tables_of(conn, tgt.dialect, source):
+        linked = store.watermarks.by_peer(conn, tgt.dialect)  # one read: this link's and the other sources'
+        if not set(t.tables) <= linked.get(source, set()):
             raise NotConnected(target, source)  # no snapshot of it: add-site left it to be connected here
         # three tables almost always empty: asked together, each read only when it has rows
         rare = store.with_rows(conn, tgt.dialect, {"_mm_gaps": "closed IS NULL", "_mm_retired": "", "_mm_skew": ""})
@@ -362,7 +363,7 @@ def _describe(cl: Cluster, target: str, source: str, reconcile_: bool, res: Refr
         warned = "_mm_skew" in rare and any(w["peer"] == source for w in store.skew.read(conn, tgt.dialect))
         versioned = store.schemas.exists(conn, tgt.dialect)
         skew: dict[str, float] = {}
-        peers = store.watermarks.added(conn, tgt.dialect, t.peers_of(target))  # not a site listed and not added yet
+        peers = [p for p in t.peers_of(target) if p in linked]  # not a site listed and not added yet (watermarks.added)
         tables = {
             tb: _LinkTable(t, target, source, tgt, src, tb, infos[tb], bases[tb], peers, reconcile_, known, skew, versioned)
             for tb in apply_order(t, infos)

@@ -19,6 +19,7 @@ __all__ = [
     "tables_of",
     "peers_of",
     "added",
+    "by_peer",
     "write",
     "ensure",
     "forget",
@@ -61,8 +62,17 @@ def added(conn: Connection, d: Dialect, peers: Sequence[str]) -> list[str]:
     caller has this site's multimaster tables installed (require_installed)."""
     if not peers:
         return []
-    have = {str(r[0]) for r in conn.exec_driver_sql(f"SELECT DISTINCT peer FROM {d.mm_table('_mm_watermarks')}")}
+    have = by_peer(conn, d)
     return [p for p in peers if p in have]
+
+
+def by_peer(conn: Connection, d: Dialect) -> dict[str, set[str]]:
+    """Per peer, the tables this site keeps a watermark of it for (:func:`tables_of` of every
+    peer, in one statement)."""
+    out: dict[str, set[str]] = {}
+    for peer, tb in conn.exec_driver_sql(f"SELECT peer, tbl FROM {d.mm_table('_mm_watermarks')}"):
+        out.setdefault(str(peer), set()).add(str(tb))
+    return out
 
 
 def read(conn: Connection, d: Dialect, peer: str, table: str) -> int:
