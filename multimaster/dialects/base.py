@@ -16,6 +16,7 @@ NotImplementedError here.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import re
 from contextlib import contextmanager
@@ -724,6 +725,13 @@ class Dialect:
         a round trip)."""
         return {t: self.table_signature(conn, t) for t in tables}
 
+    def capture_lacks(self, conn: Connection, info: TableInfo) -> list[str]:
+        """The columns of `info` (its current schema version) its insert capture trigger does not
+        write (its text names no change-log column of theirs): a capture made for an earlier
+        version. [] where the trigger is missing (a table made again: the follow finds that)."""
+        text = self.trigger_texts(conn, info.name).get(names(info.name).cap_i)
+        return [] if text is None else [c.name for c in info.columns if self.quote("n_" + c.name) not in text]
+
     def capture_present(self, conn: Connection, table: str) -> list[str]:
         """The capture triggers of `table` that exist (sorted; all three when capture works)."""
         o = names(table)
@@ -1169,3 +1177,12 @@ def get_dialect(name: str) -> Dialect:
             raise ConfigError([f"database '{name}' is not supported (supported: sqlite, postgresql, mysql)"]) from None
         _cache[name] = mod.DIALECT
     return _cache[name]
+
+
+def capture_text_signature(columns: str, table: str, texts: Mapping[str, str]) -> str:
+    """Dialect.table_signature of `table` with `columns` (column_signature), its triggers' `texts`
+    (trigger_texts) and a digest of those of its capture."""
+    o = names(table)
+    caps = sorted({o.cap_i, o.cap_u, o.cap_d} & set(texts))
+    digest = hashlib.md5("\n".join(f"{n}:{texts[n]}" for n in caps).encode()).hexdigest()
+    return f"{columns} capture={','.join(caps)} text={digest}"

@@ -196,7 +196,12 @@ def evolve_table(
         version += 1
         store.schemas.record(conn, d, table, version, new_cols, "")
         store.tables.set_columns(conn, d, table, [c.name for c in new_cols])
-    info = site.info(conn, table, topo)  # the columns of the version just recorded
+    # the columns of the version just recorded, described on this transaction: not one kept by
+    # another thread sharing the site (the daemon's refreshers) that described the table after
+    # the forget above and before this version was recorded (it read the version before: the
+    # capture was made for that one, its triggers left as they were, and the signature recorded
+    # as followed; soak 2026-11-30 D1)
+    info = site.info(conn, table, topo, anew=True)
     old_names, new_names = [c.name for c in old_cols], [c.name for c in new_cols]
     ready = 0
     if changed:
@@ -220,7 +225,14 @@ def evolve_table(
             _clear_kept_ranks(conn, site, info)
         d.install_table(conn, info)
         uniques.install(conn, d, info)
-    if changed or not _sig or found:
+    # a capture that writes fewer columns than this version has (made for an earlier one): made
+    # again, and the values those columns were given meanwhile captured (3b). A follow that made
+    # it from another thread's description of the version before left it so, recorded as
+    # followed (soak 2026-11-30 D1: a column's values stayed at the site that wrote them); the
+    # signature names the capture triggers' text (MariaDB, SQLite), so such a site's next follow
+    # looks (Dialect.table_signature)
+    lacks = [] if (changed or found or not _sig) else d.capture_lacks(conn, info)
+    if changed or not _sig or found or lacks:
         _make_capture(conn, site, info, peers, again=bool(found))
     unseen: list[Any] = []
     if missing:
@@ -230,8 +242,8 @@ def evolve_table(
     # 3b. values written to an added column before its capture existed: the columns added now, or
     #     those its recorded version added, when a follow recorded it and stopped before the end
     #     (where DDL commits at once, the records commit before the triggers: a lock wait of the
-    #     trigger DDL, which the refresh retries, or a crash)
-    for c in ev.added or (_added_by(conn, site, table, version, new_cols) if not _sig and not changed else []):
+    #     trigger DDL, which the refresh retries, or a crash); those a stale capture lacked
+    for c in ev.added or lacks or (_added_by(conn, site, table, version, new_cols) if not _sig and not changed else []):
         _capture_window(conn, site, info, c)
     # 4. followed
     store.schemas.set_sig(conn, d, table, version, d.table_signature(conn, table))

@@ -150,17 +150,22 @@ class Site:
             self._engine.dispose()
             self._engine = None
 
-    def info(self, conn: Connection, table: str, topo: Topology) -> TableInfo:
-        """`table` as this site has it (columns, key, references), described once and kept.
+    def info(self, conn: Connection, table: str, topo: Topology, *, anew: bool = False) -> TableInfo:
+        """`table` as this site has it (columns, key, references), described once and kept;
+        `anew`: described on `conn` whatever is kept (a follow, for the version it just recorded).
 
         The daemon's link refreshers share one Site and describe its tables concurrently when it
         starts. Only complete descriptions are shared: a table being described is seen without its
         references only by the thread describing it (a parent referencing it back, found while
         discovering them). Shared in the making, another link's refresher took it from there
         without its references, pulled the change log without the referenced rows' identities and
-        applied the origin's keys as they were: a child then named another row here (session 34)."""
+        applied the origin's keys as they were: a child then named another row here (session 34).
+
+        A description of an older schema version than the one kept is not kept: a refresher that
+        read the version before a follow recorded the next one, and finished after, replaced the
+        follow's description with its own."""
         self._topo = topo
-        done = self._infos.get(table)
+        done = None if anew else self._infos.get(table)
         if done is not None:
             return done
         mine: dict[str, TableInfo] = self._describing.__dict__.setdefault("tables", {})
@@ -178,7 +183,9 @@ class Site:
             full = replace(base, refs=refs, natural_refs=natural)
         finally:
             del mine[table]
-        self._infos[table] = full
+        kept = self._infos.get(table)
+        if kept is None or kept.version <= full.version:
+            self._infos[table] = full
         return full
 
     def forget(self, table: str | None = None) -> None:

@@ -3,7 +3,8 @@
 with type, nullability and default) the capture triggers of that version were made for: bit *i* of
 an entry's mask, written with ``sv = v``, is the *i*-th of them. Versions are only ever added; the
 highest is the current one, and ``sig`` the table's catalog signature it was made from (a cheap
-way to notice that the table changed since, Dialect.table_signature: the columns, and whether its capture triggers exist).
+way to notice that the table changed since, Dialect.table_signature: the columns, whether its capture triggers exist,
+and on MariaDB and SQLite a digest of their text).
 
 Peers read this table with the change log, to carry each entry by column name.
 """

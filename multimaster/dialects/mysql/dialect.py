@@ -37,6 +37,7 @@ from multimaster.dialects.base import (
     Capabilities,
     Dialect,
     capture_fragments,
+    capture_text_signature,
     read_only_message,
     shadow_key_index,
     table_relations,
@@ -821,6 +822,13 @@ class MySQLDialect(Dialect):
         )
         return {str(r[0]): str(r[1]) for r in rows}
 
+    def table_signature(self, conn: Connection, table: str) -> str:
+        """As every dialect's, and a digest of the text of its capture triggers, read in the same
+        statement as which exist: capture triggers made again in another text (of another schema
+        version, another release, by hand) read as a change the follow looks at (engine/evolve.py:
+        where DDL commits at once, a schema version can be recorded and its capture not made)."""
+        return capture_text_signature(self.column_signature(conn, table), table, self.trigger_texts(conn, table))
+
     def triggers_on(self, conn: Connection, table: str) -> set[str]:
         rows = conn.exec_driver_sql(
             "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS "
@@ -834,7 +842,7 @@ class MySQLDialect(Dialect):
 
     def table_signatures(self, conn: Connection, tables: Sequence[str]) -> dict[str, str]:
         """:meth:`table_signature` of each of `tables`, one statement per kind (and per
-        SIGNATURES_AT_ONCE tables): column_signature's and triggers_on's SELECT once per table,
+        SIGNATURES_AT_ONCE tables): column_signature's and trigger_texts's SELECT once per table,
         joined by UNION ALL (each keeps its lookup by name in information_schema, which an IN list
         would turn into a read of every table of the database)."""
         out: dict[str, str] = {}
@@ -848,17 +856,16 @@ class MySQLDialect(Dialect):
             )
             for r in conn.exec_driver_sql(sql + " ORDER BY mm_i, ORDINAL_POSITION", tuple(part)):
                 cols[int(r[0])].append(tuple(r[2:]))
-            trig: dict[int, set[str]] = {i: set() for i in cols}
+            trig: dict[int, dict[str, str]] = {i: {} for i in cols}
             sql = " UNION ALL ".join(
-                f"SELECT {i} AS mm_i, TRIGGER_NAME FROM information_schema.TRIGGERS "
+                f"SELECT {i} AS mm_i, TRIGGER_NAME, ACTION_STATEMENT FROM information_schema.TRIGGERS "
                 "WHERE EVENT_OBJECT_SCHEMA = DATABASE() AND EVENT_OBJECT_TABLE = %s"
                 for i in range(len(part))
             )
-            for i, name in conn.exec_driver_sql(sql, tuple(part)):
-                trig[int(i)].add(str(name))
-            for i, t in enumerate(part):  # as column_signature and capture_present give them
-                o = names(t)
-                out[t] = f"{cols[i]!r} capture={','.join(sorted({o.cap_i, o.cap_u, o.cap_d} & trig[i]))}"
+            for i, name, body in conn.exec_driver_sql(sql, tuple(part)):
+                trig[int(i)][str(name)] = str(body)
+            for i, t in enumerate(part):  # as table_signature gives them
+                out[t] = capture_text_signature(repr(cols[i]), t, trig[i])
         return out
 
     def retype_column(self, conn: Connection, obj: str, col: str, type_sql: str) -> None:

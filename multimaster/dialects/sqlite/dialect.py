@@ -11,6 +11,7 @@ from multimaster.dialects.base import (
     Capabilities,
     Dialect,
     capture_fragments,
+    capture_text_signature,
     read_only_message,
     shadow_key_index,
     table_relations,
@@ -383,6 +384,13 @@ class SQLiteDialect(Dialect):
     def trigger_texts(self, conn: Connection, table: str) -> dict[str, str]:
         rows = conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,))
         return {str(r[0]): str(r[1]) for r in rows}
+
+    def table_signature(self, conn: Connection, table: str) -> str:
+        """As every dialect's, and a digest of the text of its capture triggers, read in the same
+        statement as which exist: capture triggers made again in another text (of another schema
+        version, another release, by hand) read as a change the follow looks at (engine/evolve.py:
+        where DDL commits at once, a schema version can be recorded and its capture not made)."""
+        return capture_text_signature(self.column_signature(conn, table), table, self.trigger_texts(conn, table))
 
     def triggers_on(self, conn: Connection, table: str) -> set[str]:
         rows = conn.exec_driver_sql("SELECT name FROM sqlite_master WHERE type = 'trigger' AND tbl_name = ?", (table,))
