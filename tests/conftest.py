@@ -92,3 +92,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed = DROPPER.drain()
     if failed:
         print(f"\n{len(failed)} test database(s) not dropped: " + "; ".join(failed[:5]))
+
+
+@pytest.fixture
+def servers() -> Iterator[dict[str, Backend]]:
+    """A PostgreSQL and a MariaDB backend (a missing server skips, or fails under
+    MM_REQUIRE_SERVERS), their databases dropped after the test (test_collations, test_unique_retry)."""
+    backends = {n: made(n) for n in ("postgresql", "mysql")}
+    yield backends
+    for b in backends.values():
+        b.cleanup()

@@ -46,14 +46,6 @@ def test_which_characters_a_character_set_holds() -> None:
 # ---- real servers -------------------------------------------------------------------------------
 
 
-@pytest.fixture
-def servers():  # type: ignore[no-untyped-def]
-    backends = {n: made(n) for n in ("postgresql", "mysql")}
-    yield backends
-    for b in backends.values():
-        b.cleanup()
-
-
 PG_DDL = [
     "CREATE TABLE k (k VARCHAR(100) PRIMARY KEY, v TEXT)",
     "CREATE TABLE u (id SERIAL PRIMARY KEY, email VARCHAR(100) NOT NULL UNIQUE, v TEXT)",

@@ -392,22 +392,29 @@ def _rows(cl: TestCluster, site: str, table: str) -> list[tuple[Any, ...]]:
         c.close()
 
 
+def _family_sites(tmp: Path, kinds: dict[str, str], backends: dict[str, Backend]) -> tuple[dict[str, Any], dict[str, str]]:
+    """A database per site of `kinds` (site -> backend name) holding the test's tables (_tables),
+    each backend put in `backends` as it is made (the caller cleans them up): (tables, urls)."""
+    for site, name in kinds.items():
+        try:
+            backends[site] = BACKENDS[name]()
+        except ConnectionError as e:
+            server_unavailable(name, str(e))
+    tables = _tables()
+    urls = {}
+    for site, be in backends.items():
+        urls[site] = be.new_site(tmp, site)
+        for tb, spec in tables.items():
+            be.create_table(urls[site], tb, spec["key"], spec["columns"])
+    return tables, urls
+
+
 def test_mixed_cluster(tmp_path: Path) -> None:
     """SQLite, PostgreSQL and MariaDB sites, each inserting families concurrently, twice: the same
     rows and the same parent of every child everywhere."""
     backends: dict[str, Backend] = {}
     try:
-        for site, name in (("lite", "sqlite"), ("pg", "postgresql"), ("maria", "mysql")):
-            try:
-                backends[site] = BACKENDS[name]()
-            except ConnectionError as e:
-                server_unavailable(name, str(e))
-        tables = _tables()
-        urls = {}
-        for site, be in backends.items():
-            urls[site] = be.new_site(tmp_path, site)
-            for tb, spec in tables.items():
-                be.create_table(urls[site], tb, spec["key"], spec["columns"])
+        tables, urls = _family_sites(tmp_path, {"lite": "sqlite", "pg": "postgresql", "maria": "mysql"}, backends)
         doc = {"sites": {s: {"url": u} for s, u in urls.items()}, "tables": {tb: {"key": "id"} for tb in tables}, "links": "mesh"}
         (tmp_path / "topology.yaml").write_text(yaml.safe_dump(doc))
         cl = MixedCluster(backends["lite"], load_topology(tmp_path / "topology.yaml"), urls, tables, backends=backends)
@@ -470,17 +477,7 @@ def test_add_site_from_a_peer_with_unranked_keys_and_holes(tmp_path: Path, sourc
 
     backends: dict[str, Backend] = {}
     try:
-        for site, name in (("a", source), ("b", "sqlite"), ("c", target)):
-            try:
-                backends[site] = BACKENDS[name]()
-            except ConnectionError as e:
-                server_unavailable(name, str(e))
-        tables = _tables()
-        urls = {}
-        for site, be in backends.items():
-            urls[site] = be.new_site(tmp_path, site)
-            for tb, spec in tables.items():
-                be.create_table(urls[site], tb, spec["key"], spec["columns"])
+        tables, urls = _family_sites(tmp_path, {"a": source, "b": "sqlite", "c": target}, backends)
         doc = {
             "sites": {s: {"url": urls[s]} for s in ("a", "b")},
             "tables": {tb: {"key": "id"} for tb in tables},

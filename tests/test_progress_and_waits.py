@@ -119,15 +119,12 @@ class _Holder:
         self.conn.close()
 
 
-def test_a_refresh_names_the_lock_it_waits_for(backend: Backend, tmp_path: Path) -> None:
-    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, settings={"refresh": {"lock_wait_warn": "300ms"}})
-    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('a', 1)")
-    cl.refresh("s2")
-    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
-    holder = _Holder(cl, "s2", tmp_path)
+def _refresh_telling_waits(cl: Any, site: str) -> tuple[Any, list[str], threading.Event, threading.Thread]:
+    """`multimaster refresh --site SITE` run as a user runs it, its stderr read line by line:
+    (the process, the lines so far, set once a line says it is waiting, the reading thread)."""
     env = {**os.environ, "COLUMNS": "250"}
-    p = subprocess.Popen(
-        [sys.executable, "-m", "multimaster.cli", "refresh", "-t", str(cl.topo.path), "--site", "s2"],
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "multimaster.cli", "refresh", "-t", str(cl.topo.path), "--site", site],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -137,13 +134,23 @@ def test_a_refresh_names_the_lock_it_waits_for(backend: Backend, tmp_path: Path)
     named = threading.Event()
 
     def read() -> None:
-        for line in iter(p.stderr.readline, ""):  # type: ignore[union-attr]
+        for line in iter(proc.stderr.readline, ""):  # type: ignore[union-attr]
             err.append(line)
             if "waiting" in line:
                 named.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    return proc, err, named, reader
+
+
+def test_a_refresh_names_the_lock_it_waits_for(backend: Backend, tmp_path: Path) -> None:
+    cl = make_cluster(backend, tmp_path, ["s1", "s2"], ITEMS, settings={"refresh": {"lock_wait_warn": "300ms"}})
+    cl.execute("s1", "INSERT INTO items (name, qty) VALUES ('a', 1)")
+    cl.refresh("s2")
+    cl.execute("s1", "UPDATE items SET qty = 2 WHERE id = 1")
+    holder = _Holder(cl, "s2", tmp_path)
+    p, err, named, reader = _refresh_telling_waits(cl, "s2")
     try:
         # the refresh says whom it waits for while it waits (a loaded host starts the command slowly)
         assert named.wait(90), "".join(err)
@@ -215,25 +222,7 @@ def test_a_refresh_names_the_transaction_holding_the_row_not_one_queued_for_it(b
     while time.monotonic() < end and not _waits(cl, "s2", b):
         time.sleep(0.05)
     assert _waits(cl, "s2", b)
-    env = {**os.environ, "COLUMNS": "250"}
-    r = subprocess.Popen(
-        [sys.executable, "-m", "multimaster.cli", "refresh", "-t", str(cl.topo.path), "--site", "s2"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
-    err: list[str] = []
-    named = threading.Event()
-
-    def read() -> None:
-        for line in iter(r.stderr.readline, ""):  # type: ignore[union-attr]
-            err.append(line)
-            if "waiting" in line:
-                named.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    r, err, named, reader = _refresh_telling_waits(cl, "s2")
     try:
         assert named.wait(90), "".join(err)
     finally:

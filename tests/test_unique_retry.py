@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from clusters import Backend, TestCluster, made, make_cluster, mm, query
+from clusters import Backend, TestCluster, make_cluster, mm, query
 
 from multimaster import api
 from multimaster.config.topology import load_topology
@@ -97,14 +97,6 @@ def test_a_held_insert_that_collides_on_a_unique_value_is_marked_or_wins_on_retr
 
 
 # ---- PostgreSQL + MariaDB: the soak's case, a held source transaction (D2) -------------------
-
-
-@pytest.fixture
-def servers():  # type: ignore[no-untyped-def]
-    backends = {n: made(n) for n in ("postgresql", "mysql")}
-    yield backends
-    for b in backends.values():
-        b.cleanup()
 
 
 def _shop(servers: dict[str, Backend], tmp: Path, target: str, policy: str = "suffix") -> tuple[str, dict[str, str], str]:
