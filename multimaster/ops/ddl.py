@@ -195,53 +195,59 @@ def _transactionally(
 ) -> None:
     """`ddl` at a site whose DDL is transactional (PostgreSQL, SQLite): the statement and the
     capture's follow in one write transaction, run again after a backoff while a lock wait or a
-    deadlock is what fails it (at most DDL_TRIES times). Before (session 37), the first lock
-    timeout behind an application's transaction on the table failed the site for good, and the
-    cluster was left with the column at some sites only."""
+    deadlock is what fails it (_again). Before (session 37), the first lock timeout behind an
+    application's transaction on the table failed the site for good, and the cluster was left
+    with the column at some sites only."""
     d = s.dialect
+
+    def attempt() -> None:
+        with s.write() as conn:
+            s.require_installed(conn, t)
+            info = s.info(conn, table, t)
+            # as a follow takes them (engine/evolve.py _follow_table): the table's reconcilers
+            # first, then its writers; dropping the triggers first deadlocked with a refresher
+            d.lock_for_apply(conn, info)
+            d.lock_for_install(conn, [table])
+            d.drop_capture(conn, info)  # made again below, in this transaction
+            conn.exec_driver_sql(statement)
+            ev = evolve.evolve_table(conn, s, t, table, t.peers_of(n), others, capture_dropped=True)
+            rep.version = ev.version
+            if ev.change is not None:
+                rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)
+            if dry_run:
+                raise _DryRun()
+
+    _again(d, attempt, failed=lambda: s.forget(table))
+
+
+def _again(d: Dialect, fn: Callable[[], Any], failed: Callable[[], None] | None = None) -> Any:
+    """fn(), again after a backoff while a transient error of the site's database (a lock wait,
+    a deadlock) fails it, at most DDL_TRIES times; `failed` runs after each failure."""
     delay = 0.02
     for attempt in range(DDL_TRIES):
         try:
-            with s.write() as conn:
-                s.require_installed(conn, t)
-                info = s.info(conn, table, t)
-                # as a follow takes them (engine/evolve.py _follow_table): the table's reconcilers
-                # first, then its writers; dropping the triggers first deadlocked with a refresher
-                d.lock_for_apply(conn, info)
-                d.lock_for_install(conn, [table])
-                d.drop_capture(conn, info)  # made again below, in this transaction
-                conn.exec_driver_sql(statement)
-                peers = store.watermarks.added(conn, d, t.peers_of(n))  # not a site listed and not added yet
-                ev = evolve.evolve_table(conn, s, t, table, peers, others, capture_dropped=True)
-                rep.version = ev.version
-                if ev.change is not None:
-                    rep.added, rep.dropped, rep.retyped = list(ev.change.added), list(ev.change.dropped), list(ev.change.retyped)
-                if dry_run:
-                    raise _DryRun()
-            return
+            return fn()
         except DBAPIError as e:
-            s.forget(table)
-            if attempt == DDL_TRIES - 1 or not d.is_retryable(e):
-                raise
-            delay = back_off(delay)
-
-
-def _briefly(conn: Connection, d: Dialect, fn: Callable[[], Any]) -> Any:
-    """Run the DDL of `fn` waiting only briefly for the table's metadata lock, again (after a
-    backoff) while that wait is what fails it: a DDL statement waiting for the lock makes every
-    application statement on the table queue behind it, and an application transaction that holds
-    the lock while it waits for a row one of those queued holds is a cycle neither InnoDB nor the
-    metadata locks see (applications waited out innodb_lock_wait_timeout, 50 s; session 30)."""
-    delay = 0.02
-    for attempt in range(DDL_TRIES):
-        try:
-            with d.short_ddl_waits(conn):
-                return fn()
-        except DBAPIError as e:
+            if failed is not None:
+                failed()
             if attempt == DDL_TRIES - 1 or not d.is_retryable(e):
                 raise
             delay = back_off(delay)
     raise AssertionError("unreachable")
+
+
+def _briefly(conn: Connection, d: Dialect, fn: Callable[[], Any]) -> Any:
+    """Run the DDL of `fn` waiting only briefly for the table's metadata lock, again (after a
+    backoff) while that wait is what fails it (_again): a DDL statement waiting for the lock makes every
+    application statement on the table queue behind it, and an application transaction that holds
+    the lock while it waits for a row one of those queued holds is a cycle neither InnoDB nor the
+    metadata locks see (applications waited out innodb_lock_wait_timeout, 50 s; session 30)."""
+
+    def once() -> Any:
+        with d.short_ddl_waits(conn):
+            return fn()
+
+    return _again(d, once)
 
 
 def _at_committing(cl: Cluster, n: str, table: str, statement: str) -> DdlReport:
